@@ -1,0 +1,582 @@
+"""Backend processes: where models are loaded and predictions run, never on the event loop.
+
+The only module that touches :mod:`multiprocessing`. A :class:`BackendPool` owns a fixed number of
+*slots*; each slot is one long-lived process (:class:`ProcessSlot`) or, with
+``backend_processes = 0``, a thread pool inside the frontend (:class:`ThreadSlot`, for
+development and tests). Workers of the frontend are bound to a slot and send it batches.
+
+Wire protocol (frontend ⇄ process): each process is connected by one ``AF_UNIX`` stream socket
+(``multiprocessing.Pipe``); a message is one frame in ``Connection.send_bytes`` framing (a 4-byte
+big-endian length, or ``-1`` and an 8-byte length) holding a pickle (protocol 5, so NumPy arrays
+travel as one buffer copy with no per-element work). The process handles messages strictly in
+order and answers each one, so the frontend matches replies to requests by order: the oldest
+unanswered message is the one *running*; those after it are *waiting*.
+
+Faults: when a process dies, the message it was running fails with :class:`BackendDied`; a new
+process is started, every model that was loaded in the slot is loaded again, and the waiting
+messages are sent to it in their original order. When a prediction passes its deadline while
+running, it is answered with :class:`PredictTimeout` and the process is replaced the same way, so
+no worker stays stuck behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import socket
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from mmserver import errors
+from mmserver.config import ModelConfig
+from mmserver.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+_LOAD, _PREDICT, _UNLOAD, _PING = 0, 1, 2, 3
+_OK, _ERR = 0, 1
+_HEADER = struct.Struct("!i")
+_LONG_HEADER = struct.Struct("!Q")
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What a slot needs to load (and, after a restart, reload) one model."""
+
+    key: str
+    model_dir: Path
+    config: ModelConfig
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    """What loading a model in a slot reported."""
+
+    n_features: int | None
+    memory_bytes: int
+    seconds: float
+
+
+class Slot(Protocol):
+    """A place where models are loaded and batches run; workers are bound to one."""
+
+    index: int
+    bound_workers: int
+
+    def holds(self, key: str) -> bool: ...
+    async def load(self, spec: LoadSpec) -> LoadInfo: ...
+    async def predict(self, key: str, batch: np.ndarray, deadline: float) -> Any: ...
+    async def unload(self, key: str) -> None: ...
+    def describe(self) -> str: ...
+
+
+def _rebuild_error(kind: str, message: str) -> errors.MMServerError:
+    """An error raised in a backend, rebuilt on the frontend side from its class name."""
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.MMServerError)):
+        cls = errors.ModelError
+    return cls(message)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _files_size(model_dir: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(model_dir):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+class _Models:
+    """The models loaded in one slot, and the three operations on them (runs in the backend)."""
+
+    def __init__(self) -> None:
+        self.predictors: dict[str, Any] = {}
+
+    def load(self, spec: LoadSpec) -> LoadInfo:
+        from mmserver.predictor import load_predictor  # imported where predictions run
+
+        existing = self.predictors.get(spec.key)
+        if existing is not None:
+            return LoadInfo(existing.n_features, 0, 0.0)
+        started = time.perf_counter()
+        before = _rss_bytes()
+        predictor = load_predictor(spec.model_dir, spec.config)
+        measured = max(0, _rss_bytes() - before)
+        self.predictors[spec.key] = predictor
+        # A page-granular RSS delta of zero means "too small to see", not "free".
+        memory = measured or int(1.2 * _files_size(spec.model_dir))
+        return LoadInfo(predictor.n_features, memory, time.perf_counter() - started)
+
+    def predict(self, key: str, batch: np.ndarray) -> Any:
+        predictor = self.predictors.get(key)
+        if predictor is None:
+            raise errors.BackendDied(f"model {key.split('#')[0]} is not loaded in this backend")
+        try:
+            return predictor.predict(batch)
+        except errors.MMServerError:
+            raise
+        except Exception as exc:
+            raise errors.ModelError(f"{type(exc).__name__}: {exc}") from None
+
+    def unload(self, key: str) -> None:
+        self.predictors.pop(key, None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Inside a backend process
+# ------------------------------------------------------------------------------------------------
+
+
+def _child_main(conn: multiprocessing.connection.Connection, index: int) -> None:
+    """The backend process: answer each message in order until the frontend closes the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    models = _Models()
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        message = pickle.loads(data)
+        op = message[0]
+        reply: tuple[Any, ...]
+        try:
+            if op == _PREDICT:
+                reply = (_OK, models.predict(message[1], message[2]))
+            elif op == _LOAD:
+                reply = (_OK, models.load(message[1]))
+            elif op == _UNLOAD:
+                models.unload(message[1])
+                reply = (_OK, None)
+            else:
+                reply = (_OK, os.getpid())
+        except errors.MMServerError as exc:
+            reply = (_ERR, type(exc).__name__, exc.message)
+        except Exception as exc:
+            kind = "ModelLoadError" if op == _LOAD else "ModelError"
+            reply = (_ERR, kind, f"{type(exc).__name__}: {exc}")
+        try:
+            payload = pickle.dumps(reply, protocol=5)
+        except Exception as exc:
+            payload = pickle.dumps(
+                (_ERR, "ModelError", f"the model's output cannot be sent back: {exc}"), protocol=5
+            )
+        try:
+            conn.send_bytes(payload)
+        except (BrokenPipeError, OSError):
+            return
+
+
+# ------------------------------------------------------------------------------------------------
+# Frontend side of one process
+# ------------------------------------------------------------------------------------------------
+
+
+class _Pending:
+    """One message sent (or to be sent) to a backend process, and the future of its reply."""
+
+    __slots__ = ("deadline_handle", "frame", "future", "op")
+
+    def __init__(self, op: int, frame: list[bytes], future: asyncio.Future[Any]) -> None:
+        self.op = op
+        self.frame = frame
+        self.future = future
+        self.deadline_handle: asyncio.TimerHandle | None = None
+
+    def succeed(self, result: Any) -> None:
+        if self.deadline_handle is not None:
+            self.deadline_handle.cancel()
+        if not self.future.done():
+            self.future.set_result(result)
+
+    def fail(self, error: BaseException) -> None:
+        if self.deadline_handle is not None:
+            self.deadline_handle.cancel()
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+def _frame(message: tuple[Any, ...]) -> list[bytes]:
+    payload = pickle.dumps(message, protocol=5)
+    if len(payload) < 0x7FFFFFFF:
+        return [_HEADER.pack(len(payload)), payload]
+    return [_HEADER.pack(-1), _LONG_HEADER.pack(len(payload)), payload]
+
+
+class _ReplyProtocol(asyncio.Protocol):
+    """Parses reply frames from a backend process and hands them to its slot in order."""
+
+    def __init__(self, slot: ProcessSlot) -> None:
+        self.slot = slot
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        while len(buf) >= 4:
+            (size,) = _HEADER.unpack_from(buf, 0)
+            start = 4
+            if size == -1:
+                if len(buf) < 12:
+                    return
+                (size,) = _LONG_HEADER.unpack_from(buf, 4)
+                start = 12
+            end = start + size
+            if len(buf) < end:
+                return
+            reply = pickle.loads(memoryview(buf)[start:end])
+            del buf[:end]
+            self.slot._on_reply(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.slot._on_connection_lost(self)
+
+
+class ProcessSlot:
+    """One backend process, replaced when it dies. See the module docstring for the protocol.
+
+    While a replacement is starting, new messages are *held* and written once the models of the
+    slot are loaded again, so they never reach a process that lacks their model.
+    """
+
+    def __init__(
+        self, index: int, context: multiprocessing.context.BaseContext, metrics: Metrics
+    ) -> None:
+        self.index = index
+        self.bound_workers = 0
+        self._context = context
+        self._metrics = metrics
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._protocol: _ReplyProtocol | None = None
+        self._inflight: collections.deque[_Pending] = collections.deque()
+        self._held: list[_Pending] = []
+        self._crashed: list[_Pending] = []
+        self._holding = True
+        self._loaded: dict[str, LoadSpec] = {}
+        self._restarting: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._restarts: collections.deque[float] = collections.deque(maxlen=5)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def describe(self) -> str:
+        return f"backend process {self.index} (pid {self.pid})"
+
+    def holds(self, key: str) -> bool:
+        return key in self._loaded
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the process; returns once it answered a ping."""
+        await self._spawn()
+        self._holding = False
+
+    async def _spawn(self) -> None:
+        loop = asyncio.get_running_loop()
+        parent, child = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=_child_main, args=(child, self.index),
+            name=f"mmserver-backend-{self.index}", daemon=True,
+        )
+        await loop.run_in_executor(None, process.start)
+        child.close()
+        sock = socket.socket(fileno=os.dup(parent.fileno()))
+        parent.close()
+        sock.setblocking(False)
+        self._process = process
+        _, protocol = await loop.create_unix_connection(lambda: _ReplyProtocol(self), sock=sock)
+        self._protocol = protocol
+        await self._write(_Pending(_PING, _frame((_PING,)), loop.create_future()))
+
+    async def stop(self) -> None:
+        """Close the pipe (the process exits after answering what it holds) and reap it."""
+        self._stopping = True
+        if self._restarting is not None:
+            self._restarting.cancel()
+            await asyncio.gather(self._restarting, return_exceptions=True)
+        if self._protocol is not None and self._protocol.transport is not None:
+            self._protocol.transport.close()
+        process = self._process
+        if process is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, process.join, 5.0)
+            if process.is_alive():
+                process.kill()
+                await loop.run_in_executor(None, process.join, 5.0)
+        shutting_down = errors.ShuttingDown("the server is shutting down")
+        for pending in [*self._crashed, *self._inflight, *self._held]:
+            pending.fail(shutting_down)
+        self._inflight.clear()
+        self._held.clear()
+        self._crashed.clear()
+
+    def kill(self) -> None:
+        """Kill the process now; it is replaced as if it had died."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+
+    # Operations -------------------------------------------------------------------------------
+
+    async def load(self, spec: LoadSpec) -> LoadInfo:
+        self._loaded[spec.key] = spec
+        try:
+            info: LoadInfo = await self._send((_LOAD, spec), deadline=None)
+        except BaseException:
+            self._loaded.pop(spec.key, None)
+            raise
+        return info
+
+    async def predict(self, key: str, batch: np.ndarray, deadline: float) -> Any:
+        return await self._send((_PREDICT, key, batch), deadline=deadline)
+
+    async def unload(self, key: str) -> None:
+        if self._loaded.pop(key, None) is None or self._stopping:
+            return
+        try:
+            await self._send((_UNLOAD, key), deadline=None)
+        except errors.MMServerError:
+            pass  # a process that died holds nothing
+
+    def _send(self, message: tuple[Any, ...], deadline: float | None) -> asyncio.Future[Any]:
+        if self._stopping:
+            raise errors.ShuttingDown("the server is shutting down")
+        loop = asyncio.get_running_loop()
+        pending = _Pending(message[0], _frame(message), loop.create_future())
+        if deadline is not None:
+            pending.deadline_handle = loop.call_at(deadline, self._expire, pending)
+        if self._holding:
+            self._held.append(pending)
+            return pending.future
+        return self._write(pending)
+
+    def _write(self, pending: _Pending) -> asyncio.Future[Any]:
+        self._inflight.append(pending)
+        protocol = self._protocol
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.writelines(pending.frame)
+        return pending.future
+
+    # Replies and faults -----------------------------------------------------------------------
+
+    def _on_reply(self, reply: tuple[Any, ...]) -> None:
+        if not self._inflight:
+            log.error("%s answered a message it was not sent", self.describe())
+            return
+        pending = self._inflight.popleft()
+        if reply[0] == _OK:
+            pending.succeed(reply[1])
+        else:
+            pending.fail(_rebuild_error(reply[1], reply[2]))
+
+    def _expire(self, pending: _Pending) -> None:
+        if pending.future.done():
+            return
+        running = bool(self._inflight) and self._inflight[0] is pending
+        pending.fail(
+            errors.PredictTimeout("the prediction did not finish within option.predict_timeout")
+        )
+        if running and not self._holding:
+            log.warning("%s: a prediction timed out; replacing the process", self.describe())
+            self.kill()
+
+    def _on_connection_lost(self, protocol: _ReplyProtocol) -> None:
+        if protocol is not self._protocol:
+            return
+        self._protocol = None
+        if self._stopping:
+            return
+        self._holding = True
+        if self._inflight:
+            running = self._inflight.popleft()
+            if running.op == _PING:  # a replacement that died while starting
+                running.fail(errors.BackendDied(f"{self.describe()} died while starting"))
+            else:
+                self._crashed.append(running)
+        self._held[:0] = [p for p in self._inflight if not p.future.done()]
+        self._inflight.clear()
+        if self._restarting is None:
+            self._restarting = asyncio.get_running_loop().create_task(
+                self._restart(), name=f"mmserver-backend-{self.index}-restart"
+            )
+
+    async def _restart(self) -> None:
+        """Replace a dead process: fail what it was running, reload its models, resend the rest."""
+        loop = asyncio.get_running_loop()
+        reloads: list[asyncio.Future[Any]] = []
+        while not self._stopping:
+            process = self._process
+            exit_code: int | None = None
+            if process is not None:
+                await loop.run_in_executor(None, process.join, 5.0)
+                exit_code = process.exitcode
+            described = f"backend process {self.index} (pid {self.pid}, exit code {exit_code})"
+            crashed, self._crashed = self._crashed, []
+            for pending in crashed:
+                pending.fail(errors.BackendDied(
+                    f"{described} died while running this request; it has been replaced, "
+                    "so the request can be retried"
+                ))
+            self._metrics.backend_restarts.inc()
+            log.warning(
+                "%s died; starting a replacement to reload %d model(s) and resend %d message(s)",
+                described, len(self._loaded), len(self._held),
+            )
+            now = time.monotonic()
+            self._restarts.append(now)
+            if len(self._restarts) == self._restarts.maxlen and now - self._restarts[0] < 10.0:
+                await asyncio.sleep(1.0)  # a crash loop: do not spin
+            try:
+                await self._spawn()
+            except errors.BackendDied:
+                continue  # the replacement died too; its ping is in _crashed
+            except Exception:
+                log.exception("could not start a replacement for %s", described)
+                await asyncio.sleep(1.0)
+                continue
+            reloads = [
+                self._write(_Pending(_LOAD, _frame((_LOAD, spec)), loop.create_future()))
+                for spec in self._loaded.values()
+            ]
+            held, self._held = self._held, []
+            for pending in held:
+                if not pending.future.done():
+                    self._write(pending)
+            self._holding = False
+            log.info("backend process %d replaced by pid %s", self.index, self.pid)
+            break
+        self._restarting = None
+        for spec, result in zip(
+            list(self._loaded.values()),
+            await asyncio.gather(*reloads, return_exceptions=True),
+            strict=False,
+        ):
+            if isinstance(result, BaseException):
+                log.error("reloading %s into %s failed: %s", spec.key, self.describe(), result)
+
+
+# ------------------------------------------------------------------------------------------------
+# In-process slot (backend_processes = 0)
+# ------------------------------------------------------------------------------------------------
+
+
+class ThreadSlot:
+    """Runs predictions in a thread pool of the frontend process (development and tests).
+
+    A prediction that passes its deadline is answered 504, but its thread cannot be stopped; the
+    pool has spare threads so the model's other workers keep serving.
+    """
+
+    def __init__(self, index: int, threads: int) -> None:
+        self.index = index
+        self.bound_workers = 0
+        self._models = _Models()
+        self._keys: set[str] = set()
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="mmserver-predict")
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f"in-process backend {self.index}"
+
+    def holds(self, key: str) -> bool:
+        return key in self._keys
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def load(self, spec: LoadSpec) -> LoadInfo:
+        self._keys.add(spec.key)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._locked_load, spec)
+        except BaseException:
+            self._keys.discard(spec.key)
+            raise
+
+    def _locked_load(self, spec: LoadSpec) -> LoadInfo:
+        with self._lock:
+            return self._models.load(spec)
+
+    async def predict(self, key: str, batch: np.ndarray, deadline: float) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self._models.predict, key, batch)
+        try:
+            return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise errors.PredictTimeout(
+                "the prediction did not finish within option.predict_timeout"
+            ) from None
+
+    async def unload(self, key: str) -> None:
+        self._keys.discard(key)
+        self._models.unload(key)
+
+
+# ------------------------------------------------------------------------------------------------
+# The pool
+# ------------------------------------------------------------------------------------------------
+
+
+class BackendPool:
+    """The backend slots of the server, and the choice of slot for a new worker."""
+
+    def __init__(self, processes: int, metrics: Metrics, threads: int = 8) -> None:
+        self.slots: list[ProcessSlot | ThreadSlot]
+        if processes == 0:
+            self.slots = [ThreadSlot(0, threads)]
+        else:
+            context = multiprocessing.get_context("forkserver")
+            # Imported once in the fork server, shared copy-on-write by every backend process,
+            # so a replacement starts in milliseconds.
+            context.set_forkserver_preload(["mmserver.backend", "mmserver.predictor", "sklearn"])
+            self.slots = [ProcessSlot(i, context, metrics) for i in range(processes)]
+
+    async def start(self) -> None:
+        await asyncio.gather(*(slot.start() for slot in self.slots))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
+
+    def pick(self, taken: set[int]) -> ProcessSlot | ThreadSlot:
+        """The slot for a new worker of a model already bound to the slots in ``taken``: one the
+        model is not in if any, least-loaded (fewest bound workers) first, lowest index on ties."""
+        free = [s for s in self.slots if s.index not in taken]
+        candidates = free or self.slots
+        return min(candidates, key=lambda s: (s.bound_workers, s.index))
+
+    def pids(self) -> list[int]:
+        return [pid for s in self.slots if isinstance(s, ProcessSlot) and (pid := s.pid)]

@@ -1,0 +1,392 @@
+"""Configuration: the server's global options and each model's ``serving.properties``.
+
+Every global option is declared once, as a field of :class:`ServerConfig` with its help text in
+the field's metadata. The command-line flags (``--max-workers``), the environment variables
+(``MMSERVER_MAX_WORKERS``) and the properties-file keys (``max_workers``) all derive from that one
+declaration. Precedence, lowest first: defaults < ``--config FILE`` < environment < flags.
+
+Per model, :func:`load_model_config` reads ``serving.properties`` (DJL's key names and units) over
+the global defaults; a management call overrides both through :meth:`ModelConfig.replace`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmserver.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "MMSERVER_"
+PROPERTIES_FILE = "serving.properties"
+
+
+def cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def available_memory_mb() -> int:
+    """Memory available to new allocations now (``MemAvailable``), in MiB."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 4096
+
+
+def _opt(default: Any, help: str, *, flag_only: bool = False) -> Any:
+    return field(default=default, metadata={"help": help, "flag_only": flag_only})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The server's global options. Frozen; validated when built."""
+
+    model_store: str = _opt("./model_store", "Directory holding the models (NAME/ or NAME.tar.gz).")
+    host: str = _opt("127.0.0.1", "Address to bind. Any non-loopback address needs a token.")
+    port: int = _opt(8080, "Port to bind (inference, management, health and metrics).")
+    load_models: str = _opt("NONE", "Models to load at start: ALL, NONE or a comma-separated list.")
+    backend_processes: int = _opt(
+        cpu_count(), "Backend processes running predictions; 0 runs them in threads (development)."
+    )
+    min_workers: int = _opt(1, "Default minWorkers of a model (0 = scale to zero).")
+    max_workers: int = _opt(cpu_count(), "Default maxWorkers of a model.")
+    batch_size: int = _opt(1, "Default batch size (jobs per predict call).")
+    max_batch_delay: int = _opt(100, "Default ms a worker waits to fill a batch.")
+    max_idle_time: int = _opt(60, "Default s before a worker above minWorkers retires.")
+    job_queue_size: int = _opt(1000, "Default capacity of a model's request queue.")
+    max_loaded_models: int = _opt(0, "Most models loaded at once; 0 = no limit but memory.")
+    max_memory_mb: int = _opt(0, "Memory budget for loaded models in MiB; 0 = 80% of available.")
+    max_request_size: int = _opt(6 * 1024 * 1024, "Largest request body in bytes.")
+    predict_timeout: float = _opt(60.0, "Default s a request may take before it is answered 504.")
+    management_token: str = _opt("", "Bearer token required by POST/PUT/DELETE on /models.")
+    allowed_model_roots: str = _opt(
+        "", "Comma-separated directories POST /models may load from; empty = the model store."
+    )
+    cache_dir: str = _opt("", "Where archives are unpacked; empty = <model_store>/.mmserver-cache.")
+    max_archive_mb: int = _opt(1024, "Largest unpacked size of one model archive, in MiB.")
+    drain_timeout: float = _opt(30.0, "s SIGTERM waits for accepted requests before stopping.")
+    insecure_management: bool = _opt(
+        False, "Allow an open management API on a non-loopback address without a token."
+    )
+    access_log: bool = _opt(False, "Log one line per request (off: it costs on the hot path).")
+    log_level: str = _opt("INFO", "Logging level.")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"option {f.name}={value!r}: must not be negative")
+        if self.min_workers > self.max_workers:
+            raise ConfigError(
+                f"option min_workers={self.min_workers} is greater than "
+                f"max_workers={self.max_workers}"
+            )
+        if self.batch_size < 1 or self.job_queue_size < 1 or self.max_workers < 1:
+            raise ConfigError("options batch_size, job_queue_size and max_workers must be >= 1")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"option port={self.port}: must be between 1 and 65535")
+        if self.log_level.upper() not in logging.getLevelNamesMapping():
+            raise ConfigError(f"option log_level={self.log_level!r}: not a logging level")
+
+    # Derived values ---------------------------------------------------------------------------
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.model_store).expanduser().resolve()
+
+    @property
+    def cache_path(self) -> Path:
+        if self.cache_dir:
+            return Path(self.cache_dir).expanduser().resolve()
+        return self.store_path / ".mmserver-cache"
+
+    @property
+    def allowed_roots(self) -> tuple[Path, ...]:
+        roots = [r.strip() for r in self.allowed_model_roots.split(",") if r.strip()]
+        if not roots:
+            return (self.store_path,)
+        return tuple(Path(r).expanduser().resolve() for r in roots)
+
+    @property
+    def memory_budget_mb(self) -> int:
+        return self.max_memory_mb or int(available_memory_mb() * 0.8)
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+
+    def model_defaults(self) -> ModelConfig:
+        """Per-model defaults taken from the global options."""
+        return ModelConfig(
+            min_workers=self.min_workers,
+            max_workers=self.max_workers,
+            batch_size=self.batch_size,
+            max_batch_delay=self.max_batch_delay,
+            max_idle_time=self.max_idle_time,
+            job_queue_size=self.job_queue_size,
+            predict_timeout=self.predict_timeout,
+        )
+
+    # Building ---------------------------------------------------------------------------------
+
+    @classmethod
+    def options(cls) -> list[dataclasses.Field[Any]]:
+        return list(dataclasses.fields(cls))
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        config_file: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        flags: Mapping[str, Any] | None = None,
+    ) -> ServerConfig:
+        """Merge defaults < properties file < ``MMSERVER_*`` environment < flags, and validate."""
+        values: dict[str, Any] = {}
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        if config_file is not None:
+            path = Path(config_file)
+            for key, raw in read_properties(path).items():
+                if key not in known:
+                    log.warning("config %s: unknown key %r ignored", path, key)
+                    continue
+                values[key] = _convert(known[key], raw, f"config file {path}, key {key}")
+        for key, raw in (env if env is not None else os.environ).items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX) :].lower()
+            if name in known:
+                values[name] = _convert(known[name], raw, f"environment {key}")
+        for name, value in (flags or {}).items():
+            if value is None:
+                continue
+            if name not in known:
+                raise ConfigError(f"unknown option {name!r}")
+            values[name] = (
+                _convert(known[name], value, f"option --{name.replace('_', '-')}")
+                if isinstance(value, str)
+                else value
+            )
+        return cls(**values)
+
+
+def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
+    kind: type[Any] = type(f.default)
+    text = raw.strip()
+    try:
+        if kind is bool:
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(text)
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+    except ValueError:
+        raise ConfigError(
+            f"{where}: value {raw!r} is not a valid {kind.__name__}"
+        ) from None
+    return text
+
+
+# ------------------------------------------------------------------------------------------------
+# Java-properties files
+# ------------------------------------------------------------------------------------------------
+
+_SEPARATOR = re.compile(r"(?<!\\)[=:]|(?<!\\)\s")
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java-properties text: ``key=value``, ``key: value`` or ``key value`` lines,
+    ``#``/``!`` comments, backslash line continuations. Later keys win."""
+    result: dict[str, str] = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].lstrip()
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        while line.endswith("\\") and not line.endswith("\\\\"):
+            line = line[:-1]
+            if i < len(lines):
+                line += lines[i].lstrip()
+                i += 1
+        match = _SEPARATOR.search(line)
+        if match is None:
+            key, value = line, ""
+        else:
+            key = line[: match.start()]
+            value = line[match.end() :].lstrip()
+            if match.group().isspace() and value[:1] in ("=", ":"):
+                value = value[1:].lstrip()
+        key = key.replace("\\=", "=").replace("\\:", ":").replace("\\ ", " ").strip()
+        result[key] = value.strip()
+    return result
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+    return parse_properties(text)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-model configuration (serving.properties)
+# ------------------------------------------------------------------------------------------------
+
+METHODS = ("predict", "predict_proba", "decision_function", "transform")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One model's settings: global defaults, then its ``serving.properties``, then management.
+
+    ``max_batch_delay`` is in milliseconds and ``max_idle_time`` in seconds, as in DJL.
+    """
+
+    min_workers: int = 1
+    max_workers: int = field(default_factory=cpu_count)
+    batch_size: int = 1
+    max_batch_delay: int = 100
+    max_idle_time: int = 60
+    job_queue_size: int = 1000
+    required_memory_mb: float | None = None
+    predict_timeout: float = 60.0
+    engine: str | None = None
+    method: str = "predict"
+    entry_point: str = "model.py"
+    handler: str = "predict"
+    #: Every key of serving.properties as written, for custom handlers.
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate("configuration")
+
+    def validate(self, where: str) -> None:
+        for name in ("min_workers", "max_workers", "batch_size", "max_batch_delay",
+                     "max_idle_time", "job_queue_size", "predict_timeout"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ConfigError(f"{where}: {_djl_key(name)}={value!r} must not be negative")
+        for name in ("max_workers", "batch_size", "job_queue_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{where}: {_djl_key(name)}={getattr(self, name)!r} must be >= 1")
+        if self.required_memory_mb is not None and self.required_memory_mb < 0:
+            raise ConfigError(
+                f"{where}: required_memory_mb={self.required_memory_mb!r} must not be negative"
+            )
+        if self.min_workers > self.max_workers:
+            raise ConfigError(
+                f"{where}: minWorkers={self.min_workers} is greater than "
+                f"maxWorkers={self.max_workers}"
+            )
+        if self.method not in METHODS:
+            raise ConfigError(
+                f"{where}: option.method={self.method!r} is not one of {', '.join(METHODS)}"
+            )
+        if self.engine is not None and self.engine.lower() not in ("python", "sklearn"):
+            raise ConfigError(f"{where}: engine={self.engine!r} must be Python or sklearn")
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with ``changes`` applied (validated; raises :class:`ConfigError`)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def batch_delay_s(self) -> float:
+        return self.max_batch_delay / 1000.0
+
+
+# serving.properties key -> (ModelConfig field, type). DJL's spellings, plus the common aliases.
+_MODEL_KEYS: dict[str, tuple[str, type]] = {
+    "minWorkers": ("min_workers", int),
+    "maxWorkers": ("max_workers", int),
+    "cpu.minWorkers": ("min_workers", int),
+    "cpu.maxWorkers": ("max_workers", int),
+    "batch_size": ("batch_size", int),
+    "batchSize": ("batch_size", int),
+    "max_batch_delay": ("max_batch_delay", int),
+    "maxBatchDelay": ("max_batch_delay", int),
+    "max_idle_time": ("max_idle_time", int),
+    "maxIdleTime": ("max_idle_time", int),
+    "job_queue_size": ("job_queue_size", int),
+    "required_memory_mb": ("required_memory_mb", float),
+    "option.predict_timeout": ("predict_timeout", float),
+    "engine": ("engine", str),
+    "option.method": ("method", str),
+    "option.entryPoint": ("entry_point", str),
+    "option.handler": ("handler", str),
+}
+
+
+def _djl_key(name: str) -> str:
+    for key, (fname, _) in _MODEL_KEYS.items():
+        if fname == name:
+            return key
+    return name
+
+
+_warned_unknown: set[tuple[str, str]] = set()
+
+
+def model_config_from_properties(
+    props: Mapping[str, str], defaults: ModelConfig, where: str
+) -> ModelConfig:
+    """Apply ``props`` (serving.properties keys) over ``defaults``. Raises :class:`ConfigError`
+    naming ``where`` (the file), the key and the value."""
+    changes: dict[str, Any] = {}
+    for key, raw in props.items():
+        spec = _MODEL_KEYS.get(key)
+        if spec is None:
+            if (where, key) not in _warned_unknown:
+                _warned_unknown.add((where, key))
+                log.info("%s: key %r is not used by mmserver; kept for the handler", where, key)
+            continue
+        name, kind = spec
+        text = raw.strip()
+        if kind is str:
+            changes[name] = text
+            continue
+        try:
+            number = kind(text)
+        except ValueError:
+            raise ConfigError(
+                f"{where}: {key}={raw!r} is not a valid {'integer' if kind is int else 'number'}"
+            ) from None
+        if isinstance(number, float) and number != number:  # NaN
+            raise ConfigError(f"{where}: {key}={raw!r} is not a valid number")
+        changes[name] = number
+    changes["properties"] = dict(props)
+    try:
+        return dataclasses.replace(defaults, **changes)
+    except ConfigError as exc:
+        raise ConfigError(exc.message.replace("configuration", where, 1)) from None
+
+
+def load_model_config(model_dir: Path, defaults: ModelConfig) -> ModelConfig:
+    """Read ``model_dir/serving.properties`` (if any) over ``defaults``."""
+    path = model_dir / PROPERTIES_FILE
+    if not path.is_file():
+        return defaults
+    return model_config_from_properties(read_properties(path), defaults, str(path))

@@ -1,0 +1,42 @@
+"""Worker scaling: DJL's rule as pure functions over a snapshot of one model's state.
+
+After every enqueue a model gets one more worker when it has none, or when it has fewer than
+``maxWorkers`` and its queue holds more than ``2 × batch_size`` jobs. A worker above
+``minWorkers`` that has had no batch for ``max_idle_time`` seconds retires. The callers apply one
+decision at a time on the event loop, so two concurrent requests can never overshoot
+``maxWorkers``: the worker being added is counted before the next check runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """What the scaling rule looks at: one model's workers, queue and limits."""
+
+    workers: int
+    queue_length: int
+    min_workers: int
+    max_workers: int
+    batch_size: int
+
+
+def should_add_worker(s: PoolSnapshot) -> bool:
+    """DJL's rule, checked after every enqueue."""
+    if s.workers >= s.max_workers:
+        return False
+    return s.workers == 0 or s.queue_length > 2 * s.batch_size
+
+
+def should_retire(s: PoolSnapshot, idle_seconds: float, max_idle_time: float) -> bool:
+    """Whether a worker idle for ``idle_seconds`` retires now."""
+    if s.workers > s.max_workers:
+        return True  # rescaled down: the excess goes as soon as it is idle
+    return s.workers > s.min_workers and idle_seconds >= max_idle_time
+
+
+def workers_to_start(s: PoolSnapshot) -> int:
+    """Workers to add at once so a model reaches its ``minWorkers`` (at load or on rescale)."""
+    return max(0, s.min_workers - s.workers)

@@ -1,0 +1,118 @@
+"""Running the server: one process, aiohttp on uvloop, backend processes beside it.
+
+Shutdown order (SIGTERM or SIGINT), written once in :meth:`Server.shutdown`:
+
+1. report not ready (``/ping`` answers 503) and refuse new requests (503);
+2. stop listening (new connections are refused);
+3. drain: every accepted request is answered, up to ``drain_timeout`` seconds; what is left then
+   is answered 503;
+4. close the HTTP connections once their responses are written;
+5. stop the workers, then the backend processes;
+6. flush the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from mmserver import errors
+from mmserver.app import build_app, check_security
+from mmserver.config import ServerConfig
+from mmserver.metrics import Metrics
+from mmserver.store import ModelStore
+from mmserver.wlm import WorkLoadManager
+
+log = logging.getLogger("mmserver")
+
+
+class Server:
+    """The composition root: store, metrics, WorkLoadManager and the HTTP app, on one port."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.store = ModelStore(
+            config.store_path, config.cache_path, config.max_archive_mb * 2**20
+        )
+        self.wlm = WorkLoadManager(config, self.store, self.metrics)
+        self.app = build_app(config, self.wlm, self.metrics)
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.wlm.start()
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=log.getChild("access") if self.config.access_log else None,
+            handle_signals=False,
+            shutdown_timeout=self.config.drain_timeout,
+        )
+        await self._runner.setup()
+        self._site = web.TCPSite(
+            self._runner, self.config.host, self.config.port, backlog=1024, reuse_address=True
+        )
+        await self._site.start()
+        log.info(
+            "mmserver listening on http://%s:%d (model store %s, %d backend process(es))",
+            self.config.host, self.config.port, self.store.root, self.config.backend_processes,
+        )
+
+    async def shutdown(self) -> None:
+        """Stop in the order of the module docstring."""
+        log.info("shutting down: draining accepted requests (up to %.0f s)",
+                 self.config.drain_timeout)
+        self.wlm.begin_shutdown()
+        if self._site is not None:
+            await self._site.stop()
+        await self.wlm.stop(self.config.drain_timeout)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        log.info("mmserver stopped")
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        self.stopped.set()
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _serve(config: ServerConfig) -> None:
+    server = Server(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+    finally:
+        await server.shutdown()
+
+
+def run(config: ServerConfig) -> int:
+    """Serve until SIGTERM/SIGINT; return the process exit code."""
+    _setup_logging(config.log_level)
+    try:
+        check_security(config)
+    except errors.ConfigError as exc:
+        log.error("%s", exc.message)
+        return 2
+    import uvloop
+
+    try:
+        uvloop.run(_serve(config))
+    except OSError as exc:
+        log.error("cannot serve on %s:%d: %s", config.host, config.port, exc)
+        return 1
+    return 0

@@ -1,0 +1,477 @@
+"""The WorkLoadManager: which models are loaded, loading them lazily, and unloading the least
+recently used ones when memory runs short.
+
+Request path: :meth:`WorkLoadManager.infer` finds the model's pool (loading the model on its
+first request, one load however many requests wait for it), marks it most recently used, checks
+the number of features, and queues the rows. Everything runs on the event loop; file work
+(listing, unpacking, reading ``serving.properties``) runs in threads.
+
+Model lifecycle: UNLOADED → LOADING → READY → UNLOADING → UNLOADED, and LOADING → FAILED. A failed
+load answers every request that waited for it with the reason, and is retried on a request that
+comes ``load_retry_seconds`` later, not on every request of a storm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmserver import errors
+from mmserver.backend import BackendPool, LoadInfo
+from mmserver.config import ModelConfig, ServerConfig, load_model_config
+from mmserver.eviction import Candidate, choose_victims
+from mmserver.metrics import Metrics
+from mmserver.pool import ModelPool
+from mmserver.store import ModelStore, StoreEntry, normalize_name, resolve_model_url
+from mmserver.worker import feature_error
+
+log = logging.getLogger(__name__)
+
+#: Management overrides that may change on a loaded model (DJL's PUT /models/{model}).
+RESCALABLE = ("min_workers", "max_workers", "batch_size", "max_batch_delay", "max_idle_time",
+              "job_queue_size")
+
+
+class ModelStatus(enum.Enum):
+    UNLOADED = "UNLOADED"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    FAILED = "FAILED"
+
+
+@dataclass
+class _Failure:
+    error: errors.MMServerError
+    at: float
+
+
+class WorkLoadManager:
+    """Registry, lazy loading and LRU eviction of models; the frontend's single entry point."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        store: ModelStore,
+        metrics: Metrics,
+        backend: BackendPool | None = None,
+        *,
+        load_retry_seconds: float = 2.0,
+        room_wait_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.backend = backend or BackendPool(config.backend_processes, metrics)
+        self.accepting = False
+        self.load_retry_seconds = load_retry_seconds
+        self.room_wait_seconds = room_wait_seconds
+        self._clock = clock
+        self._defaults = config.model_defaults()
+        self._budget_bytes = config.memory_budget_mb * 2**20
+        #: Loaded models, least recently used first.
+        self._ready: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
+        self._loading: dict[str, asyncio.Task[ModelPool]] = {}
+        self._unloading: dict[str, asyncio.Task[None]] = {}
+        self._failures: dict[str, _Failure] = {}
+        self._registered: dict[str, StoreEntry] = {}
+        self._overrides: dict[str, dict[str, Any]] = {}
+        self._urls: dict[str, str] = {}
+        self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
+        self._reserved_bytes = 0
+        self._reserved_count = 0
+        #: Set when room may have been made: a load ended or a loaded model went idle.
+        self._room_changed = asyncio.Event()
+        self._generation = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the backend processes, then load the models named by ``load_models``."""
+        await self.backend.start()
+        self.accepting = True
+        wanted = self.config.load_models.strip()
+        if wanted.upper() == "NONE" or not wanted:
+            return
+        if wanted.upper() == "ALL":
+            names = [e.name for e in await asyncio.to_thread(self.store.list)]
+        else:
+            names = [n.strip() for n in wanted.split(",") if n.strip()]
+        for name in names:
+            try:
+                await self._get_pool(name)
+            except errors.MMServerError as exc:
+                log.error("model %s not loaded at start: %s", name, exc.message)
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests from now on (``/ping`` reports 503)."""
+        self.accepting = False
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Refuse new jobs, answer every accepted one (up to ``drain_timeout`` seconds; what is
+        left then is answered 503), stop the workers, then the backend processes."""
+        self.begin_shutdown()
+        for task in list(self._loading.values()):
+            task.cancel()
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+        pools = list(self._ready.values())
+        await asyncio.gather(*(p.stop(drain_timeout) for p in pools), return_exceptions=True)
+        self._ready.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.backend.stop()
+        self.refresh_metrics()
+
+    # Requests ---------------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        name: str,
+        rows: np.ndarray,
+        *,
+        deadline: float | None = None,
+        client_gone: Callable[[], bool] | None = None,
+    ) -> Any:
+        """Predict ``rows`` (2-D) with model ``name``: one output per row.
+
+        ``deadline`` is on the event loop's clock; by default the model's predict_timeout."""
+        if not self.accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        pool = self._ready.get(name)
+        if pool is None:
+            pool = await self._get_pool(name)
+        else:
+            self._ready.move_to_end(name)
+        expected = pool.n_features
+        if expected is not None and rows.shape[1] != expected:
+            raise feature_error(pool.name, expected, rows.shape[1])
+        now = asyncio.get_running_loop().time()
+        if deadline is None:
+            deadline = now + pool.config.predict_timeout
+        return await pool.submit(rows, now, deadline, client_gone)
+
+    async def _get_pool(self, name: str, *, management: bool = False) -> ModelPool:
+        """The pool of a loaded model, loading it first if needed (single flight)."""
+        name = normalize_name(name)
+        while True:
+            pool = self._ready.get(name)
+            if pool is not None:
+                self._ready.move_to_end(name)
+                return pool
+            unloading = self._unloading.get(name)
+            if unloading is not None:
+                await asyncio.shield(unloading)
+                continue
+            task = self._loading.get(name)
+            if task is None:
+                failure = self._failures.get(name)
+                if failure is not None and self._clock() - failure.at < self.load_retry_seconds:
+                    raise failure.error
+                entry = self._registered.get(name) or self.store.find(name)
+                if entry is None:
+                    raise errors.ModelNotFound(
+                        f"model {name} is not in the model store ({self.store.root}) and is "
+                        "not registered; add NAME/ or NAME.tar.gz to the store, or POST /models"
+                    )
+                task = asyncio.get_running_loop().create_task(
+                    self._load(name, entry, management), name=f"mmserver-load-{name}"
+                )
+                self._loading[name] = task
+                task.add_done_callback(lambda t, n=name: self._loading.pop(n, None))
+            # Shielded: a client that goes away does not cancel a load others wait for.
+            await asyncio.shield(task)
+
+    # Loading and eviction ---------------------------------------------------------------------
+
+    async def _load(self, name: str, entry: StoreEntry, management: bool) -> ModelPool:
+        started = time.perf_counter()
+        try:
+            model_dir, config = await asyncio.to_thread(self._prepare, entry, name)
+            need = self._estimate_bytes(name, entry, config)
+            await self._make_room(name, need, management)  # reserves the room it made
+            try:
+                self._generation += 1
+                pool = ModelPool(
+                    name, f"{name}#{self._generation}", model_dir, config,
+                    self.backend, self.metrics, on_load=self._on_first_load,
+                    on_idle=self._room_changed.set,
+                )
+                try:
+                    await pool.start()
+                except BaseException:
+                    await pool.stop(None)
+                    raise
+            finally:
+                self._reserved_bytes -= need
+                self._reserved_count -= 1
+                self._room_changed.set()
+        except errors.MMServerError as exc:
+            if isinstance(exc, errors.NoCapacity | errors.InsufficientMemory | errors.ShuttingDown):
+                raise  # the model is fine; the server is full or stopping
+            self._failures[name] = _Failure(exc, self._clock())
+            log.error("model %s failed to load: %s", name, exc.message)
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = errors.ModelLoadError(f"model {name} failed to load: {type(exc).__name__}: {exc}")
+            self._failures[name] = _Failure(error, self._clock())
+            log.exception("model %s failed to load", name)
+            raise error from None
+        self._failures.pop(name, None)
+        self._ready[name] = pool
+        seconds = time.perf_counter() - started
+        self.metrics.model_loads.labels(name).inc()
+        self.metrics.model_load_seconds.observe(seconds)
+        self.metrics.models_loaded.set(len(self._ready))
+        log.info(
+            "model %s loaded from %s in %.1f ms (%d worker(s), %d loaded)",
+            name, entry.path, seconds * 1000, len(pool.workers), len(self._ready),
+        )
+        return pool
+
+    def _prepare(self, entry: StoreEntry, name: str) -> tuple[Path, ModelConfig]:
+        """File work for a load (runs in a thread): unpack, then read serving.properties."""
+        model_dir = self.store.prepare(entry)
+        config = load_model_config(model_dir, self._defaults)
+        overrides = self._overrides.get(name)
+        if overrides:
+            config = config.replace(**overrides)
+        return model_dir, config
+
+    def _estimate_bytes(self, name: str, entry: StoreEntry, config: ModelConfig) -> int:
+        if config.required_memory_mb is not None:
+            return int(config.required_memory_mb * 2**20)
+        return self._measured.get(name) or int(1.2 * entry.size_bytes)
+
+    def _on_first_load(self, pool: ModelPool, info: LoadInfo) -> None:
+        self._measured[pool.name] = pool.copy_bytes
+
+    def _used_bytes(self) -> int:
+        return sum(p.memory_bytes or self._measured.get(p.name, 0) for p in self._ready.values())
+
+    async def _make_room(self, name: str, need: int, management: bool) -> None:
+        """Unload least recently used idle models until ``need`` more bytes and one more model
+        fit. While every loaded model is busy, wait (up to ``room_wait_seconds``) for one to go
+        idle or for another load to end; then give up with 503 (507 for management)."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.room_wait_seconds
+        while True:
+            victims = choose_victims(
+                (Candidate(n, p.memory_bytes, p.busy) for n, p in self._ready.items()),
+                loaded=len(self._ready) + self._reserved_count,
+                used_bytes=self._used_bytes() + self._reserved_bytes,
+                need_bytes=need,
+                max_models=self.config.max_loaded_models,
+                budget_bytes=self._budget_bytes,
+            )
+            remaining = give_up_at - loop.time()
+            if victims is not None or remaining <= 0 or not self.accepting:
+                break
+            self._room_changed.clear()
+            try:
+                await asyncio.wait_for(self._room_changed.wait(), remaining)
+            except TimeoutError:
+                pass
+        if victims is not None:
+            # Reserved before any await, so concurrent loads cannot claim the same room.
+            self._reserved_bytes += need
+            self._reserved_count += 1
+        if victims is None:
+            message = (
+                f"no room to load model {name}: {len(self._ready)} model(s) loaded, all busy "
+                f"(max_loaded_models={self.config.max_loaded_models or 'unlimited'}, "
+                f"memory budget {self._budget_bytes // 2**20} MiB)"
+            )
+            if management:
+                raise errors.InsufficientMemory(message)
+            raise errors.NoCapacity(message + "; retry later")
+        for victim in victims:
+            await self._unload(victim, reason=f"evicted (least recently used) to load {name}")
+            self.metrics.model_evictions.labels(victim).inc()
+
+    async def _unload(self, name: str, reason: str, drain_timeout: float | None = None) -> None:
+        pool = self._ready.pop(name, None)
+        if pool is None:
+            return
+        self.metrics.models_loaded.set(len(self._ready))
+        task = asyncio.get_running_loop().create_task(
+            pool.stop(drain_timeout), name=f"mmserver-unload-{name}"
+        )
+        self._unloading[name] = task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if self._unloading.get(name) is task:
+                del self._unloading[name]
+        self.metrics.forget_model(name)
+        log.info("model %s unloaded: %s (%d loaded)", name, reason, len(self._ready))
+
+    # Management -------------------------------------------------------------------------------
+
+    def status(self, name: str) -> ModelStatus:
+        if name in self._ready:
+            return ModelStatus.READY
+        if name in self._loading:
+            return ModelStatus.LOADING
+        if name in self._unloading:
+            return ModelStatus.UNLOADING
+        if name in self._failures:
+            return ModelStatus.FAILED
+        return ModelStatus.UNLOADED
+
+    def list_models(self) -> list[dict[str, str]]:
+        """Every model of the store and every registered one, sorted by name."""
+        entries = {e.name: e for e in self.store.list()}
+        entries.update(self._registered)
+        return [
+            {"modelName": n, "modelUrl": self._urls.get(n, str(e.path)),
+             "status": self.status(n).value}
+            for n, e in sorted(entries.items())
+        ]
+
+    def describe(self, name: str) -> list[dict[str, Any]]:
+        """DJL's describe shape: a list holding one object."""
+        name = normalize_name(name)
+        pool = self._ready.get(name)
+        entry = self._registered.get(name)
+        if pool is None and entry is None:
+            entry = self.store.find(name)
+            if entry is None:
+                raise errors.ModelNotFound(f"model {name} is not in the store nor registered")
+        config = pool.config if pool is not None else self._defaults.replace(
+            **self._overrides.get(name, {})
+        )
+        url = self._urls.get(name) or str(entry.path if entry is not None else pool.model_dir)  # type: ignore[union-attr]
+        result: dict[str, Any] = {
+            "modelName": name,
+            "modelUrl": url,
+            "batchSize": config.batch_size,
+            "maxBatchDelayMillis": config.max_batch_delay,
+            "maxIdleSeconds": config.max_idle_time,
+            "queueSize": config.job_queue_size,
+            "requestInQueue": len(pool.queue) if pool is not None else 0,
+            "status": self.status(name).value,
+            "workerGroups": [{
+                "device": {"deviceType": "cpu", "deviceId": -1},
+                "minWorkers": config.min_workers,
+                "maxWorkers": config.max_workers,
+                "workers": pool.describe_workers() if pool is not None else [],
+            }],
+        }
+        if pool is not None:
+            result["memoryBytes"] = pool.memory_bytes
+        failure = self._failures.get(name)
+        if failure is not None:
+            result["error"] = failure.error.message
+        return [result]
+
+    async def register(
+        self, *, url: str, name: str | None, overrides: dict[str, Any], synchronous: bool
+    ) -> str:
+        """Register a model from a directory or archive under the allowed roots and load it."""
+        path = await asyncio.to_thread(resolve_model_url, url, self.config.allowed_roots)
+        if not name:
+            name = path.name
+        name = normalize_name(name)
+        if name in self._ready or name in self._loading or name in self._registered:
+            raise errors.ModelExists(f"model {name} is already registered; DELETE it first")
+        entry = self.store.entry_for_path(path, name)
+        self._check_overrides(overrides)
+        self._registered[name] = entry
+        self._urls[name] = url
+        self._failures.pop(name, None)
+        if overrides:
+            self._overrides[name] = dict(overrides)
+        if not synchronous:
+            task = asyncio.get_running_loop().create_task(
+                self._register_in_background(name), name=f"mmserver-register-{name}"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return name
+        try:
+            await self._get_pool(name, management=True)
+        except BaseException:
+            self._forget(name)
+            raise
+        return name
+
+    async def _register_in_background(self, name: str) -> None:
+        try:
+            await self._get_pool(name, management=True)
+        except errors.MMServerError as exc:
+            log.error("model %s: registration failed: %s", name, exc.message)
+
+    def _check_overrides(self, overrides: dict[str, Any]) -> None:
+        unknown = set(overrides) - set(RESCALABLE)
+        if unknown:
+            raise errors.InvalidInput(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        try:
+            self._defaults.replace(**overrides)
+        except errors.ConfigError as exc:
+            raise errors.InvalidInput(exc.message.replace("configuration: ", "")) from None
+
+    async def rescale(self, name: str, overrides: dict[str, Any]) -> None:
+        """Apply new worker and batching settings to a model, live; loads it if needed."""
+        name = normalize_name(name)
+        self._check_overrides(overrides)
+        pool = await self._get_pool(name, management=True)
+        try:
+            config = pool.config.replace(**overrides)
+        except errors.ConfigError as exc:
+            raise errors.InvalidInput(exc.message.replace("configuration: ", "")) from None
+        self._overrides.setdefault(name, {}).update(overrides)
+        await pool.rescale(config)
+        log.info("model %s rescaled: %s", name, overrides)
+
+    async def unload(self, name: str) -> None:
+        """Unload a model (answering what it has queued first) and forget its registration."""
+        name = normalize_name(name)
+        task = self._loading.get(name)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        known = name in self._ready or name in self._registered or name in self._failures
+        if not known:
+            raise errors.ModelNotFound(f"model {name} is not loaded")
+        await self._unload(name, reason="unloaded by the management API",
+                           drain_timeout=self.config.predict_timeout)
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        self._registered.pop(name, None)
+        self._overrides.pop(name, None)
+        self._urls.pop(name, None)
+        self._failures.pop(name, None)
+
+    # Metrics ----------------------------------------------------------------------------------
+
+    def refresh_metrics(self) -> None:
+        """Set the gauges from the current state (called before a scrape; free on the hot
+        path)."""
+        m = self.metrics
+        for name, pool in self._ready.items():
+            m.queue_length.labels(name).set(len(pool.queue))
+            m.workers.labels(name).set(len(pool.workers))
+        m.models_loaded.set(len(self._ready))
+        m.model_memory_bytes.set(self._used_bytes())
+
+    @property
+    def loaded(self) -> list[str]:
+        """Loaded model names, least recently used first."""
+        return list(self._ready)
+
+    def pool(self, name: str) -> ModelPool | None:
+        return self._ready.get(name)
