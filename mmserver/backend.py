@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _LOAD, _PREDICT, _UNLOAD, _PING = 0, 1, 2, 3
 _OK, _ERR = 0, 1
+_START_TIMEOUT = 60.0
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
 
@@ -236,8 +237,8 @@ class _ReplyProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement the interface without subclassing asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         buf = self.buffer
@@ -318,7 +319,14 @@ class ProcessSlot:
         self._process = process
         _, protocol = await loop.create_unix_connection(lambda: _ReplyProtocol(self), sock=sock)
         self._protocol = protocol
-        await self._write(_Pending(_PING, _frame((_PING,)), loop.create_future()))
+        ping = self._write(_Pending(_PING, _frame((_PING,)), loop.create_future()))
+        try:
+            await asyncio.wait_for(asyncio.shield(ping), _START_TIMEOUT)
+        except TimeoutError:
+            process.kill()
+            raise errors.BackendDied(
+                f"{self.describe()} did not answer within {_START_TIMEOUT:.0f} s of starting"
+            ) from None
 
     async def stop(self) -> None:
         """Close the pipe (the process exits after answering what it holds) and reap it."""

@@ -1,7 +1,7 @@
 """Worker scaling: DJL's rule as pure functions over a snapshot of one model's state.
 
 After every enqueue a model gets one more worker when it has none, or when it has fewer than
-``maxWorkers`` and its queue holds more than ``2 × batch_size`` jobs. A worker above
+``maxWorkers`` and its queue holds more than ``2 * batch_size`` jobs. A worker above
 ``minWorkers`` that has had no batch for ``max_idle_time`` seconds retires. The callers apply one
 decision at a time on the event loop, so two concurrent requests can never overshoot
 ``maxWorkers``: the worker being added is counted before the next check runs.

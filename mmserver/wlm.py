@@ -74,6 +74,7 @@ class WorkLoadManager:
         self.metrics = metrics
         self.backend = backend or BackendPool(config.backend_processes, metrics)
         self.accepting = False
+        self._stopped = False
         self.load_retry_seconds = load_retry_seconds
         self.room_wait_seconds = room_wait_seconds
         self._clock = clock
@@ -121,6 +122,9 @@ class WorkLoadManager:
     async def stop(self, drain_timeout: float) -> None:
         """Refuse new jobs, answer every accepted one (up to ``drain_timeout`` seconds; what is
         left then is answered 503), stop the workers, then the backend processes."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.begin_shutdown()
         for task in list(self._loading.values()):
             task.cancel()
@@ -226,7 +230,9 @@ class WorkLoadManager:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            error = errors.ModelLoadError(f"model {name} failed to load: {type(exc).__name__}: {exc}")
+            error = errors.ModelLoadError(
+                f"model {name} failed to load: {type(exc).__name__}: {exc}"
+            )
             self._failures[name] = _Failure(error, self._clock())
             log.exception("model %s failed to load", name)
             raise error from None

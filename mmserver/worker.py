@@ -99,7 +99,9 @@ class Worker:
                 self._set_state(WorkerState.BUSY)
                 config = host.config
                 batch = [job]
-                await collect_batch(queue, batch, config.batch_size, config.batch_delay_s, loop.time)
+                await collect_batch(
+                    queue, batch, config.batch_size, config.batch_delay_s, loop.time
+                )
                 await self._run_batch(batch, loop)
                 batch = []
                 self._set_state(WorkerState.IDLE)

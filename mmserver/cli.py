@@ -1,0 +1,107 @@
+"""The ``mmserver`` command.
+
+Every flag of ``mmserver serve`` derives from a field of :class:`~mmserver.config.ServerConfig`:
+``max_workers`` is ``--max-workers`` and ``MMSERVER_MAX_WORKERS``. Flags default to ``None`` so
+that an option not given on the command line keeps its value from the environment or the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from mmserver import __version__
+from mmserver.config import ENV_PREFIX, ServerConfig
+from mmserver.errors import ConfigError
+
+_METAVARS = {int: "INT", float: "NUMBER", str: "TEXT"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _default_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value == "":
+        return "unset"
+    return str(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser: ``mmserver serve [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="mmserver",
+        description="Multi-model server for scikit-learn models.",
+    )
+    parser.add_argument("--version", action="version", version=f"mmserver {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the models of a model store",
+        description=(
+            "Serve the models of a model store on one port. Options come from, in rising "
+            "precedence: defaults, --config FILE, MMSERVER_<OPTION> environment variables, flags."
+        ),
+    )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="Properties file with options (key=value, keys as in the environment names "
+        "without the MMSERVER_ prefix, in lower case).",
+    )
+    for field in ServerConfig.options():
+        help_text = str(field.metadata.get("help", ""))
+        env = ENV_PREFIX + field.name.upper()
+        full_help = (f"{help_text} Default: {_default_text(field.default)}. (env {env})").replace(
+            "%", "%%"
+        )
+        if isinstance(field.default, bool):
+            serve.add_argument(
+                _flag(field.name),
+                dest=field.name,
+                action="store_true",
+                default=None,
+                help=full_help,
+            )
+        else:
+            serve.add_argument(
+                _flag(field.name),
+                dest=field.name,
+                default=None,
+                metavar=_METAVARS.get(type(field.default), "VALUE"),
+                help=full_help,
+            )
+    return parser
+
+
+def build_config(argv: Sequence[str], env: Mapping[str, str]) -> ServerConfig:
+    """The configuration for the command line ``argv`` (e.g. ``["serve", "--port", "9000"]``)
+    and the environment ``env``. Raises :class:`ConfigError`; argparse exits on bad syntax."""
+    args = build_parser().parse_args(list(argv))
+    if args.command != "serve":
+        raise ConfigError("no command given; use: mmserver serve [options]")
+    flags = {f.name: getattr(args, f.name) for f in ServerConfig.options()}
+    return ServerConfig.build(config_file=args.config, env=env, flags=flags)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not args or parser.parse_args(args).command is None:
+        parser.print_help()
+        return 0
+    try:
+        config = build_config(args, os.environ)
+    except ConfigError as exc:
+        print(f"mmserver: {exc.message}", file=sys.stderr)
+        return 2
+
+    from mmserver import server  # only here: the CLI must work without starting anything
+
+    return server.run(config)

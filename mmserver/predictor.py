@@ -1,0 +1,270 @@
+"""Model handlers: turn a model folder into something that predicts a batch.
+
+This runs inside the backend processes (or their threads): no asyncio, no HTTP. Two handlers:
+
+- the default one loads ``model.joblib`` and calls the estimator method named by
+  ``option.method`` (``predict`` unless told otherwise);
+- a custom one imports the model's ``model.py`` (or ``option.entryPoint``), gets the model from its
+  ``load(model_dir, properties)`` and predicts with its ``predict(model, batch)`` (or the function
+  named by ``option.handler``, e.g. DJL's ``handle``).
+
+Failures while loading become :class:`~mmserver.errors.ModelLoadError` with a one-line reason;
+exceptions from the model's own predict code propagate unchanged for the caller to wrap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import joblib
+import numpy as np
+
+from mmserver.config import METHODS, ModelConfig
+from mmserver.errors import ModelError, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+MODEL_FILES = ("model.joblib", "model.pkl")
+
+# sys.path and sys.modules belong to the whole process: imports of two models' handlers in two
+# threads must not interleave their sys.path edits.
+_IMPORT_LOCK = threading.Lock()
+
+
+class Predictor(Protocol):
+    """A loaded model. ``predict`` takes a 2-D float64 batch and returns one output per row."""
+
+    n_features: int | None
+
+    def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]: ...
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _n_features(model: Any) -> int | None:
+    """``n_features_in_`` of the estimator, or of a pipeline's first step."""
+    for candidate in (model, _first_step(model)):
+        if candidate is None:
+            continue
+        try:
+            value = getattr(candidate, "n_features_in_", None)
+        except Exception:  # an unfitted estimator's property may raise anything
+            value = None
+        if isinstance(value, int | np.integer) and not isinstance(value, bool):
+            return int(value)
+    return None
+
+
+def _first_step(model: Any) -> Any:
+    steps = getattr(model, "steps", None)
+    if isinstance(steps, list) and steps and isinstance(steps[0], tuple) and len(steps[0]) == 2:
+        return steps[0][1]
+    return None
+
+
+def _check_rows(out: Any, batch: np.ndarray) -> np.ndarray | list[Any]:
+    expected = len(batch)
+    if isinstance(out, np.ndarray):
+        got = out.shape[0] if out.ndim > 0 else None
+        result: np.ndarray | list[Any] = out
+    elif isinstance(out, list | tuple):
+        got = len(out)
+        result = list(out)
+    elif (
+        hasattr(out, "__len__")
+        and hasattr(out, "__iter__")
+        and not isinstance(out, Mapping | str | bytes)
+    ):
+        result = list(out)  # e.g. a pandas Series
+        got = len(result)
+    else:
+        raise ModelError(
+            f"model returned {type(out).__name__}; expected a list or array with one item "
+            f"per input row ({expected})"
+        )
+    if got != expected:
+        raise ModelError(f"model returned {got} rows for {expected} inputs")
+    return result
+
+
+def _load_joblib(path: Path) -> Any:
+    # A model pickled by another library version warns; that is the operator's to see in the
+    # log, not an exception in the backend.
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = joblib.load(path)
+    except Exception as exc:
+        raise ModelLoadError(f"{path.name} cannot be loaded: {_reason(exc)}") from None
+    for w in caught:
+        log.warning("%s: %s: %s", path, w.category.__name__, w.message)
+    return model
+
+
+def _find_model_file(model_dir: Path) -> Path | None:
+    for name in MODEL_FILES:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    candidates = sorted(p for p in model_dir.glob("*.joblib") if p.is_file())
+    if len(candidates) == 1:
+        return candidates[0]
+    return None
+
+
+class EstimatorPredictor:
+    """The default handler: an estimator loaded with joblib and one of its methods."""
+
+    def __init__(self, model: Any, method: str, name: str) -> None:
+        fn = getattr(model, method, None)
+        if not callable(fn):
+            available = [m for m in METHODS if callable(getattr(model, m, None))]
+            raise ModelLoadError(
+                f"model {name} ({type(model).__name__}) has no {method}; option.method must be "
+                f"one of: {', '.join(available) or 'none of ' + ', '.join(METHODS)}"
+            )
+        self.model = model
+        self.method = method
+        self.n_features: int | None = _n_features(model)
+        self._fn: Callable[[np.ndarray], Any] = fn
+
+    def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
+        return _check_rows(self._fn(batch), batch)
+
+
+class CustomPredictor:
+    """A handler from the model's own ``model.py``: ``predict(model, batch) -> rows``."""
+
+    def __init__(self, model: Any, fn: Callable[[Any, np.ndarray], Any]) -> None:
+        self.model = model
+        self.n_features: int | None = _n_features(model) if model is not None else None
+        self._fn = fn
+
+    def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
+        return _check_rows(self._fn(self.model, batch), batch)
+
+
+def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
+    """Load the model in ``model_dir`` with the handler its configuration asks for. Blocking.
+
+    Raises :class:`ModelLoadError` saying why when the model cannot be used.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"model folder {model_dir} does not exist")
+    entry = _entry_point(model_dir, config)
+    if entry is not None:
+        return _load_custom(model_dir, entry, config)
+    if "option.handler" in config.properties:
+        raise ModelLoadError(
+            f"model {model_dir.name}: option.handler={config.handler!r} needs a handler file, "
+            f"but {config.entry_point} does not exist"
+        )
+    path = _find_model_file(model_dir)
+    if path is None:
+        raise ModelLoadError(
+            f"model {model_dir.name} has no model.joblib (or model.pkl, or a single *.joblib), "
+            f"and no {config.entry_point}"
+        )
+    return EstimatorPredictor(_load_joblib(path), config.method, model_dir.name)
+
+
+def _entry_point(model_dir: Path, config: ModelConfig) -> Path | None:
+    relative = Path(config.entry_point)
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise ModelLoadError(
+            f"model {model_dir.name}: option.entryPoint={config.entry_point!r} must be a file "
+            "inside the model folder"
+        )
+    path = model_dir / relative
+    if path.is_file():
+        return path
+    if "option.entryPoint" in config.properties:
+        raise ModelLoadError(
+            f"model {model_dir.name}: option.entryPoint={config.entry_point!r} does not exist"
+        )
+    return None
+
+
+@contextmanager
+def _on_sys_path(folder: Path) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` while a handler imports its sibling modules."""
+    entry = str(folder)
+    with _IMPORT_LOCK:
+        sys.path.insert(0, entry)
+        try:
+            yield
+        finally:
+            try:
+                sys.path.remove(entry)
+            except ValueError:
+                pass
+
+
+def _import_handler(model_dir: Path, entry: Path) -> ModuleType:
+    # One module name per model folder: two models' model.py never share a module, and loading
+    # the same folder again replaces the old module instead of piling up new ones.
+    digest = hashlib.sha1(str(model_dir.resolve()).encode()).hexdigest()[:16]
+    module_name = f"mmserver_handler_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, entry)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"{entry} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running it: dataclasses and pickling look their module up by name.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        if not isinstance(exc, Exception):
+            raise
+        raise ModelLoadError(f"{entry.name} failed to import: {_reason(exc)}") from None
+    return module
+
+
+def _load_custom(model_dir: Path, entry: Path, config: ModelConfig) -> Predictor:
+    with _on_sys_path(model_dir):
+        module = _import_handler(model_dir, entry)
+        try:
+            return _make_custom(model_dir, entry, config, module)
+        except BaseException:
+            sys.modules.pop(module.__name__, None)
+            raise
+
+
+def _make_custom(
+    model_dir: Path, entry: Path, config: ModelConfig, module: ModuleType
+) -> Predictor:
+    fn = getattr(module, config.handler, None)
+    if not callable(fn):
+        raise ModelLoadError(
+            f"model {model_dir.name}: {entry.name} defines no function "
+            f"{config.handler!r} (option.handler); it should define "
+            f"{config.handler}(model, batch) -> rows"
+        )
+    loader = getattr(module, "load", None)
+    if loader is not None and not callable(loader):
+        raise ModelLoadError(f"model {model_dir.name}: {entry.name}: 'load' is not a function")
+    if loader is not None:
+        try:
+            model = loader(model_dir, dict(config.properties))
+        except Exception as exc:
+            raise ModelLoadError(
+                f"model {model_dir.name}: {entry.name} load() failed: {_reason(exc)}"
+            ) from None
+    else:
+        path = _find_model_file(model_dir)
+        model = _load_joblib(path) if path is not None else None
+    return CustomPredictor(model, fn)

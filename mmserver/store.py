@@ -1,0 +1,443 @@
+"""The model store: a directory of models, each a folder ``NAME/`` or an archive ``NAME.tar.gz``.
+
+The store only lists entries and unpacks archives; it never loads a model. Archives are unpacked
+into a cache directory, once per archive version, with every member checked first: no absolute
+paths, no ``..``, no links leaving the archive, no device files, at most :data:`MAX_MEMBERS`
+members and at most ``max_unpacked_bytes`` in total. Nothing is ever written outside the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import posixpath
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+from urllib.parse import unquote, urlsplit
+
+from mmserver.errors import (
+    Forbidden,
+    InvalidInput,
+    InvalidModelName,
+    ModelLoadError,
+    ModelNotFound,
+    UnsafeArchive,
+)
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
+MAX_MEMBERS = 10_000
+_CHUNK = 1 << 20
+# A directory entry walk stops counting here: the size only feeds the memory estimate, and a
+# store folder with more files than this is not a model anyway.
+_MAX_DIR_FILES = 10_000
+
+
+def normalize_name(name: str) -> str:
+    """The model name for ``name``: a trailing ``.tar.gz``/``.tgz`` is dropped, then the result
+    must match :data:`MODEL_NAME_RE`. Checked before any file-system access."""
+    if not isinstance(name, str):
+        raise InvalidModelName(f"model name must be a string, not {type(name).__name__}")
+    base = name
+    for suffix in ARCHIVE_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    if not MODEL_NAME_RE.fullmatch(base):
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        raise InvalidModelName(
+            f"invalid model name {shown!r}: a name is 1 to 128 characters of letters, digits, "
+            "'.', '_' and '-', starting with a letter or digit (optionally followed by .tar.gz)"
+        )
+    return base
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """One model of the store: a directory of files or an archive to unpack."""
+
+    name: str
+    path: Path
+    kind: Literal["directory", "archive"]
+    size_bytes: int
+
+
+def _dir_size(path: Path) -> int | None:
+    """Total size of the regular files under ``path``, or ``None`` when it holds no file."""
+    total = 0
+    files = 0
+    stack = [str(path)]
+    while stack and files < _MAX_DIR_FILES:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif entry.is_file():
+                            total += entry.stat().st_size
+                            files += 1
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total if files else None
+
+
+def _cache_key(st: os.stat_result) -> str:
+    # Size and mtime identify an archive version: a replaced archive unpacks again.
+    return hashlib.sha1(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+class ModelStore:
+    """Lists the models under ``root`` and unpacks archives into ``cache_dir``.
+
+    :meth:`list` and :meth:`find` only look at the file system; :meth:`prepare` is blocking
+    (callers run it in a thread) and is safe when several processes prepare the same archive.
+    """
+
+    def __init__(self, root: Path, cache_dir: Path, max_unpacked_bytes: int) -> None:
+        self.root = Path(root)
+        self.cache_dir = Path(cache_dir)
+        self.max_unpacked_bytes = max_unpacked_bytes
+        self._cache_resolved = os.path.realpath(self.cache_dir)
+
+    # Listing ------------------------------------------------------------------------------------
+
+    def _is_cache(self, path: str) -> bool:
+        # Only an entry with the cache's name can be it: skip the realpath for the others.
+        return (
+            os.path.basename(path) == self.cache_dir.name
+            and os.path.realpath(path) == self._cache_resolved
+        )
+
+    def list(self) -> list[StoreEntry]:
+        """Every model of the store, sorted by name. A folder wins over an archive of the same
+        name, and ``.tar.gz`` over ``.tgz``."""
+        dirs: dict[str, StoreEntry] = {}
+        archives: dict[str, StoreEntry] = {}
+        try:
+            scan = os.scandir(self.root)
+        except FileNotFoundError:
+            return []
+        with scan:
+            for item in scan:
+                if item.name.startswith("."):
+                    continue
+                try:
+                    if item.is_dir():
+                        if not MODEL_NAME_RE.fullmatch(item.name) or self._is_cache(item.path):
+                            continue
+                        size = _dir_size(Path(item.path))
+                        if size is not None:
+                            dirs[item.name] = StoreEntry(
+                                item.name, Path(item.path), "directory", size
+                            )
+                    elif item.is_file():
+                        name = _archive_name(item.name)
+                        if name is None:
+                            continue
+                        known = archives.get(name)
+                        if known is not None and known.path.name.endswith(".tar.gz"):
+                            continue
+                        archives[name] = StoreEntry(
+                            name, Path(item.path), "archive", item.stat().st_size
+                        )
+                except OSError:
+                    continue  # removed while listing
+        merged = {**archives, **dirs}
+        return [merged[name] for name in sorted(merged)]
+
+    def find(self, name: str) -> StoreEntry | None:
+        """The entry for ``name`` (``sklearn-7`` or ``sklearn-7.tar.gz``), looked up now, so an
+        entry added while the server runs is found. Raises :class:`InvalidModelName`."""
+        base = normalize_name(name)
+        folder = self.root / base
+        if folder.is_dir() and not self._is_cache(str(folder)):
+            size = _dir_size(folder)
+            if size is not None:
+                return StoreEntry(base, folder, "directory", size)
+        for suffix in ARCHIVE_SUFFIXES:
+            path = self.root / (base + suffix)
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                return StoreEntry(base, path, "archive", st.st_size)
+        return None
+
+    def entry_for_path(self, path: Path, name: str) -> StoreEntry:
+        """An entry for a registered model whose files are at ``path`` (a folder or an archive
+        already checked to be inside the allowed roots)."""
+        base = normalize_name(name)
+        path = Path(path)
+        if path.is_dir():
+            return StoreEntry(base, path, "directory", _dir_size(path) or 0)
+        if path.is_file() and _archive_name(path.name) is not None:
+            return StoreEntry(base, path, "archive", path.stat().st_size)
+        if not path.exists():
+            raise ModelNotFound(f"model {base}: {path} does not exist")
+        raise InvalidInput(f"model {base}: {path} is neither a directory nor a .tar.gz archive")
+
+    # Unpacking ----------------------------------------------------------------------------------
+
+    def prepare(self, entry: StoreEntry) -> Path:
+        """The directory holding the model's files. Blocking.
+
+        A folder is returned as is. An archive is unpacked into ``cache_dir/<name>-<key>``
+        (``key`` from its size and mtime) unless that exists already: it is unpacked into a
+        temporary folder first and renamed into place, so a reader never sees a partial copy and
+        two processes racing both end up with the same complete one.
+        """
+        if entry.kind == "directory":
+            if not entry.path.is_dir():
+                raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists")
+            return entry.path
+        try:
+            st = entry.path.stat()
+        except FileNotFoundError:
+            raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists") from None
+        target = self.cache_dir / f"{entry.name}-{_cache_key(st)}"
+        if not target.is_dir():
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=self.cache_dir))
+            try:
+                _safe_extract(entry.path, tmp, self.max_unpacked_bytes, entry.name)
+                tmp.chmod(0o755)
+                try:
+                    os.rename(tmp, target)
+                except OSError:
+                    # Another process renamed its copy first; use that one.
+                    if not target.is_dir():
+                        raise
+                else:
+                    log.info("model %s: unpacked %s into %s", entry.name, entry.path, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return _model_root(target)
+
+    def remove_unpacked(self, name: str) -> None:
+        """Delete the unpacked copies of model ``name`` (best effort)."""
+        base = normalize_name(name)
+        pattern = re.compile(re.escape(base) + r"-[0-9a-f]{16}")
+        try:
+            with os.scandir(self.cache_dir) as it:
+                paths = [item.path for item in it if pattern.fullmatch(item.name)]
+        except OSError:
+            return
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _archive_name(filename: str) -> str | None:
+    for suffix in ARCHIVE_SUFFIXES:
+        if filename.endswith(suffix):
+            base = filename[: -len(suffix)]
+            return base if MODEL_NAME_RE.fullmatch(base) else None
+    return None
+
+
+def _model_root(unpacked: Path) -> Path:
+    """``unpacked`` itself, or its only entry when the archive held a single top-level folder."""
+    children = list(unpacked.iterdir())
+    if len(children) == 1 and children[0].is_dir() and not children[0].is_symlink():
+        return children[0]
+    return unpacked
+
+
+def _member_path(member: tarfile.TarInfo, what: str) -> str:
+    """The normalised relative path of a member; refuses absolute paths and ``..``."""
+    # A backslash is a separator to some packers; treat it as one so it cannot hide a "..".
+    name = member.name.replace("\\", "/")
+    if name.startswith("/"):
+        raise UnsafeArchive(f"{what}: member {member.name!r} has an absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UnsafeArchive(f"{what}: member {member.name!r} leaves the archive ('..')")
+    return "/".join(parts)
+
+
+def _check_members(tar: tarfile.TarFile, limit: int, what: str) -> list[tarfile.TarInfo]:
+    """Read every member header and refuse the archive before anything is written."""
+    members: list[tarfile.TarInfo] = []
+    declared = 0
+    for member in tar:
+        if len(members) >= MAX_MEMBERS:
+            raise UnsafeArchive(f"{what}: more than {MAX_MEMBERS} members")
+        path = _member_path(member, what)
+        if member.ischr() or member.isblk() or member.isfifo():
+            raise UnsafeArchive(f"{what}: member {member.name!r} is a device or fifo")
+        if member.issym() or member.islnk():
+            _link_source(member, path, what)  # refuses a link leaving the archive
+        elif not (member.isreg() or member.isdir()):
+            raise UnsafeArchive(f"{what}: member {member.name!r} has an unsupported type")
+        if member.isreg():
+            declared += member.size
+            if declared > limit:
+                raise UnsafeArchive(
+                    f"{what}: unpacked size exceeds the limit of {limit} bytes "
+                    f"(at member {member.name!r}, {member.size} bytes)"
+                )
+        members.append(member)
+    return members
+
+
+def _link_source(member: tarfile.TarInfo, path: str, what: str) -> str:
+    """The archive path a link refers to; refused when it leaves the archive. Links are never
+    created on disk: a link to a file of the archive is unpacked as a copy of that file."""
+    target = member.linkname.replace("\\", "/")
+    kind = "symbolic link" if member.issym() else "hard link"
+    if target.startswith("/"):
+        raise UnsafeArchive(
+            f"{what}: member {member.name!r} is a {kind} to {member.linkname!r} outside the archive"
+        )
+    # A symbolic link is relative to its folder; a hard link to the archive root.
+    base = posixpath.dirname(path) if member.issym() else ""
+    joined = posixpath.normpath(posixpath.join(base, target))
+    if joined in (".", ""):
+        raise UnsafeArchive(
+            f"{what}: member {member.name!r} is a {kind} to the archive's top folder"
+        )
+    if joined == ".." or joined.startswith("../"):
+        raise UnsafeArchive(
+            f"{what}: member {member.name!r} is a {kind} to {member.linkname!r} outside the archive"
+        )
+    return joined
+
+
+def _safe_extract(archive: Path, dest: Path, limit: int, name: str) -> None:
+    what = f"model {name}: archive {archive.name}"
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = _check_members(tar, limit, what)
+            _extract(tar, members, dest, limit, what)
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        if isinstance(exc, FileNotFoundError) and exc.filename == str(archive):
+            raise ModelNotFound(f"model {name}: {archive} no longer exists") from None
+        raise ModelLoadError(f"{what} cannot be unpacked: {type(exc).__name__}: {exc}") from None
+
+
+def _extract(
+    tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path, limit: int, what: str
+) -> None:
+    written = 0
+    files: dict[str, Path] = {}
+    root = str(dest)
+    for member in members:
+        rel = _member_path(member, what)
+        if not rel:
+            continue
+        out = Path(root, rel)
+        if member.isdir():
+            out.mkdir(parents=True, exist_ok=True)
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if member.issym() or member.islnk():
+            source = files.get(_link_source(member, rel, what))
+            if source is None:
+                raise UnsafeArchive(
+                    f"{what}: member {member.name!r} links to {member.linkname!r}, "
+                    "which is not a file earlier in the archive"
+                )
+            with open(source, "rb") as src:
+                written = _write(src, out, written, limit, what, member, 0o644)
+        else:
+            src_obj = tar.extractfile(member)
+            if src_obj is None:  # pragma: no cover - regular members always have data
+                raise UnsafeArchive(f"{what}: member {member.name!r} has no data")
+            mode = 0o755 if member.mode & 0o111 else 0o644
+            with src_obj:
+                written = _write(src_obj, out, written, limit, what, member, mode)
+        files[rel] = out
+
+
+def _write(
+    src: IO[bytes],
+    out: Path,
+    written: int,
+    limit: int,
+    what: str,
+    member: tarfile.TarInfo,
+    mode: int,
+) -> int:
+    # O_NOFOLLOW: never write through a link; none are created, this is the second lock.
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as dst:
+        while chunk := src.read(_CHUNK):
+            written += len(chunk)
+            if written > limit:
+                raise UnsafeArchive(
+                    f"{what}: unpacked size exceeds the limit of {limit} bytes "
+                    f"(while unpacking member {member.name!r})"
+                )
+            dst.write(chunk)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------
+# Model URLs of the management API
+# ------------------------------------------------------------------------------------------------
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
+
+
+def resolve_model_url(url: str, allowed_roots: Sequence[Path]) -> Path:
+    """The local path named by ``url`` (a path or a ``file://`` URL; relative paths are taken
+    from the first root), which must be a folder or a ``.tar.gz``/``.tgz`` inside one of
+    ``allowed_roots`` once symbolic links are resolved. No other scheme is accepted."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidInput("model url is empty: give a local path under the allowed model roots")
+    if not allowed_roots:
+        raise Forbidden("no model roots are allowed on this server")
+    url = url.strip()
+    scheme = _SCHEME.match(url)
+    if scheme is not None:
+        if scheme.group(1).lower() != "file":
+            raise InvalidInput(
+                f"model url {url!r}: scheme {scheme.group(1)!r} is not supported; only local "
+                "paths under the allowed model roots are accepted"
+            )
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidInput(
+                f"model url {url!r}: only local paths under the allowed model roots are accepted"
+            )
+        raw = unquote(parts.path)
+    else:
+        raw = url
+    if "\x00" in raw:
+        raise InvalidInput(f"model url {url!r} is not a valid path")
+    roots = [Path(r).resolve() for r in allowed_roots]
+    path = Path(raw)
+    if not path.is_absolute():
+        path = roots[0] / path
+    resolved = path.resolve()
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise Forbidden(
+            f"model url {url!r} is outside the allowed model roots "
+            f"({', '.join(str(r) for r in roots)}); put the model there or add its directory "
+            "to allowed_model_roots"
+        )
+    if resolved in roots:
+        raise InvalidInput(f"model url {url!r} names a model root itself, not a model in it")
+    if not resolved.exists():
+        raise ModelNotFound(f"model url {url!r}: {resolved} does not exist")
+    if resolved.is_dir():
+        return resolved
+    if resolved.is_file() and resolved.name.endswith(ARCHIVE_SUFFIXES):
+        return resolved
+    raise InvalidInput(
+        f"model url {url!r}: {resolved} must be a directory or a .tar.gz/.tgz archive"
+    )

@@ -1,0 +1,74 @@
+"""Models with controllable behaviour, for the WorkLoadManager tests: each is a real model
+folder with a ``model.py`` handler, usable in threads and in backend processes alike.
+
+- :func:`make_gated_dir` — answers ``2 * x`` per row, but only once its gate file exists, so a
+  test holds a batch "running" for as long as it likes and releases it by creating the file;
+- :func:`make_recording_dir` — answers ``2 * x`` and appends each batch's row count to a log;
+- :func:`make_raising_dir` — raises ``ValueError`` for any row whose value is negative.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+GATED = '''\
+import time
+from pathlib import Path
+
+
+def load(model_dir, properties):
+    return Path(properties["gate"])
+
+
+def predict(gate, batch):
+    for _ in range(60000):  # at most 60 s
+        if gate.exists():
+            break
+        time.sleep(0.001)
+    return [2.0 * float(row[0]) for row in batch]
+'''
+
+RECORDING = '''\
+from pathlib import Path
+
+
+def load(model_dir, properties):
+    return Path(properties["log"])
+
+
+def predict(log, batch):
+    with open(log, "a") as fh:
+        fh.write(f"{len(batch)}\\n")
+    return [2.0 * float(row[0]) for row in batch]
+'''
+
+RAISING = '''\
+def load(model_dir, properties):
+    return None
+
+
+def predict(model, batch):
+    if (batch < 0).any():
+        raise ValueError("negative values are not allowed")
+    return [2.0 * float(row[0]) for row in batch]
+'''
+
+
+def _write(folder: Path, code: str, properties: dict[str, object]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(code)
+    lines = [f"{key}={value}" for key, value in properties.items()]
+    (folder / "serving.properties").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def make_gated_dir(folder: Path, gate: Path, **properties: object) -> Path:
+    return _write(folder, GATED, {"gate": gate, **properties})
+
+
+def make_recording_dir(folder: Path, log: Path, **properties: object) -> Path:
+    return _write(folder, RECORDING, {"log": log, **properties})
+
+
+def make_raising_dir(folder: Path, **properties: object) -> Path:
+    return _write(folder, RAISING, dict(properties))

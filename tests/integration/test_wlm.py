@@ -1,0 +1,354 @@
+"""The WorkLoadManager with real models, in threads and in real backend processes.
+
+Behaviour is controlled with gate files (a model's batch runs until the test creates its gate),
+so the tests wait on conditions, not on guessed durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mmserver import errors
+from mmserver.config import ServerConfig
+from mmserver.metrics import Metrics
+from mmserver.store import ModelStore
+from mmserver.wlm import WorkLoadManager
+from tests.behaviour_models import make_gated_dir, make_raising_dir, make_recording_dir
+from tests.models import make_linear_archive
+
+X = np.array([[0.5]])
+
+
+@asynccontextmanager
+async def running(store: Path, **options: Any) -> AsyncIterator[WorkLoadManager]:
+    room_wait = options.pop("room_wait_seconds", 5.0)
+    config = ServerConfig(model_store=str(store), **options)
+    wlm = WorkLoadManager(
+        config, ModelStore(config.store_path, config.cache_path, 2**30), Metrics(),
+        room_wait_seconds=room_wait,
+    )
+    await wlm.start()
+    try:
+        yield wlm
+    finally:
+        await wlm.stop(5.0)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds (checked every loop turn and every 5 ms)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while not condition():
+        if loop.time() > give_up:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+def value(result: Any) -> float:
+    return float(np.ravel(np.asarray(result))[0])
+
+
+def sample(wlm: WorkLoadManager, family: str, **labels: str) -> float:
+    got = wlm.metrics.registry.get_sample_value(family, labels)
+    return got or 0.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    root.mkdir()
+    archive = make_linear_archive(root / "sklearn-0.tar.gz")
+    for i in range(1, 100):
+        os.link(archive, root / f"sklearn-{i}.tar.gz")
+    return root
+
+
+async def test_lazy_load_answers_and_loads_once(store: Path) -> None:
+    async with running(store, backend_processes=0) as wlm:
+        results = await asyncio.gather(*(wlm.infer("sklearn-3", X) for _ in range(20)))
+        assert all(value(r) == pytest.approx(2.0, abs=0.05) for r in results)
+        assert sample(wlm, "mmserver_model_loads_total", model="sklearn-3") == 1
+        # The archive name is the same model (SageMaker's TargetModel).
+        assert value(await wlm.infer("sklearn-3.tar.gz", X)) == pytest.approx(2.0, abs=0.05)
+        assert wlm.loaded == ["sklearn-3"]
+
+
+async def test_unknown_and_invalid_names(store: Path) -> None:
+    async with running(store, backend_processes=0) as wlm:
+        with pytest.raises(errors.ModelNotFound, match="nope"):
+            await wlm.infer("nope", X)
+        with pytest.raises(errors.InvalidModelName):
+            await wlm.infer("../etc", X)
+
+
+async def test_wrong_number_of_features_says_expected_and_got(store: Path) -> None:
+    async with running(store, backend_processes=0) as wlm:
+        await wlm.infer("sklearn-1", X)
+        with pytest.raises(errors.InvalidInput, match=r"expects 1 feature.* got 3"):
+            await wlm.infer("sklearn-1", np.array([[1.0, 2.0, 3.0]]))
+
+
+async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "slow", gate, minWorkers=1, maxWorkers=3, max_idle_time=1)
+    async with running(store, backend_processes=0) as wlm:
+        gate.touch()
+        await wlm.infer("slow", X)  # loads it
+        gate.unlink()
+        pool = wlm.pool("slow")
+        assert pool is not None and len(pool.workers) == 1
+        tasks = [asyncio.ensure_future(wlm.infer("slow", np.array([[float(i)]])))
+                 for i in range(12)]
+        await asyncio.sleep(0)  # every request is queued in this turn
+        assert len(pool.workers) == 3
+        await until(lambda: pool.running == 3)
+        assert len(pool.workers) == 3  # never more than maxWorkers
+        gate.touch()
+        results = await asyncio.gather(*tasks)
+        assert [value(r) for r in results] == [2.0 * i for i in range(12)]
+        assert sample(wlm, "mmserver_worker_scale_total", model="slow", direction="up") == 3
+        await until(lambda: len(pool.workers) == 1)  # idle for max_idle_time: back to min
+        assert sample(wlm, "mmserver_worker_scale_total", model="slow", direction="down") == 2
+
+
+async def test_scale_to_zero_answers_its_first_request(store: Path, tmp_path: Path) -> None:
+    log = tmp_path / "calls"
+    make_recording_dir(store / "zero", log, minWorkers=0, maxWorkers=2, max_idle_time=1)
+    async with running(store, backend_processes=0) as wlm:
+        assert value(await wlm.infer("zero", X)) == 1.0
+        pool = wlm.pool("zero")
+        assert pool is not None
+        await until(lambda: len(pool.workers) == 0)
+        assert value(await wlm.infer("zero", np.array([[2.0]]))) == 4.0
+
+
+async def test_batching_merges_concurrent_requests_into_one_call(
+    store: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "calls"
+    make_recording_dir(store / "batched", log, batch_size=8, max_batch_delay=10000)
+    async with running(store, backend_processes=0) as wlm:
+        await wlm.infer("batched", X)  # loads; a batch of one after the delay
+        log.unlink()
+        inputs = [[[float(i)], [float(i) + 0.5]] for i in range(4)] + [[[float(10 + i)]]
+                                                                       for i in range(4)]
+        results = await asyncio.gather(*(wlm.infer("batched", np.array(x)) for x in inputs))
+        assert log.read_text().split() == ["12"]  # 8 requests, 12 rows, one predict call
+        for x, result in zip(inputs, results, strict=True):
+            assert list(np.asarray(result)) == [2.0 * row[0] for row in x]
+
+
+async def test_max_loaded_models_is_kept_with_100_models_in_turn(store: Path) -> None:
+    async with running(store, backend_processes=0, max_loaded_models=20) as wlm:
+        for _ in range(2):
+            for i in range(100):
+                x = np.array([[i / 100]])
+                assert value(await wlm.infer(f"sklearn-{i}", x)) == pytest.approx(
+                    2 * i / 100 + 1, abs=0.05
+                )
+                assert len(wlm.loaded) <= 20
+        assert len(wlm.loaded) == 20
+        assert wlm.loaded == [f"sklearn-{i}" for i in range(80, 100)]  # most recent, in order
+        evictions = sum(sample(wlm, "mmserver_model_evictions_total", model=f"sklearn-{i}")
+                        for i in range(100))
+        assert evictions == 180
+
+
+async def test_concurrent_loads_past_the_limit_all_answer(store: Path) -> None:
+    async with running(store, backend_processes=0, max_loaded_models=5) as wlm:
+        results = await asyncio.gather(*(wlm.infer(f"sklearn-{i}", X) for i in range(40)))
+        assert all(value(r) == pytest.approx(2.0, abs=0.05) for r in results)
+        assert len(wlm.loaded) <= 5
+
+
+async def test_a_model_under_load_is_never_evicted(store: Path, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "busy", gate)
+    async with running(store, backend_processes=0, max_loaded_models=2,
+                       room_wait_seconds=0.2) as wlm:
+        running_request = asyncio.ensure_future(wlm.infer("busy", X))
+        await until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
+        await wlm.infer("sklearn-1", X)
+        # "busy" is the least recently used, but it has a running job: sklearn-1 goes.
+        await wlm.infer("sklearn-2", X)
+        assert set(wlm.loaded) == {"busy", "sklearn-2"}
+        queued = asyncio.ensure_future(wlm.infer("busy", np.array([[3.0]])))
+        await asyncio.sleep(0)
+        blocked = asyncio.ensure_future(wlm.infer("sklearn-3", X))
+        # sklearn-2 is idle, so it goes; "busy" stays.
+        assert value(await blocked) == pytest.approx(2.0, abs=0.05)
+        assert "busy" in wlm.loaded
+        gate.touch()
+        assert value(await running_request) == 1.0
+        assert value(await queued) == 6.0
+
+
+async def test_nothing_evictable_answers_503(store: Path, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "busy", gate)
+    async with running(store, backend_processes=0, max_loaded_models=1,
+                       room_wait_seconds=0.1) as wlm:
+        held = asyncio.ensure_future(wlm.infer("busy", X))
+        await until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
+        with pytest.raises(errors.NoCapacity) as info:
+            await wlm.infer("sklearn-1", X)
+        assert info.value.status_code == 503
+        assert "all busy" in info.value.message
+        gate.touch()
+        assert value(await held) == 1.0
+        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+
+
+async def test_model_error_is_424_and_the_worker_keeps_serving(store: Path) -> None:
+    make_raising_dir(store / "picky")
+    async with running(store, backend_processes=0) as wlm:
+        with pytest.raises(errors.ModelError, match="ValueError: negative values") as info:
+            await wlm.infer("picky", np.array([[-1.0]]))
+        assert info.value.status_code == 424
+        assert value(await wlm.infer("picky", np.array([[2.0]]))) == 4.0
+
+
+async def test_a_broken_model_fails_with_its_reason_and_is_retried_later(
+    store: Path,
+) -> None:
+    broken = store / "broken"
+    broken.mkdir()
+    (broken / "serving.properties").write_text("maxWorkers=two\n")
+    async with running(store, backend_processes=0) as wlm:
+        wlm.load_retry_seconds = 3600.0
+        results = await asyncio.gather(
+            *(wlm.infer("broken", X) for _ in range(5)), return_exceptions=True
+        )
+        assert all(isinstance(r, errors.ConfigError) for r in results)
+        message = str(results[0])
+        assert "serving.properties" in message and "maxWorkers" in message and "two" in message
+        # A storm does not retry: the same failure answers at once.
+        (broken / "serving.properties").write_text("maxWorkers=2\n")
+        with pytest.raises(errors.ConfigError):
+            await wlm.infer("broken", X)
+        # Past the retry interval it loads again (now it lacks model files: another reason).
+        wlm.load_retry_seconds = 0.0
+        with pytest.raises(errors.ModelLoadError) as info:
+            await wlm.infer("broken", X)
+        assert not isinstance(info.value, errors.ConfigError)
+        # Other models are not affected.
+        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+
+
+async def test_predict_timeout_answers_504_in_threads(store: Path, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "slow", gate, **{"option.predict_timeout": 0.3, "maxWorkers": 2})
+    async with running(store, backend_processes=0) as wlm:
+        with pytest.raises(errors.PredictTimeout) as info:
+            await wlm.infer("slow", X)
+        assert info.value.status_code == 504
+        gate.touch()
+        assert value(await wlm.infer("slow", X)) == 1.0
+
+
+# Real backend processes -------------------------------------------------------------------------
+
+
+async def test_workers_of_one_model_go_to_different_processes(store: Path) -> None:
+    (store / "spread").mkdir()
+    make_recording_dir(store / "spread", store / "spread.log", minWorkers=2, maxWorkers=2)
+    async with running(store, backend_processes=2) as wlm:
+        assert value(await wlm.infer("spread", X)) == 1.0
+        pool = wlm.pool("spread")
+        assert pool is not None
+        assert sorted(w.slot.index for w in pool.workers.values()) == [0, 1]
+        pids = wlm.backend.pids()
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+
+
+async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
+    store: Path, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "victim", gate, maxWorkers=1)
+    async with running(store, backend_processes=2) as wlm:
+        gate.touch()
+        await wlm.infer("victim", X)
+        gate.unlink()
+        victim = wlm.pool("victim")
+        assert victim is not None
+        slot = next(iter(victim.workers.values())).slot
+        # Load bystanders until one shares the victim's process.
+        bystanders = []
+        for i in range(10):
+            await wlm.infer(f"sklearn-{i}", X)
+            pool = wlm.pool(f"sklearn-{i}")
+            assert pool is not None
+            if any(w.slot is slot for w in pool.workers.values()):
+                bystanders.append(f"sklearn-{i}")
+        assert bystanders
+        doomed = asyncio.ensure_future(wlm.infer("victim", X))
+        await until(lambda: victim.running == 1)
+        # A bystander's batch now waits behind the victim's inside the same process.
+        waiting = [asyncio.ensure_future(wlm.infer(name, X)) for name in bystanders]
+        others = [asyncio.ensure_future(wlm.infer(f"sklearn-{i}", X)) for i in range(10)]
+        await until(lambda: all(wlm.pool(n).running == 1 for n in bystanders))  # type: ignore[union-attr]
+        old_pid = slot.pid
+        assert old_pid is not None
+        os.kill(old_pid, signal.SIGKILL)
+        with pytest.raises(errors.BackendDied, match="died while running this request") as info:
+            await doomed
+        assert info.value.status_code == 500
+        for result in await asyncio.gather(*waiting, *others):
+            assert value(result) == pytest.approx(2.0, abs=0.05)
+        assert slot.pid != old_pid
+        assert sample(wlm, "mmserver_backend_restarts_total") == 1
+        # The replacement has the victim's model again and serves it.
+        gate.touch()
+        assert value(await wlm.infer("victim", X)) == 1.0
+        assert len(wlm.backend.pids()) == 2
+
+
+async def test_predict_timeout_replaces_a_stuck_process(store: Path, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "stuck", gate, **{"option.predict_timeout": 0.5, "maxWorkers": 1})
+    async with running(store, backend_processes=1) as wlm:
+        with pytest.raises(errors.PredictTimeout):
+            await wlm.infer("stuck", X)
+        # The process running it was replaced, so other models do not wait behind it.
+        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        gate.touch()
+        assert value(await wlm.infer("stuck", X)) == 1.0
+
+
+async def test_model_error_in_a_process_is_424(store: Path) -> None:
+    make_raising_dir(store / "picky")
+    async with running(store, backend_processes=1) as wlm:
+        with pytest.raises(errors.ModelError, match="ValueError: negative values"):
+            await wlm.infer("picky", np.array([[-1.0]]))
+        assert value(await wlm.infer("picky", np.array([[3.0]]))) == 6.0
+
+
+async def test_stop_answers_every_accepted_request(store: Path, tmp_path: Path) -> None:
+    log = tmp_path / "calls"
+    make_recording_dir(store / "steady", log, maxWorkers=2)
+    async with running(store, backend_processes=2) as wlm:
+        await wlm.infer("steady", X)
+        accepted = [asyncio.ensure_future(wlm.infer("steady", np.array([[float(i)]])))
+                    for i in range(300)]
+        await asyncio.sleep(0)
+        await wlm.stop(10.0)
+        results = await asyncio.gather(*accepted, return_exceptions=True)
+        assert [value(r) for r in results] == [2.0 * i for i in range(300)]
+        with pytest.raises(errors.ShuttingDown):
+            await wlm.infer("steady", X)
+
+
+async def test_runs_on_uvloop() -> None:
+    import uvloop
+
+    assert isinstance(asyncio.get_running_loop(), uvloop.Loop)

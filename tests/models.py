@@ -1,0 +1,76 @@
+"""Real scikit-learn models for the tests, made on the fly in a given folder or archive.
+
+They are built by ``scripts/generate_store.py`` (imported here by path, so the product package
+holds no example code): the tests use exactly the models the reference store holds.
+
+- :func:`make_linear_model` — ``model.joblib`` of y = 2x + 1 (1 feature; predicts ≈ 2.0 at 0.5)
+- :func:`make_linear_archive` — the same packed as a ``.tar.gz`` with ``model.joblib`` at its root
+- :func:`make_store` — the reference store: ``sklearn-0.tar.gz`` ... plus the example folders
+- :func:`make_classifier_dir` — iris LogisticRegression with ``option.method=predict_proba``
+- :func:`make_pipeline_dir` — Pipeline(StandardScaler, Ridge) on 3 features
+- :func:`make_custom_handler_dir` — ``model.py`` answering ``{"value", "doubled"}`` per row
+- :func:`make_tuned_dir` — the linear model with its own ``serving.properties``
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+_GENERATOR = Path(__file__).resolve().parent.parent / "scripts" / "generate_store.py"
+
+
+def _load_generator() -> ModuleType:
+    name = "mmserver_generate_store"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, _GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+generator = _load_generator()
+
+#: Names of the example folders :func:`make_store` writes besides the ``sklearn-N`` archives.
+EXAMPLE_NAMES: tuple[str, ...] = tuple(generator.EXAMPLES)
+
+
+def make_linear_model(folder: Path) -> Path:
+    """Write ``folder/model.joblib`` (y = 2x + 1 + noise, one feature); returns ``folder``."""
+    return generator.write_linear_dir(Path(folder))  # type: ignore[no-any-return]
+
+
+def make_linear_archive(path: Path) -> Path:
+    """Write the reference ``.tar.gz`` (``model.joblib`` at its root) at ``path``; returns it."""
+    return generator.write_linear_archive(Path(path))  # type: ignore[no-any-return]
+
+
+def make_store(root: Path, count: int) -> Path:
+    """Write the reference store into ``root``: ``count`` archives and the examples."""
+    generator.generate(Path(root), count)
+    return Path(root)
+
+
+def make_classifier_dir(folder: Path) -> Path:
+    """Iris LogisticRegression (4 features, 3 classes) with ``option.method=predict_proba``."""
+    return generator.write_classifier_dir(Path(folder))  # type: ignore[no-any-return]
+
+
+def make_pipeline_dir(folder: Path) -> Path:
+    """Pipeline(StandardScaler, Ridge) on 3 features, y = x0 + 2 x1 - 3 x2."""
+    return generator.write_pipeline_dir(Path(folder))  # type: ignore[no-any-return]
+
+
+def make_custom_handler_dir(folder: Path) -> Path:
+    """Linear model plus ``model.py`` with ``load`` and ``predict`` (rows of dicts)."""
+    return generator.write_custom_handler_dir(Path(folder))  # type: ignore[no-any-return]
+
+
+def make_tuned_dir(folder: Path) -> Path:
+    """Linear model with serving.properties: batch_size=8, max_batch_delay=5, workers 1..2."""
+    return generator.write_tuned_dir(Path(folder))  # type: ignore[no-any-return]

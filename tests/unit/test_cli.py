@@ -1,0 +1,136 @@
+"""The ``mmserver`` command line: help, flags derived from ServerConfig, exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmserver import __version__
+from mmserver.cli import build_config, build_parser, main
+from mmserver.config import ServerConfig
+
+
+def serve_help(capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", "--help"])
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_serve_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    text = serve_help(capsys)
+    words = set(text.split())
+    assert "--config" in words
+    for field in ServerConfig.options():
+        flag = "--" + field.name.replace("_", "-")
+        env = "MMSERVER_" + field.name.upper()
+        assert flag in words, flag
+        assert env + ")" in words, env
+        first_words = str(field.metadata["help"]).split()[:2]
+        assert " ".join(first_words) in " ".join(text.split()), field.name
+    assert "80% of available" in " ".join(text.split())
+
+
+def test_python_dash_m_works() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mmserver", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--max-workers" in done.stdout
+    assert "MMSERVER_MAX_WORKERS" in done.stdout
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "usage: mmserver" in out
+    assert "serve" in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mmserver {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["serve", "--port", "abc"], "mmserver: option --port: value 'abc' is not a valid int"),
+        (["serve", "--max-workers", "-3"], "mmserver: option max_workers=-3: must not be negative"),
+        (
+            ["serve", "--min-workers", "5", "--max-workers", "2"],
+            "mmserver: option min_workers=5 is greater than max_workers=2",
+        ),
+        (["serve", "--predict-timeout", "soon"], "option --predict-timeout: value 'soon'"),
+        (["serve", "--config", "/nonexistent/mm.properties"], "does not exist"),
+    ],
+)
+def test_bad_values_exit_2_with_a_message(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert err.startswith("mmserver: ")
+    assert "Traceback" not in err
+
+
+def test_unknown_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--no-such-flag"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def test_precedence_through_the_parser(tmp_path: Path) -> None:
+    conf = tmp_path / "mm.properties"
+    conf.write_text("port=8001\nbatch_size=2\nmax_idle_time=5\naccess_log=true\n")
+    env = {"MMSERVER_PORT": "8002", "MMSERVER_BATCH_SIZE": "3", "MMSERVER_MAX_WORKERS": "6"}
+    argv = ["serve", "--config", str(conf), "--port", "8003", "--model-store", str(tmp_path)]
+    config = build_config(argv, env)
+    assert config.port == 8003  # flag
+    assert config.batch_size == 3  # env over file
+    assert config.max_workers == 6  # env
+    assert config.max_idle_time == 5  # file
+    assert config.access_log is True  # file; the absent flag does not reset it
+    assert config.max_batch_delay == 100  # default
+    assert config.store_path == tmp_path.resolve()
+
+
+def test_bool_flags(tmp_path: Path) -> None:
+    assert build_config(["serve"], {}).insecure_management is False
+    assert build_config(["serve", "--insecure-management"], {}).insecure_management is True
+    env = {"MMSERVER_INSECURE_MANAGEMENT": "1"}
+    assert build_config(["serve"], env).insecure_management is True
+
+
+def test_every_flag_reaches_the_config() -> None:
+    argv = ["serve"]
+    expected: dict[str, object] = {}
+    for field in ServerConfig.options():
+        flag = "--" + field.name.replace("_", "-")
+        if isinstance(field.default, bool):
+            argv.append(flag)
+            expected[field.name] = True
+        elif isinstance(field.default, int):
+            value = {"port": 9001, "min_workers": 1}.get(field.name, 7)
+            argv += [flag, str(value)]
+            expected[field.name] = value
+        elif isinstance(field.default, float):
+            argv += [flag, "1.5"]
+            expected[field.name] = 1.5
+        else:
+            value = "DEBUG" if field.name == "log_level" else f"/x/{field.name}"
+            argv += [flag, value]
+            expected[field.name] = value
+    config = build_config(argv, {})
+    assert {name: getattr(config, name) for name in expected} == expected

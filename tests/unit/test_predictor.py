@@ -1,0 +1,348 @@
+"""Model handlers on real scikit-learn models: the default one and custom ``model.py`` files."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import joblib
+import numpy as np
+import pytest
+
+from mmserver.config import ModelConfig, load_model_config, model_config_from_properties
+from mmserver.errors import ModelError, ModelLoadError
+from mmserver.predictor import load_predictor
+from tests.models import (
+    make_classifier_dir,
+    make_custom_handler_dir,
+    make_linear_model,
+    make_pipeline_dir,
+    make_tuned_dir,
+)
+
+DEFAULTS = ModelConfig(max_workers=2)
+
+
+def config_for(props: dict[str, str]) -> ModelConfig:
+    return model_config_from_properties(props, DEFAULTS, "test serving.properties")
+
+
+def write_handler(folder: Path, source: str, name: str = "model.py") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(source)
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------
+# Default handler
+# ------------------------------------------------------------------------------------------------
+
+
+def test_linear_model_predicts_two_at_half(tmp_path: Path) -> None:
+    predictor = load_predictor(make_linear_model(tmp_path / "lin"), DEFAULTS)
+    assert predictor.n_features == 1
+    out = predictor.predict(np.array([[0.5], [0.0], [1.0]]))
+    assert isinstance(out, np.ndarray)
+    assert out.shape == (3,)
+    assert out[0] == pytest.approx(2.0, abs=0.02)
+    assert out[1] == pytest.approx(1.0, abs=0.02)
+    assert out[2] == pytest.approx(3.0, abs=0.02)
+
+
+def test_tuned_example_loads_with_its_properties(tmp_path: Path) -> None:
+    folder = make_tuned_dir(tmp_path / "tuned")
+    config = load_model_config(folder, DEFAULTS)
+    assert (config.batch_size, config.max_batch_delay) == (8, 5)
+    assert (config.min_workers, config.max_workers, config.job_queue_size) == (1, 2, 100)
+    out = load_predictor(folder, config).predict(np.array([[0.5]]))
+    assert float(np.asarray(out)[0]) == pytest.approx(2.0, abs=0.02)
+
+
+def test_classifier_answers_predict_proba(tmp_path: Path) -> None:
+    folder = make_classifier_dir(tmp_path / "iris")
+    config = load_model_config(folder, DEFAULTS)
+    assert config.method == "predict_proba"
+    predictor = load_predictor(folder, config)
+    assert predictor.n_features == 4
+    batch = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]])
+    out = np.asarray(predictor.predict(batch))
+    assert out.shape == (2, 3)
+    assert out.sum(axis=1) == pytest.approx([1.0, 1.0])
+    assert out.argmax(axis=1).tolist() == [0, 2]  # setosa, virginica
+
+
+def test_classifier_with_decision_function(tmp_path: Path) -> None:
+    folder = make_classifier_dir(tmp_path / "iris")
+    predictor = load_predictor(folder, DEFAULTS.replace(method="decision_function"))
+    out = np.asarray(predictor.predict(np.array([[5.1, 3.5, 1.4, 0.2]])))
+    assert out.shape == (1, 3)
+    assert int(out.argmax()) == 0
+
+
+def test_pipeline_features_and_prediction(tmp_path: Path) -> None:
+    predictor = load_predictor(make_pipeline_dir(tmp_path / "pipe"), DEFAULTS)
+    assert predictor.n_features == 3
+    out = np.asarray(predictor.predict(np.array([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])))
+    assert out == pytest.approx([0.0, 1.0], abs=0.05)  # y = x0 + 2 x1 - 3 x2
+
+
+def test_missing_method_fails_at_load(tmp_path: Path) -> None:
+    linear = make_linear_model(tmp_path / "lin")
+    with pytest.raises(ModelLoadError) as info:
+        load_predictor(linear, DEFAULTS.replace(method="predict_proba"))
+    assert info.value.message == (
+        "model lin (LinearRegression) has no predict_proba; option.method must be one of: predict"
+    )
+    pipe = make_pipeline_dir(tmp_path / "pipe")
+    with pytest.raises(ModelLoadError, match=r"model pipe \(Pipeline\) has no transform"):
+        load_predictor(pipe, DEFAULTS.replace(method="transform"))
+
+
+def test_other_model_file_names(tmp_path: Path) -> None:
+    pkl = make_linear_model(tmp_path / "pkl")
+    (pkl / "model.joblib").rename(pkl / "model.pkl")
+    assert load_predictor(pkl, DEFAULTS).n_features == 1
+
+    single = make_linear_model(tmp_path / "single")
+    (single / "model.joblib").rename(single / "regressor.joblib")
+    assert load_predictor(single, DEFAULTS).n_features == 1
+
+    (single / "second.joblib").write_bytes((single / "regressor.joblib").read_bytes())
+    with pytest.raises(ModelLoadError, match=r"has no model\.joblib"):
+        load_predictor(single, DEFAULTS)
+
+
+def test_missing_and_broken_model_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelLoadError) as info:
+        load_predictor(empty, DEFAULTS)
+    assert info.value.message == (
+        "model empty has no model.joblib (or model.pkl, or a single *.joblib), and no model.py"
+    )
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_predictor(tmp_path / "nowhere", DEFAULTS)
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.joblib").write_bytes(b"\x80\x04 definitely not a pickle")
+    with pytest.raises(ModelLoadError) as info:
+        load_predictor(broken, DEFAULTS)
+    assert info.value.message.startswith("model.joblib cannot be loaded: ")
+    assert "Traceback" not in info.value.message
+
+
+class WarnsOnLoad:
+    """Unpickling this warns, as a model pickled by another library version does."""
+
+    def __init__(self) -> None:
+        self.version = "0.0"  # some state, so that unpickling calls __setstate__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        warnings.warn("pickled by another version", UserWarning, stacklevel=1)
+        self.__dict__.update(state)
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        return np.zeros(len(batch))
+
+
+def test_load_warnings_are_logged_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "warns"
+    folder.mkdir()
+    joblib.dump(WarnsOnLoad(), folder / "model.joblib")
+    with caplog.at_level(logging.WARNING, logger="mmserver.predictor"):
+        predictor = load_predictor(folder, DEFAULTS)  # warnings are errors in this suite
+    assert predictor.n_features is None
+    assert np.asarray(predictor.predict(np.zeros((2, 5)))).tolist() == [0.0, 0.0]
+    assert any("pickled by another version" in r.getMessage() for r in caplog.records)
+
+
+def test_model_exceptions_propagate_unchanged(tmp_path: Path) -> None:
+    predictor = load_predictor(make_linear_model(tmp_path / "lin"), DEFAULTS)
+    with pytest.raises(ValueError, match="features"):
+        predictor.predict(np.zeros((1, 3)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Custom handlers
+# ------------------------------------------------------------------------------------------------
+
+
+def test_custom_handler_example(tmp_path: Path) -> None:
+    predictor = load_predictor(make_custom_handler_dir(tmp_path / "custom"), DEFAULTS)
+    assert predictor.n_features == 1
+    out = predictor.predict(np.array([[0.5], [1.0]]))
+    assert isinstance(out, list) and len(out) == 2
+    assert out[0]["value"] == pytest.approx(2.0, abs=0.02)
+    assert out[0]["doubled"] == pytest.approx(4.0, abs=0.04)
+    assert out[1]["value"] == pytest.approx(3.0, abs=0.02)
+
+
+def test_load_gets_the_folder_and_every_property(tmp_path: Path) -> None:
+    folder = write_handler(
+        tmp_path / "props",
+        "def load(model_dir, properties):\n"
+        "    return {'dir': model_dir, 'props': properties}\n"
+        "def predict(model, batch):\n"
+        "    return [[str(model['dir']), model['props'].get('option.scale')]] * len(batch)\n",
+    )
+    config = config_for({"option.scale": "3", "batch_size": "2"})
+    out = load_predictor(folder, config).predict(np.zeros((2, 1)))
+    assert out == [[str(folder), "3"], [str(folder), "3"]]
+
+
+def test_djl_handle_through_option_handler(tmp_path: Path) -> None:
+    folder = make_linear_model(tmp_path / "djl")
+    write_handler(
+        folder,
+        "def handle(model, batch):\n    return (model.predict(batch) * 10).tolist()\n",
+    )
+    predictor = load_predictor(folder, config_for({"option.handler": "handle"}))
+    out = predictor.predict(np.array([[0.5]]))
+    assert out == [pytest.approx(20.0, abs=0.2)]  # no load(): model.joblib was loaded
+    assert predictor.n_features == 1
+
+
+def test_custom_entry_point_and_no_model(tmp_path: Path) -> None:
+    folder = write_handler(
+        tmp_path / "entry",
+        "def predict(model, batch):\n    return [model is None] * len(batch)\n",
+        name="serve.py",
+    )
+    predictor = load_predictor(folder, config_for({"option.entryPoint": "serve.py"}))
+    assert predictor.n_features is None
+    assert predictor.predict(np.zeros((3, 2))) == [True, True, True]
+
+
+def test_two_models_with_model_py_do_not_collide(tmp_path: Path) -> None:
+    source = "NAME = {!r}\ndef predict(m, b):\n    return [NAME] * len(b)\n"
+    a = write_handler(tmp_path / "a", source.format("a"))
+    b = write_handler(tmp_path / "b", source.format("b"))
+    pa, pb = load_predictor(a, DEFAULTS), load_predictor(b, DEFAULTS)
+    assert pa.predict(np.zeros((1, 1))) == ["a"]
+    assert pb.predict(np.zeros((1, 1))) == ["b"]
+    # Reloading a changed model.py picks up the change.
+    write_handler(a, "def predict(m, b):\n    return ['a2'] * len(b)\n")
+    assert load_predictor(a, DEFAULTS).predict(np.zeros((1, 1))) == ["a2"]
+
+
+def test_handler_imports_its_sibling_modules(tmp_path: Path) -> None:
+    folder = write_handler(
+        tmp_path / "sib",
+        "import sibling_helper_mm\n"
+        "from dataclasses import dataclass\n"
+        "@dataclass\nclass Scale:\n    k: float\n"
+        "def load(model_dir, properties):\n    return Scale(sibling_helper_mm.K)\n"
+        "def predict(model, batch):\n    return (batch[:, 0] * model.k).tolist()\n",
+    )
+    (folder / "sibling_helper_mm.py").write_text("K = 7.0\n")
+    path_before = list(sys.path)
+    try:
+        out = load_predictor(folder, DEFAULTS).predict(np.array([[1.0], [2.0]]))
+    finally:
+        sys.modules.pop("sibling_helper_mm", None)
+    assert out == [7.0, 14.0]
+    assert sys.path == path_before
+
+
+@pytest.mark.parametrize(
+    ("source", "props", "expected"),
+    [
+        (
+            "def load(model_dir, properties):\n    return 1\n",
+            {},
+            "model m: model.py defines no function 'predict' (option.handler)",
+        ),
+        (
+            "def predict(model, batch):\n    return batch\n",
+            {"option.handler": "handle"},
+            "model m: model.py defines no function 'handle' (option.handler)",
+        ),
+        ("predict = 42\n", {}, "defines no function 'predict'"),
+        (
+            "import definitely_not_installed_mm\n",
+            {},
+            "model.py failed to import: "
+            "ModuleNotFoundError: No module named 'definitely_not_installed_mm'",
+        ),
+        ("x = 1 / 0\n", {}, "model.py failed to import: ZeroDivisionError: division by zero"),
+        ("def predict(:\n", {}, "model.py failed to import: SyntaxError"),
+        (
+            "def load(model_dir, properties):\n    raise RuntimeError('no weights here')\n"
+            "def predict(model, batch):\n    return batch\n",
+            {},
+            "model m: model.py load() failed: RuntimeError: no weights here",
+        ),
+    ],
+)
+def test_broken_handlers_fail_with_a_clear_message(
+    tmp_path: Path, source: str, props: dict[str, str], expected: str
+) -> None:
+    folder = write_handler(tmp_path / "m", source)
+    modules_before = set(sys.modules)
+    with pytest.raises(ModelLoadError) as info:
+        load_predictor(folder, config_for(props))
+    assert expected in info.value.message
+    assert "Traceback" not in info.value.message
+    assert not {m for m in set(sys.modules) - modules_before if m.startswith("mmserver_handler")}
+
+
+def test_bad_entry_points(tmp_path: Path) -> None:
+    folder = make_linear_model(tmp_path / "m")
+    with pytest.raises(ModelLoadError, match=r"option.entryPoint='missing.py' does not exist"):
+        load_predictor(folder, config_for({"option.entryPoint": "missing.py"}))
+    with pytest.raises(ModelLoadError, match="must be a file inside the model folder"):
+        load_predictor(folder, config_for({"option.entryPoint": "../model.py"}))
+    with pytest.raises(ModelLoadError, match=r"option\.handler='handle' needs a handler file"):
+        load_predictor(folder, config_for({"option.handler": "handle"}))
+
+
+# ------------------------------------------------------------------------------------------------
+# Outputs
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("return [1]", "model returned 1 rows for 3 inputs"),
+        ("return np.zeros((4, 2))", "model returned 4 rows for 3 inputs"),
+        ("return []", "model returned 0 rows for 3 inputs"),
+        ("return np.float64(1.0)", "model returned float64; expected a list or array"),
+        ("return np.array(1.0)", "model returned None rows for 3 inputs"),
+        ("return {'a': 1, 'b': 2, 'c': 3}", "model returned dict; expected a list or array"),
+        ("return 'abc'", "model returned str"),
+    ],
+)
+def test_wrong_outputs_are_model_errors(tmp_path: Path, body: str, expected: str) -> None:
+    folder = write_handler(
+        tmp_path / "out", f"import numpy as np\ndef predict(model, batch):\n    {body}\n"
+    )
+    predictor = load_predictor(folder, DEFAULTS)
+    with pytest.raises(ModelError) as info:
+        predictor.predict(np.zeros((3, 1)))
+    assert expected in info.value.message
+
+
+def test_tuples_and_iterables_become_lists(tmp_path: Path) -> None:
+    folder = write_handler(
+        tmp_path / "tup",
+        "import numpy as np\ndef predict(model, batch):\n    return tuple(range(len(batch)))\n",
+    )
+    assert load_predictor(folder, DEFAULTS).predict(np.zeros((2, 1))) == [0, 1]
+
+
+def test_custom_predict_exceptions_propagate_unchanged(tmp_path: Path) -> None:
+    folder = write_handler(
+        tmp_path / "raises",
+        "class Boom(Exception):\n    pass\ndef predict(model, batch):\n    raise Boom('bad row')\n",
+    )
+    predictor = load_predictor(folder, DEFAULTS)
+    with pytest.raises(Exception, match="bad row") as info:
+        predictor.predict(np.zeros((1, 1)))
+    assert type(info.value).__name__ == "Boom"
