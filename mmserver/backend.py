@@ -49,6 +49,14 @@ log = logging.getLogger(__name__)
 _LOAD, _PREDICT, _UNLOAD, _PING = 0, 1, 2, 3
 _OK, _ERR = 0, 1
 _START_TIMEOUT = 60.0
+
+#: Imported once by the fork server and shared copy-on-write by every backend process, so a
+#: process starts (or is replaced) in milliseconds and a model's first load does not pay for
+#: importing the estimator families most stores use.
+PRELOAD = (
+    "mmserver.backend", "mmserver.predictor", "joblib", "sklearn", "sklearn.linear_model",
+    "sklearn.pipeline", "sklearn.preprocessing", "sklearn.tree", "sklearn.ensemble",
+)
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
 
@@ -568,9 +576,7 @@ class BackendPool:
             self.slots = [ThreadSlot(0, threads)]
         else:
             context = multiprocessing.get_context("forkserver")
-            # Imported once in the fork server, shared copy-on-write by every backend process,
-            # so a replacement starts in milliseconds.
-            context.set_forkserver_preload(["mmserver.backend", "mmserver.predictor", "sklearn"])
+            context.set_forkserver_preload(list(PRELOAD))
             self.slots = [ProcessSlot(i, context, metrics) for i in range(processes)]
 
     async def start(self) -> None:

@@ -87,7 +87,8 @@ class WorkLoadManager:
         self._failures: dict[str, _Failure] = {}
         self._registered: dict[str, StoreEntry] = {}
         self._overrides: dict[str, dict[str, Any]] = {}
-        self._urls: dict[str, str] = {}
+        self._urls: dict[str, str] = {}  # as given to POST /models
+        self._sources: dict[str, Path] = {}  # the store entry or registered path of each model
         self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
         self._reserved_bytes = 0
         self._reserved_count = 0
@@ -237,6 +238,7 @@ class WorkLoadManager:
             log.exception("model %s failed to load", name)
             raise error from None
         self._failures.pop(name, None)
+        self._sources[name] = entry.path
         self._ready[name] = pool
         seconds = time.perf_counter() - started
         self.metrics.model_loads.labels(name).inc()
@@ -360,7 +362,8 @@ class WorkLoadManager:
         config = pool.config if pool is not None else self._defaults.replace(
             **self._overrides.get(name, {})
         )
-        url = self._urls.get(name) or str(entry.path if entry is not None else pool.model_dir)  # type: ignore[union-attr]
+        source = entry.path if entry is not None else self._sources.get(name)
+        url = self._urls.get(name) or str(source)
         result: dict[str, Any] = {
             "modelName": name,
             "modelUrl": url,
