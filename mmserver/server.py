@@ -2,13 +2,13 @@
 
 Shutdown order (SIGTERM or SIGINT), written once in :meth:`Server.shutdown`:
 
-1. report not ready (``/ping`` answers 503) and refuse new requests (503);
-2. stop listening (new connections are refused);
-3. drain: every accepted request is answered, up to ``drain_timeout`` seconds; what is left then
-   is answered 503;
-4. close the HTTP connections once their responses are written;
-5. stop the workers, then the backend processes;
-6. flush the logs.
+1. report not ready (``/ping`` answers 503) and answer new requests 503 at once; the listener
+   stays open meanwhile, because closing it resets every connection still waiting in the
+   kernel's accept queue, and those clients have sent their requests;
+2. drain: every accepted request is answered, up to ``drain_timeout`` seconds; what is left then
+   is answered 503; then the workers and the backend processes stop;
+3. stop listening, and close the HTTP connections once their responses are written;
+4. flush the logs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ class Server:
         self.wlm = WorkLoadManager(config, self.store, self.metrics)
         self.app = build_app(config, self.wlm, self.metrics)
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -55,10 +54,10 @@ class Server:
             shutdown_timeout=self.config.drain_timeout,
         )
         await self._runner.setup()
-        self._site = web.TCPSite(
+        site = web.TCPSite(
             self._runner, self.config.host, self.config.port, backlog=1024, reuse_address=True
         )
-        await self._site.start()
+        await site.start()
         log.info(
             "mmserver listening on http://%s:%d (model store %s, %d backend process(es))",
             self.config.host, self.config.port, self.store.root, self.config.backend_processes,
@@ -69,11 +68,9 @@ class Server:
         log.info("shutting down: draining accepted requests (up to %.0f s)",
                  self.config.drain_timeout)
         self.wlm.begin_shutdown()
-        if self._site is not None:
-            await self._site.stop()
         await self.wlm.stop(self.config.drain_timeout)
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # stops the site, then closes connections
         log.info("mmserver stopped")
         for handler in logging.getLogger().handlers:
             handler.flush()

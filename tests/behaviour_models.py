@@ -4,7 +4,8 @@ folder with a ``model.py`` handler, usable in threads and in backend processes a
 - :func:`make_gated_dir` — answers ``2 * x`` per row, but only once its gate file exists, so a
   test holds a batch "running" for as long as it likes and releases it by creating the file;
 - :func:`make_recording_dir` — answers ``2 * x`` and appends each batch's row count to a log;
-- :func:`make_raising_dir` — raises ``ValueError`` for any row whose value is negative.
+- :func:`make_raising_dir` — raises ``ValueError`` for any row whose value is negative;
+- :func:`make_sleeping_dir` — answers ``2 * x`` after sleeping a fixed time per batch.
 """
 
 from __future__ import annotations
@@ -72,3 +73,22 @@ def make_recording_dir(folder: Path, log: Path, **properties: object) -> Path:
 
 def make_raising_dir(folder: Path, **properties: object) -> Path:
     return _write(folder, RAISING, dict(properties))
+
+
+SLEEPING = '''\
+import time
+
+
+def load(model_dir, properties):
+    return float(properties["seconds"])
+
+
+def predict(seconds, batch):
+    time.sleep(seconds)
+    return [2.0 * float(row[0]) for row in batch]
+'''
+
+
+def make_sleeping_dir(folder: Path, seconds: float, **properties: object) -> Path:
+    """Answers ``2 * x`` per row after sleeping ``seconds`` per batch."""
+    return _write(folder, SLEEPING, {"seconds": seconds, **properties})

@@ -1,0 +1,127 @@
+"""The real ``mmserver serve`` as a child process on a free loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (backend processes hang under the fork server)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class ServerProcess:
+    """``python -m mmserver serve`` over ``store``; its log goes to ``log_path``."""
+
+    def __init__(self, store: Path, log_path: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.store = store
+        self.log_path = log_path
+        self.args = args
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> ServerProcess:
+        log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
+        self._log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("MMSERVER_PORT", None)
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "mmserver", "serve",
+            "--model-store", str(self.store), "--host", "127.0.0.1", "--port", str(self.port),
+            *self.args, stdout=log, stderr=log, cwd=ROOT, env=env,
+        )
+        await self.wait_ready()
+        return self
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout
+        async with aiohttp.ClientSession() as session:
+            while loop.time() < give_up:
+                assert self.process is not None
+                if self.process.returncode is not None:
+                    raise AssertionError(f"server exited early:\n{self.log()}")
+                try:
+                    async with session.get(f"{self.url}/ping") as response:
+                        if response.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"server not ready in {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    async def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        return await asyncio.wait_for(self.process.wait(), timeout)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        process = self.process
+        if process is not None and process.returncode is None:
+            family = descendants(process.pid)
+            process.kill()
+            await process.wait()
+            for pid in family:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self._log.close()

@@ -1,0 +1,108 @@
+"""SIGTERM under load, against the real server with real backend processes: every accepted
+request gets exactly one complete answer, nothing is cut, the processes go away, exit code 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.behaviour_models import make_sleeping_dir
+from tests.e2e.server_process import ServerProcess, alive, descendants
+from tests.models import make_linear_archive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SLOW_MODELS = 4
+REQUESTS = 400
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    root.mkdir()
+    make_linear_archive(root / "sklearn-0.tar.gz")
+    for i in range(SLOW_MODELS):
+        # 10 ms a batch, one row a batch: 400 requests keep two processes busy for ~2 s.
+        make_sleeping_dir(root / f"slow-{i}", 0.01, maxWorkers=2)
+    return root
+
+
+async def queued(session: aiohttp.ClientSession, url: str) -> float:
+    async with session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mmserver_queue_length{")
+    )
+
+
+async def test_sigterm_under_load_answers_every_accepted_request(
+    store: Path, tmp_path: Path
+) -> None:
+    async with ServerProcess(
+        store, tmp_path / "server.log", "--backend-processes", "2", "--drain-timeout", "30"
+    ) as server:
+        connector = aiohttp.TCPConnector(limit=REQUESTS)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for i in range(SLOW_MODELS):  # load them, so the load is all predictions
+                async with session.post(f"{server.url}/predictions/slow-{i}", json=[[1.0]]) as r:
+                    assert r.status == 200
+
+            async def one(i: int) -> tuple[int, object]:
+                body = [[float(i)]]
+                async with session.post(
+                    f"{server.url}/predictions/slow-{i % SLOW_MODELS}", json=body
+                ) as response:
+                    return response.status, json.loads(await response.read())
+
+            tasks = [asyncio.ensure_future(one(i)) for i in range(REQUESTS)]
+            # Signal once most requests are queued in the server, i.e. accepted.
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + 20
+            while await queued(session, server.url) < REQUESTS / 2:
+                assert loop.time() < give_up, "the load never queued up"
+            family = descendants(server.pid)
+            assert len(family) >= 3  # fork server and two backend processes
+            server.signal(signal.SIGTERM)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+
+            # Every request was sent before the signal: each one has exactly one complete
+            # answer, the right one, or 503 if it had not reached a model before the signal.
+            errors = [r for r in results if isinstance(r, BaseException)]
+            assert errors == []
+            answered = 0
+            for i, (status, body) in enumerate(results):  # type: ignore[misc]
+                if status == 503:
+                    assert body["type"] == "ShuttingDown"  # type: ignore[index]
+                    continue
+                assert status == 200, body
+                assert body == {"predictions": [2.0 * i]}
+                answered += 1
+            assert answered >= REQUESTS / 2  # at least all that were queued at the signal
+
+            # A new connection after the signal is refused (or answered 503 while draining).
+            try:
+                async with aiohttp.ClientSession() as fresh, fresh.post(
+                    f"{server.url}/predictions/sklearn-0", json=[[0.5]]
+                ) as response:
+                    assert response.status == 503
+                    assert (await response.json())["type"] == "ShuttingDown"
+            except aiohttp.ClientConnectionError:
+                pass
+        assert await server.wait(35) == 0
+        # Backend processes stop with the server; the fork server and resource tracker follow
+        # as soon as they read the end of their pipes.
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 10
+        while [pid for pid in family if alive(pid)]:
+            assert loop.time() < give_up, "processes left behind"
+            await asyncio.sleep(0.05)
+        log = server.log()
+        assert "shutting down" in log and "mmserver stopped" in log
+        assert "Traceback" not in log
