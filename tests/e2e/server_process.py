@@ -63,7 +63,7 @@ class ServerProcess:
         self.process: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> ServerProcess:
-        log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.log_path, "wb")  # noqa: ASYNC230 - closed in __aexit__
         self._log = log
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("MMSERVER_PORT", None)
