@@ -160,17 +160,45 @@ class _Models:
 # ------------------------------------------------------------------------------------------------
 
 
+def _read_frame(sock: socket.socket, header: bytearray) -> bytearray | None:
+    """One frame into a buffer of exactly its size (no intermediate copies); None at EOF."""
+    if sock.recv_into(header, 4, socket.MSG_WAITALL) < 4:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size == -1:
+        long_header = bytearray(8)
+        if sock.recv_into(long_header, 8, socket.MSG_WAITALL) < 8:
+            return None
+        (size,) = _LONG_HEADER.unpack(long_header)
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    received = 0
+    while received < size:
+        count = sock.recv_into(view[received:])
+        if count == 0:
+            return None
+        received += count
+    return buffer
+
+
 def _child_main(conn: multiprocessing.connection.Connection, index: int) -> None:
     """The backend process: answer each message in order until the frontend closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    conn.close()
+    sock.setblocking(True)
+    header = bytearray(4)
     models = _Models()
     while True:
         try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
+            data = _read_frame(sock, header)
+        except OSError:
+            return
+        if data is None:
             return
         message = pickle.loads(data)
+        del data
         op = message[0]
         reply: tuple[Any, ...]
         try:
@@ -188,16 +216,22 @@ def _child_main(conn: multiprocessing.connection.Connection, index: int) -> None
         except Exception as exc:
             kind = "ModelLoadError" if op == _LOAD else "ModelError"
             reply = (_ERR, kind, f"{type(exc).__name__}: {exc}")
+        del message
         try:
-            payload = pickle.dumps(reply, protocol=5)
+            frame = _frame(reply)
         except Exception as exc:
-            payload = pickle.dumps(
-                (_ERR, "ModelError", f"the model's output cannot be sent back: {exc}"), protocol=5
-            )
+            frame = _frame((_ERR, "ModelError", f"the model's output cannot be sent back: {exc}"))
         try:
-            conn.send_bytes(payload)
-        except (BrokenPipeError, OSError):
+            _send_frame(sock, frame)
+        except OSError:
             return
+
+
+def _send_frame(sock: socket.socket, frame: list[bytes]) -> None:
+    sent = sock.sendmsg(frame)
+    total = sum(len(part) for part in frame)
+    if sent < total:  # a partial write: send the rest in order
+        sock.sendall(b"".join(frame)[sent:])
 
 
 # ------------------------------------------------------------------------------------------------
