@@ -312,7 +312,7 @@ class ProcessSlot:
     """
 
     def __init__(
-        self, index: int, context: multiprocessing.context.BaseContext, metrics: Metrics
+        self, index: int, context: multiprocessing.context.ForkServerContext, metrics: Metrics
     ) -> None:
         self.index = index
         self.bound_workers = 0

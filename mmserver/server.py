@@ -102,7 +102,7 @@ def run(config: ServerConfig) -> int:
     """Serve until SIGTERM/SIGINT; return the process exit code."""
     _setup_logging(config.log_level)
     # The *_created series double a scrape's size and nobody graphs them.
-    prometheus_client.disable_created_metrics()
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     try:
         check_security(config)
     except errors.ConfigError as exc:

@@ -194,11 +194,18 @@ class WorkLoadManager:
                     self._load(name, entry, management), name=f"mmserver-load-{name}"
                 )
                 self._loading[name] = task
-                task.add_done_callback(lambda t, n=name: self._loading.pop(n, None))
+                task.add_done_callback(self._load_ended)
             # Shielded: a client that goes away does not cancel a load others wait for.
             await asyncio.shield(task)
 
     # Loading and eviction ---------------------------------------------------------------------
+
+    def _load_ended(self, task: asyncio.Task[ModelPool]) -> None:
+        for name, loading in list(self._loading.items()):
+            if loading is task:
+                del self._loading[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: the requests that waited for it got it
 
     async def _load(self, name: str, entry: StoreEntry, management: bool) -> ModelPool:
         started = time.perf_counter()
