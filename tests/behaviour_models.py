@@ -5,7 +5,8 @@ folder with a ``model.py`` handler, usable in threads and in backend processes a
   test holds a batch "running" for as long as it likes and releases it by creating the file;
 - :func:`make_recording_dir` — answers ``2 * x`` and appends each batch's row count to a log;
 - :func:`make_raising_dir` — raises ``ValueError`` for any row whose value is negative;
-- :func:`make_sleeping_dir` — answers ``2 * x`` after sleeping a fixed time per batch.
+- :func:`make_sleeping_dir` — answers ``2 * x`` after sleeping a fixed time per batch;
+- :func:`make_exiting_dir` — ends its backend process with ``os._exit`` on a negative value.
 """
 
 from __future__ import annotations
@@ -92,3 +93,23 @@ def predict(seconds, batch):
 def make_sleeping_dir(folder: Path, seconds: float, **properties: object) -> Path:
     """Answers ``2 * x`` per row after sleeping ``seconds`` per batch."""
     return _write(folder, SLEEPING, {"seconds": seconds, **properties})
+
+
+EXITING = '''\
+import os
+
+
+def load(model_dir, properties):
+    return None
+
+
+def predict(model, batch):
+    if (batch < 0).any():
+        os._exit(3)  # the whole backend process goes, as on a crash in native code
+    return [2.0 * float(row[0]) for row in batch]
+'''
+
+
+def make_exiting_dir(folder: Path, **properties: object) -> Path:
+    """Answers ``2 * x``, but ends its backend process (``os._exit``) on a negative value."""
+    return _write(folder, EXITING, dict(properties))

@@ -22,7 +22,12 @@ from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.store import ModelStore
 from mmserver.wlm import WorkLoadManager
-from tests.behaviour_models import make_gated_dir, make_raising_dir, make_recording_dir
+from tests.behaviour_models import (
+    make_exiting_dir,
+    make_gated_dir,
+    make_raising_dir,
+    make_recording_dir,
+)
 from tests.models import make_linear_archive
 
 X = np.array([[0.5]])
@@ -311,6 +316,20 @@ async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
         gate.touch()
         assert value(await wlm.infer("victim", X)) == 1.0
         assert len(wlm.backend.pids()) == 2
+
+
+async def test_a_process_that_exits_fails_only_its_batch(store: Path) -> None:
+    make_exiting_dir(store / "fragile", maxWorkers=1)
+    async with running(store, backend_processes=1) as wlm:
+        assert value(await wlm.infer("fragile", np.array([[1.0]]))) == 2.0
+        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        with pytest.raises(errors.BackendDied, match=r"exit code 3\)") as info:
+            await wlm.infer("fragile", np.array([[-1.0]]))
+        assert "died while running this request" in info.value.message
+        # Both models were reloaded into the replacement and keep serving.
+        assert value(await wlm.infer("fragile", np.array([[4.0]]))) == 8.0
+        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        assert sample(wlm, "mmserver_backend_restarts_total") == 1
 
 
 async def test_predict_timeout_replaces_a_stuck_process(store: Path, tmp_path: Path) -> None:
