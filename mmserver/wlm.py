@@ -184,14 +184,8 @@ class WorkLoadManager:
                 failure = self._failures.get(name)
                 if failure is not None and self._clock() - failure.at < self.load_retry_seconds:
                     raise failure.error
-                entry = self._registered.get(name) or self.store.find(name)
-                if entry is None:
-                    raise errors.ModelNotFound(
-                        f"model {name} is not in the model store ({self.store.root}) and is "
-                        "not registered; add NAME/ or NAME.tar.gz to the store, or POST /models"
-                    )
                 task = asyncio.get_running_loop().create_task(
-                    self._load(name, entry, management), name=f"mmserver-load-{name}"
+                    self._load(name, management), name=f"mmserver-load-{name}"
                 )
                 self._loading[name] = task
                 task.add_done_callback(self._load_ended)
@@ -207,8 +201,21 @@ class WorkLoadManager:
         if not task.cancelled():
             task.exception()  # retrieved: the requests that waited for it got it
 
-    async def _load(self, name: str, entry: StoreEntry, management: bool) -> ModelPool:
+    async def _find(self, name: str) -> StoreEntry:
+        """The store entry of ``name`` (a file-system or object-store lookup, in a thread), or
+        :class:`errors.ModelNotFound`. Not remembered as a failure: an entry added to the store
+        is found on its next request."""
+        entry = self._registered.get(name) or await asyncio.to_thread(self.store.find, name)
+        if entry is None:
+            raise errors.ModelNotFound(
+                f"model {name} is not in the model store ({self.store.root}) and is not "
+                "registered; add NAME/ or NAME.tar.gz to the store, or POST /models"
+            )
+        return entry
+
+    async def _load(self, name: str, management: bool) -> ModelPool:
         started = time.perf_counter()
+        entry = await self._find(name)
         try:
             model_dir, config = await asyncio.to_thread(self._prepare, entry, name)
             need = self._estimate_bytes(name, entry, config)
