@@ -239,9 +239,11 @@ class WorkLoadManager:
         except errors.MMServerError as exc:
             if isinstance(exc, errors.NoCapacity | errors.InsufficientMemory | errors.ShuttingDown):
                 raise  # the model is fine; the server is full or stopping
+            if isinstance(exc, errors.ModelLoadError) and not exc.message.startswith("model "):
+                exc = type(exc)(f"model {name} failed to load: {exc.message}")
             self._failures[name] = _Failure(exc, self._clock())
-            log.error("model %s failed to load: %s", name, exc.message)
-            raise
+            log.error("%s", exc.message)
+            raise exc from None
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -354,9 +356,10 @@ class WorkLoadManager:
             return ModelStatus.FAILED
         return ModelStatus.UNLOADED
 
-    def list_models(self) -> list[dict[str, str]]:
-        """Every model of the store and every registered one, sorted by name."""
-        entries = {e.name: e for e in self.store.list()}
+    async def list_models(self) -> list[dict[str, str]]:
+        """Every model of the store and every registered one, sorted by name (the store is
+        listed in a thread: it may be a large directory or an object store)."""
+        entries = {e.name: e for e in await asyncio.to_thread(self.store.list)}
         entries.update(self._registered)
         return [
             {"modelName": n, "modelUrl": self._urls.get(n, str(e.path)),
@@ -364,13 +367,13 @@ class WorkLoadManager:
             for n, e in sorted(entries.items())
         ]
 
-    def describe(self, name: str) -> list[dict[str, Any]]:
+    async def describe(self, name: str) -> list[dict[str, Any]]:
         """DJL's describe shape: a list holding one object."""
         name = normalize_name(name)
         pool = self._ready.get(name)
         entry = self._registered.get(name)
         if pool is None and entry is None:
-            entry = self.store.find(name)
+            entry = await asyncio.to_thread(self.store.find, name)
             if entry is None:
                 raise errors.ModelNotFound(f"model {name} is not in the store nor registered")
         config = pool.config if pool is not None else self._defaults.replace(

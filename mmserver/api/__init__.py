@@ -1,0 +1,96 @@
+"""The HTTP layer: thin aiohttp handlers over the WorkLoadManager (DESIGN §8).
+
+- :mod:`mmserver.api.inference` — ``/ping`` and the four inference paths (DJL and SageMaker);
+- :mod:`mmserver.api.management` — ``/models`` (list, describe, register, rescale, unload) and
+  ``/metrics``;
+- :mod:`mmserver.api.middleware` — the one place where errors become HTTP responses, and the
+  management token check.
+
+Handlers find their collaborators in :data:`STATE` on the application; there are no module-level
+singletons.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import Counter, Histogram
+
+from mmserver.config import ServerConfig
+from mmserver.errors import RequestTooLarge
+from mmserver.metrics import Metrics
+
+if TYPE_CHECKING:
+    from mmserver.wlm import WorkLoadManager
+
+
+class RequestIds:
+    """Request ids for error responses: a random per-process prefix and a counter.
+
+    Made only when an error is answered, so the success path pays nothing for them.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(4)
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}-{next(self._counter):x}"
+
+
+@dataclass(slots=True)
+class ApiState:
+    """What the handlers use, stored on the application under :data:`STATE`."""
+
+    config: ServerConfig
+    wlm: WorkLoadManager
+    metrics: Metrics
+    request_ids: RequestIds = field(default_factory=RequestIds)
+    # Metric children by label values: ``labels()`` costs more than the update itself. Bounded by
+    # the models that answered (and "-") times the status codes the server sends.
+    _counted: dict[tuple[str, int], Counter] = field(default_factory=dict)
+    _timed: dict[str, Histogram] = field(default_factory=dict)
+
+    def observe_request(self, model: str, code: int, seconds: float) -> None:
+        """Count one answered inference request and its time in the server."""
+        counter = self._counted.get((model, code))
+        if counter is None:
+            counter = self._counted[(model, code)] = self.metrics.requests.labels(model, str(code))
+        counter.inc()
+        histogram = self._timed.get(model)
+        if histogram is None:
+            histogram = self._timed[model] = self.metrics.request_seconds.labels(model)
+        histogram.observe(seconds)
+
+
+STATE: web.AppKey[ApiState] = web.AppKey("mmserver_api_state", ApiState)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, refused with :class:`RequestTooLarge` once it passes ``limit`` bytes.
+
+    A declared ``Content-Length`` over the limit is refused before anything is read; a chunked
+    body is read incrementally and refused as soon as it passes the limit (aiohttp's
+    ``client_max_size``, set to the same limit on the application). A limit of 0 means none.
+    """
+    length = request.content_length
+    if length is not None and limit and length > limit:
+        raise _too_large(length, limit)
+    if length == 0:
+        return b""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(None, limit) from None
+
+
+def _too_large(length: int | None, limit: int) -> RequestTooLarge:
+    size = f"{length} bytes" if length is not None else "more"
+    return RequestTooLarge(
+        f"the request body is {size}; the limit is {limit} bytes (max_request_size). "
+        "Send fewer rows per request."
+    )

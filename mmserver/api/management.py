@@ -1,0 +1,206 @@
+"""Management and metrics handlers: ``/models`` (DJL's management API) and ``/metrics``.
+
+Parameters come from the query string or from a JSON (or form) body; the body wins where both
+name a key. DJL's names are used: ``min_worker``, ``max_worker``, ``batch_size``,
+``max_batch_delay`` (ms), ``max_idle_time`` (s), ``job_queue_size``, ``synchronous``. Unknown
+parameters (DJL's ``engine``, ``model_version`` ...) are ignored. A configuration the model cannot
+take (``min_worker`` above ``max_worker``, say) is answered 400.
+
+``GET /models`` pages through the models sorted by name: ``limit`` (1 to 100; larger values are
+capped at 100, as in DJL) and ``next_page_token``, which is the last name of the previous page,
+so pages stay consistent while models come and go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from mmserver.api import STATE, read_body
+from mmserver.api.middleware import authorize
+from mmserver.codecs import media_type
+from mmserver.errors import ConfigError, InvalidInput
+from mmserver.store import normalize_name
+
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_PAGE = 100
+
+# Request parameter -> WorkLoadManager override key.
+_REGISTER_PARAMS = {
+    "min_worker": "min_workers",
+    "max_worker": "max_workers",
+    "batch_size": "batch_size",
+    "max_batch_delay": "max_batch_delay",
+    "max_idle_time": "max_idle_time",
+    "job_queue_size": "job_queue_size",
+}
+_RESCALE_PARAMS = {key: value for key, value in _REGISTER_PARAMS.items() if key != "job_queue_size"}
+# Overrides that must be at least 1.
+_POSITIVE = ("max_workers", "batch_size", "job_queue_size")
+
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """``GET /models``: ``{"models": [...], "nextPageToken"?}``."""
+    query = request.query
+    limit = min(_int(query, "limit") if "limit" in query else MAX_PAGE, MAX_PAGE)
+    if limit < 1:
+        raise InvalidInput(f"parameter limit={limit} must be between 1 and {MAX_PAGE}")
+    models = await request.app[STATE].wlm.list_models()
+    start = 0
+    token = query.get("next_page_token")
+    if token:
+        start = bisect.bisect_right(models, token, key=lambda m: m["modelName"])
+    page = models[start : start + limit]
+    body: dict[str, Any] = {"models": page}
+    if start + limit < len(models):
+        body["nextPageToken"] = page[-1]["modelName"]
+    return web.json_response(body)
+
+
+async def describe_model(request: web.Request) -> web.Response:
+    """``GET /models/{model}``: DJL's describe shape, a list with one object."""
+    name = normalize_name(request.match_info["model"])
+    return web.json_response(await request.app[STATE].wlm.describe(name))
+
+
+async def register_model(request: web.Request) -> web.Response:
+    """``POST /models``: register (and by default load) a model; 200, or 202 if asynchronous."""
+    authorize(request)
+    params = await _params(request)
+    url = params.get("url")
+    if not isinstance(url, str) or not url:
+        raise InvalidInput("parameter 'url' is required: the model's folder or archive")
+    name = params.get("model_name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise InvalidInput("parameter 'model_name' must be a string")
+        name = normalize_name(name)
+    overrides = _overrides(params, _REGISTER_PARAMS)
+    synchronous = _bool(params, "synchronous", default=True)
+    try:
+        model = await request.app[STATE].wlm.register(
+            url=url, name=name, overrides=overrides, synchronous=synchronous
+        )
+    except ConfigError as error:
+        raise InvalidInput(error.message) from None
+    if synchronous:
+        return web.json_response({"status": f'Model "{model}" registered'})
+    return web.json_response({"status": f'Model "{model}" registration scheduled'}, status=202)
+
+
+async def rescale_model(request: web.Request) -> web.Response:
+    """``PUT /models/{model}``: change workers and batching of a model live."""
+    authorize(request)
+    name = normalize_name(request.match_info["model"])
+    overrides = _overrides(await _params(request), _RESCALE_PARAMS)
+    try:
+        await request.app[STATE].wlm.rescale(name, overrides)
+    except ConfigError as error:
+        raise InvalidInput(error.message) from None
+    return web.json_response({"status": f'Model "{name}" updated'})
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    """``DELETE /models/{model}``: unload a model (a store model loads again when asked for)."""
+    authorize(request)
+    name = normalize_name(request.match_info["model"])
+    await request.app[STATE].wlm.unload(name)
+    return web.json_response({"status": f'Model "{name}" unregistered'})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text, rendered in a thread so the event loop keeps serving."""
+    state = request.app[STATE]
+    state.wlm.refresh_metrics()  # a few gauge sets per loaded model; reads loop-owned state
+    text = await asyncio.get_running_loop().run_in_executor(None, state.metrics.render)
+    return web.Response(body=text, headers={"Content-Type": PROMETHEUS_TYPE})
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameters
+# ------------------------------------------------------------------------------------------------
+
+
+async def _params(request: web.Request) -> dict[str, Any]:
+    """The query parameters, updated with those of a JSON or form body."""
+    params: dict[str, Any] = dict(request.query)
+    body = await read_body(request, request.app[STATE].config.max_request_size)
+    if not body.strip():
+        return params
+    kind = media_type(request.headers.get("Content-Type"))
+    if kind == "application/x-www-form-urlencoded":
+        try:
+            params.update(parse_qsl(body.decode(), keep_blank_values=True, strict_parsing=True))
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidInput("the form body is malformed") from None
+        return params
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise InvalidInput("the body must be a JSON object of parameters") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("the body must be a JSON object of parameters")
+    params.update(data)
+    return params
+
+
+def _overrides(params: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    overrides = {key: _int(params, param) for param, key in names.items() if param in params}
+    for key, value in overrides.items():
+        least = 1 if key in _POSITIVE else 0
+        if value < least:
+            param = next(p for p, k in names.items() if k == key)
+            raise InvalidInput(f"parameter {param}={value} must be at least {least}")
+    low, high = overrides.get("min_workers"), overrides.get("max_workers")
+    if low is not None and high is not None and low > high:
+        raise InvalidInput(f"min_worker={low} is greater than max_worker={high}")
+    return overrides
+
+
+def _int(params: Mapping[str, Any], name: str) -> int:
+    value = params[name]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        return int(value)
+    raise InvalidInput(f"parameter {name} must be an integer, got {_shown(value)}")
+
+
+def _bool(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
+    if name not in params:
+        return default
+    value = params[name]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value.strip().lower() in _TRUE:
+            return True
+        if value.strip().lower() in _FALSE:
+            return False
+    raise InvalidInput(f"parameter {name} must be true or false, got {_shown(value)}")
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+ROUTES = [
+    web.get("/models", list_models),
+    web.post("/models", register_model),
+    web.get("/models/{model}", describe_model),
+    web.put("/models/{model}", rescale_model),
+    web.delete("/models/{model}", unload_model),
+    web.get("/metrics", metrics),
+]

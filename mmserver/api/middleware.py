@@ -1,0 +1,192 @@
+"""Errors become HTTP responses here and nowhere else; and the management API's access rule.
+
+Every error answer has the JSON body ``{"code", "type", "message"}``, the status and headers its
+:class:`~mmserver.errors.MMServerError` asks for, and an ``X-Request-Id`` header whose value also
+ends the message, so a client's report can be matched with the server's log line. On the SageMaker
+paths (``/invocations``, ``/endpoints/{endpoint}/invocations``, ``/models/{model}/invoke``) the
+``x-amzn-ErrorType`` header names the error shape of the SageMaker Runtime API
+(``ValidationError``, ``ModelError``, ``ServiceUnavailable``, ``InternalFailure``), which botocore
+reads to raise the matching exception. Any other exception is logged with its traceback and
+answered 500 ``InternalFailure`` with a generic message: a traceback never reaches the client.
+
+Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``) pass
+:func:`authorize`: when a ``management_token`` is configured, they need
+``Authorization: Bearer <token>``; without one they are open only on a loopback address, or with
+``insecure_management``. :func:`check_security` refuses to start a server that would expose them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import hdrs, web
+
+from mmserver.api import STATE
+from mmserver.api.inference import SAGEMAKER_PATHS
+from mmserver.config import ServerConfig
+from mmserver.errors import (
+    ConfigError,
+    MethodNotAllowed,
+    MMServerError,
+    NotFound,
+    RequestTooLarge,
+    Unauthorized,
+)
+
+log = logging.getLogger(__name__)
+
+AMZN_ERROR_TYPE = "x-amzn-ErrorType"
+REQUEST_ID = "X-Request-Id"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class HTTPError(MMServerError):
+    """An error aiohttp raised itself, with no class of its own in the error tree."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status
+        self.error_type = reason.replace(" ", "").replace("-", "") or "HTTPError"
+        self.amzn_error_type = "ValidationError" if status < 500 else "InternalFailure"
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Convert whatever a handler raises into the JSON error answer (see the module docstring)."""
+    try:
+        return await handler(request)
+    except MMServerError as error:
+        response = error_response(request, error)
+        if error.status_code == 500:
+            log.warning(
+                "%s %s answered 500 %s: %s (%s)",
+                request.method,
+                _shown(request.path),
+                error.error_type,
+                error.message,
+                response.headers[REQUEST_ID],
+            )
+        return response
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(request, _from_http(request, exc), _passed_headers(exc))
+    except Exception:
+        request_id = request.app[STATE].request_ids.next()
+        log.exception(
+            "unexpected error answering %s %s (request id %s)",
+            request.method,
+            _shown(request.path),
+            request_id,
+        )
+        failure = MMServerError("the server failed to answer this request; it has logged the cause")
+        return error_response(request, failure, request_id=request_id)
+
+
+def error_response(
+    request: web.Request,
+    error: MMServerError,
+    extra_headers: dict[str, str] | None = None,
+    *,
+    request_id: str | None = None,
+) -> web.Response:
+    """The HTTP answer for ``error`` to ``request``."""
+    if request_id is None:
+        request_id = request.app[STATE].request_ids.next()
+    body = error.to_dict()
+    body["message"] = f"{error.message} (request id {request_id})"
+    headers = {REQUEST_ID: request_id}
+    if extra_headers:
+        headers.update(extra_headers)
+    headers.update(error.headers())
+    if error.amzn_error_type is not None and is_sagemaker_request(request):
+        headers[AMZN_ERROR_TYPE] = error.amzn_error_type
+    return web.Response(
+        status=error.status_code,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def is_sagemaker_request(request: web.Request) -> bool:
+    """Whether ``request`` was routed to one of the SageMaker inference paths."""
+    resource = request.match_info.route.resource
+    return resource is not None and resource.canonical in SAGEMAKER_PATHS
+
+
+def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
+    path = _shown(request.path)
+    if exc.status == 404:
+        return NotFound(
+            f"no such path: {request.method} {path}. The paths are /ping, /predictions/{{model}}, "
+            "/invocations, /endpoints/{endpoint}/invocations, /models, /models/{model}, "
+            "/models/{model}/invoke and /metrics"
+        )
+    if exc.status == 405:
+        allowed = exc.headers.get(hdrs.ALLOW, "")
+        return MethodNotAllowed(
+            f"method {request.method} is not allowed on {path}; allowed: {allowed or 'none'}"
+        )
+    if exc.status == 413:
+        return RequestTooLarge(
+            f"the request body is over the limit of {request.client_max_size} bytes "
+            "(max_request_size)"
+        )
+    return HTTPError(exc.status, exc.reason, exc.text or exc.reason)
+
+
+def _passed_headers(exc: web.HTTPException) -> dict[str, str]:
+    allow = exc.headers.get(hdrs.ALLOW)
+    return {hdrs.ALLOW: allow} if allow is not None else {}
+
+
+def _shown(path: str, limit: int = 200) -> str:
+    return path if len(path) <= limit else path[: limit - 3] + "..."
+
+
+# ------------------------------------------------------------------------------------------------
+# Management access
+# ------------------------------------------------------------------------------------------------
+
+
+def management_open(config: ServerConfig) -> bool:
+    """Whether state-changing management calls are allowed without a token."""
+    if config.management_token:
+        return False
+    return config.is_loopback or config.insecure_management
+
+
+def check_security(config: ServerConfig) -> None:
+    """Refuse (:class:`ConfigError`) a configuration that would expose the management API on a
+    non-loopback address with no token, unless ``insecure_management`` says so."""
+    if not config.is_loopback and not config.management_token and not config.insecure_management:
+        raise ConfigError(
+            f"refusing to serve on {config.host}: a non-loopback address needs a management "
+            "token (--management-token or MMSERVER_MANAGEMENT_TOKEN) for POST, PUT and DELETE "
+            "on /models; pass --insecure-management to serve it without one"
+        )
+
+
+def authorize(request: web.Request) -> None:
+    """Raise :class:`Unauthorized` unless ``request`` may change the server's models."""
+    config = request.app[STATE].config
+    if management_open(config):
+        return
+    token = config.management_token
+    if not token:
+        raise Unauthorized(
+            "management calls on a non-loopback address need a management token, and the "
+            "server has none configured"
+        )
+    scheme, _, credentials = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        credentials.strip().encode(), token.encode()
+    ):
+        raise Unauthorized(
+            "this management call needs the header 'Authorization: Bearer <management token>'"
+        )

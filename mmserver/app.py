@@ -1,0 +1,41 @@
+"""The aiohttp application: routes, the error middleware and the handlers' state.
+
+:func:`build_app` composes the HTTP layer over a WorkLoadManager and a metrics registry that the
+caller owns (and starts and stops); the application holds them under
+:data:`mmserver.api.STATE`. Running it — the event loop, signals, the access log, shutdown — is the
+server's job: it calls :func:`check_security` before binding and passes
+``access_log=None`` to the runner unless :func:`access_log_enabled`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from mmserver.api import STATE, ApiState, inference, management
+from mmserver.api.middleware import check_security, error_middleware
+from mmserver.config import ServerConfig
+from mmserver.metrics import Metrics
+
+if TYPE_CHECKING:
+    from mmserver.wlm import WorkLoadManager
+
+__all__ = ["access_log_enabled", "build_app", "check_security"]
+
+
+def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> web.Application:
+    """The application serving every path of DESIGN §8 on one port."""
+    app = web.Application(
+        client_max_size=config.max_request_size,
+        middlewares=[error_middleware],
+    )
+    app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics)
+    app.add_routes(inference.ROUTES)
+    app.add_routes(management.ROUTES)
+    return app
+
+
+def access_log_enabled(config: ServerConfig) -> bool:
+    """Whether to log one line per request. Off by default: it costs time on every request."""
+    return config.access_log

@@ -1,0 +1,336 @@
+"""Every row of the error table (DESIGN §8): status, type, message and ``x-amzn-ErrorType``.
+
+Errors are checked on a SageMaker path (which carries ``x-amzn-ErrorType``) and, where it makes
+sense, on the DJL path (which does not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.integration.gate import Gate
+from tests.integration.harness import Harness, Serve, error_of, hold_gate, wait_until
+
+TARGET = "X-Amzn-SageMaker-Target-Model"
+
+
+async def check(
+    response: Any, status: int, type_: str, message: str, amzn: str | None
+) -> dict[str, Any]:
+    assert response.status == status
+    body = await error_of(response)
+    assert body["type"] == type_
+    assert message in body["message"]
+    assert response.headers.get("x-amzn-ErrorType") == amzn
+    assert "Traceback" not in body["message"]
+    return body
+
+
+# ------------------------------------------------------------------------------------------------
+# 400
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "message"),
+    [
+        (b"[[0.5]", "application/json", "the body is not valid JSON"),
+        (b"", "application/json", "the request body is empty"),
+        (b"", "text/csv", "the request body is empty; expected CSV"),
+        (b'[["a"]]', "application/json", "value at row 0, column 0 is a JSON string ('a')"),
+        (b"x\n", "text/csv", "CSV value 'x' at line 1, column 1 is not a number"),
+        (b"[[1], [2, 3]]", "application/json", "row 0 has 1 values, row 1 has 2"),
+        (b"[NaN]", "application/json", "is not finite"),
+        (b"not npy", "application/x-npy", "does not start with the NumPy magic bytes"),
+    ],
+)
+async def test_400_bad_body(server: Harness, body: bytes, content_type: str, message: str) -> None:
+    response = await server.post("/invocations", body, content_type, **{TARGET: "sklearn-0"})
+    await check(response, 400, "InvalidInput", message, "ValidationError")
+    response = await server.post("/predictions/sklearn-0", body, content_type)
+    await check(response, 400, "InvalidInput", message, None)
+
+
+async def test_400_wrong_number_of_features(server: Harness) -> None:
+    response = await server.post("/models/iris-classifier/invoke", "[[1.0, 2.0]]")
+    await check(
+        response,
+        400,
+        "InvalidInput",
+        "model iris-classifier expects 4 feature(s) per row, got 2",
+        "ValidationError",
+    )
+    response = await server.post("/predictions/sklearn-0", "[[1.0, 2.0, 3.0]]")
+    await check(
+        response, 400, "InvalidInput", "model sklearn-0 expects 1 feature(s) per row, got 3", None
+    )
+
+
+@pytest.mark.parametrize("name", ["-starts-with-dash", "a" * 129, "sp ace", "bad%2Fslash", "é"])
+async def test_400_bad_model_name(server: Harness, name: str) -> None:
+    response = await server.post(f"/models/{name}/invoke", "[[0.5]]")
+    await check(response, 400, "InvalidModelName", "invalid model name", "ValidationError")
+    response = await server.post("/invocations", "[[0.5]]", **{TARGET: name.replace("%2F", "/")})
+    await check(response, 400, "InvalidModelName", "invalid model name", "ValidationError")
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/endpoints/ep/invocations"])
+async def test_400_missing_target_model(server: Harness, path: str) -> None:
+    response = await server.post(path, "[[0.5]]")
+    await check(
+        response,
+        400,
+        "InvalidInput",
+        "missing target model: set the X-Amzn-SageMaker-Target-Model header",
+        "ValidationError",
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# 404, 405
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_404_unknown_model(server: Harness) -> None:
+    response = await server.post("/endpoints/ep/invocations", "[[0.5]]", **{TARGET: "nope.tar.gz"})
+    await check(
+        response, 404, "ModelNotFound", "model nope is not in the model store", "ValidationError"
+    )
+    response = await server.post("/predictions/nope", "[[0.5]]")
+    await check(response, 404, "ModelNotFound", "model nope is not in the model store", None)
+    response = await server.client.get("/models/nope")
+    await check(response, 404, "ModelNotFound", "nope", None)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/nothing"), ("POST", "/models/sklearn-0/invoke/more"), ("GET", "/endpoints/x")],
+)
+async def test_404_unknown_path(server: Harness, method: str, path: str) -> None:
+    response = await server.client.request(method, path)
+    await check(response, 404, "NotFound", f"no such path: {method} {path}", None)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/invocations", "POST"),
+        ("PUT", "/models/sklearn-0/invoke", "POST"),
+        ("GET", "/predictions/sklearn-0", "POST"),
+        ("POST", "/ping", "GET,HEAD"),
+        ("POST", "/models/sklearn-0", "DELETE,GET,HEAD,PUT"),
+        ("DELETE", "/models", "GET,HEAD,POST"),
+    ],
+)
+async def test_405_wrong_method(server: Harness, method: str, path: str, allowed: str) -> None:
+    response = await server.client.request(method, path)
+    await check(
+        response, 405, "MethodNotAllowed", f"method {method} is not allowed on {path}", None
+    )
+    assert sorted(response.headers["Allow"].split(",")) == allowed.split(",")
+
+
+# ------------------------------------------------------------------------------------------------
+# 413, 415
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_413_declared_length(serve: Serve) -> None:
+    harness = await serve(max_request_size=1024)
+    body = b"[" + b"[0.5]," * 400 + b"[0.5]]"
+    response = await harness.post("/invocations", body, **{TARGET: "sklearn-0"})
+    await check(
+        response,
+        413,
+        "RequestTooLarge",
+        f"the request body is {len(body)} bytes; the limit is 1024 bytes",
+        "ValidationError",
+    )
+
+
+async def test_413_chunked_body_is_refused_before_its_end(serve: Serve) -> None:
+    """A chunked body is refused as soon as it passes the limit, not once it has all arrived."""
+    harness = await serve(max_request_size=1024)
+    answered = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"[" + b"[0.5]," * 400
+        await answered.wait()  # the rest is sent only after the server has answered
+        yield b"[0.5]]"
+
+    try:
+        response = await asyncio.wait_for(
+            harness.client.post(
+                "/models/sklearn-0/invoke",
+                data=body(),
+                headers={"Content-Type": "application/json"},
+            ),
+            timeout=10,
+        )
+    finally:
+        answered.set()
+    await check(response, 413, "RequestTooLarge", "the limit is 1024 bytes", "ValidationError")
+
+
+@pytest.mark.parametrize("content_type", ["application/xml", "text/plain", "image/png"])
+async def test_415_unsupported_content_type(server: Harness, content_type: str) -> None:
+    response = await server.post("/invocations", "[[0.5]]", content_type, **{TARGET: "sklearn-0"})
+    await check(
+        response,
+        415,
+        "UnsupportedMediaType",
+        f"content type {content_type!r} is not supported; send one of application/json, "
+        "text/csv, application/x-npy",
+        "ValidationError",
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# 424, 500
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_424_model_raised(server: Harness) -> None:
+    response = await server.post("/models/raising-handler/invoke", "[[0.5]]")
+    await check(response, 424, "ModelError", "ValueError: feature 0 is out of range", "ModelError")
+    response = await server.post("/predictions/raising-handler", "[[0.5]]")
+    await check(response, 424, "ModelError", "ValueError: feature 0 is out of range", None)
+
+
+async def test_500_model_failed_to_load(server: Harness) -> None:
+    response = await server.post("/invocations", "[[0.5]]", **{TARGET: "broken-model"})
+    await check(response, 500, "ModelLoadError", "model.joblib cannot be loaded", "InternalFailure")
+    # The server keeps serving the other models.
+    response = await server.post("/predictions/sklearn-0", "[[0.5]]")
+    assert response.status == 200
+
+
+async def test_500_backend_died(serve: Serve) -> None:
+    harness = await serve(backend_processes=1)
+    response = await harness.post("/models/dying-handler/invoke", "[[0.5]]")
+    await check(response, 500, "BackendDied", "died", "InternalFailure")
+    # The process is replaced: other models still answer.
+    response = await harness.post("/models/sklearn-0/invoke", "[[0.5]]")
+    assert response.status == 200
+
+
+async def _boom(request: web.Request) -> web.Response:
+    raise RuntimeError("secret internal detail")
+
+
+async def test_500_unexpected_exception_is_generic(serve: Serve) -> None:
+    harness = await serve(routes=[web.get("/boom", _boom)])
+    response = await harness.client.get("/boom")
+    body = await check(
+        response,
+        500,
+        "InternalFailure",
+        "the server failed to answer this request; it has logged the cause",
+        None,
+    )
+    assert "secret" not in body["message"] and "RuntimeError" not in body["message"]
+
+
+# ------------------------------------------------------------------------------------------------
+# 503, 504, 507
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_503_queue_full(server: Harness, gate: Gate) -> None:
+    running = await hold_gate(server, gate, "/models/gated-handler/invoke")
+    queued = asyncio.ensure_future(server.post("/models/gated-handler/invoke", "[[0.5]]"))
+
+    def one_queued() -> bool:
+        pool = server.wlm.pool("gated-handler")
+        return pool is not None and len(pool.queue) == 1
+
+    await wait_until(one_queued)
+    response = await server.post("/models/gated-handler/invoke", "[[0.5]]")
+    await check(response, 503, "QueueFull", "", "ServiceUnavailable")
+    assert int(response.headers["Retry-After"]) >= 1
+    gate.open()
+    for task in (running, queued):
+        answer = await task
+        assert answer.status == 200
+        assert len((await answer.json())["predictions"]) == 1
+
+
+async def test_503_nothing_evictable_and_507_for_management(serve: Serve, gate: Gate) -> None:
+    harness = await serve(max_loaded_models=1, room_wait_seconds=0.1)
+    running = await hold_gate(harness, gate, "/predictions/gated-handler")
+    response = await harness.post("/invocations", "[[0.5]]", **{TARGET: "sklearn-0"})
+    await check(
+        response, 503, "NoCapacity", "no room to load model sklearn-0", "ServiceUnavailable"
+    )
+    assert response.headers["Retry-After"] == "1"
+
+    response = await harness.client.post(
+        "/models", json={"url": "sklearn-5.tar.gz", "model_name": "another"}
+    )
+    await check(response, 507, "InsufficientMemory", "no room to load model another", None)
+    gate.open()
+    assert (await running).status == 200
+    # Once the busy model is idle, it is evicted for the next one.
+    response = await harness.post("/predictions/sklearn-0", "[[0.5]]")
+    assert response.status == 200
+
+
+async def test_503_shutting_down(server: Harness) -> None:
+    server.wlm.begin_shutdown()
+    response = await server.post("/invocations", "[[0.5]]", **{TARGET: "sklearn-0"})
+    await check(response, 503, "ShuttingDown", "shutting down", "ServiceUnavailable")
+    response = await server.client.get("/ping")
+    assert response.status == 503
+    body = await response.json()
+    assert body["status"] == "Unhealthy"
+    assert body["code"] == 503 and body["type"] == "ShuttingDown"
+
+
+async def test_504_predict_timeout(serve: Serve, gate: Gate) -> None:
+    harness = await serve(predict_timeout=0.3)
+    response = await harness.post("/models/gated-handler/invoke", "[[0.5]]")
+    await check(
+        response,
+        504,
+        "PredictTimeout",
+        "did not finish within option.predict_timeout",
+        "ServiceUnavailable",
+    )
+    assert gate.entered.acquire(blocking=False)
+
+
+async def test_client_gone_is_not_computed(server: Harness, gate: Gate) -> None:
+    """A queued request whose client leaves is dropped, not predicted (and counted as 504)."""
+    running = await hold_gate(server, gate, "/predictions/gated-handler")
+    leaving = asyncio.ensure_future(server.post("/predictions/gated-handler", "[[0.5]]"))
+
+    def one_queued() -> bool:
+        pool = server.wlm.pool("gated-handler")
+        return pool is not None and len(pool.queue) == 1
+
+    await wait_until(one_queued)
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    gate.open()
+    assert (await running).status == 200
+
+    key = ("mmserver_requests_total", (("code", "504"), ("model", "gated-handler")))
+    samples: dict[Any, float] = {}
+
+    async def refresh() -> None:
+        samples.clear()
+        samples.update(await server.samples())
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 10
+    while samples.get(key) != 1.0 and loop.time() < end:
+        await refresh()
+        await asyncio.sleep(0.01)
+    assert samples.get(key) == 1.0
+    assert gate.passed == 1  # the left request never reached the model

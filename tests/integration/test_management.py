@@ -1,0 +1,370 @@
+"""The management API over real HTTP: list and pagination over the 1,000-model store, describe,
+register, rescale, unload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import STORE_COUNT, Harness, error_of, wait_until
+
+
+async def describe(harness: Harness, name: str) -> dict[str, Any]:
+    response = await harness.client.get(f"/models/{name}")
+    assert response.status == 200
+    body = await response.json()
+    assert isinstance(body, list) and len(body) == 1
+    result: dict[str, Any] = body[0]
+    return result
+
+
+async def names_listed(harness: Harness) -> set[str]:
+    names: set[str] = set()
+    token = ""
+    while True:
+        response = await harness.client.get("/models", params={"next_page_token": token})
+        body = await response.json()
+        names.update(m["modelName"] for m in body["models"])
+        if "nextPageToken" not in body:
+            return names
+        token = body["nextPageToken"]
+
+
+# ------------------------------------------------------------------------------------------------
+# GET /models
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_list_pages_through_every_model(server: Harness, store_names: list[str]) -> None:
+    assert len(store_names) > STORE_COUNT
+    seen: list[str] = []
+    token: str | None = None
+    pages = 0
+    while True:
+        params = {"limit": "100"} if token is None else {"next_page_token": token}
+        response = await server.client.get("/models", params=params)
+        assert response.status == 200
+        body = await response.json()
+        page = body["models"]
+        assert 1 <= len(page) <= 100
+        for model in page:
+            assert set(model) == {"modelName", "modelUrl", "status"}
+            assert model["status"] == "UNLOADED"
+            assert Path(model["modelUrl"]).name.removesuffix(".tar.gz") == model["modelName"]
+        seen.extend(m["modelName"] for m in page)
+        pages += 1
+        if "nextPageToken" not in body:
+            assert set(body) == {"models"}
+            break
+        assert set(body) == {"models", "nextPageToken"}
+        assert len(page) == 100
+        token = body["nextPageToken"]
+    assert seen == store_names
+    assert pages == -(-len(store_names) // 100)
+
+
+@pytest.mark.parametrize(("limit", "size"), [("7", 7), ("1", 1), ("100", 100), ("5000", 100)])
+async def test_list_limit(server: Harness, store_names: list[str], limit: str, size: int) -> None:
+    response = await server.client.get("/models", params={"limit": limit})
+    body = await response.json()
+    assert [m["modelName"] for m in body["models"]] == store_names[:size]
+    assert body["nextPageToken"] == store_names[size - 1]
+
+    response = await server.client.get(
+        "/models", params={"limit": limit, "next_page_token": body["nextPageToken"]}
+    )
+    body = await response.json()
+    assert [m["modelName"] for m in body["models"]] == store_names[size : 2 * size]
+
+
+async def test_list_last_page_has_no_token(server: Harness, store_names: list[str]) -> None:
+    response = await server.client.get(
+        "/models", params={"limit": "3", "next_page_token": store_names[-3]}
+    )
+    body = await response.json()
+    assert body == {"models": body["models"]}
+    assert [m["modelName"] for m in body["models"]] == store_names[-2:]
+
+
+@pytest.mark.parametrize(
+    ("limit", "message"),
+    [
+        ("0", "parameter limit=0 must be between 1 and 100"),
+        ("-5", "parameter limit=-5 must be between 1 and 100"),
+        ("ten", "parameter limit must be an integer, got 'ten'"),
+        ("1.5", "parameter limit must be an integer, got '1.5'"),
+    ],
+)
+async def test_list_bad_limit(server: Harness, limit: str, message: str) -> None:
+    response = await server.client.get("/models", params={"limit": limit})
+    assert response.status == 400
+    body = await error_of(response)
+    assert body["type"] == "InvalidInput"
+    assert body["message"].startswith(message)
+
+
+async def test_list_shows_loaded_models(server: Harness) -> None:
+    assert (await server.post("/predictions/sklearn-10", "[[0.5]]")).status == 200
+    response = await server.client.get(
+        "/models", params={"limit": "2", "next_page_token": "sklearn-1"}
+    )
+    models = (await response.json())["models"]
+    assert [(m["modelName"], m["status"]) for m in models] == [
+        ("sklearn-10", "READY"),
+        ("sklearn-100", "UNLOADED"),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+# GET /models/{model}
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_describe_unloaded_and_loaded(server: Harness) -> None:
+    before = await describe(server, "sklearn-20")
+    assert before["modelName"] == "sklearn-20"
+    assert before["status"] == "UNLOADED"
+    assert before["workerGroups"][0]["workers"] == []
+
+    assert (await server.post("/predictions/sklearn-20", "[[0.5]]")).status == 200
+    after = await describe(server, "sklearn-20.tar.gz")
+    assert after["modelName"] == "sklearn-20"
+    assert after["status"] == "READY"
+    assert after["batchSize"] == 1
+    assert after["maxBatchDelayMillis"] == 100
+    assert after["maxIdleSeconds"] == 60
+    assert after["queueSize"] == 1000
+    assert after["requestInQueue"] == 0
+    group = after["workerGroups"][0]
+    assert (group["minWorkers"], group["maxWorkers"]) == (1, 2)
+    assert len(group["workers"]) == 1
+    assert {"id", "startTime", "status"} <= set(group["workers"][0])
+
+
+async def test_describe_tuned_model_shows_its_properties(server: Harness) -> None:
+    assert (await server.post("/predictions/tuned-linear", "[[0.5]]")).status == 200
+    tuned = await describe(server, "tuned-linear")
+    assert tuned["batchSize"] == 8
+    assert tuned["maxBatchDelayMillis"] == 5
+    assert tuned["queueSize"] == 100
+    assert tuned["workerGroups"][0]["maxWorkers"] == 2
+
+
+async def test_describe_bad_name(server: Harness) -> None:
+    response = await server.client.get("/models/..hidden")
+    assert response.status == 400
+    assert (await error_of(response))["type"] == "InvalidModelName"
+
+
+# ------------------------------------------------------------------------------------------------
+# POST /models
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_register_with_query_parameters(server: Harness, store_root: Path) -> None:
+    response = await server.client.post(
+        "/models",
+        params={
+            "url": "sklearn-5.tar.gz",
+            "model_name": "registered-a",
+            "batch_size": "4",
+            "max_batch_delay": "7",
+            "min_worker": "1",
+            "max_worker": "1",
+            "job_queue_size": "50",
+        },
+    )
+    assert response.status == 200
+    assert await response.json() == {"status": 'Model "registered-a" registered'}
+    info = await describe(server, "registered-a")
+    assert info["status"] == "READY"
+    assert info["modelUrl"] == "sklearn-5.tar.gz"
+    assert (info["batchSize"], info["maxBatchDelayMillis"], info["queueSize"]) == (4, 7, 50)
+    assert (info["workerGroups"][0]["minWorkers"], info["workerGroups"][0]["maxWorkers"]) == (1, 1)
+
+    response = await server.post("/models/registered-a/invoke", "[[0.5]]")
+    assert response.status == 200
+    assert (await response.json())["predictions"] == [pytest.approx(2.0, abs=0.05)]
+    assert "registered-a" in await names_listed(server)
+
+    response = await server.client.post(
+        "/models", params={"url": "sklearn-6.tar.gz", "model_name": "registered-a"}
+    )
+    assert response.status == 409
+    body = await error_of(response)
+    assert body["type"] == "ModelExists"
+    assert "registered-a" in body["message"]
+
+
+async def test_register_sagemaker_json_body(server: Harness, store_root: Path) -> None:
+    response = await server.client.post(
+        "/models", json={"model_name": "from-sagemaker", "url": str(store_root / "custom-handler")}
+    )
+    assert response.status == 200
+    assert await response.json() == {"status": 'Model "from-sagemaker" registered'}
+    response = await server.post("/models/from-sagemaker/invoke", "[[0.5]]")
+    assert response.status == 200
+    assert (await response.json())["predictions"][0]["value"] == pytest.approx(2.0, abs=0.05)
+
+
+async def test_register_json_body_values_and_name_from_url(server: Harness) -> None:
+    response = await server.client.post(
+        "/models",
+        json={"url": "pipeline-scaler", "batch_size": 2, "synchronous": True},
+    )
+    assert response.status == 200
+    assert await response.json() == {"status": 'Model "pipeline-scaler" registered'}
+    assert (await describe(server, "pipeline-scaler"))["batchSize"] == 2
+
+
+async def test_register_form_body(server: Harness) -> None:
+    response = await server.client.post(
+        "/models", data={"url": "sklearn-8.tar.gz", "model_name": "from-form"}
+    )
+    assert response.status == 200
+    assert await response.json() == {"status": 'Model "from-form" registered'}
+
+
+async def test_register_asynchronously(server: Harness) -> None:
+    response = await server.client.post(
+        "/models",
+        params={"url": "sklearn-9.tar.gz", "model_name": "later", "synchronous": "false"},
+    )
+    assert response.status == 202
+    assert await response.json() == {"status": 'Model "later" registration scheduled'}
+    await wait_until(lambda: server.wlm.status("later").value == "READY")
+    assert (await describe(server, "later"))["status"] == "READY"
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "type_", "message"),
+    [
+        ({}, 400, "InvalidInput", "parameter 'url' is required"),
+        ({"url": ""}, 400, "InvalidInput", "parameter 'url' is required"),
+        ({"url": "no-such-dir"}, 404, "ModelNotFound", ""),
+        ({"url": "/etc"}, 403, "Forbidden", ""),
+        ({"url": "../outside"}, 403, "Forbidden", ""),
+        ({"url": "http://example.com/model.tar.gz"}, 400, "InvalidInput", "scheme 'http'"),
+        ({"url": "sklearn-1.tar.gz", "model_name": "bad name"}, 400, "InvalidModelName", ""),
+        ({"url": "sklearn-1.tar.gz", "batch_size": "x"}, 400, "InvalidInput", "batch_size must"),
+        ({"url": "sklearn-1.tar.gz", "batch_size": "0"}, 400, "InvalidInput", "batch_size=0"),
+        ({"url": "sklearn-1.tar.gz", "max_idle_time": "-1"}, 400, "InvalidInput", "at least 0"),
+        (
+            {"url": "sklearn-1.tar.gz", "min_worker": "3", "max_worker": "2"},
+            400,
+            "InvalidInput",
+            "min_worker=3 is greater than max_worker=2",
+        ),
+        (
+            {"url": "sklearn-1.tar.gz", "min_worker": "5"},
+            400,
+            "InvalidInput",
+            "minWorkers=5 is greater than maxWorkers=2",
+        ),
+        (
+            {"url": "sklearn-1.tar.gz", "synchronous": "maybe"},
+            400,
+            "InvalidInput",
+            "synchronous must be true or false",
+        ),
+        ({"url": "broken-model"}, 500, "ModelLoadError", "model.joblib cannot be loaded"),
+    ],
+)
+async def test_register_refused(
+    server: Harness, params: dict[str, str], status: int, type_: str, message: str
+) -> None:
+    response = await server.client.post("/models", params=params)
+    assert response.status == status
+    body = await error_of(response)
+    assert body["type"] == type_
+    assert message in body["message"]
+    assert "x-amzn-ErrorType" not in response.headers
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{", "the body must be a JSON object of parameters"),
+        (b"[1, 2]", "the body must be a JSON object of parameters"),
+        (b'{"url": 5}', "parameter 'url' is required"),
+        (b'{"url": "sklearn-1.tar.gz", "model_name": 5}', "'model_name' must be a string"),
+        (b'{"url": "sklearn-1.tar.gz", "batch_size": true}', "batch_size must be an integer"),
+        (b'{"url": "sklearn-1.tar.gz", "synchronous": "yes please"}', "synchronous must be"),
+    ],
+)
+async def test_register_bad_json_body(server: Harness, body: bytes, message: str) -> None:
+    response = await server.post("/models", body)
+    assert response.status == 400
+    assert message in (await error_of(response))["message"]
+
+
+# ------------------------------------------------------------------------------------------------
+# PUT /models/{model}, DELETE /models/{model}
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_rescale(server: Harness) -> None:
+    response = await server.client.put(
+        "/models/sklearn-30",
+        params={"min_worker": "2", "max_worker": "2", "batch_size": "3", "max_batch_delay": "9"},
+    )
+    assert response.status == 200
+    assert await response.json() == {"status": 'Model "sklearn-30" updated'}
+    info = await describe(server, "sklearn-30")
+    assert info["status"] == "READY"
+    assert (info["batchSize"], info["maxBatchDelayMillis"]) == (3, 9)
+    group = info["workerGroups"][0]
+    assert (group["minWorkers"], group["maxWorkers"]) == (2, 2)
+    assert len(group["workers"]) == 2
+    assert (await server.post("/predictions/sklearn-30", "[[0.5]]")).status == 200
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "message"),
+    [
+        ({"min_worker": "3", "max_worker": "1"}, 400, "min_worker=3 is greater than max_worker=1"),
+        ({"min_worker": "5"}, 400, "minWorkers=5 is greater than maxWorkers=2"),
+        ({"max_worker": "0"}, 400, "max_worker=0 must be at least 1"),
+        ({"batch_size": "many"}, 400, "batch_size must be an integer, got 'many'"),
+    ],
+)
+async def test_rescale_refused(
+    server: Harness, params: dict[str, str], status: int, message: str
+) -> None:
+    response = await server.client.put("/models/sklearn-31", params=params)
+    assert response.status == status
+    body = await error_of(response)
+    assert body["type"] == "InvalidInput"
+    assert message in body["message"]
+
+
+async def test_rescale_and_unload_unknown_model(server: Harness) -> None:
+    response = await server.client.put("/models/ghost", params={"max_worker": "1"})
+    assert response.status == 404
+    assert (await error_of(response))["type"] == "ModelNotFound"
+    response = await server.client.delete("/models/ghost")
+    assert response.status == 404
+    assert (await error_of(response))["type"] == "ModelNotFound"
+
+
+async def test_unload_then_load_again(server: Harness) -> None:
+    assert (await server.post("/predictions/sklearn-40", "[[0.5]]")).status == 200
+    response = await server.client.delete("/models/sklearn-40.tar.gz")
+    assert response.status == 200
+    assert await response.json() == {"status": 'Model "sklearn-40" unregistered'}
+    assert (await describe(server, "sklearn-40"))["status"] == "UNLOADED"
+    assert (await server.post("/predictions/sklearn-40", "[[0.5]]")).status == 200
+    assert (await describe(server, "sklearn-40"))["status"] == "READY"
+
+
+async def test_unload_registered_model_forgets_it(server: Harness) -> None:
+    response = await server.client.post(
+        "/models", params={"url": "sklearn-41.tar.gz", "model_name": "temporary"}
+    )
+    assert response.status == 200
+    assert (await server.client.delete("/models/temporary")).status == 200
+    assert "temporary" not in await names_listed(server)
+    response = await server.post("/predictions/temporary", "[[0.5]]")
+    assert response.status == 404

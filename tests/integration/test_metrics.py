@@ -1,0 +1,121 @@
+"""``GET /metrics`` over real HTTP: the fixed names and labels, and values that move."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.gate import Gate
+from tests.integration.harness import Harness, hold_gate
+
+FAMILIES = {
+    "mmserver_requests": "counter",
+    "mmserver_request_seconds": "histogram",
+    "mmserver_queue_wait_seconds": "histogram",
+    "mmserver_batch_size": "histogram",
+    "mmserver_predict_seconds": "histogram",
+    "mmserver_queue_length": "gauge",
+    "mmserver_workers": "gauge",
+    "mmserver_worker_scale": "counter",
+    "mmserver_models_loaded": "gauge",
+    "mmserver_model_memory_bytes": "gauge",
+    "mmserver_model_loads": "counter",
+    "mmserver_model_evictions": "counter",
+    "mmserver_model_load_seconds": "histogram",
+    "mmserver_backend_restarts": "counter",
+}
+
+
+def requests(model: str, code: int) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return ("mmserver_requests_total", (("code", str(code)), ("model", model)))
+
+
+def labelled(name: str, model: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return (name, (("model", model),))
+
+
+async def test_exposition_format_and_families(server: Harness) -> None:
+    assert (await server.post("/predictions/sklearn-0", "[[0.5]]")).status == 200
+    response = await server.client.get("/metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = await response.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {name: families[name].type for name in FAMILIES} == FAMILIES
+    assert "# TYPE mmserver_requests_total counter" in text
+    for family in families.values():
+        for sample in family.samples:
+            assert set(sample.labels) <= {"model", "code", "direction", "le"}, sample
+
+
+async def test_request_counters_and_latency_move(server: Harness) -> None:
+    before = await server.samples()
+    assert requests("sklearn-1", 200) not in before
+    for _ in range(3):
+        assert (await server.post("/predictions/sklearn-1", "[[0.5]]")).status == 200
+    assert (await server.post("/predictions/sklearn-1.tar.gz", "[[0.5]]")).status == 200
+    assert (await server.post("/predictions/sklearn-1", "[[0.5, 1.0]]")).status == 400
+
+    after = await server.samples()
+    assert after[requests("sklearn-1", 200)] == 4.0
+    assert after[requests("sklearn-1", 400)] == 1.0
+    assert after[labelled("mmserver_request_seconds_count", "sklearn-1")] == 5.0
+    assert 0 < after[labelled("mmserver_request_seconds_sum", "sklearn-1")] < 5.0
+    assert after[labelled("mmserver_predict_seconds_count", "sklearn-1")] == 4.0
+    assert after[labelled("mmserver_queue_wait_seconds_count", "sklearn-1")] == 4.0
+    assert after[labelled("mmserver_batch_size_count", "sklearn-1")] == 4.0
+    assert after[labelled("mmserver_model_loads_total", "sklearn-1")] == 1.0
+    assert after[labelled("mmserver_workers", "sklearn-1")] == 1.0
+    assert after[labelled("mmserver_queue_length", "sklearn-1")] == 0.0
+    assert after[("mmserver_models_loaded", ())] == 1.0
+    assert after[("mmserver_model_memory_bytes", ())] > 0
+
+
+async def test_models_loaded_and_unloads_move(server: Harness) -> None:
+    for name in ("sklearn-2", "sklearn-3", "iris-classifier"):
+        body = "[[1, 2, 3, 4]]" if name == "iris-classifier" else "[[0.5]]"
+        assert (await server.post(f"/predictions/{name}", body)).status == 200
+    assert (await server.samples())[("mmserver_models_loaded", ())] == 3.0
+    assert (await server.client.delete("/models/sklearn-2")).status == 200
+    after = await server.samples()
+    assert after[("mmserver_models_loaded", ())] == 2.0
+    assert labelled("mmserver_workers", "sklearn-2") not in after
+    assert after[labelled("mmserver_model_loads_total", "sklearn-2")] == 1.0
+
+
+async def test_unresolved_requests_share_one_series(server: Harness) -> None:
+    """Unknown or invalid names and refused bodies never create a series of their own."""
+    for _ in range(20):
+        name = f"unknown-{uuid.uuid4().hex}"
+        assert (await server.post(f"/predictions/{name}", "[[0.5]]")).status == 404
+    assert (await server.post("/predictions/-invalid-", "[[0.5]]")).status == 400
+    assert (await server.post("/predictions/sklearn-4", "[[", "application/json")).status == 400
+    assert (await server.post("/predictions/sklearn-4", "[[0.5]]", "text/xml")).status == 415
+    assert (await server.post("/invocations", "[[0.5]]")).status == 400
+
+    samples = await server.samples()
+    assert samples[requests("-", 404)] == 20.0
+    assert samples[requests("-", 400)] == 3.0
+    assert samples[requests("-", 415)] == 1.0
+    models = {dict(labels).get("model") for _, labels in samples}
+    assert models <= {None, "-"}
+
+
+async def test_model_errors_are_counted_under_the_model(server: Harness) -> None:
+    assert (await server.post("/predictions/raising-handler", "[[0.5]]")).status == 424
+    assert (await server.post("/predictions/broken-model", "[[0.5]]")).status == 500
+    samples = await server.samples()
+    assert samples[requests("raising-handler", 424)] == 1.0
+    assert samples[requests("broken-model", 500)] == 1.0
+
+
+async def test_scrape_answers_while_a_prediction_runs(server: Harness, gate: Gate) -> None:
+    running = await hold_gate(server, gate, "/predictions/gated-handler")
+    samples = await asyncio.wait_for(server.samples(), timeout=5)
+    assert samples[labelled("mmserver_workers", "gated-handler")] == 1.0
+    assert requests("gated-handler", 200) not in samples
+    gate.open()
+    assert (await running).status == 200
+    assert (await server.samples())[requests("gated-handler", 200)] == 1.0
