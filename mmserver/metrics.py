@@ -3,94 +3,315 @@
 Names and labels are fixed by the design (§10). Labels are ``model`` (plus ``code`` and
 ``direction`` where stated); never a request id, so the series count stays bounded by the number
 of models.
+
+A server with 1,000 loaded models exposes ~60,000 series. prometheus-client spends ~8 µs per
+series on a scrape (collecting sample objects, then formatting them), which is ~0.5 s of CPU on a
+2-core machine every scrape, and a tail-latency spike for every request that meets it. So values
+live in plain slotted objects updated by the event loop (no locks: one writer), and
+:meth:`Metrics.render` writes the text format directly from them with label strings prepared
+once per series, ~15 times faster. The same values are also exposed to the prometheus-client
+registry through a collector, so any client tooling (``get_sample_value``, ``generate_latest``)
+sees them.
 """
 
 from __future__ import annotations
 
-import sys
+import bisect
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
 # Latency buckets from 0.5 ms to 60 s (an ad bidder's budget is 20 ms, SageMaker's limit 60 s),
-# few enough that a scrape of 1,000 models stays cheap: every bucket is a series per model.
+# few enough that a scrape of 1,000 models stays small: every bucket is a series per model.
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0, 60.0)
-_BATCH = (1, 2, 4, 8, 16, 32, 64, 128)
-_SCRAPE_SWITCH_INTERVAL = 0.0005
+_BATCH = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 _LOAD = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if value == math.inf:
+        return "+Inf"
+    if value == -math.inf:
+        return "-Inf"
+    if value != value:
+        return "NaN"
+    return repr(float(value))
+
+
+class CounterChild:
+    """One counter series."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class GaugeChild:
+    """One gauge series."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class HistogramChild:
+    """One histogram: a count per bucket (not cumulative; made cumulative when read) and a sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> tuple[list[int], float]:
+        counts, total = list(self.counts), self.sum  # one consistent-enough read
+        running = 0
+        for i, count in enumerate(counts):
+            running += count
+            counts[i] = running
+        return counts, total
+
+
+Child = TypeVar("Child", CounterChild, GaugeChild, HistogramChild)
+
+
+class _Family(Generic[Child]):
+    """A metric family: one child per combination of label values. With no label names it has
+    a single child, created at once (Prometheus users expect unlabelled series from the start).
+    """
+
+    kind = ""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], Child] = {}
+        # The rendered ``{label="value",...}`` text of each series, made once.
+        self._label_text: dict[tuple[str, ...], str] = {}
+        if not self.labelnames:
+            self.labels()
+
+    def _new_child(self) -> Child:
+        raise NotImplementedError
+
+    def labels(self, *values: str) -> Child:
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+            child = self._children[values] = self._new_child()
+            pairs = ",".join(
+                f'{n}="{_escape(v)}"' for n, v in zip(self.labelnames, values, strict=True)
+            )
+            self._label_text[values] = f"{{{pairs}}}" if pairs else ""
+        return child
+
+    def remove(self, *values: str) -> None:
+        self._children.pop(values, None)
+        self._label_text.pop(values, None)
+
+    def series(self) -> list[tuple[tuple[str, ...], str, Child]]:
+        """A snapshot of the series (safe to take from another thread: one C-level copy)."""
+        children = list(self._children.items())
+        texts = self._label_text
+        return [(values, texts.get(values, ""), child) for values, child in children]
+
+    def render(self, out: list[str]) -> None:
+        raise NotImplementedError
+
+    def to_metric(self) -> Metric:
+        raise NotImplementedError
+
+
+class CounterFamily(_Family[CounterChild]):
+    kind = "counter"
+
+    def _new_child(self) -> CounterChild:
+        return CounterChild()
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.labels().inc(amount)
+
+    def render(self, out: list[str]) -> None:
+        name = f"{self.name}_total"
+        out.append(f"# HELP {name} {self.documentation}\n# TYPE {name} counter\n")
+        out.extend(f"{name}{labels} {_number(c.value)}\n" for _, labels, c in self.series())
+
+    def to_metric(self) -> Metric:
+        metric = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, _, child in self.series():
+            metric.add_metric(list(values), child.value)
+        return metric
+
+
+class GaugeFamily(_Family[GaugeChild]):
+    kind = "gauge"
+
+    def _new_child(self) -> GaugeChild:
+        return GaugeChild()
+
+    def set(self, value: float) -> None:
+        self.labels().set(value)
+
+    def render(self, out: list[str]) -> None:
+        name = self.name
+        out.append(f"# HELP {name} {self.documentation}\n# TYPE {name} gauge\n")
+        out.extend(f"{name}{labels} {_number(c.value)}\n" for _, labels, c in self.series())
+
+    def to_metric(self) -> Metric:
+        metric = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, _, child in self.series():
+            metric.add_metric(list(values), child.value)
+        return metric
+
+
+class HistogramFamily(_Family[HistogramChild]):
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: tuple[float, ...],
+    ) -> None:
+        self.buckets = buckets
+        self._le = [_number(b) for b in buckets] + ["+Inf"]
+        super().__init__(name, documentation, labelnames)
+
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self.buckets)
+
+    def observe(self, value: float) -> None:
+        self.labels().observe(value)
+
+    def render(self, out: list[str]) -> None:
+        name = self.name
+        out.append(f"# HELP {name} {self.documentation}\n# TYPE {name} histogram\n")
+        bucket = f"{name}_bucket{{"
+        for _, labels, child in self.series():
+            counts, total = child.cumulative()
+            inner = f",{labels[1:-1]}" if labels else ""
+            out.extend(
+                f'{bucket}le="{le}"{inner}}} {count}.0\n'
+                for le, count in zip(self._le, counts, strict=True)
+            )
+            out.append(
+                f"{name}_count{labels} {counts[-1]}.0\n{name}_sum{labels} {_number(total)}\n"
+            )
+
+    def to_metric(self) -> Metric:
+        metric = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, _, child in self.series():
+            counts, total = child.cumulative()
+            buckets = [(le, float(c)) for le, c in zip(self._le, counts, strict=True)]
+            metric.add_metric(list(values), buckets, total)
+        return metric
+
+
+class _Collector(Collector):
+    def __init__(self, families: list[_Family[Any]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._families:
+            yield family.to_metric()
+
+
 class Metrics:
-    """Every metric family of the server, registered on ``registry``."""
+    """Every metric family of the server; registered on ``registry`` through one collector."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "mmserver_requests", "Requests answered, by model and status code.",
-            ["model", "code"], registry=r,
+        self.requests = CounterFamily(
+            "mmserver_requests", "Requests answered, by model and status code.", ["model", "code"]
         )
-        self.request_seconds = Histogram(
-            "mmserver_request_seconds", "Time in the server, request read to response.",
-            ["model"], buckets=_LATENCY, registry=r,
+        self.request_seconds = HistogramFamily(
+            "mmserver_request_seconds",
+            "Time in the server, request read to response.",
+            ["model"],
+            _LATENCY,
         )
-        self.queue_wait_seconds = Histogram(
-            "mmserver_queue_wait_seconds", "Time a job waited in its model's queue.",
-            ["model"], buckets=_LATENCY, registry=r,
+        self.queue_wait_seconds = HistogramFamily(
+            "mmserver_queue_wait_seconds",
+            "Time a job waited in its model's queue.",
+            ["model"],
+            _LATENCY,
         )
-        self.batch_size = Histogram(
-            "mmserver_batch_size", "Jobs per predict call.", ["model"], buckets=_BATCH, registry=r,
+        self.batch_size = HistogramFamily(
+            "mmserver_batch_size", "Jobs per predict call.", ["model"], _BATCH
         )
-        self.predict_seconds = Histogram(
-            "mmserver_predict_seconds", "Time of one batch in the backend, send to answer.",
-            ["model"], buckets=_LATENCY, registry=r,
+        self.predict_seconds = HistogramFamily(
+            "mmserver_predict_seconds",
+            "Time of one batch in the backend, send to answer.",
+            ["model"],
+            _LATENCY,
         )
-        self.queue_length = Gauge(
-            "mmserver_queue_length", "Jobs waiting in a model's queue.", ["model"], registry=r,
+        self.queue_length = GaugeFamily(
+            "mmserver_queue_length", "Jobs waiting in a model's queue.", ["model"]
         )
-        self.workers = Gauge(
-            "mmserver_workers", "Workers of a model.", ["model"], registry=r,
+        self.workers = GaugeFamily("mmserver_workers", "Workers of a model.", ["model"])
+        self.worker_scale = CounterFamily(
+            "mmserver_worker_scale", "Worker scale events.", ["model", "direction"]
         )
-        self.worker_scale = Counter(
-            "mmserver_worker_scale", "Worker scale events.", ["model", "direction"], registry=r,
+        self.models_loaded = GaugeFamily("mmserver_models_loaded", "Models loaded now.")
+        self.model_memory_bytes = GaugeFamily(
+            "mmserver_model_memory_bytes", "Memory accounted to loaded models."
         )
-        self.models_loaded = Gauge(
-            "mmserver_models_loaded", "Models loaded now.", registry=r,
+        self.model_loads = CounterFamily("mmserver_model_loads", "Model loads.", ["model"])
+        self.model_evictions = CounterFamily(
+            "mmserver_model_evictions", "Models unloaded to make room.", ["model"]
         )
-        self.model_memory_bytes = Gauge(
-            "mmserver_model_memory_bytes", "Memory accounted to loaded models.", registry=r,
+        self.model_load_seconds = HistogramFamily(
+            "mmserver_model_load_seconds", "Time to load a model.", (), _LOAD
         )
-        self.model_loads = Counter(
-            "mmserver_model_loads", "Model loads.", ["model"], registry=r,
+        self.backend_restarts = CounterFamily(
+            "mmserver_backend_restarts", "Backend processes replaced after dying."
         )
-        self.model_evictions = Counter(
-            "mmserver_model_evictions", "Models unloaded to make room.", ["model"], registry=r,
-        )
-        self.model_load_seconds = Histogram(
-            "mmserver_model_load_seconds", "Time to load a model.", buckets=_LOAD, registry=r,
-        )
-        self.backend_restarts = Counter(
-            "mmserver_backend_restarts", "Backend processes replaced after dying.", registry=r,
-        )
+        self._families: list[_Family[Any]] = [
+            value for value in vars(self).values() if isinstance(value, _Family)
+        ]
+        self.registry.register(_Collector(self._families))
 
     def forget_model(self, model: str) -> None:
         """Drop a model's gauges when it unloads (counters and histograms keep their history)."""
-        for gauge in (self.queue_length, self.workers):
-            try:
-                gauge.remove(model)
-            except KeyError:
-                pass
+        self.queue_length.remove(model)
+        self.workers.remove(model)
 
     def render(self) -> bytes:
-        """The text exposition. CPU work: call it in a thread, not on the event loop.
-
-        While it runs, the interpreter hands the GIL back to the event loop's thread every
-        0.5 ms instead of every 5 ms, so a scrape of many models delays requests by fractions of
-        a millisecond rather than by milliseconds.
-        """
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(min(previous, _SCRAPE_SWITCH_INTERVAL))
-        try:
-            return generate_latest(self.registry)
-        finally:
-            sys.setswitchinterval(previous)
+        """The text exposition (version 0.0.4). CPU work proportional to the series: call it in
+        a thread for large servers."""
+        out: list[str] = []
+        for family in self._families:
+            family.render(out)
+        return "".join(out).encode()

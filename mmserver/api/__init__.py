@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import Counter, Histogram
 
 from mmserver.config import ServerConfig
 from mmserver.errors import RequestTooLarge
-from mmserver.metrics import Metrics
+from mmserver.metrics import CounterChild, HistogramChild, Metrics
 
 if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager
@@ -52,8 +51,8 @@ class ApiState:
     request_ids: RequestIds = field(default_factory=RequestIds)
     # Metric children by label values: ``labels()`` costs more than the update itself. Bounded by
     # the models that answered (and "-") times the status codes the server sends.
-    _counted: dict[tuple[str, int], Counter] = field(default_factory=dict)
-    _timed: dict[str, Histogram] = field(default_factory=dict)
+    _counted: dict[tuple[str, int], CounterChild] = field(default_factory=dict)
+    _timed: dict[str, HistogramChild] = field(default_factory=dict)
 
     def observe_request(self, model: str, code: int, seconds: float) -> None:
         """Count one answered inference request and its time in the server."""
