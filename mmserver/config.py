@@ -12,15 +12,18 @@ the global defaults; a management call overrides both through :meth:`ModelConfig
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mmserver.errors import ConfigError
+from mmserver.store import split_object_url
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,11 @@ def _opt(default: Any, help: str, *, flag_only: bool = False) -> Any:
 class ServerConfig:
     """The server's global options. Frozen; validated when built."""
 
-    model_store: str = _opt("./model_store", "Directory holding the models (NAME/ or NAME.tar.gz).")
+    model_store: str = _opt(
+        "./model_store",
+        "Directory holding the models (NAME/ or NAME.tar.gz), or s3://bucket/prefix of "
+        "NAME.tar.gz objects.",
+    )
     host: str = _opt("127.0.0.1", "Address to bind. Any non-loopback address needs a token.")
     port: int = _opt(8080, "Port to bind (inference, management, health and metrics).")
     load_models: str = _opt("NONE", "Models to load at start: ALL, NONE or a comma-separated list.")
@@ -64,8 +71,12 @@ class ServerConfig:
     )
     min_workers: int = _opt(1, "Default minWorkers of a model (0 = scale to zero).")
     max_workers: int = _opt(cpu_count(), "Default maxWorkers of a model.")
-    batch_size: int = _opt(1, "Default batch size (jobs per predict call).")
-    max_batch_delay: int = _opt(100, "Default ms a worker waits to fill a batch.")
+    batch_size: int = _opt(
+        32, "Default most jobs per predict call (a worker takes what is queued, up to this)."
+    )
+    max_batch_delay: int = _opt(
+        0, "Default ms a worker waits to fill a batch; 0 = never wait, take what is queued."
+    )
     max_idle_time: int = _opt(60, "Default s before a worker above minWorkers retires.")
     job_queue_size: int = _opt(1000, "Default capacity of a model's request queue.")
     max_loaded_models: int = _opt(0, "Most models loaded at once; 0 = no limit but memory.")
@@ -76,8 +87,17 @@ class ServerConfig:
     allowed_model_roots: str = _opt(
         "", "Comma-separated directories POST /models may load from; empty = the model store."
     )
-    cache_dir: str = _opt("", "Where archives are unpacked; empty = <model_store>/.mmserver-cache.")
-    max_archive_mb: int = _opt(1024, "Largest unpacked size of one model archive, in MiB.")
+    cache_dir: str = _opt(
+        "", "Where archives are unpacked; empty = <model_store>/.mmserver-cache, or for an "
+        "s3:// store ~/.cache/mmserver/<bucket>/<prefix hash>."
+    )
+    max_archive_mb: int = _opt(
+        1024, "Largest size of one model archive, unpacked (and downloaded), in MiB."
+    )
+    max_cache_mb: int = _opt(
+        0, "Disk budget of the cache of an s3:// store in MiB, least recently used models "
+        "removed first; 0 = no limit."
+    )
     drain_timeout: float = _opt(30.0, "s SIGTERM waits for accepted requests before stopping.")
     insecure_management: bool = _opt(
         False, "Allow an open management API on a non-loopback address without a token."
@@ -101,24 +121,56 @@ class ServerConfig:
             raise ConfigError(f"option port={self.port}: must be between 1 and 65535")
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise ConfigError(f"option log_level={self.log_level!r}: not a logging level")
+        scheme = _URL_SCHEME.match(self.model_store.strip())
+        if scheme is not None and scheme.group(1).lower() != "s3":
+            raise ConfigError(
+                f"option model_store={self.model_store!r}: only a local directory or "
+                "s3://bucket/prefix is supported"
+            )
+        if self.store_url is not None:
+            try:
+                split_object_url(self.store_url)
+            except ConfigError as exc:
+                raise ConfigError(f"option model_store: {exc.message}") from None
+        try:
+            self.model_defaults()  # every model starts from these: they must make a valid one
+        except ConfigError as exc:
+            raise ConfigError(exc.message.replace("configuration: ", "option ", 1)) from None
 
     # Derived values ---------------------------------------------------------------------------
 
     @property
+    def store_url(self) -> str | None:
+        """``model_store`` when it is an ``s3://bucket/prefix`` URL, else ``None``."""
+        text = self.model_store.strip()
+        return text if text[:5].lower() == "s3://" else None
+
+    @property
     def store_path(self) -> Path:
+        """The local store directory (not defined for an ``s3://`` store)."""
+        if self.store_url is not None:
+            raise ConfigError(f"model store {self.store_url} is not a local directory")
         return Path(self.model_store).expanduser().resolve()
 
     @property
     def cache_path(self) -> Path:
         if self.cache_dir:
             return Path(self.cache_dir).expanduser().resolve()
+        if self.store_url is not None:
+            bucket, prefix = split_object_url(self.store_url)
+            # One folder per store, so that two stores of one machine never share copies.
+            key = hashlib.sha256(prefix.encode()).hexdigest()[:16]
+            base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+            return Path(base).expanduser().resolve() / "mmserver" / bucket / key
         return self.store_path / ".mmserver-cache"
 
     @property
     def allowed_roots(self) -> tuple[Path, ...]:
+        """Where ``POST /models`` may load from; by default the local store, and nothing for an
+        ``s3://`` store."""
         roots = [r.strip() for r in self.allowed_model_roots.split(",") if r.strip()]
         if not roots:
-            return (self.store_path,)
+            return () if self.store_url is not None else (self.store_path,)
         return tuple(Path(r).expanduser().resolve() for r in roots)
 
     @property
@@ -182,6 +234,9 @@ class ServerConfig:
                 else value
             )
         return cls(**values)
+
+
+_URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
@@ -268,8 +323,8 @@ class ModelConfig:
 
     min_workers: int = 1
     max_workers: int = field(default_factory=cpu_count)
-    batch_size: int = 1
-    max_batch_delay: int = 100
+    batch_size: int = 32
+    max_batch_delay: int = 0
     max_idle_time: int = 60
     job_queue_size: int = 1000
     required_memory_mb: float | None = None
@@ -290,12 +345,18 @@ class ModelConfig:
             value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"{where}: {_djl_key(name)}={value!r} must not be negative")
+            if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic
+                raise ConfigError(f"{where}: {_djl_key(name)}={_short_number(value)} is too large")
         for name in ("max_workers", "batch_size", "job_queue_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{where}: {_djl_key(name)}={getattr(self, name)!r} must be >= 1")
         if self.required_memory_mb is not None and self.required_memory_mb < 0:
             raise ConfigError(
                 f"{where}: required_memory_mb={self.required_memory_mb!r} must not be negative"
+            )
+        if self.required_memory_mb is not None and not self.required_memory_mb <= _LARGEST:
+            raise ConfigError(
+                f"{where}: required_memory_mb={self.required_memory_mb!r} must be a finite number"
             )
         if self.min_workers > self.max_workers:
             raise ConfigError(
@@ -316,6 +377,16 @@ class ModelConfig:
     @property
     def batch_delay_s(self) -> float:
         return self.max_batch_delay / 1000.0
+
+
+#: The server computes with the numbers of a configuration as floats: an integer above this has
+#: no float form, and a size must be finite. (An infinite ``predict_timeout`` means no timeout.)
+_LARGEST = sys.float_info.max
+
+
+def _short_number(value: float) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 # serving.properties key -> (ModelConfig field, type). DJL's spellings, plus the common aliases.

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 import prometheus_client
 from aiohttp import web
@@ -25,8 +26,8 @@ from mmserver import errors
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
-from mmserver.store import ModelStore
-from mmserver.wlm import WorkLoadManager
+from mmserver.store import ModelSource, ModelStore
+from mmserver.wlm import ModelStatus, WorkLoadManager
 
 log = logging.getLogger("mmserver")
 
@@ -37,13 +38,16 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.store = ModelStore(
-            config.store_path, config.cache_path, config.max_archive_mb * 2**20
-        )
+        self.store = open_store(config, in_use=self._holds_files)
+        # The ignore goes when WorkLoadManager takes a ModelSource (strict mypy flags it then).
         self.wlm = WorkLoadManager(config, self.store, self.metrics)
         self.app = build_app(config, self.wlm, self.metrics)
         self._runner: web.AppRunner | None = None
         self.stopped = asyncio.Event()
+
+    def _holds_files(self, name: str) -> bool:
+        # Asked from the store's threads: status() only tests dict membership, which is safe.
+        return self.wlm.status(name) in _HOLDING_FILES
 
     async def start(self) -> None:
         await self.wlm.start()
@@ -75,6 +79,26 @@ class Server:
         for handler in logging.getLogger().handlers:
             handler.flush()
         self.stopped.set()
+
+
+#: The states in which a model may still read its files (a new worker loads them again).
+_HOLDING_FILES = (ModelStatus.LOADING, ModelStatus.READY, ModelStatus.UNLOADING)
+
+
+def open_store(
+    config: ServerConfig, in_use: Callable[[str], bool] | None = None
+) -> ModelSource:
+    """The store ``config.model_store`` names: a local directory or ``s3://bucket/prefix``.
+    ``in_use(name)`` tells an object store's cache which models still need their files."""
+    limit = config.max_archive_mb * 2**20
+    if config.store_url is None:
+        return ModelStore(config.store_path, config.cache_path, limit)
+    # Imported here: boto3 takes a while to import and a local store does not need it.
+    from mmserver.objectstore import ObjectStore
+
+    return ObjectStore(
+        config.store_url, config.cache_path, limit, config.max_cache_mb * 2**20, in_use=in_use
+    )
 
 
 def _setup_logging(level: str) -> None:

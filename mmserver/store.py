@@ -4,6 +4,10 @@ The store only lists entries and unpacks archives; it never loads a model. Archi
 into a cache directory, once per archive version, with every member checked first: no absolute
 paths, no ``..``, no links leaving the archive, no device files, at most :data:`MAX_MEMBERS`
 members and at most ``max_unpacked_bytes`` in total. Nothing is ever written outside the cache.
+
+:class:`ModelSource` is what the WorkLoadManager needs of a store; :class:`ModelStore` (a local
+directory) and :class:`mmserver.objectstore.ObjectStore` (``s3://bucket/prefix``) provide it, and
+both unpack with :func:`unpack_archive`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 from mmserver.errors import (
+    ConfigError,
     Forbidden,
     InvalidInput,
     InvalidModelName,
@@ -44,9 +49,15 @@ _CHUNK = 1 << 20
 _MAX_DIR_FILES = 10_000
 
 
+def is_model_name(base: str) -> bool:
+    """Whether ``base`` is a model name: it matches :data:`MODEL_NAME_RE` and does not itself end
+    with ``.tar.gz``/``.tgz`` (else ``NAME.tar.gz`` would name two models: ``NAME`` and itself)."""
+    return MODEL_NAME_RE.fullmatch(base) is not None and not base.endswith(ARCHIVE_SUFFIXES)
+
+
 def normalize_name(name: str) -> str:
     """The model name for ``name``: a trailing ``.tar.gz``/``.tgz`` is dropped, then the result
-    must match :data:`MODEL_NAME_RE`. Checked before any file-system access."""
+    must be a model name (:func:`is_model_name`). Checked before any file-system access."""
     if not isinstance(name, str):
         raise InvalidModelName(f"model name must be a string, not {type(name).__name__}")
     base = name
@@ -54,23 +65,68 @@ def normalize_name(name: str) -> str:
         if base.endswith(suffix):
             base = base[: -len(suffix)]
             break
-    if not MODEL_NAME_RE.fullmatch(base):
+    if not is_model_name(base):
         shown = name if len(name) <= 80 else name[:77] + "..."
         raise InvalidModelName(
             f"invalid model name {shown!r}: a name is 1 to 128 characters of letters, digits, "
-            "'.', '_' and '-', starting with a letter or digit (optionally followed by .tar.gz)"
+            "'.', '_' and '-', starting with a letter or digit, optionally followed by one "
+            ".tar.gz or .tgz"
         )
     return base
 
 
 @dataclass(frozen=True)
 class StoreEntry:
-    """One model of the store: a directory of files or an archive to unpack."""
+    """One model of the store: a directory of files, an archive to unpack, or an archive object
+    of an object store (``path`` is then where its unpacked copy goes in the local cache)."""
 
     name: str
     path: Path
-    kind: Literal["directory", "archive"]
+    kind: Literal["directory", "archive", "object"]
     size_bytes: int
+    #: The object's ``s3://`` URL and version (its ETag), for an entry of an object store.
+    object_url: str | None = None
+    etag: str | None = None
+
+    @property
+    def url(self) -> str:
+        """Where the model comes from, as shown to users: the object URL or the local path."""
+        return self.object_url or str(self.path)
+
+
+class ModelSource(Protocol):
+    """What the WorkLoadManager needs of a model store.
+
+    :meth:`list`, :meth:`find` and :meth:`prepare` may block (on disk or network I/O): callers
+    run them in threads, several at once. Their errors are :class:`mmserver.errors.MMServerError`
+    confined to the model asked for, or :class:`mmserver.errors.ServiceUnavailable` when the
+    store itself cannot be reached.
+    """
+
+    @property
+    def root(self) -> Path | str:
+        """The store's location, for messages: a directory or an ``s3://`` URL."""
+        ...
+
+    def list(self) -> list[StoreEntry]:
+        """Every model of the store, sorted by name, without downloading or unpacking any."""
+        ...
+
+    def find(self, name: str) -> StoreEntry | None:
+        """The current entry of model ``name`` (``NAME`` or ``NAME.tar.gz``), or ``None``."""
+        ...
+
+    def entry_for_path(self, path: Path, name: str) -> StoreEntry:
+        """An entry for a model registered from a local path inside the allowed roots."""
+        ...
+
+    def prepare(self, entry: StoreEntry) -> Path:
+        """The local directory holding the entry's files, fetched and unpacked if needed."""
+        ...
+
+    def remove_unpacked(self, name: str) -> None:
+        """Delete the cached copies of model ``name`` (best effort)."""
+        ...
 
 
 def _dir_size(path: Path) -> int | None:
@@ -137,7 +193,7 @@ class ModelStore:
                     continue
                 try:
                     if item.is_dir():
-                        if not MODEL_NAME_RE.fullmatch(item.name) or self._is_cache(item.path):
+                        if not is_model_name(item.name) or self._is_cache(item.path):
                             continue
                         size = _dir_size(Path(item.path))
                         if size is not None:
@@ -145,7 +201,7 @@ class ModelStore:
                                 item.name, Path(item.path), "directory", size
                             )
                     elif item.is_file():
-                        name = _archive_name(item.name)
+                        name = archive_name(item.name)
                         if name is None:
                             continue
                         known = archives.get(name)
@@ -181,15 +237,7 @@ class ModelStore:
     def entry_for_path(self, path: Path, name: str) -> StoreEntry:
         """An entry for a registered model whose files are at ``path`` (a folder or an archive
         already checked to be inside the allowed roots)."""
-        base = normalize_name(name)
-        path = Path(path)
-        if path.is_dir():
-            return StoreEntry(base, path, "directory", _dir_size(path) or 0)
-        if path.is_file() and _archive_name(path.name) is not None:
-            return StoreEntry(base, path, "archive", path.stat().st_size)
-        if not path.exists():
-            raise ModelNotFound(f"model {base}: {path} does not exist")
-        raise InvalidInput(f"model {base}: {path} is neither a directory nor a .tar.gz archive")
+        return local_entry(path, name)
 
     # Unpacking ----------------------------------------------------------------------------------
 
@@ -201,32 +249,7 @@ class ModelStore:
         temporary folder first and renamed into place, so a reader never sees a partial copy and
         two processes racing both end up with the same complete one.
         """
-        if entry.kind == "directory":
-            if not entry.path.is_dir():
-                raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists")
-            return entry.path
-        try:
-            st = entry.path.stat()
-        except FileNotFoundError:
-            raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists") from None
-        target = self.cache_dir / f"{entry.name}-{_cache_key(st)}"
-        if not target.is_dir():
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=self.cache_dir))
-            try:
-                _safe_extract(entry.path, tmp, self.max_unpacked_bytes, entry.name)
-                tmp.chmod(0o755)
-                try:
-                    os.rename(tmp, target)
-                except OSError:
-                    # Another process renamed its copy first; use that one.
-                    if not target.is_dir():
-                        raise
-                else:
-                    log.info("model %s: unpacked %s into %s", entry.name, entry.path, target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        return _model_root(target)
+        return prepare_local(entry, self.cache_dir, self.max_unpacked_bytes)
 
     def remove_unpacked(self, name: str) -> None:
         """Delete the unpacked copies of model ``name`` (best effort)."""
@@ -241,15 +264,92 @@ class ModelStore:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _archive_name(filename: str) -> str | None:
+def local_entry(path: Path, name: str) -> StoreEntry:
+    """The entry of model ``name`` whose files are at the local ``path`` (a folder or an
+    archive)."""
+    base = normalize_name(name)
+    path = Path(path)
+    if path.is_dir():
+        return StoreEntry(base, path, "directory", _dir_size(path) or 0)
+    if path.is_file() and archive_name(path.name) is not None:
+        return StoreEntry(base, path, "archive", path.stat().st_size)
+    if not path.exists():
+        raise ModelNotFound(f"model {base}: {path} does not exist")
+    raise InvalidInput(f"model {base}: {path} is neither a directory nor a .tar.gz archive")
+
+
+def prepare_local(entry: StoreEntry, cache_dir: Path, max_unpacked_bytes: int) -> Path:
+    """The directory holding the files of a local entry: a folder as is, an archive unpacked
+    into ``cache_dir/<name>-<key>`` (``key`` from its size and mtime). Blocking."""
+    if entry.kind == "directory":
+        if not entry.path.is_dir():
+            raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists")
+        return entry.path
+    if entry.kind != "archive":
+        raise ModelLoadError(f"model {entry.name}: {entry.url} is not a local file")
+    try:
+        st = entry.path.stat()
+    except FileNotFoundError:
+        raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists") from None
+    target = cache_dir / f"{entry.name}-{_cache_key(st)}"
+    return unpack_archive(entry.path, target, max_unpacked_bytes, entry.name)
+
+
+def unpack_archive(archive: Path, target: Path, max_unpacked_bytes: int, name: str) -> Path:
+    """Unpack ``archive`` into the folder ``target`` (in the cache) unless it exists already,
+    and return the model's directory in it. Blocking.
+
+    Every member is checked before anything is written (see the module docstring). The archive
+    is unpacked into a temporary folder beside ``target`` and renamed into place, so a reader
+    never sees a partial copy and two processes racing both end up with the same complete one.
+    """
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=target.parent))
+        try:
+            _safe_extract(archive, tmp, max_unpacked_bytes, name)
+            tmp.chmod(0o755)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                # Another process renamed its copy first; use that one.
+                if not target.is_dir():
+                    raise
+            else:
+                log.info("model %s: unpacked %s into %s", name, archive, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return model_root(target)
+
+
+_OBJECT_URL = re.compile(r"s3://([^/]*)(?:/(.*))?", re.IGNORECASE | re.DOTALL)
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+
+def split_object_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` as ``(bucket, prefix)``; the prefix is empty or ends with ``/``.
+    Raises :class:`ConfigError`."""
+    match = _OBJECT_URL.fullmatch(url.strip())
+    if match is None:
+        raise ConfigError(f"model store {url!r} is not an s3://bucket/prefix URL")
+    bucket, prefix = match.group(1), (match.group(2) or "").rstrip("/")
+    if not _BUCKET.fullmatch(bucket):
+        raise ConfigError(f"model store {url!r}: {bucket!r} is not a valid bucket name")
+    if "\x00" in prefix:
+        raise ConfigError(f"model store {url!r}: the prefix holds a NUL character")
+    return bucket, prefix + "/" if prefix else ""
+
+
+def archive_name(filename: str) -> str | None:
+    """The model name of an archive file name (``NAME.tar.gz`` or ``NAME.tgz``), or ``None``."""
     for suffix in ARCHIVE_SUFFIXES:
         if filename.endswith(suffix):
             base = filename[: -len(suffix)]
-            return base if MODEL_NAME_RE.fullmatch(base) else None
+            return base if is_model_name(base) else None
     return None
 
 
-def _model_root(unpacked: Path) -> Path:
+def model_root(unpacked: Path) -> Path:
     """``unpacked`` itself, or its only entry when the archive held a single top-level folder."""
     children = list(unpacked.iterdir())
     if len(children) == 1 and children[0].is_dir() and not children[0].is_symlink():

@@ -31,7 +31,7 @@ from mmserver.config import ModelConfig, ServerConfig, load_model_config
 from mmserver.eviction import Candidate, choose_victims
 from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
-from mmserver.store import ModelStore, StoreEntry, normalize_name, resolve_model_url
+from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
 from mmserver.worker import feature_error
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class WorkLoadManager:
     def __init__(
         self,
         config: ServerConfig,
-        store: ModelStore,
+        store: ModelSource,
         metrics: Metrics,
         backend: BackendPool | None = None,
         *,
@@ -88,7 +88,7 @@ class WorkLoadManager:
         self._registered: dict[str, StoreEntry] = {}
         self._overrides: dict[str, dict[str, Any]] = {}
         self._urls: dict[str, str] = {}  # as given to POST /models
-        self._sources: dict[str, Path] = {}  # the store entry or registered path of each model
+        self._sources: dict[str, str] = {}  # where each loaded model came from, for users
         self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
         self._reserved_bytes = 0
         self._reserved_count = 0
@@ -175,11 +175,15 @@ class WorkLoadManager:
             if pool is not None:
                 self._ready.move_to_end(name)
                 return pool
+            # A task that has ended stays in _unloading/_loading until its owner's next step;
+            # awaiting it would return without yielding, so this loop would spin forever.
             unloading = self._unloading.get(name)
-            if unloading is not None:
+            if unloading is not None and not unloading.done():
                 await asyncio.shield(unloading)
                 continue
             task = self._loading.get(name)
+            if task is not None and task.done():
+                task = None  # its pool is already unloaded again: load anew
             if task is None:
                 failure = self._failures.get(name)
                 if failure is not None and self._clock() - failure.at < self.load_retry_seconds:
@@ -190,7 +194,16 @@ class WorkLoadManager:
                 self._loading[name] = task
                 task.add_done_callback(self._load_ended)
             # Shielded: a client that goes away does not cancel a load others wait for.
-            await asyncio.shield(task)
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if task.cancelled() and current is not None and not current.cancelling():
+                    # Not this request: the load was cancelled by stop(). Answer, don't drop it.
+                    raise errors.ShuttingDown(
+                        f"the server is shutting down; model {name} was not loaded"
+                    ) from None
+                raise
 
     # Loading and eviction ---------------------------------------------------------------------
 
@@ -209,7 +222,8 @@ class WorkLoadManager:
         if entry is None:
             raise errors.ModelNotFound(
                 f"model {name} is not in the model store ({self.store.root}) and is not "
-                "registered; add NAME/ or NAME.tar.gz to the store, or POST /models"
+                f"registered; add {name}.tar.gz (or a folder {name}/) to the store, or register "
+                "it with POST /models"
             )
         return entry
 
@@ -221,17 +235,7 @@ class WorkLoadManager:
             need = self._estimate_bytes(name, entry, config)
             await self._make_room(name, need, management)  # reserves the room it made
             try:
-                self._generation += 1
-                pool = ModelPool(
-                    name, f"{name}#{self._generation}", model_dir, config,
-                    self.backend, self.metrics, on_load=self._on_first_load,
-                    on_idle=self._room_changed.set,
-                )
-                try:
-                    await pool.start()
-                except BaseException:
-                    await pool.stop(None)
-                    raise
+                pool = await self._start_pool(name, model_dir, config)
             finally:
                 self._reserved_bytes -= need
                 self._reserved_count -= 1
@@ -254,7 +258,7 @@ class WorkLoadManager:
             log.exception("model %s failed to load", name)
             raise error from None
         self._failures.pop(name, None)
-        self._sources[name] = entry.path
+        self._sources[name] = entry.url
         self._ready[name] = pool
         seconds = time.perf_counter() - started
         self.metrics.model_loads.labels(name).inc()
@@ -262,9 +266,34 @@ class WorkLoadManager:
         self.metrics.models_loaded.set(len(self._ready))
         log.info(
             "model %s loaded from %s in %.1f ms (%d worker(s), %d loaded)",
-            name, entry.path, seconds * 1000, len(pool.workers), len(self._ready),
+            name, entry.url, seconds * 1000, len(pool.workers), len(self._ready),
         )
         return pool
+
+    async def _start_pool(self, name: str, model_dir: Path, config: ModelConfig) -> ModelPool:
+        """The model's pool, started (its minWorkers loaded). A backend process that dies while
+        the model loads into it is replaced, and the load is tried once more before it counts as
+        the model's failure: a model whose own load kills its process fails the second time."""
+        for attempt in (1, 2):
+            self._generation += 1
+            pool = ModelPool(
+                name, f"{name}#{self._generation}", model_dir, config,
+                self.backend, self.metrics, on_load=self._on_first_load,
+                on_idle=self._room_changed.set,
+            )
+            try:
+                await pool.start()
+            except errors.BackendDied as exc:
+                await pool.stop(None)
+                if attempt == 2:
+                    raise
+                log.warning("model %s: %s; loading it again", name, exc.message)
+            except BaseException:
+                await pool.stop(None)
+                raise
+            else:
+                return pool
+        raise AssertionError("unreachable")
 
     def _prepare(self, entry: StoreEntry, name: str) -> tuple[Path, ModelConfig]:
         """File work for a load (runs in a thread): unpack, then read serving.properties."""
@@ -362,7 +391,7 @@ class WorkLoadManager:
         entries = {e.name: e for e in await asyncio.to_thread(self.store.list)}
         entries.update(self._registered)
         return [
-            {"modelName": n, "modelUrl": self._urls.get(n, str(e.path)),
+            {"modelName": n, "modelUrl": self._urls.get(n, e.url),
              "status": self.status(n).value}
             for n, e in sorted(entries.items())
         ]
@@ -379,7 +408,7 @@ class WorkLoadManager:
         config = pool.config if pool is not None else self._defaults.replace(
             **self._overrides.get(name, {})
         )
-        source = entry.path if entry is not None else self._sources.get(name)
+        source = entry.url if entry is not None else self._sources.get(name)
         url = self._urls.get(name) or str(source)
         result: dict[str, Any] = {
             "modelName": name,

@@ -1,0 +1,498 @@
+"""The model store on S3-compatible object storage: ``s3://bucket/prefix``.
+
+Every model is an object ``prefix/NAME.tar.gz`` (or ``NAME.tgz``), as in SageMaker multi-model
+endpoints. Listing reads the object listing only; the first load of a model downloads its archive
+and unpacks it into the local cache with the rules of local archives
+(:func:`mmserver.store.unpack_archive`). The endpoint, region and credentials come from the usual
+AWS environment variables and files, through boto3.
+
+Cache layout (``cache_dir``)::
+
+    NAME-KEY/        unpacked copy of one version of an object (KEY from its ETag)
+    .tmp-NAME-*/     a download or unpack in progress (the archive is deleted once unpacked)
+    .registered/     archives registered from local paths (POST /models), unpacked
+
+A changed object has a new ETag, so the next load of its model unpacks a new copy. A download goes
+to a temporary folder of the cache and the copy is renamed into place, so processes sharing the
+cache never see each other's partial files. When the copies pass ``max_cache_bytes``, the least
+recently used are removed, never the copy of a model that is loading, loaded or being unloaded
+(as ``in_use`` tells) nor one being prepared.
+
+Errors stay with the model asked for: a missing object is :class:`~mmserver.errors.ModelNotFound`,
+an archive over the size limit or corrupt fails that model's load
+(:class:`~mmserver.errors.ModelLoadError`, :class:`~mmserver.errors.UnsafeArchive`), and a store
+that refuses access or cannot be reached is :class:`~mmserver.errors.ServiceUnavailable`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+
+from mmserver.errors import MMServerError, ModelLoadError, ModelNotFound, ServiceUnavailable
+from mmserver.store import (
+    ARCHIVE_SUFFIXES,
+    MODEL_NAME_RE,
+    StoreEntry,
+    archive_name,
+    local_entry,
+    model_root,
+    normalize_name,
+    prepare_local,
+    split_object_url,
+    unpack_archive,
+)
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+_COPY_RE = re.compile(r"(?P<name>" + MODEL_NAME_RE.pattern + r")-[0-9a-f]{16}")
+# A temporary folder this old belongs to a process that died: no download takes a day.
+_STALE_TMP_SECONDS = 24 * 3600
+_NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
+_DENIED = frozenset(
+    {
+        "403",
+        "AccessDenied",
+        "Forbidden",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+    }
+)
+
+
+@dataclass(frozen=True)
+class CachedCopy:
+    """One unpacked copy in the cache, as the eviction choice sees it."""
+
+    key: str  # its folder's name
+    size_bytes: int
+    last_used: float
+    protected: bool
+
+
+def choose_cache_victims(
+    copies: Iterable[CachedCopy], budget_bytes: int, incoming_bytes: int = 0
+) -> list[str]:
+    """The copies to remove, least recently used first, so that the cache plus
+    ``incoming_bytes`` fits ``budget_bytes``. Protected copies are never chosen, so the result
+    may not be enough when the rest is protected."""
+    ordered = sorted(copies, key=lambda c: (c.last_used, c.key))
+    total = sum(c.size_bytes for c in ordered) + incoming_bytes
+    victims: list[str] = []
+    for copy in ordered:
+        if total <= budget_bytes:
+            break
+        if not copy.protected:
+            victims.append(copy.key)
+            total -= copy.size_bytes
+    return victims
+
+
+@dataclass
+class _Copy:
+    size_bytes: int
+    last_used: float
+
+
+class ObjectStore:
+    """Lists the ``NAME.tar.gz`` objects under ``s3://bucket/prefix`` and fetches them into
+    ``cache_dir``.
+
+    Every method may block on the network (callers run them in threads, several at once; the one
+    boto3 client is thread-safe). :meth:`prepare` downloads a model once however many threads
+    ask for it, and is safe when several processes share the cache. ``max_archive_bytes`` caps
+    both the object's size and its unpacked size; ``max_cache_bytes`` (0: no limit) is the disk
+    budget of the copies. ``in_use(name)`` (called from those threads, so it must be
+    thread-safe) tells whether a model still needs its files; without it, the current copy of
+    every model prepared by this store is kept.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        cache_dir: Path,
+        max_archive_bytes: int,
+        max_cache_bytes: int = 0,
+        *,
+        in_use: Callable[[str], bool] | None = None,
+        client: Any = None,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self.bucket, self.prefix = split_object_url(url)
+        self.root = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.cache_dir = Path(cache_dir)
+        self.max_archive_bytes = max_archive_bytes
+        self.max_cache_bytes = max_cache_bytes
+        self._in_use = in_use
+        self._client = client
+        # Fail in seconds when the store is down: two attempts, short connect and read timeouts
+        # (the read timeout bounds each wait for data, not a whole download).
+        self._client_config = Config(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"max_attempts": 2, "mode": "standard"},
+            max_pool_connections=32,
+        )
+        self._client_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below
+        self._name_locks: dict[str, threading.Lock] = {}
+        self._current: dict[str, str] = {}  # model name -> folder of the copy last prepared
+        self._copies: dict[str, _Copy] | None = None  # folder -> copy; read from disk once
+        self._swept = False
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client, made on first use (it may read credentials over the network)."""
+        with self._client_lock:
+            if self._client is None:
+                try:
+                    # A session is not thread-safe, a client is: make one client, once.
+                    session = boto3.session.Session()
+                    self._client = session.client("s3", config=self._client_config)
+                except (BotoCoreError, ValueError) as exc:
+                    raise ServiceUnavailable(
+                        f"the model store {self.root} cannot be used: {exc}"
+                    ) from None
+            return self._client
+
+    # Listing ------------------------------------------------------------------------------------
+
+    def list(self) -> list[StoreEntry]:
+        """Every ``NAME.tar.gz``/``NAME.tgz`` object directly under the prefix, sorted by name
+        (``.tar.gz`` wins over ``.tgz``). Reads the listing page by page; downloads nothing."""
+        entries: dict[str, StoreEntry] = {}
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"
+            )
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    key = obj["Key"]
+                    name = archive_name(key[len(self.prefix) :])
+                    if name is None:
+                        continue
+                    known = entries.get(name)
+                    if known is not None and (known.object_url or "").endswith(".tar.gz"):
+                        continue
+                    entries[name] = self._entry(name, key, obj["Size"], obj["ETag"])
+        except (BotoCoreError, ClientError) as exc:
+            raise self._store_error(exc) from None
+        return [entries[name] for name in sorted(entries)]
+
+    def find(self, name: str) -> StoreEntry | None:
+        """The current version of model ``name`` (one HeadObject per archive suffix), or
+        ``None``. Raises :class:`InvalidModelName` before any request."""
+        base = normalize_name(name)
+        for suffix in ARCHIVE_SUFFIXES:
+            key = self.prefix + base + suffix
+            try:
+                head = self.client.head_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                if _code(exc) in _NOT_FOUND:
+                    continue
+                raise self._store_error(exc) from None
+            except BotoCoreError as exc:
+                raise self._store_error(exc) from None
+            return self._entry(base, key, head["ContentLength"], head["ETag"])
+        return None
+
+    def entry_for_path(self, path: Path, name: str) -> StoreEntry:
+        """An entry for a model registered from a local path inside the allowed roots."""
+        return local_entry(path, name)
+
+    def _entry(self, name: str, key: str, size: int, etag: str) -> StoreEntry:
+        digest = hashlib.sha256(etag.encode()).hexdigest()[:16]
+        return StoreEntry(
+            name,
+            self.cache_dir / f"{name}-{digest}",
+            "object",
+            size,
+            object_url=f"s3://{self.bucket}/{key}",
+            etag=etag,
+        )
+
+    # Fetching -----------------------------------------------------------------------------------
+
+    def prepare(self, entry: StoreEntry) -> Path:
+        """The directory holding the model's files: the cached copy of this version, or the
+        object downloaded (streamed to disk) and unpacked now. Blocking; one download per model
+        at a time in this process, and safe against other processes sharing the cache."""
+        if entry.kind != "object":
+            return prepare_local(entry, self.cache_dir / ".registered", self.max_archive_bytes)
+        folder = entry.path.name
+        with self._name_lock(entry.name):
+            with self._lock:
+                self._current[entry.name] = folder
+            if entry.path.is_dir():
+                self._used(folder, entry.path)
+                return model_root(entry.path)
+            self._evict(entry.name, incoming_bytes=entry.size_bytes)
+            root = self._fetch(entry)
+            self._used(folder, entry.path, new=True)
+            self._evict(entry.name)
+            return root
+
+    def _fetch(self, entry: StoreEntry) -> Path:
+        limit = self.max_archive_bytes
+        if entry.size_bytes > limit:
+            raise _too_large(entry, f"is {entry.size_bytes} bytes", limit)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._sweep_once()
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=self.cache_dir))
+        try:
+            archive = tmp / f"{entry.name}.tar.gz"
+            started = time.perf_counter()
+            try:
+                with open(archive, "wb") as out:
+                    size = self._download(entry, out)
+            except OSError as exc:
+                raise ModelLoadError(
+                    f"model {entry.name}: {entry.url} cannot be written to the cache "
+                    f"{self.cache_dir}: {exc}"
+                ) from None
+            log.info(
+                "model %s: downloaded %s (%d bytes) in %.1f ms",
+                entry.name,
+                entry.url,
+                size,
+                (time.perf_counter() - started) * 1000,
+            )
+            return unpack_archive(archive, entry.path, limit, entry.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _download(self, entry: StoreEntry, out: IO[bytes]) -> int:
+        """Stream the object's version ``entry.etag`` into ``out``; returns its size."""
+        limit = self.max_archive_bytes
+        key = (entry.object_url or "").removeprefix(f"s3://{self.bucket}/")
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key, IfMatch=entry.etag)
+        except ClientError as exc:
+            code = _code(exc)
+            if code in _NOT_FOUND:
+                raise ModelNotFound(f"model {entry.name}: {entry.url} no longer exists") from None
+            if code in ("PreconditionFailed", "412"):
+                raise ServiceUnavailable(
+                    f"model {entry.name}: {entry.url} changed while it was being fetched; retry"
+                ) from None
+            raise self._store_error(exc) from None
+        except BotoCoreError as exc:
+            raise self._store_error(exc) from None
+        body = response["Body"]
+        written = 0
+        try:
+            if response.get("ContentLength", 0) > limit:
+                raise _too_large(entry, f"is {response['ContentLength']} bytes", limit)
+            for chunk in body.iter_chunks(_CHUNK):
+                written += len(chunk)
+                if written > limit:
+                    raise _too_large(entry, "grew past the limit while downloading", limit)
+                out.write(chunk)
+        except BotoCoreError as exc:
+            raise self._store_error(exc, f"while downloading {entry.url}") from None
+        finally:
+            body.close()
+        return written
+
+    def remove_unpacked(self, name: str) -> None:
+        """Delete the cached copies of model ``name`` (best effort)."""
+        base = normalize_name(name)
+        try:
+            with os.scandir(self.cache_dir) as it:
+                folders = [i.name for i in it if _COPY_RE.fullmatch(i.name)]
+        except OSError:
+            return
+        with self._name_lock(base):
+            for folder in folders:
+                if _copy_name(folder) != base:
+                    continue
+                with self._lock:
+                    self._current.pop(base, None)
+                    if self._copies is not None:
+                        self._copies.pop(folder, None)
+                shutil.rmtree(self.cache_dir / folder, ignore_errors=True)
+
+    # Cache budget -------------------------------------------------------------------------------
+
+    def _name_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._name_locks.setdefault(name, threading.Lock())
+
+    def _used(self, folder: str, path: Path, *, new: bool = False) -> None:
+        """Mark a copy used now; ``new``: it was just unpacked."""
+        now = time.time()
+        try:
+            # The folder's mtime is its last use for another process, or after a restart.
+            os.utime(path, (now, now))
+        except OSError:
+            pass
+        if not self.max_cache_bytes:
+            return
+        size = _tree_bytes(path) if new else None
+        with self._lock:
+            index = self._index()
+            known = index.get(folder)
+            if size is None:
+                size = known.size_bytes if known is not None else _tree_bytes(path)
+            index[folder] = _Copy(size, now)
+
+    def _sweep_once(self) -> None:
+        """Remove the temporary folders that dead processes left (once per store)."""
+        if self._swept:
+            return
+        self._swept = True
+        try:
+            with os.scandir(self.cache_dir) as it:
+                items = [i for i in it if i.name.startswith(".tmp-")]
+        except OSError:
+            return
+        for item in items:
+            try:
+                age = time.time() - item.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if age > _STALE_TMP_SECONDS:
+                shutil.rmtree(item.path, ignore_errors=True)
+
+    def _index(self) -> dict[str, _Copy]:
+        """The copies in the cache (called with ``_lock`` held), read from disk the first
+        time."""
+        if self._copies is None:
+            self._copies = {}
+            try:
+                with os.scandir(self.cache_dir) as it:
+                    items = list(it)
+            except OSError:
+                items = []
+            for item in items:
+                try:
+                    if not item.is_dir(follow_symlinks=False):
+                        continue
+                    mtime = item.stat(follow_symlinks=False).st_mtime
+                except OSError:
+                    continue
+                if _COPY_RE.fullmatch(item.name):
+                    self._copies[item.name] = _Copy(_tree_bytes(Path(item.path)), mtime)
+        return self._copies
+
+    def _protected(self, holding: str) -> set[str]:
+        """Folders that must stay (``_lock`` held): the copy being prepared and the copies of
+        the models still using their files."""
+        keep = {
+            folder
+            for name, folder in self._current.items()
+            if name == holding or self._in_use is None or self._in_use(name)
+        }
+        return keep
+
+    def _evict(self, holding: str, incoming_bytes: int = 0) -> None:
+        """Remove least recently used copies until the cache fits its budget. ``holding`` is
+        the model whose lock the caller holds."""
+        if not self.max_cache_bytes:
+            return
+        with self._lock:
+            index = self._index()
+            protected = self._protected(holding)
+            snapshot = [
+                CachedCopy(folder, c.size_bytes, c.last_used, folder in protected)
+                for folder, c in index.items()
+            ]
+        victims = choose_cache_victims(snapshot, self.max_cache_bytes, incoming_bytes)
+        for folder in victims:
+            name = _copy_name(folder)
+            lock = self._name_lock(name)
+            # A model being prepared in another thread keeps all its copies for now.
+            if name != holding and not lock.acquire(blocking=False):
+                continue
+            try:
+                with self._lock:
+                    if folder in self._protected(holding):
+                        continue  # loaded since the snapshot
+                    copy = index.pop(folder, None)
+                shutil.rmtree(self.cache_dir / folder, ignore_errors=True)
+                log.info(
+                    "model %s: removed its cached copy %s (%d bytes, least recently used) to "
+                    "keep the cache under max_cache_mb",
+                    name,
+                    folder,
+                    copy.size_bytes if copy is not None else 0,
+                )
+            finally:
+                if name != holding:
+                    lock.release()
+
+    # Errors -------------------------------------------------------------------------------------
+
+    def _store_error(self, exc: Exception, during: str = "") -> MMServerError:
+        where = f"the model store {self.root}"
+        detail = f" {during}" if during else ""
+        if isinstance(exc, ClientError):
+            code = _code(exc)
+            message = exc.response.get("Error", {}).get("Message") or code
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in _DENIED or status == 403:
+                return ServiceUnavailable(
+                    f"{where}: access denied{detail} ({code}: {message}); check the "
+                    "credentials and the bucket's policy"
+                )
+            if code == "NoSuchBucket":
+                return ServiceUnavailable(f"{where}: bucket {self.bucket} does not exist")
+            return ServiceUnavailable(f"{where} failed{detail}: {code}: {message}")
+        if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+            return ServiceUnavailable(
+                f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+            )
+        return ServiceUnavailable(f"{where} is unreachable{detail}: {exc}")
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _copy_name(folder: str) -> str:
+    match = _COPY_RE.fullmatch(folder)
+    assert match is not None
+    return match.group("name")
+
+
+def _too_large(entry: StoreEntry, what: str, limit: int) -> ModelLoadError:
+    return ModelLoadError(
+        f"model {entry.name}: {entry.url} {what}; the limit is {limit} bytes (max_archive_mb), "
+        "so it is not loaded"
+    )
+
+
+def _tree_bytes(path: Path) -> int:
+    """Disk bytes of the regular files under ``path``."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
