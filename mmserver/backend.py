@@ -160,31 +160,66 @@ class _Models:
 # ------------------------------------------------------------------------------------------------
 
 
-def _read_frame(sock: socket.socket, header: bytearray) -> bytearray | None:
-    """One frame into a buffer of exactly its size (no intermediate copies); None at EOF."""
-    if sock.recv_into(header, 4, socket.MSG_WAITALL) < 4:
-        return None
-    (size,) = _HEADER.unpack(header)
-    if size == -1:
-        long_header = bytearray(8)
-        if sock.recv_into(long_header, 8, socket.MSG_WAITALL) < 8:
+class _FrameReader:
+    """Reads frames from the frontend's socket: small ones from a 64 KiB read buffer (one
+    ``recv`` brings every message queued meanwhile), large ones straight into a buffer of their
+    exact size, with no intermediate copies."""
+
+    _CHUNK = 65536
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+        self._chunk = bytearray(self._CHUNK)
+        self._view = memoryview(self._chunk)
+
+    def _fill(self, want: int) -> bool:
+        while len(self._buffer) < want:
+            count = self._sock.recv_into(self._chunk)
+            if count == 0:
+                return False
+            self._buffer += self._view[:count]
+        return True
+
+    def read(self) -> bytes | bytearray | None:
+        """The next frame's payload, or ``None`` once the frontend closed the socket."""
+        buffer = self._buffer
+        if not self._fill(4):
             return None
-        (size,) = _LONG_HEADER.unpack(long_header)
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    received = 0
-    while received < size:
-        count = sock.recv_into(view[received:])
-        if count == 0:
-            return None
-        received += count
-    return buffer
+        (size,) = _HEADER.unpack_from(buffer, 0)
+        start = 4
+        if size == -1:
+            if not self._fill(12):
+                return None
+            (size,) = _LONG_HEADER.unpack_from(buffer, 4)
+            start = 12
+        end = start + size
+        if size <= self._CHUNK:
+            if not self._fill(end):
+                return None
+            frame = bytes(buffer[start:end])
+            del buffer[:end]
+            return frame
+        large = bytearray(size)
+        have = min(len(buffer) - start, size)
+        large[:have] = buffer[start : start + have]
+        del buffer[: start + have]
+        view = memoryview(large)
+        while have < size:
+            count = self._sock.recv_into(view[have:])
+            if count == 0:
+                return None
+            have += count
+        return large
 
 
 def _child_main(conn: multiprocessing.connection.Connection, index: int) -> None:
     """The backend process: answer each message in order until the frontend closes the pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The frontend decides when we stop (it closes the pipe, or kills a stuck process), also
+    # when a stop signal reaches the whole process group: Ctrl-C, or systemd's default
+    # KillMode=control-group. Exiting here would fail the batches the frontend is draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Every request body is checked for NaN and infinity when it is decoded, so scikit-learn's
     # own check (a fifth of a small predict's time) would only repeat it.
     import sklearn
@@ -193,11 +228,11 @@ def _child_main(conn: multiprocessing.connection.Connection, index: int) -> None
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     conn.close()
     sock.setblocking(True)
-    header = bytearray(4)
+    reader = _FrameReader(sock)
     models = _Models()
     while True:
         try:
-            data = _read_frame(sock, header)
+            data = reader.read()
         except OSError:
             return
         if data is None:
@@ -329,6 +364,9 @@ class ProcessSlot:
         self._held: list[_Pending] = []
         self._crashed: list[_Pending] = []
         self._holding = True
+        # Frames written during one turn of the event loop go out in one system call.
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
         self._loaded: dict[str, LoadSpec] = {}
         self._restarting: asyncio.Task[None] | None = None
         self._stopping = False
@@ -438,10 +476,17 @@ class ProcessSlot:
 
     def _write(self, pending: _Pending) -> asyncio.Future[Any]:
         self._inflight.append(pending)
-        protocol = self._protocol
-        if protocol is not None and protocol.transport is not None:
-            protocol.transport.writelines(pending.frame)
+        self._out.extend(pending.frame)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
         return pending.future
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        out, self._out = self._out, []
+        protocol = self._protocol
+        if protocol is not None and protocol.transport is not None and out:
+            protocol.transport.writelines(out)
 
     # Replies and faults -----------------------------------------------------------------------
 
@@ -470,6 +515,11 @@ class ProcessSlot:
         if protocol is not self._protocol:
             return
         self._protocol = None
+        # Unsent frames belong to messages now being failed or held for the replacement.
+        self._out.clear()
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         if self._stopping:
             return
         self._holding = True

@@ -218,6 +218,10 @@ def _decode_npy(body: bytes) -> np.ndarray:
         raise InvalidInput(f"the .npy header is invalid ({_short(exc)})") from None
     if dtype.hasobject or dtype.kind not in "iuf":
         raise InvalidInput(f".npy array has dtype {dtype.str!r}; expected integers or floats")
+    # numpy's header parser takes any integers as the shape; reshape would read a negative one
+    # as "infer this dimension".
+    if any(dim < 0 for dim in shape):
+        raise InvalidInput(f".npy array has shape {shape}; dimensions must not be negative")
     count = math.prod(shape)
     offset = stream.tell()
     if len(body) - offset != count * dtype.itemsize:
@@ -226,8 +230,13 @@ def _decode_npy(body: bytes) -> np.ndarray:
             f"{count * dtype.itemsize} bytes of data, the body has {len(body) - offset}"
         )
     flat = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
-    # A copy: float64, C order, and independent of the request body's buffer.
-    array = flat.reshape(shape, order="F" if fortran_order else "C").astype(np.float64, order="C")
+    try:
+        # A copy: float64, C order, and independent of the request body's buffer.
+        array = flat.reshape(shape, order="F" if fortran_order else "C").astype(
+            np.float64, order="C"
+        )
+    except ValueError as exc:  # an empty array whose other dimensions overflow numpy's index
+        raise InvalidInput(f".npy array of shape {shape} cannot be made ({_short(exc)})") from None
     return _as_rows(array)
 
 

@@ -28,7 +28,7 @@ def store(tmp_path: Path) -> Path:
     make_linear_archive(root / "sklearn-0.tar.gz")
     for i in range(SLOW_MODELS):
         # 10 ms a batch, one row a batch: 400 requests keep two processes busy for ~2 s.
-        make_sleeping_dir(root / f"slow-{i}", 0.01, maxWorkers=2)
+        make_sleeping_dir(root / f"slow-{i}", 0.01, maxWorkers=2, batch_size=1)
     return root
 
 

@@ -132,8 +132,8 @@ async def test_describe_unloaded_and_loaded(server: Harness) -> None:
     after = await describe(server, "sklearn-20.tar.gz")
     assert after["modelName"] == "sklearn-20"
     assert after["status"] == "READY"
-    assert after["batchSize"] == 1
-    assert after["maxBatchDelayMillis"] == 100
+    assert after["batchSize"] == 32
+    assert after["maxBatchDelayMillis"] == 0
     assert after["maxIdleSeconds"] == 60
     assert after["queueSize"] == 1000
     assert after["requestInQueue"] == 0

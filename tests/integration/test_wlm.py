@@ -104,7 +104,7 @@ async def test_wrong_number_of_features_says_expected_and_got(store: Path) -> No
 
 async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    make_gated_dir(store / "slow", gate, minWorkers=1, maxWorkers=3, max_idle_time=1)
+    make_gated_dir(store / "slow", gate, minWorkers=1, maxWorkers=3, max_idle_time=1, batch_size=1)
     async with running(store, backend_processes=0) as wlm:
         gate.touch()
         await wlm.infer("slow", X)  # loads it

@@ -102,7 +102,7 @@ def test_precedence_through_the_parser(tmp_path: Path) -> None:
     assert config.max_workers == 6  # env
     assert config.max_idle_time == 5  # file
     assert config.access_log is True  # file; the absent flag does not reset it
-    assert config.max_batch_delay == 100  # default
+    assert config.max_batch_delay == 0  # default
     assert config.store_path == tmp_path.resolve()
 
 

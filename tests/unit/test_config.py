@@ -33,8 +33,8 @@ def test_defaults_when_nothing_is_given() -> None:
     assert config.host == "127.0.0.1"
     assert config.port == 8080
     assert config.load_models == "NONE"
-    assert config.batch_size == 1
-    assert config.max_batch_delay == 100
+    assert config.batch_size == 32
+    assert config.max_batch_delay == 0
     assert config.job_queue_size == 1000
     assert config.max_request_size == 6 * 1024 * 1024
     assert config.predict_timeout == 60.0
