@@ -1,0 +1,1 @@
+"""The mmserver benchmark: `scripts/bench` (see `python -m benchlib --help`)."""

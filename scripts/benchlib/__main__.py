@@ -1,0 +1,5 @@
+import sys
+
+from benchlib.cli import main
+
+sys.exit(main())

@@ -1,0 +1,324 @@
+"""``scripts/bench``: benchmark mmserver on the 1,000-model reference store.
+
+One invocation starts mmserver (a fresh archive cache, so every model starts cold) and the HTTP
+floor on free loopback ports and measures, in this order: cold start, memory with every model
+loaded, closed loop and open loop in three traffic patterns (against both servers, alternated),
+scaling of the hot model, batching. It prints a table and writes ``table.txt``,
+``results.json`` and ``bench.png`` to ``--out``.
+
+wrk, the server and its backend processes share this machine's cores: nothing is pinned, so the
+figures include the load generator's CPU use, for mmserver and the floor alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import loads, probes, report, servers, store, wrk
+
+SECTIONS = ("cold", "memory", "closed", "open", "scaling", "batching")
+PATTERNS = report.PATTERNS
+BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description=(__doc__ or "").split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Sections: " + ", ".join(SECTIONS) + ". Patterns: " + ", ".join(PATTERNS) + ".",
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="s per load run (10)")
+    parser.add_argument("--concurrency", type=int, default=32, help="closed-loop connections (32)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure; medians (3)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke check: 3 s runs, 1 run, 5 cold models"
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        metavar="LIST",
+        help="comma-separated sections and/or patterns (default: everything)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="directory for table.txt, results.json, bench.png (bench-results/)",
+    )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help=f"reference store, generated when missing (default {store.default_store()})",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="open-loop offered req/s (default: half the hot closed-loop req/s)",
+    )
+    parser.add_argument(
+        "--open-connections",
+        type=int,
+        default=0,
+        help="open-loop connections (default: 2 x concurrency, at least 64)",
+    )
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
+    parser.add_argument(
+        "--cold-models",
+        type=int,
+        default=20,
+        help="unloaded models whose first request is timed, per run (20)",
+    )
+    parser.add_argument(
+        "--api",
+        choices=("djl", "sagemaker"),
+        default="djl",
+        help="inference path: /predictions/NAME or /invocations (djl)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="before each load run, wait up to this long for other programs to leave the "
+        "machine quiet (20; 0 = do not wait)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also run py-spy on the frontend under the hot pattern",
+    )
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for mmserver serve (repeat; e.g. --server-arg=--backend-processes=2)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.runs, args.cold_models = 3.0, 1, 5
+    if args.duration <= 0 or args.runs < 1 or args.concurrency < args.threads:
+        parser.error("--duration > 0, --runs >= 1 and --concurrency >= --threads are required")
+    if args.runs * args.cold_models > 1000:
+        parser.error("--runs x --cold-models must be at most 1000 (distinct unloaded models)")
+    chosen = {t.strip() for t in args.only.split(",") if t.strip()}
+    unknown = chosen - set(SECTIONS) - set(PATTERNS)
+    if unknown:
+        parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    patterns = [p for p in PATTERNS if p in chosen] or list(PATTERNS)
+    sections = [s for s in SECTIONS if s in chosen]
+    if not sections:
+        sections = ["closed", "open", "scaling"] if chosen else list(SECTIONS)
+    if "scaling" in sections and "hot" not in patterns:
+        patterns.insert(0, "hot")
+    args.patterns, args.sections = patterns, sections
+    args.open_connections = args.open_connections or max(64, 2 * args.concurrency)
+    return args
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+_SPIN = (
+    "import time\nend = time.perf_counter() + {s}\nn = 0\n"
+    "while time.perf_counter() < end:\n    n += 1\nprint(n)"
+)
+
+
+def cpu_capacity(seconds: float = 0.5) -> float:
+    """How many cores' worth of work two busy processes get done, relative to one: a machine
+    whose logical CPUs share less than that many physical cores shows it here."""
+
+    def spin(count: int) -> int:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _SPIN.format(s=seconds)], stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(count)
+        ]
+        return sum(int(p.communicate(timeout=30)[0]) for p in procs)
+
+    one = spin(1)
+    return spin(2) / one if one else 0.0
+
+
+def _header(args: argparse.Namespace, capacity: float, load: tuple[float, ...]) -> list[str]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=store.REPO,
+            timeout=10,
+        ).stdout.strip()
+    except OSError:
+        commit = "?"
+    return [
+        f"mmserver benchmark  {time.strftime('%Y-%m-%d %H:%M:%S')}  commit {commit or '?'}"
+        f" (uncommitted changes included)  Python {platform.python_version()}",
+        f"machine: {os.cpu_count()} logical CPUs doing {capacity:.2f} cores' worth of work "
+        f"(two busy processes vs one); load average {load[0]:.2f} before the run",
+        f"wrk -t{args.threads} -c{args.concurrency}, {args.duration:g} s x {args.runs} run(s), "
+        f"medians; api {args.api}",
+        "wrk, mmserver and its backend processes share the cores (no pinning), as do wrk and "
+        "the floor.",
+        f"command: scripts/bench {' '.join(sys.argv[1:])}".rstrip(),
+    ]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = loads.Settings(
+        duration_s=args.duration,
+        concurrency=args.concurrency,
+        open_connections=args.open_connections,
+        threads=args.threads,
+        runs=args.runs,
+        api=args.api,
+        quiet_wait_s=args.quiet_wait,
+    )
+    model_store = args.store or store.default_store()
+    _log(f"model store: {model_store}")
+    store.ensure_reference(model_store)
+    if "batching" in args.sections:
+        store.ensure_forests(model_store)
+    raw: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
+    needs_floor = {"closed", "open"} & set(args.sections)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
+        server = servers.mmserver(
+            model_store, Path(tmp) / "cache", args.out / "server.log", args.server_arg
+        )
+        floor = servers.floor(args.out / "floor.log") if needs_floor else None
+        try:
+            server.start()
+            _log(f"mmserver pid {server.pid} on {server.url}")
+            if floor is not None:
+                floor.start()
+                _log(f"floor pid {floor.pid} on {floor.url}")
+            _measure(args, settings, server, floor, raw)
+        finally:
+            server.stop()
+            if floor is not None:
+                floor.stop()
+    return raw
+
+
+def _measure(
+    args: argparse.Namespace,
+    settings: loads.Settings,
+    server: servers.Server,
+    floor: servers.Server | None,
+    raw: dict[str, Any],
+) -> None:
+    sections = args.sections
+    if "cold" in sections:
+        raw["cold"] = []
+        for r in range(args.runs):
+            models = [f"sklearn-{999 - r * args.cold_models - i}" for i in range(args.cold_models)]
+            servers.wait_quiet(args.quiet_wait)
+            result = probes.cold_start(server, models)
+            raw["cold"].append(result)
+            _log(
+                f"cold start, run {r + 1}/{args.runs}: first request "
+                f"{result['cold_median_ms']:.1f} ms vs warm {result['warm_median_ms']:.2f} ms"
+            )
+    if {"memory", "closed", "open", "scaling"} & set(sections):
+        loaded = probes.load_all(server, 1000)
+        raw["load_all"] = loaded
+        _log(f"loaded 1,000 models in {loaded['seconds']:.1f} s: statuses {loaded['statuses']}")
+        if "memory" in sections:
+            time.sleep(1)
+            raw["memory"] = probes.memory(server)
+            raw["scrape"] = probes.scrape(server)
+            _log(
+                f"memory: RSS {raw['memory']['rss_mb']:.0f} MB, "
+                f"PSS {raw['memory']['pss_mb']:.0f} MB; /metrics {raw['scrape']['ms']:.0f} ms, "
+                f"{raw['scrape']['bytes'] / 1e6:.1f} MB"
+            )
+    if "closed" in sections or "scaling" in sections:
+        patterns = args.patterns if "closed" in sections else ["hot"]
+        raw["closed"] = loads.closed_loop(
+            server,
+            floor if "closed" in sections else None,
+            patterns,
+            settings,
+            "scaling" in sections,
+            _log,
+        )
+    if "open" in sections:
+        rate = args.rate
+        if not rate:
+            hot = raw.get("closed", {}).get("hot", {}).get("mmserver")
+            if hot:
+                rate = 0.5 * float(report.median(r["rps"] for r in hot) or 0)
+            else:
+                load = wrk.Load(
+                    url=server.url,
+                    pattern="hot",
+                    duration_s=args.duration,
+                    connections=args.concurrency,
+                    threads=args.threads,
+                    api=args.api,
+                )
+                rate = 0.5 * wrk.run(load).rps
+            rate = max(1.0, round(rate))
+        raw["open"] = loads.open_loop(server, floor, args.patterns, rate, settings, _log)
+    if "batching" in sections:
+        raw["batching"] = loads.batching(server, BATCH_MODELS, settings, _log)
+    if args.profile:
+        raw["profile"] = loads.profile(server, settings, args.profile, args.out, _log)
+
+
+def _profile_lines(prof: dict[str, Any]) -> list[str]:
+    lines = []
+    for role in ("frontend", "backend"):
+        if role not in prof:
+            continue
+        entry = prof[role]
+        lines += [
+            "",
+            f"Profile of the {role} (pid {entry['pid']}; py-spy, hot pattern, "
+            f"{entry['samples']} samples): frames by own time",
+        ]
+        lines += [f"  {share * 100:5.1f} %  {frame}" for frame, share in entry["own"][:15]]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if shutil.which("wrk") is None:
+        _log("wrk is not installed (scripts/bench installs it with apt-get)")
+        return 2
+    started = time.monotonic()
+    load = os.getloadavg()
+    capacity = cpu_capacity()
+    if load[0] > 0.5:
+        _log(f"warning: load average {load[0]:.2f}: something else is running on this machine")
+    raw = run(args)
+    raw["machine"] = {"cpus": os.cpu_count(), "capacity": capacity, "loadavg": load}
+    summary = report.summarize(raw)
+    text = report.table(summary, _header(args, capacity, load))
+    text += "\n".join(_profile_lines(raw.get("profile", {})))
+    text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
+    print(text, end="")
+    (args.out / "table.txt").write_text(text)
+    report.write_json(args.out / "results.json", {"summary": summary, "raw": raw})
+    if not report.plot(args.out / "bench.png", raw, summary):
+        _log("matplotlib is not installed: no bench.png (pip install -e '.[bench]')")
+    _log(f"wrote {args.out}/table.txt, results.json, bench.png")
+    return 0

@@ -1,0 +1,114 @@
+"""Sections measured with one sequential client: cold start, loading every model, memory."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from benchlib.client import Client
+from benchlib.servers import Server, tree_memory
+
+WARM_MODEL = "sklearn-0"
+
+
+def cold_start(server: Server, models: list[str]) -> dict[str, Any]:
+    """The first request to each of ``models`` (unloaded) versus a request to a warm model.
+
+    One request at a time: warm up ``WARM_MODEL``, then for each cold model its first request
+    followed by one to the warm model, so both are measured under the same conditions.
+    """
+    client = Client(server.port)
+    try:
+        for _ in range(20):
+            client.predict(WARM_MODEL)
+        cold, warm, errors = [], [], 0
+        for model in models:
+            status, seconds = client.predict(model)
+            if status == 200:
+                cold.append(seconds * 1e3)
+            else:
+                errors += 1
+            status, seconds = client.predict(WARM_MODEL)
+            if status == 200:
+                warm.append(seconds * 1e3)
+            else:
+                errors += 1
+    finally:
+        client.close()
+    cold_median = statistics.median(cold) if cold else None
+    warm_median = statistics.median(warm) if warm else None
+    return {
+        "models": models,
+        "cold_ms": cold,
+        "warm_ms": warm,
+        "cold_median_ms": cold_median,
+        "warm_median_ms": warm_median,
+        "extra_ms": None
+        if cold_median is None or warm_median is None
+        else cold_median - warm_median,
+        "errors": errors,
+    }
+
+
+def load_all(server: Server, count: int, parallel: int = 4) -> dict[str, Any]:
+    """Request each of ``sklearn-0 .. sklearn-(count-1)`` once, ``parallel`` at a time."""
+    names = [f"sklearn-{i}" for i in range(count)]
+    chunks = [names[i::parallel] for i in range(parallel)]
+
+    def run(chunk: list[str]) -> dict[int, int]:
+        statuses: dict[int, int] = {}
+        client = Client(server.port)
+        try:
+            for name in chunk:
+                status, _ = client.predict(name)
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            client.close()
+        return statuses
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(parallel, thread_name_prefix="bench-load") as pool:
+        results = list(pool.map(run, chunks))
+    elapsed = time.perf_counter() - start
+    statuses: dict[str, int] = {}
+    for each in results:
+        for status, n in each.items():
+            statuses[str(status)] = statuses.get(str(status), 0) + n
+    return {"models": count, "seconds": elapsed, "statuses": statuses}
+
+
+def memory(server: Server, samples: int = 3) -> dict[str, Any]:
+    """Resident memory of the server's process tree, the median of ``samples`` readings."""
+    readings: list[dict[str, Any]] = []
+    for i in range(samples):
+        if i:
+            time.sleep(0.5)
+        procs = tree_memory(server.pid)
+        readings.append(
+            {
+                "rss_mb": sum(p.rss_kb for p in procs) * 1024 / 1e6,
+                "pss_mb": sum(p.pss_kb for p in procs) * 1024 / 1e6,
+                "processes": [p.__dict__ for p in procs],
+            }
+        )
+    return {
+        "rss_mb": statistics.median(float(r["rss_mb"]) for r in readings),
+        "pss_mb": statistics.median(float(r["pss_mb"]) for r in readings),
+        "processes": readings[-1]["processes"],
+    }
+
+
+def scrape(server: Server) -> dict[str, Any]:
+    """One ``GET /metrics``: its time and size (a scrape must stay cheap with 1,000 models)."""
+    client = Client(server.port)
+    try:
+        status, body, seconds = client.request("GET", "/metrics")
+    finally:
+        client.close()
+    loaded = None
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("mmserver_models_loaded "):
+            loaded = float(line.split()[1])
+    return {"status": status, "ms": seconds * 1e3, "bytes": len(body), "models_loaded": loaded}

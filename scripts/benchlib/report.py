@@ -1,0 +1,350 @@
+"""Medians over runs, the targets with PASS/MISS, and the table, JSON and PNG written out."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+PATTERNS = ("hot", "uniform", "zipf")
+P99_TARGET_MS = 20.0
+HOLD_SHARE = 0.98  # an open-loop run holds its rate when it answers this share of it
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """The median, or None when there is no value or any value is None (a missed measure)."""
+    items = list(values)
+    if not items or any(v is None for v in items):
+        return None
+    return float(statistics.median(v for v in items if v is not None))
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of wrk results over runs; errors summed over runs."""
+    errors: dict[str, int] = {}
+    for run in runs:
+        for key, n in run["errors"].items():
+            errors[key] = errors.get(key, 0) + n
+    keys = ("rps", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "offered_rps")
+    out: dict[str, Any] = {k: median(r[k] for r in runs) for k in keys}
+    # A run whose schedule slipped (no bound) counts as an infinite p99 in the median.
+    bounds = [math.inf if r["p99_bound_ms"] is None else r["p99_bound_ms"] for r in runs]
+    out["p99_bound_ms"] = median(bounds) if runs else None
+    out["late_share"] = max((r["late"] / r["sent"] for r in runs if r["sent"]), default=0.0)
+    out["errors"] = errors
+    out["error_count"] = sum(errors.values())
+    cpu_keys = {k for r in runs for k in r.get("cpu", {})}
+    out["cpu"] = {k: median(r.get("cpu", {}).get(k, 0.0) for r in runs) for k in cpu_keys}
+    out["runs"] = len(runs)
+    return out
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    """The medians of every section present in ``raw``."""
+    out: dict[str, Any] = {}
+    for section in ("closed", "open"):
+        if section not in raw:
+            continue
+        out[section] = {}
+        for pattern in PATTERNS:
+            if pattern not in raw[section]:
+                continue
+            entry: dict[str, Any] = {
+                name: summarize_runs(raw[section][pattern][name])
+                for name in ("mmserver", "floor")
+                if raw[section][pattern][name]
+            }
+            server, floor = entry.get("mmserver"), entry.get("floor")
+            if server and floor and server["rps"] and floor["rps"]:
+                entry["ratio"] = server["rps"] / floor["rps"]
+            resets = [p for p in raw[section][pattern].get("polled", []) if p["reset"]]
+            if resets:
+                entry["to_max_ms"] = median(p["to_max_ms"] for p in resets)
+                entry["to_max_polled_ms"] = median(p["to_max_polled_ms"] for p in resets)
+                entry["max_workers"] = resets[0]["max_workers"]
+            out[section][pattern] = entry
+        if section == "open":
+            out["open"]["rate"] = raw["open"]["rate"]
+    if "cold" in raw:
+        out["cold"] = {
+            k: median(r[k] for r in raw["cold"])
+            for k in ("cold_median_ms", "warm_median_ms", "extra_ms")
+        }
+        out["cold"]["errors"] = sum(r["errors"] for r in raw["cold"])
+    if "memory" in raw:
+        out["memory"] = {k: raw["memory"][k] for k in ("rss_mb", "pss_mb")}
+    info: dict[str, str] = {}
+    if "load_all" in raw:
+        loaded = raw["load_all"]
+        info["loading 1,000 models (4 clients)"] = (
+            f"{loaded['seconds']:.1f} s, statuses {loaded['statuses']}"
+        )
+    if "memory" in raw:
+        info["memory by process (RSS/PSS MB)"] = ", ".join(
+            f"{p['name']} {p['pid']}: {p['rss_kb'] * 1024 / 1e6:.0f}/{p['pss_kb'] * 1024 / 1e6:.0f}"
+            for p in raw["memory"]["processes"]
+        )
+    if "scrape" in raw:
+        sc = raw["scrape"]
+        info["GET /metrics with every model loaded"] = (
+            f"{sc['ms']:.0f} ms, {sc['bytes'] / 1e6:.1f} MB, status {sc['status']}"
+        )
+    if info:
+        out["info"] = info
+    if "batching" in raw:
+        out["batching"] = {k: summarize_runs(v) for k, v in raw["batching"].items()}
+        b1, b32 = out["batching"].get("batch 1"), out["batching"].get("batch 32")
+        if b1 and b32 and b1["rps"]:
+            out["batching"]["ratio"] = b32["rps"] / b1["rps"]
+    return out
+
+
+def _fmt(value: float | None, spec: str = ".1f", unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{spec}}{unit}"
+
+
+def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, passed) for each target of the issue; passed None when not measured."""
+    rows: list[tuple[str, str, bool | None]] = []
+    closed = summary.get("closed", {})
+    for pattern, share in (("hot", 0.6), ("uniform", 0.4)):
+        ratio = closed.get(pattern, {}).get("ratio")
+        rows.append(
+            (
+                f"closed {pattern}: >= {share} x floor req/s",
+                _fmt(ratio, ".2f", " x"),
+                None if ratio is None else ratio >= share,
+            )
+        )
+    for pattern in PATTERNS:
+        server = closed.get(pattern, {}).get("mmserver")
+        if server is None:
+            rows.append((f"closed {pattern}: p99 <= 20 ms, 0 errors", "-", None))
+            continue
+        p99, errors = server["p99_ms"], server["error_count"]
+        rows.append(
+            (
+                f"closed {pattern}: p99 <= 20 ms, 0 errors",
+                f"{_fmt(p99, '.1f', ' ms')}, {errors} errors",
+                p99 is not None and p99 <= P99_TARGET_MS and errors == 0,
+            )
+        )
+    opened = summary.get("open", {})
+    for pattern in PATTERNS:
+        server = opened.get(pattern, {}).get("mmserver")
+        label = f"open {pattern}: holds {_fmt(opened.get('rate'), '.0f')} req/s, p99 <= 20 ms"
+        if server is None:
+            rows.append((label, "-", None))
+            continue
+        held = server["rps"] is not None and server["rps"] >= HOLD_SHARE * server["offered_rps"]
+        bound = server["p99_bound_ms"]
+        if bound is not None and not math.isfinite(bound):
+            bound = None
+        rows.append(
+            (
+                label,
+                f"{_fmt(server['rps'], '.0f')} req/s, p99 {_fmt(server['p99_ms'], '.1f')} "
+                f"(<= {_fmt(bound, '.1f')}) ms, {server['error_count']} errors",
+                held
+                and bound is not None
+                and bound <= P99_TARGET_MS
+                and server["error_count"] == 0,
+            )
+        )
+    cold = summary.get("cold", {})
+    extra = cold.get("extra_ms")
+    rows.append(
+        (
+            "cold first request <= warm + 5 ms (median)",
+            f"+{_fmt(extra, '.1f', ' ms')} ({_fmt(cold.get('cold_median_ms'), '.1f')} vs "
+            f"{_fmt(cold.get('warm_median_ms'), '.2f')} ms)"
+            if cold
+            else "-",
+            None if not cold else extra is not None and extra <= 5.0,
+        )
+    )
+    mem = summary.get("memory")
+    rows.append(
+        (
+            "resident memory, 1,000 models loaded <= 400 MB",
+            f"RSS {mem['rss_mb']:.0f} MB (PSS {mem['pss_mb']:.0f} MB)" if mem else "-",
+            None if not mem else mem["rss_mb"] <= 400,
+        )
+    )
+    hot = closed.get("hot", {})
+    if "to_max_ms" in hot:
+        to_max = hot["to_max_ms"]
+        rows.append(
+            (
+                f"burst to maxWorkers ({hot['max_workers']}) <= 200 ms",
+                f"{_fmt(to_max, '.0f', ' ms')} (polled: {_fmt(hot['to_max_polled_ms'], '.0f')} ms)",
+                to_max is not None and to_max <= 200,
+            )
+        )
+    else:
+        rows.append(("burst to maxWorkers <= 200 ms", "-", None))
+    return rows
+
+
+def _cpu(cpu: dict[str, float | None]) -> str:
+    def pct(key: str) -> str:
+        return _fmt(cpu.get(key), ".0f")
+
+    return f"{pct('server')}+{pct('server_children')}/{pct('wrk')}/{pct('other')}"
+
+
+def _other_cpu(summary: dict[str, Any]) -> float | None:
+    """Median CPU use of everything but the benchmark's processes over the load runs."""
+    values = [
+        entry[name]["cpu"]["other"]
+        for section in ("closed", "open")
+        for entry in summary.get(section, {}).values()
+        if isinstance(entry, dict)
+        for name in ("mmserver", "floor")
+        if name in entry and entry[name]["cpu"].get("other") is not None
+    ]
+    return statistics.median(values) if values else None
+
+
+def _load_table(title: str, section: dict[str, Any]) -> list[str]:
+    lines = [
+        title,
+        f"  {'pattern':<9}{'server':<10}{'req/s':>9}{'x floor':>9}{'p50':>8}{'p90':>8}"
+        f"{'p99':>8}{'max':>8}  {'cpu % srv+ch/wrk/other':<22} errors",
+    ]
+    for pattern in PATTERNS:
+        entry = section.get(pattern)
+        if not entry:
+            continue
+        for name in ("mmserver", "floor"):
+            r = entry.get(name)
+            if not r:
+                continue
+            ratio = _fmt(entry.get("ratio"), ".2f") if name == "mmserver" else "1.00"
+            errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"
+            lines.append(
+                f"  {pattern if name == 'mmserver' else '':<9}{name:<10}"
+                f"{_fmt(r['rps'], '.0f'):>9}{ratio:>9}{_fmt(r['p50_ms'], '.2f'):>8}"
+                f"{_fmt(r['p90_ms'], '.2f'):>8}{_fmt(r['p99_ms'], '.2f'):>8}"
+                f"{_fmt(r['max_ms'], '.1f'):>8}  {_cpu(r['cpu']):<22} {errors}"
+            )
+    return lines
+
+
+def table(summary: dict[str, Any], header: list[str]) -> str:
+    lines = list(header)
+    if "closed" in summary:
+        lines += [
+            "",
+            "Closed loop (latency in ms, medians over runs, errors summed; cpu: % of one core used",
+            "by the server process + its children (backends) / wrk / anything else on the machine)",
+        ]
+        lines += _load_table("", summary["closed"])[1:]
+    if "open" in summary:
+        lines += [
+            "",
+            f"Open loop at {summary['open']['rate']:.0f} req/s offered (p99 is wrk's, from the "
+            "send; a target's bound adds sends made late by busy connections)",
+        ]
+        lines += _load_table("", summary["open"])[1:]
+    if "batching" in summary:
+        b = summary["batching"]
+        lines += ["", "Batching: RandomForestRegressor (100 trees), same closed-loop load"]
+        for label in ("batch 1", "batch 32"):
+            if label in b:
+                r = b[label]
+                lines.append(
+                    f"  {label:<10}{_fmt(r['rps'], '.0f'):>8} req/s  p50 {_fmt(r['p50_ms'], '.1f')}"
+                    f"  p99 {_fmt(r['p99_ms'], '.1f')} ms  errors {r['error_count']}"
+                )
+        lines.append(f"  batch 32 / batch 1 throughput: {_fmt(b.get('ratio'), '.2f', ' x')}")
+    info = summary.get("info", {})
+    if info:
+        lines += ["", "Also measured"]
+        lines += [f"  {key}: {value}" for key, value in info.items()]
+    other = _other_cpu(summary)
+    if other is not None and other > 10:
+        lines += [
+            "",
+            f"WARNING: other programs kept the machine {other:.0f} % of a core busy during the "
+            "load runs (median);",
+            "the figures are disturbed: run again on a quiet machine.",
+        ]
+    lines += ["", "Targets"]
+    for name, measured, passed in targets(summary):
+        verdict = "n/a" if passed is None else "PASS" if passed else "MISS"
+        lines.append(f"  {verdict:<5} {name:<58} {measured}")
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    path.write_text(json.dumps(clean(data), indent=1) + "\n")
+
+
+def plot(path: Path, raw: dict[str, Any], summary: dict[str, Any]) -> bool:
+    """Probe latency and the hot model's workers over time (first run of each pattern), and
+    throughput against the floor. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (lat_ax, work_ax, bar_ax) = plt.subplots(3, 1, figsize=(10, 11))
+    for pattern in PATTERNS:
+        polled = raw.get("closed", {}).get(pattern, {}).get("polled", [])
+        if not polled:
+            continue
+        samples = polled[0]["samples"]
+        t = [s["t"] for s in samples]
+        probe = [math.nan if s["probe_ms"] is None else s["probe_ms"] for s in samples]
+        lat_ax.plot(t, probe, ".-", ms=3, lw=0.7, label=pattern)
+        work_ax.step(t, [s["workers"] for s in samples], where="post", label=pattern)
+    lat_ax.set(
+        title="Probe request to sklearn-0 every 50 ms during the closed-loop runs",
+        xlabel="s since the run started",
+        ylabel="latency (ms)",
+        yscale="log",
+    )
+    lat_ax.axhline(P99_TARGET_MS, color="grey", ls="--", lw=0.8)
+    work_ax.set(
+        title="Workers of sklearn-0 (the hot run starts it from minWorkers)",
+        xlabel="s since the run started",
+        ylabel="workers",
+    )
+    work_ax.yaxis.get_major_locator().set_params(integer=True)
+    names, server_rps, floor_rps = [], [], []
+    for section in ("closed",):
+        for pattern in PATTERNS:
+            entry = summary.get(section, {}).get(pattern, {})
+            if "mmserver" in entry:
+                names.append(f"{section} loop\n{pattern}")
+                server_rps.append(entry["mmserver"]["rps"] or 0)
+                floor_rps.append(entry.get("floor", {}).get("rps") or 0)
+    xs = range(len(names))
+    bar_ax.bar([x - 0.2 for x in xs], server_rps, 0.4, label="mmserver")
+    bar_ax.bar([x + 0.2 for x in xs], floor_rps, 0.4, label="HTTP floor")
+    bar_ax.set_xticks(list(xs), names)
+    bar_ax.set(title="Closed-loop throughput (medians)", ylabel="req/s")
+    for ax in (lat_ax, work_ax, bar_ax):
+        ax.legend(loc="best", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

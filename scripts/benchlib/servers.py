@@ -1,0 +1,250 @@
+"""The servers under test: mmserver and the HTTP floor, started on free loopback ports.
+
+Each is a child process of the benchmark, stopped by its pid with SIGTERM (then SIGKILL), and
+any descendant still alive after that (mmserver's fork server and backend processes) by pid too.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 40.0
+
+
+def free_port() -> int:
+    """A port the kernel picks as free on the loopback address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (children first), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name in parentheses may hold spaces; the parent pid follows it.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo and len(found) < 10_000:
+        child = todo.pop(0)
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+@dataclass
+class ProcessMemory:
+    pid: int
+    name: str
+    rss_kb: int
+    pss_kb: int
+
+
+def _status_field(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_memory(pid: int) -> list[ProcessMemory]:
+    """RSS (``VmRSS``) and PSS (``smaps_rollup``) of ``pid`` and each of its descendants."""
+    out = []
+    for each in [pid, *descendants(pid)]:
+        try:
+            name = Path(f"/proc/{each}/comm").read_text().strip()
+            out.append(ProcessMemory(each, name, _status_field(each, "VmRSS"), _pss_kb(each)))
+        except OSError:
+            continue  # exited meanwhile
+    return out
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) used so far by ``pid`` and each of its descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for each in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[each] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
+def cpu_percent(
+    root: int,
+    before: dict[int, float],
+    after: dict[int, float],
+    seconds: float,
+) -> dict[str, float]:
+    """The CPU use between two :func:`tree_cpu` readings, in % of one core: the root process
+    (``main``) and its descendants together (``children``)."""
+    used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    main = used.pop(root, 0.0)
+    return {"main": 100 * main / seconds, "children": 100 * sum(used.values()) / seconds}
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (everything but idle and iowait)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(f) for f in fields[:8]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(limit_s: float, cores: float = 0.25, window_s: float = 0.5) -> float:
+    """Wait (up to ``limit_s``) until the machine is less busy than ``cores`` over
+    ``window_s``; the seconds waited. Between load runs the servers idle, so what keeps the
+    machine busy then is other programs, which would disturb the next run."""
+    waited = 0.0
+    while waited < limit_s:
+        before = machine_busy()
+        time.sleep(window_s)
+        if machine_busy() - before < cores * window_s:
+            break
+        waited += window_s
+    return waited
+
+
+def _ping(port: int) -> bool:
+    conn = http.client.HTTPConnection(HOST, port, timeout=2)
+    try:
+        conn.request("GET", "/ping")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+class Server:
+    """One server process on ``127.0.0.1:port``, its output appended to ``log``."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.port = port
+        self.log_path = log
+        self._log: IO[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> Server:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} at start; see {self.log_path}"
+                )
+            if _ping(self.port):
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not answer /ping within {READY_TIMEOUT_S:.0f} s")
+
+    def stop(self) -> None:
+        """SIGTERM, wait, then SIGKILL the process and whatever it left behind, by pid."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        left = descendants(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        deadline = time.monotonic() + 5
+        for pid in left:
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def mmserver(store: Path, cache: Path, log: Path, extra: list[str]) -> Server:
+    port = free_port()
+    exe = Path(sys.executable).with_name("mmserver")
+    argv = [
+        str(exe),
+        "serve",
+        "--model-store",
+        str(store),
+        "--cache-dir",
+        str(cache),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        *extra,
+    ]
+    return Server("mmserver", argv, port, log)
+
+
+def floor(log: Path) -> Server:
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).with_name("floor.py")), "--port", str(port)]
+    return Server("floor", argv, port, log)

@@ -1,0 +1,70 @@
+"""The benchmark's model store: the 1,000-model reference store plus two slower models.
+
+The reference store comes from ``scripts/generate_store.py`` (it does nothing when the store is
+current). The batching section adds ``bench-forest-b1`` and ``bench-forest-b32``: the same
+RandomForestRegressor (100 trees, on the reference data y = 2x + 1 + noise), the first with
+``batch_size=1``, the second with ``batch_size=32`` and ``max_batch_delay=5``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FOREST_STAMP = ".bench-forest"
+
+FOREST_PROPERTIES = {
+    "bench-forest-b1": "batch_size=1\n",
+    "bench-forest-b32": "batch_size=32\nmax_batch_delay=5\n",
+}
+
+
+def default_store() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "mmserver-bench" / "store-1000"
+
+
+def ensure_reference(store: Path, count: int = 1000) -> None:
+    """Write the reference store into ``store`` unless it is already there."""
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "generate_store.py"),
+            "--out",
+            str(store),
+            "--count",
+            str(count),
+        ],
+        check=True,
+        timeout=600,
+    )
+
+
+def ensure_forests(store: Path) -> None:
+    """Write the two forest models into ``store`` unless this scikit-learn version did."""
+    import joblib
+    import numpy as np
+    import sklearn
+    from sklearn.ensemble import RandomForestRegressor
+
+    stamp = store / FOREST_STAMP
+    want = f"sklearn={sklearn.__version__}\n"
+    if (
+        stamp.is_file()
+        and stamp.read_text() == want
+        and all((store / name / "model.joblib").is_file() for name in FOREST_PROPERTIES)
+    ):
+        return
+    rng = np.random.default_rng(42)
+    x = rng.uniform(0.0, 1.0, size=(1000, 1))
+    y = 2.0 * x[:, 0] + 1.0 + rng.normal(0.0, 0.05, size=1000)
+    forest = RandomForestRegressor(n_estimators=100, random_state=42).fit(x, y)
+    for name, properties in FOREST_PROPERTIES.items():
+        folder = store / name
+        folder.mkdir(parents=True, exist_ok=True)
+        joblib.dump(forest, folder / "model.joblib")
+        (folder / "serving.properties").write_text(properties)
+    stamp.write_text(want)
