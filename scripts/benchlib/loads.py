@@ -118,6 +118,28 @@ def _polled(
     return result, scaling
 
 
+#: Connections of the scaling burst: a model batching up to 32 queued jobs gets a second
+#: worker only once more than 2 x 32 jobs wait (DJL's rule), which 32 connections never make.
+BURST_CONNECTIONS = 256
+BURST_SECONDS = 3.0
+
+
+def _burst(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
+    """A burst on the hot model alone, from minWorkers: how soon it reaches maxWorkers."""
+    load = wrk.Load(
+        url=server.url,
+        pattern="single",
+        model=HOT_MODEL,
+        duration_s=BURST_SECONDS,
+        connections=BURST_CONNECTIONS,
+        threads=settings.threads,
+        api=settings.api,
+    )
+    _, polled = _polled(server, load, True, log, settings.quiet_wait_s)
+    polled["reset"] = True
+    return polled
+
+
 def closed_loop(
     server: Server,
     floor: Server | None,
@@ -145,9 +167,10 @@ def closed_loop(
                     seed=run + 1,
                 )
                 if name == "mmserver":
-                    reset = pattern == "hot" and track_scaling
-                    result, polled = _polled(target, load, reset, log, settings.quiet_wait_s)
-                    polled["reset"] = reset
+                    if pattern == "hot" and track_scaling:
+                        out[pattern]["polled"].append(_burst(target, settings, log))
+                    result, polled = _polled(target, load, False, log, settings.quiet_wait_s)
+                    polled["reset"] = False
                     out[pattern]["polled"].append(polled)
                 else:
                     result = wrk.run(load, target.pid, settings.quiet_wait_s)

@@ -171,9 +171,11 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     mem = summary.get("memory")
     rows.append(
         (
-            "resident memory, 1,000 models loaded <= 400 MB",
-            f"RSS {mem['rss_mb']:.0f} MB (PSS {mem['pss_mb']:.0f} MB)" if mem else "-",
-            None if not mem else mem["rss_mb"] <= 400,
+            # The processes' PSS add up to the memory they occupy; their RSS add up to more,
+            # counting each page the fork server shares with the backends once per process.
+            "resident memory (PSS sum), 1,000 models loaded <= 400 MB",
+            f"PSS {mem['pss_mb']:.0f} MB (RSS sum {mem['rss_mb']:.0f} MB)" if mem else "-",
+            None if not mem else mem["pss_mb"] <= 400,
         )
     )
     hot = closed.get("hot", {})
