@@ -64,6 +64,7 @@ class ModelPool:
         self._m_batch = metrics.batch_size.labels(name)
         self._m_predict = metrics.predict_seconds.labels(name)
         self._stopped = False
+        self._unloading = False  # set when stop() begins: workers leaving now are not scaling
 
     # Requests ---------------------------------------------------------------------------------
 
@@ -162,10 +163,13 @@ class ModelPool:
             return
         slot = worker.slot
         slot.bound_workers -= 1
-        self._m_scale_down.inc()
-        reason = "stopped" if self._stopped else (
-            f"failed: {error}" if error is not None else "idle"
-        )
+        if self._unloading:
+            reason = "model unloading"
+        elif error is not None:
+            reason = f"failed: {error}"
+        else:
+            reason = "idle"
+            self._m_scale_down.inc()
         log.info(
             "model %s: worker %d on %s retired (%s; %d worker(s) left)",
             self.name, worker.id, slot.describe(), reason, len(self.workers),
@@ -204,6 +208,7 @@ class ModelPool:
         """Refuse new jobs; let the workers answer what is queued (up to ``drain_timeout``
         seconds; ``None`` = do not wait); answer the rest with 503; stop the workers and unload
         the model from every slot."""
+        self._unloading = True
         self.queue.close()
         tasks = [w.task for w in self.workers.values() if w.task is not None]
         if tasks and drain_timeout:
