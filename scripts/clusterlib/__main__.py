@@ -1,0 +1,5 @@
+import sys
+
+from clusterlib.cli import main
+
+sys.exit(main())

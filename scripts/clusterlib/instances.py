@@ -1,0 +1,140 @@
+"""One mmserver instance: ``mmserver serve`` on a loopback port, a child process of the cluster.
+
+Each instance runs in its own session, so a Ctrl-C in the terminal reaches only the cluster's
+supervisor, which stops the instances in its own order (the balancer first, then the instances,
+each draining its accepted requests).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from clusterlib.procs import (
+    HOST,
+    ProcessId,
+    descendants,
+    http_get,
+    kill_all,
+    reap,
+    wait_gone,
+    wait_until,
+)
+
+READY_TIMEOUT_S = 120.0
+DRAIN_TIMEOUT_S = 40.0
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What every instance of a cluster is started with."""
+
+    model_store: Path
+    backend_processes: int
+    server_args: tuple[str, ...] = ()
+    cache_dir: Path | None = None
+
+    def argv(self, port: int) -> list[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "mmserver",
+            "serve",
+            "--model-store",
+            str(self.model_store),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--backend-processes",
+            str(self.backend_processes),
+        ]
+        if self.cache_dir is not None:
+            argv += ["--cache-dir", str(self.cache_dir)]
+        return [*argv, *self.server_args]
+
+
+class Instance:
+    """``mmserver serve`` named ``name`` on ``127.0.0.1:port``, its output in ``log_path``."""
+
+    def __init__(self, name: str, port: int, spec: InstanceSpec, log_path: Path) -> None:
+        self.name = name
+        self.port = port
+        self.spec = spec
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ident: ProcessId | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self) -> None:
+        """Start the process (appending to the log); does not wait for it to be ready."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Flags win over the environment anyway; dropping these keeps the log unambiguous.
+        for key in ("MMSERVER_HOST", "MMSERVER_PORT", "MMSERVER_BACKEND_PROCESSES"):
+            env.pop(key, None)
+        if self._log is None:
+            self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.spec.argv(self.port),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.ident = ProcessId.of(self.proc.pid) or ProcessId(self.proc.pid, 0)
+
+    def exited(self) -> int | None:
+        """The exit code once the process has ended, else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def ready(self) -> bool:
+        return http_get(self.port, "/ping")[0] == 200
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        def failed() -> str | None:
+            code = self.exited()
+            return None if code is None else f"exited with code {code}; see {self.log_path}"
+
+        wait_until(self.ready, failed, timeout, f"instance {self.name} on port {self.port}")
+
+    def begin_stop(self) -> list[ProcessId]:
+        """SIGTERM (the server drains its accepted requests); returns its descendants, taken
+        before the signal, for :meth:`finish_stop`."""
+        if self.ident is None:
+            return []
+        family = descendants(self.ident.pid)
+        self.ident.signal(signal.SIGTERM)
+        return family
+
+    def finish_stop(self) -> None:
+        reap(self.proc, 0.1)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def to_json(self) -> dict[str, Any]:
+        ident = self.ident.to_json() if self.ident else {}
+        return {"name": self.name, "port": self.port, "log": str(self.log_path), **ident}
+
+
+def stop_instances(instances: list[Instance], timeout: float = DRAIN_TIMEOUT_S) -> None:
+    """SIGTERM to every instance at once (each drains its accepted requests), up to
+    ``timeout`` s; then SIGKILL what is left, and their descendants."""
+    families = [p for instance in instances for p in instance.begin_stop()]
+    roots = [i.ident for i in instances if i.ident is not None]
+    left = wait_gone(roots, timeout)
+    kill_all(left)
+    wait_gone(left, 5.0)
+    kill_all(wait_gone(families, 5.0))
+    for instance in instances:
+        instance.finish_stop()

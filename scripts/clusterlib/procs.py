@@ -1,0 +1,179 @@
+"""Processes by pid, read from /proc: identity, descendants, stopping, memory, readiness.
+
+A pid alone is not an identity: once a process has exited, the kernel may give its pid to an
+unrelated process. :class:`ProcessId` pairs the pid with the process's start time (field 22 of
+``/proc/PID/stat``), and nothing here signals a pid whose start time no longer matches.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A port the kernel picks as free on the loopback address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    """A pid and the start time that tells this process from a later one with the same pid."""
+
+    pid: int
+    start: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessId | None:
+        fields = _stat_fields(pid)
+        return None if fields is None else cls(pid, int(fields[19]))
+
+    def alive(self) -> bool:
+        """Running (not a zombie) and still the process this id was taken from."""
+        fields = _stat_fields(self.pid)
+        return fields is not None and fields[0] != "Z" and int(fields[19]) == self.start
+
+    def signal(self, signum: int) -> bool:
+        """Send ``signum`` if this is still the same live process; whether it was sent."""
+        if not self.alive():
+            return False
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def to_json(self) -> dict[str, int]:
+        return {"pid": self.pid, "start": self.start}
+
+    @classmethod
+    def from_json(cls, data: dict[str, int]) -> ProcessId:
+        return cls(int(data["pid"]), int(data["start"]))
+
+
+def descendants(pid: int) -> list[ProcessId]:
+    """Every live descendant of ``pid``, children first (mmserver's fork server and backends)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[ProcessId] = []
+    todo = list(children.get(pid, []))
+    while todo and len(found) < 10_000:
+        child = todo.pop(0)
+        if (ident := ProcessId.of(child)) is not None:
+            found.append(ident)
+        todo.extend(children.get(child, []))
+    return found
+
+
+def wait_gone(idents: Iterable[ProcessId], timeout: float) -> list[ProcessId]:
+    """Wait up to ``timeout`` s for the processes to exit; the ones still alive."""
+    left = [i for i in idents if i.alive()]
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [i for i in left if i.alive()]
+    return left
+
+
+def kill_all(idents: Iterable[ProcessId]) -> None:
+    """SIGKILL each process that is still the one recorded."""
+    for ident in idents:
+        ident.signal(signal.SIGKILL)
+
+
+def reap(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """Collect a child's exit status, so it does not stay a zombie."""
+    if proc is not None:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def stop_tree(root: ProcessId, family: list[ProcessId], signum: int, timeout: float) -> None:
+    """Send ``signum`` to ``root``, wait up to ``timeout`` s, then SIGKILL it; then give the
+    ``family`` recorded before (its descendants, which follow their parent on their own) 5 s
+    and SIGKILL what is left."""
+    root.signal(signum)
+    if wait_gone([root], timeout):
+        root.signal(signal.SIGKILL)
+        wait_gone([root], 5.0)
+    kill_all(wait_gone(family, 5.0))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory of a process tree, in KiB: resident (RSS, shared pages counted in each process)
+    and proportional (PSS, shared pages split between the processes sharing them)."""
+
+    rss_kb: int
+    pss_kb: int
+    processes: int
+
+
+def _kb(path: str, key: str) -> int:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_memory(pid: int) -> Memory:
+    """RSS and PSS of ``pid`` and all its descendants together."""
+    pids = [pid, *(i.pid for i in descendants(pid))]
+    rss = sum(_kb(f"/proc/{p}/status", "VmRSS") for p in pids)
+    pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss") for p in pids)
+    return Memory(rss, pss, len(pids))
+
+
+def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """``GET http://127.0.0.1:port/path``: (status, body); status 0 when nothing answered."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    except OSError:
+        return 0, b""
+    finally:
+        conn.close()
+
+
+def wait_until(
+    ready: Callable[[], bool], failed: Callable[[], str | None], timeout: float, what: str
+) -> None:
+    """Poll ``ready`` every 50 ms until it holds; raise ``RuntimeError`` when ``failed`` returns
+    a reason or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        reason = failed()
+        if reason is not None:
+            raise RuntimeError(f"{what}: {reason}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not ready within {timeout:.0f} s")
+        time.sleep(0.05)
