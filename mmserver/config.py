@@ -354,9 +354,10 @@ class ModelConfig:
             raise ConfigError(
                 f"{where}: required_memory_mb={self.required_memory_mb!r} must not be negative"
             )
-        if self.required_memory_mb is not None and not self.required_memory_mb <= _LARGEST:
+        if self.required_memory_mb is not None and not self.required_memory_mb * 2**20 <= _LARGEST:
             raise ConfigError(
-                f"{where}: required_memory_mb={self.required_memory_mb!r} must be a finite number"
+                f"{where}: required_memory_mb={self.required_memory_mb!r} must be a finite number "
+                "of MiB"
             )
         if self.min_workers > self.max_workers:
             raise ConfigError(

@@ -1,0 +1,468 @@
+"""Faults injected into the real server (``mmserver serve`` with real backend processes): a
+corrupted archive, a full queue, a backend killed while a model loads into it, and stop signals
+that arrive while models load or that reach the whole process group (Ctrl-C, systemd).
+
+The random part (killing backends at arbitrary moments under load) is ``scripts/chaos``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.behaviour_models import make_gated_dir, make_sleeping_dir
+from tests.e2e.server_process import ROOT, ServerProcess, alive, descendants
+from tests.models import make_linear_archive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
+
+#: A model whose load announces itself (writing its process id to a file) and then waits until
+#: its gate file exists: a test holds the load in a backend process for as long as it likes.
+SLOW_LOAD = '''\
+import os
+import time
+from pathlib import Path
+
+
+def load(model_dir, properties):
+    Path(properties["started"]).write_text(str(os.getpid()))
+    gate = Path(properties["gate"])
+    for _ in range(30000):  # at most 30 s
+        if gate.exists():
+            break
+        time.sleep(0.001)
+    return None
+
+
+def predict(model, batch):
+    return [2.0 * float(row[0]) for row in batch]
+'''
+
+
+def make_slow_load_dir(folder: Path, started: Path, gate: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(SLOW_LOAD)
+    (folder / "serving.properties").write_text(f"started={started}\ngate={gate}\n")
+    return folder
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Wait for a condition of the server that has no event to wait on (checked every 20 ms)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while not await condition():
+        assert loop.time() < give_up, f"{what}: not reached in {timeout} s"
+        await asyncio.sleep(0.02)
+
+
+async def predict(
+    session: aiohttp.ClientSession, url: str, name: str, x: float, path: str = "predictions"
+) -> tuple[int, dict[str, Any], Mapping[str, str]]:
+    target = f"{url}/predictions/{name}" if path == "predictions" else f"{url}/invocations"
+    headers = {} if path == "predictions" else {"X-Amzn-SageMaker-Target-Model": name}
+    async with session.post(target, json=[[x]], headers=headers) as response:
+        return response.status, json.loads(await response.read()), response.headers
+
+
+async def describe(session: aiohttp.ClientSession, url: str, name: str) -> dict[str, Any]:
+    async with session.get(f"{url}/models/{name}") as response:
+        assert response.status == 200
+        body: list[dict[str, Any]] = await response.json()
+        return body[0]
+
+
+def linear(x: float) -> Any:
+    """What the reference linear model predicts, give or take its training noise."""
+    return pytest.approx(2.0 * x + 1.0, rel=0.01, abs=0.05)
+
+
+# ------------------------------------------------------------------------------------------------
+# A corrupted archive
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = make_linear_archive(store / "victim.tar.gz")
+    make_linear_archive(store / "bystander.tar.gz")
+    good = archive.read_bytes()
+    async with ServerProcess(
+        store, tmp_path / "server.log", "--backend-processes", "2"
+    ) as server, aiohttp.ClientSession() as session:
+        for name in ("victim", "bystander"):
+            status, body, _ = await predict(session, server.url, name, 0.5)
+            assert status == 200 and body["predictions"][0] == pytest.approx(2.0, abs=0.05)
+
+        # Corrupted in the store while served: the loaded copy keeps answering, also from the
+        # backend processes that replace killed ones (they reload the unpacked copy).
+        archive.write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(len(good)))
+        status, body, _ = await predict(session, server.url, "victim", 1.5)
+        assert status == 200 and body["predictions"][0] == pytest.approx(4.0, abs=0.05)
+        killed = backend_pids(server.pid)
+        assert len(killed) == 2
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+        async def replaced() -> bool:
+            current = backend_pids(server.pid)
+            return len(current) == 2 and not set(current) & set(killed)
+
+        await until(replaced, 10, "both backend processes replaced")
+        for x in (0.0, 1.0, 2.0):
+            status, body, _ = await predict(session, server.url, "victim", x)
+            assert status == 200, body
+            assert body["predictions"][0] == linear(x)
+
+        # Unloaded: the next load reads the corrupt archive and fails with a 500 naming the
+        # model and the archive, on every path; the other model keeps answering.
+        async with session.delete(f"{server.url}/models/victim") as response:
+            assert response.status == 200
+        for path in ("predictions", "invocations"):
+            status, body, headers = await predict(session, server.url, "victim", 0.5, path)
+            assert status == 500, body
+            assert body["type"] == "ModelLoadError"
+            assert "model victim" in body["message"]
+            assert "victim.tar.gz cannot be unpacked" in body["message"]
+            if path == "invocations":
+                assert headers["x-amzn-ErrorType"] == "InternalFailure"
+        status, body, _ = await predict(session, server.url, "bystander", 0.5)
+        assert status == 200 and body["predictions"][0] == pytest.approx(2.0, abs=0.05)
+        assert (await describe(session, server.url, "victim"))["status"] == "FAILED"
+
+        # Repaired: a later request loads it again (failed loads are retried after 2 s).
+        archive.write_bytes(good)
+
+        async def repaired() -> bool:
+            status, _, _ = await predict(session, server.url, "victim", 0.5)
+            return status == 200
+
+        await until(repaired, 10, "the repaired archive served")
+        assert "Traceback" not in server.log()
+
+
+def backend_pids(server_pid: int) -> list[int]:
+    """The backend processes of the server: the children of its fork server."""
+    children: dict[int, list[int]] = {}
+    for pid in descendants(server_pid):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        children.setdefault(parent, []).append(pid)
+    for child in children.get(server_pid, []):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as fh:
+                if b"forkserver" in fh.read():
+                    return sorted(p for p in children.get(child, []) if alive(p))
+        except OSError:
+            continue
+    return []
+
+
+# ------------------------------------------------------------------------------------------------
+# A full queue
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_full_queue_refuses_that_model_only_and_answers_what_it_queued(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    gate = tmp_path / "gate"
+    others = ("sklearn-0", "sklearn-1")
+    for name in others:
+        make_linear_archive(store / f"{name}.tar.gz")
+    make_gated_dir(
+        store / "gated", gate, minWorkers=1, maxWorkers=1, batch_size=1, job_queue_size=2
+    )
+    async with ServerProcess(
+        store, tmp_path / "server.log", "--backend-processes", "3"
+    ) as server, aiohttp.ClientSession() as session:
+        gate.touch()
+        for name in (*others, "gated"):  # loaded, each on its own backend process
+            status, _, _ = await predict(session, server.url, name, 0.5)
+            assert status == 200
+        gate.unlink()
+
+        # One request runs (held at the gate), then two fill the queue.
+        held = [asyncio.ensure_future(predict(session, server.url, "gated", 0.0))]
+
+        async def state(queued: int) -> bool:
+            described = await describe(session, server.url, "gated")
+            busy = [w for w in described["workerGroups"][0]["workers"] if w["status"] == "BUSY"]
+            return described["requestInQueue"] == queued and len(busy) == 1
+
+        await until(lambda: state(0), 10, "gated model running one request")
+        held += [asyncio.ensure_future(predict(session, server.url, "gated", float(i)))
+                 for i in (1, 2)]
+        await until(lambda: state(2), 10, "gated model running one request with two queued")
+
+        # Refused at once, on every path, with Retry-After; the other models keep answering.
+        for i in range(10):
+            path = "predictions" if i % 2 else "invocations"
+            status, body, headers = await predict(session, server.url, "gated", 9.0, path)
+            assert status == 503, body
+            assert body["type"] == "QueueFull"
+            assert int(headers["Retry-After"]) >= 1
+            if path == "invocations":
+                assert headers["x-amzn-ErrorType"] == "ServiceUnavailable"
+            for name in others:
+                status, body, _ = await predict(session, server.url, name, float(i))
+                assert status == 200, body
+                assert body["predictions"][0] == linear(i)
+        assert not any(task.done() for task in held)
+
+        # The gate opens: everything accepted is answered, in full, and the model accepts again.
+        gate.touch()
+        results = await asyncio.wait_for(asyncio.gather(*held), 20)
+        assert [(status, body) for status, body, _ in results] == [
+            (200, {"predictions": [2.0 * i]}) for i in range(3)
+        ]
+        status, body, _ = await predict(session, server.url, "gated", 4.0)
+        assert (status, body) == (200, {"predictions": [8.0]})
+
+
+# ------------------------------------------------------------------------------------------------
+# A backend killed while a model loads into it
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_backend_killed_while_loading_a_model_loads_it_again(tmp_path: Path) -> None:
+    """The load is tried again in the replacement process: the requests that waited for it are
+    answered, and the model is not marked failed for a crash that was not its own."""
+    store = tmp_path / "store"
+    store.mkdir()
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    make_slow_load_dir(store / "slow-load", started, gate)
+    make_linear_archive(store / "sklearn-0.tar.gz")
+    async with ServerProcess(
+        store, tmp_path / "server.log", "--backend-processes", "2"
+    ) as server, aiohttp.ClientSession() as session:
+        waiting = [asyncio.ensure_future(predict(session, server.url, "slow-load", float(i)))
+                   for i in range(5)]
+
+        async def loading() -> bool:
+            return started.is_file() and started.read_text() != ""
+
+        await until(loading, 10, "the model loading in a backend process")
+        killed = int(started.read_text())
+        started.unlink()
+        os.kill(killed, signal.SIGKILL)
+        await until(loading, 10, "the model loading again in the replacement process")
+        assert int(started.read_text()) != killed
+        gate.touch()
+        results = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+        assert [(status, body) for status, body, _ in results] == [
+            (200, {"predictions": [2.0 * i]}) for i in range(5)
+        ]
+        assert (await describe(session, server.url, "slow-load"))["status"] == "READY"
+        status, _, _ = await predict(session, server.url, "sklearn-0", 0.5)
+        assert status == 200
+        assert "loading it again" in server.log()
+
+
+# ------------------------------------------------------------------------------------------------
+# Stop signals
+# ------------------------------------------------------------------------------------------------
+
+
+class GroupServer(ServerProcess):
+    """The server as the leader of its own process group, as a shell or systemd starts it, so a
+    signal can reach the whole group (frontend, fork server, resource tracker, backends)."""
+
+    async def __aenter__(self) -> GroupServer:
+        log = open(self.log_path, "wb")  # noqa: ASYNC230 - closed in __aexit__
+        self._log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("MMSERVER_PORT", None)
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "mmserver", "serve",
+            "--model-store", str(self.store), "--host", "127.0.0.1", "--port", str(self.port),
+            *self.args, stdout=log, stderr=log, cwd=ROOT, env=env, start_new_session=True,
+        )
+        await self.wait_ready()
+        return self
+
+    def signal_group(self, signum: int) -> None:
+        os.killpg(self.pid, signum)
+
+
+GATED_MODELS = 2
+REQUESTS = 120
+
+
+async def _stop_under_load(tmp_path: Path, send: Callable[[GroupServer], None]) -> None:
+    """Start the server, have it accept ``REQUESTS`` requests that wait at a gate, ``send`` it a
+    stop signal, open the gate, and check that every request has exactly one complete answer,
+    the right one, that the server exits 0 and leaves no process behind."""
+    store = tmp_path / "store"
+    store.mkdir()
+    gate = tmp_path / "gate"
+    for i in range(GATED_MODELS):
+        # One request a batch, so that queued plus running jobs count the accepted requests.
+        make_gated_dir(store / f"gated-{i}", gate, maxWorkers=2, batch_size=1)
+    async with GroupServer(
+        store, tmp_path / "server.log", "--backend-processes", "2", "--drain-timeout", "20"
+    ) as server:
+        connector = aiohttp.TCPConnector(limit=REQUESTS + 10)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            gate.touch()
+            for i in range(GATED_MODELS):
+                status, _, _ = await predict(session, server.url, f"gated-{i}", 1.0)
+                assert status == 200
+            gate.unlink()
+            tasks = [
+                asyncio.ensure_future(predict(session, server.url, f"gated-{i % GATED_MODELS}", i))
+                for i in range(REQUESTS)
+            ]
+
+            async def all_accepted() -> bool:
+                accepted = 0
+                for i in range(GATED_MODELS):
+                    described = await describe(session, server.url, f"gated-{i}")
+                    workers = described["workerGroups"][0]["workers"]
+                    accepted += described["requestInQueue"] + sum(
+                        1 for w in workers if w["status"] == "BUSY"
+                    )
+                return accepted == REQUESTS
+
+            await until(all_accepted, 15, "every request queued or running")
+            family = descendants(server.pid)
+            assert len(family) >= 4  # fork server, resource tracker, two backend processes
+            send(server)
+            await asyncio.sleep(0.2)  # the signal has arrived: nothing has been answered yet
+            assert not any(task.done() for task in tasks)
+            gate.touch()
+            results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        assert failures == [], failures[:3]
+        answers = [(status, body) for status, body, _ in results]  # type: ignore[misc]
+        assert answers == [(200, {"predictions": [2.0 * i]}) for i in range(REQUESTS)]
+        assert await server.wait(25) == 0
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 10
+        while [pid for pid in family if alive(pid)]:
+            assert loop.time() < give_up, "processes left behind"
+            await asyncio.sleep(0.05)
+        log = server.log()
+        assert "mmserver stopped" in log
+        assert "Traceback" not in log
+        assert " died" not in log  # no backend process died on the way
+
+
+async def test_ctrl_c_drains_like_sigterm(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group."""
+    await _stop_under_load(tmp_path, lambda server: server.signal_group(signal.SIGINT))
+
+
+async def test_sigterm_to_the_process_group_drains(tmp_path: Path) -> None:
+    """systemd (KillMode=control-group, its default) and ``kill -TERM -PGID`` signal every
+    process of the server at once: the backend processes must still finish the drain."""
+    await _stop_under_load(tmp_path, lambda server: server.signal_group(signal.SIGTERM))
+
+
+async def test_sigterm_while_models_are_loading(tmp_path: Path) -> None:
+    """Requests waiting for a model's load when SIGTERM arrives get one complete answer (503),
+    not a dropped connection; requests of loaded models are answered; exit code 0."""
+    store = tmp_path / "store"
+    store.mkdir()
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    make_slow_load_dir(store / "slow-load", started, gate)
+    make_sleeping_dir(store / "slow", 0.05, maxWorkers=1)
+    async with ServerProcess(
+        store, tmp_path / "server.log", "--backend-processes", "2", "--drain-timeout", "10"
+    ) as server, aiohttp.ClientSession() as session:
+        status, _, _ = await predict(session, server.url, "slow", 1.0)
+        assert status == 200
+        waiting = [asyncio.ensure_future(predict(session, server.url, "slow-load", float(i)))
+                   for i in range(10)]
+        running = [asyncio.ensure_future(predict(session, server.url, "slow", float(i)))
+                   for i in range(10)]
+
+        async def loading() -> bool:
+            return started.is_file()
+
+        await until(loading, 10, "the model loading in a backend process")
+        family = descendants(server.pid)
+        server.signal(signal.SIGTERM)
+        loading_results = await asyncio.wait_for(
+            asyncio.gather(*waiting, return_exceptions=True), 15
+        )
+        gate.touch()  # lets the backend process finish the load and see the pipe close
+        running_results = await asyncio.wait_for(
+            asyncio.gather(*running, return_exceptions=True), 15
+        )
+        for result in loading_results:
+            assert not isinstance(result, BaseException), result
+            status, body, _ = result
+            assert status == 503 and body["type"] == "ShuttingDown", body
+        for i, result in enumerate(running_results):
+            assert not isinstance(result, BaseException), result
+            assert result[:2] == (200, {"predictions": [2.0 * i]})
+        assert await server.wait(15) == 0
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 10
+        while [pid for pid in family if alive(pid)]:
+            assert loop.time() < give_up, "processes left behind"
+            await asyncio.sleep(0.05)
+        assert "Traceback" not in server.log()
+
+
+# ------------------------------------------------------------------------------------------------
+# Churn
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_churn_under_concurrent_load_keeps_the_server_responsive(tmp_path: Path) -> None:
+    """Many models, a small loaded-model budget, 16 requests in flight: models are loaded and
+    unloaded continuously, and a request for a model whose unload has just finished must not
+    spin the event loop (it used to: the server stopped answering at 100 % CPU)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = make_linear_archive(store / "sklearn-0.tar.gz")
+    models = [f"sklearn-{i}" for i in range(40)]
+    for name in models[1:]:
+        os.link(archive, store / f"{name}.tar.gz")
+    async with ServerProcess(
+        store, tmp_path / "server.log", "--backend-processes", "2", "--max-loaded-models", "20"
+    ) as server, aiohttp.ClientSession() as session:
+        loop = asyncio.get_running_loop()
+        until_time = loop.time() + 3.0
+        statuses: dict[int, int] = {}
+
+        async def client(k: int) -> None:
+            rng = random.Random(k)
+            for _ in range(10_000):  # bounded; in practice until_time ends it
+                if loop.time() > until_time:
+                    return
+                status, body, _ = await asyncio.wait_for(
+                    predict(session, server.url, rng.choice(models), 0.5), 10
+                )
+                statuses[status] = statuses.get(status, 0) + 1
+                assert status == 200, body
+
+        await asyncio.wait_for(asyncio.gather(*(client(k) for k in range(16))), 20)
+        assert sum(statuses.values()) > 100
+        async with session.get(f"{server.url}/metrics") as response:
+            text = await response.text()
+        evictions = sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("mmserver_model_evictions_total{")
+        )
+        assert evictions > 20  # the load did churn
+        assert "Traceback" not in server.log()
