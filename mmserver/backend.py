@@ -43,6 +43,7 @@ import numpy as np
 from mmserver import errors
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
+from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)
 
@@ -108,17 +109,6 @@ def _rss_bytes() -> int:
         return 0
 
 
-def _files_size(model_dir: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(model_dir):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
 class _Models:
     """The models loaded in one slot, and the three operations on them (runs in the backend)."""
 
@@ -137,7 +127,7 @@ class _Models:
         measured = max(0, _rss_bytes() - before)
         self.predictors[spec.key] = predictor
         # A page-granular RSS delta of zero means "too small to see", not "free".
-        memory = measured or int(1.2 * _files_size(spec.model_dir))
+        memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
         return LoadInfo(predictor.n_features, memory, time.perf_counter() - started)
 
     def predict(self, key: str, batch: np.ndarray) -> Any:

@@ -59,6 +59,7 @@ from mmserver.store import (
     normalize_name,
     prepare_local,
     split_object_url,
+    tree_size,
     unpack_archive,
 )
 
@@ -351,12 +352,12 @@ class ObjectStore:
             pass
         if not self.max_cache_bytes:
             return
-        size = _tree_bytes(path) if new else None
+        size = tree_size(path)[0] if new else None
         with self._lock:
             index = self._index()
             known = index.get(folder)
             if size is None:
-                size = known.size_bytes if known is not None else _tree_bytes(path)
+                size = known.size_bytes if known is not None else tree_size(path)[0]
             index[folder] = _Copy(size, now)
 
     def _sweep_once(self) -> None:
@@ -395,7 +396,7 @@ class ObjectStore:
                 except OSError:
                     continue
                 if _COPY_RE.fullmatch(item.name):
-                    self._copies[item.name] = _Copy(_tree_bytes(Path(item.path)), mtime)
+                    self._copies[item.name] = _Copy(tree_size(Path(item.path))[0], mtime)
         return self._copies
 
     def _protected(self, holding: str) -> set[str]:
@@ -484,15 +485,3 @@ def _too_large(entry: StoreEntry, what: str, limit: int) -> ModelLoadError:
         f"model {entry.name}: {entry.url} {what}; the limit is {limit} bytes (max_archive_mb), "
         "so it is not loaded"
     )
-
-
-def _tree_bytes(path: Path) -> int:
-    """Disk bytes of the regular files under ``path``."""
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:
-                continue
-    return total

@@ -129,8 +129,9 @@ class ModelSource(Protocol):
         ...
 
 
-def _dir_size(path: Path) -> int | None:
-    """Total size of the regular files under ``path``, or ``None`` when it holds no file."""
+def tree_size(path: Path) -> tuple[int, int]:
+    """Total bytes and number of the regular files under ``path`` (links not followed; at most
+    ``_MAX_DIR_FILES`` files are counted)."""
     total = 0
     files = 0
     stack = [str(path)]
@@ -141,13 +142,19 @@ def _dir_size(path: Path) -> int | None:
                     try:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
-                        elif entry.is_file():
-                            total += entry.stat().st_size
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
                             files += 1
                     except OSError:
                         continue
         except OSError:
             continue
+    return total, files
+
+
+def _dir_size(path: Path) -> int | None:
+    """Total size of the regular files under ``path``, or ``None`` when it holds no file."""
+    total, files = tree_size(path)
     return total if files else None
 
 
