@@ -11,6 +11,7 @@ scaling check after an enqueue cannot interleave with another request's.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -226,8 +227,6 @@ class ModelPool:
             await slots[index].unload(self.key)
 
     def describe_workers(self) -> list[dict[str, Any]]:
-        import datetime
-
         return [
             {
                 "id": w.id,

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from mmserver.config import ServerConfig
 from mmserver.errors import RequestTooLarge
-from mmserver.metrics import CounterChild, HistogramChild, Metrics
+from mmserver.metrics import Metrics
 
 if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager
@@ -49,21 +49,11 @@ class ApiState:
     wlm: WorkLoadManager
     metrics: Metrics
     request_ids: RequestIds = field(default_factory=RequestIds)
-    # Metric children by label values: ``labels()`` costs more than the update itself. Bounded by
-    # the models that answered (and "-") times the status codes the server sends.
-    _counted: dict[tuple[str, int], CounterChild] = field(default_factory=dict)
-    _timed: dict[str, HistogramChild] = field(default_factory=dict)
 
     def observe_request(self, model: str, code: int, seconds: float) -> None:
         """Count one answered inference request and its time in the server."""
-        counter = self._counted.get((model, code))
-        if counter is None:
-            counter = self._counted[(model, code)] = self.metrics.requests.labels(model, str(code))
-        counter.inc()
-        histogram = self._timed.get(model)
-        if histogram is None:
-            histogram = self._timed[model] = self.metrics.request_seconds.labels(model)
-        histogram.observe(seconds)
+        self.metrics.requests.labels(model, str(code)).inc()
+        self.metrics.request_seconds.labels(model).observe(seconds)
 
 
 STATE: web.AppKey[ApiState] = web.AppKey("mmserver_api_state", ApiState)
