@@ -135,7 +135,7 @@ class ServerConfig:
         try:
             self.model_defaults()  # every model starts from these: they must make a valid one
         except ConfigError as exc:
-            raise ConfigError(exc.message.replace("configuration: ", "option ", 1)) from None
+            raise ConfigError(f"option {exc.message}") from None
 
     # Derived values ---------------------------------------------------------------------------
 
@@ -337,39 +337,41 @@ class ModelConfig:
     properties: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.validate("configuration")
+        self.validate()
 
-    def validate(self, where: str) -> None:
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` saying which key and value are wrong; the caller adds
+        where they came from (a file, an option, a request)."""
         for name in ("min_workers", "max_workers", "batch_size", "max_batch_delay",
                      "max_idle_time", "job_queue_size", "predict_timeout"):
             value = getattr(self, name)
             if value < 0:
-                raise ConfigError(f"{where}: {_djl_key(name)}={value!r} must not be negative")
+                raise ConfigError(f"{_djl_key(name)}={value!r} must not be negative")
             if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic
-                raise ConfigError(f"{where}: {_djl_key(name)}={_short_number(value)} is too large")
+                raise ConfigError(f"{_djl_key(name)}={_short_number(value)} is too large")
         for name in ("max_workers", "batch_size", "job_queue_size"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{where}: {_djl_key(name)}={getattr(self, name)!r} must be >= 1")
+                raise ConfigError(f"{_djl_key(name)}={getattr(self, name)!r} must be >= 1")
         if self.required_memory_mb is not None and self.required_memory_mb < 0:
             raise ConfigError(
-                f"{where}: required_memory_mb={self.required_memory_mb!r} must not be negative"
+                f"required_memory_mb={self.required_memory_mb!r} must not be negative"
             )
         if self.required_memory_mb is not None and not self.required_memory_mb * 2**20 <= _LARGEST:
             raise ConfigError(
-                f"{where}: required_memory_mb={self.required_memory_mb!r} must be a finite number "
+                f"required_memory_mb={self.required_memory_mb!r} must be a finite number "
                 "of MiB"
             )
         if self.min_workers > self.max_workers:
             raise ConfigError(
-                f"{where}: minWorkers={self.min_workers} is greater than "
+                f"minWorkers={self.min_workers} is greater than "
                 f"maxWorkers={self.max_workers}"
             )
         if self.method not in METHODS:
             raise ConfigError(
-                f"{where}: option.method={self.method!r} is not one of {', '.join(METHODS)}"
+                f"option.method={self.method!r} is not one of {', '.join(METHODS)}"
             )
         if self.engine is not None and self.engine.lower() not in ("python", "sklearn"):
-            raise ConfigError(f"{where}: engine={self.engine!r} must be Python or sklearn")
+            raise ConfigError(f"engine={self.engine!r} must be Python or sklearn")
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied (validated; raises :class:`ConfigError`)."""
@@ -453,7 +455,7 @@ def model_config_from_properties(
     try:
         return dataclasses.replace(defaults, **changes)
     except ConfigError as exc:
-        raise ConfigError(exc.message.replace("configuration", where, 1)) from None
+        raise ConfigError(f"{where}: {exc.message}") from None
 
 
 def load_model_config(model_dir: Path, defaults: ModelConfig) -> ModelConfig:

@@ -477,7 +477,7 @@ class WorkLoadManager:
         try:
             self._defaults.replace(**overrides)
         except errors.ConfigError as exc:
-            raise errors.InvalidInput(exc.message.replace("configuration: ", "")) from None
+            raise errors.InvalidInput(exc.message) from None
 
     async def rescale(self, name: str, overrides: dict[str, Any]) -> None:
         """Apply new worker and batching settings to a model, live; loads it if needed."""
@@ -487,7 +487,7 @@ class WorkLoadManager:
         try:
             config = pool.config.replace(**overrides)
         except errors.ConfigError as exc:
-            raise errors.InvalidInput(exc.message.replace("configuration: ", "")) from None
+            raise errors.InvalidInput(exc.message) from None
         self._overrides.setdefault(name, {}).update(overrides)
         await pool.rescale(config)
         log.info("model %s rescaled: %s", name, overrides)
