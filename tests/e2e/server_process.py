@@ -51,8 +51,21 @@ def alive(pid: int) -> bool:
         return False
 
 
+async def wait_gone(pids: set[int], timeout: float = 10.0) -> None:
+    """Wait until none of ``pids`` is alive (the fork server and resource tracker exit as soon
+    as they read the end of their pipes)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while [pid for pid in pids if alive(pid)]:
+        assert loop.time() < give_up, "processes left behind"
+        await asyncio.sleep(0.05)
+
+
 class ServerProcess:
     """``python -m mmserver serve`` over ``store``; its log goes to ``log_path``."""
+
+    #: Start the server as the leader of its own process group (as a shell or systemd does).
+    new_session = False
 
     def __init__(self, store: Path, log_path: Path, *args: str) -> None:
         self.port = free_port()
@@ -71,6 +84,7 @@ class ServerProcess:
             sys.executable, "-m", "mmserver", "serve",
             "--model-store", str(self.store), "--host", "127.0.0.1", "--port", str(self.port),
             *self.args, stdout=log, stderr=log, cwd=ROOT, env=env,
+            start_new_session=self.new_session,
         )
         await self.wait_ready()
         return self

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import aiohttp
 import pytest
 
 from tests.behaviour_models import make_gated_dir, make_sleeping_dir
-from tests.e2e.server_process import ROOT, ServerProcess, alive, descendants
+from tests.e2e.server_process import ServerProcess, alive, descendants, wait_gone
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
@@ -285,18 +284,7 @@ class GroupServer(ServerProcess):
     """The server as the leader of its own process group, as a shell or systemd starts it, so a
     signal can reach the whole group (frontend, fork server, resource tracker, backends)."""
 
-    async def __aenter__(self) -> GroupServer:
-        log = open(self.log_path, "wb")  # noqa: ASYNC230 - closed in __aexit__
-        self._log = log
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("MMSERVER_PORT", None)
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mmserver", "serve",
-            "--model-store", str(self.store), "--host", "127.0.0.1", "--port", str(self.port),
-            *self.args, stdout=log, stderr=log, cwd=ROOT, env=env, start_new_session=True,
-        )
-        await self.wait_ready()
-        return self
+    new_session = True
 
     def signal_group(self, signum: int) -> None:
         os.killpg(self.pid, signum)
@@ -354,11 +342,7 @@ async def _stop_under_load(tmp_path: Path, send: Callable[[GroupServer], None]) 
         answers = [(status, body) for status, body, _ in results]  # type: ignore[misc]
         assert answers == [(200, {"predictions": [2.0 * i]}) for i in range(REQUESTS)]
         assert await server.wait(25) == 0
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + 10
-        while [pid for pid in family if alive(pid)]:
-            assert loop.time() < give_up, "processes left behind"
-            await asyncio.sleep(0.05)
+        await wait_gone(family)
         log = server.log()
         assert "mmserver stopped" in log
         assert "Traceback" not in log
@@ -415,11 +399,7 @@ async def test_sigterm_while_models_are_loading(tmp_path: Path) -> None:
             assert not isinstance(result, BaseException), result
             assert result[:2] == (200, {"predictions": [2.0 * i]})
         assert await server.wait(15) == 0
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + 10
-        while [pid for pid in family if alive(pid)]:
-            assert loop.time() < give_up, "processes left behind"
-            await asyncio.sleep(0.05)
+        await wait_gone(family)
         assert "Traceback" not in server.log()
 
 

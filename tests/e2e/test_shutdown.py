@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.behaviour_models import make_sleeping_dir
-from tests.e2e.server_process import ServerProcess, alive, descendants
+from tests.e2e.server_process import ServerProcess, descendants, wait_gone
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -96,13 +96,7 @@ async def test_sigterm_under_load_answers_every_accepted_request(
             except aiohttp.ClientConnectionError:
                 pass
         assert await server.wait(35) == 0
-        # Backend processes stop with the server; the fork server and resource tracker follow
-        # as soon as they read the end of their pipes.
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + 10
-        while [pid for pid in family if alive(pid)]:
-            assert loop.time() < give_up, "processes left behind"
-            await asyncio.sleep(0.05)
+        await wait_gone(family)  # backend processes, fork server, resource tracker
         log = server.log()
         assert "shutting down" in log and "mmserver stopped" in log
         assert "Traceback" not in log
