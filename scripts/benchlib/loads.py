@@ -140,6 +140,12 @@ def _burst(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     return polled
 
 
+def _alternating(server: Server, floor: Server | None, run: int) -> list[tuple[str, Server]]:
+    """mmserver and the floor, in turns: odd runs measure the floor first."""
+    targets = [("mmserver", server)] + ([("floor", floor)] if floor else [])
+    return targets[::-1] if run % 2 else targets
+
+
 def closed_loop(
     server: Server,
     floor: Server | None,
@@ -153,10 +159,7 @@ def closed_loop(
     for run in range(settings.runs):
         log(f"closed loop, run {run + 1}/{settings.runs}")
         for pattern in patterns:
-            targets = [("mmserver", server)] + ([("floor", floor)] if floor else [])
-            if run % 2:
-                targets.reverse()
-            for name, target in targets:
+            for name, target in _alternating(server, floor, run):
                 load = wrk.Load(
                     url=target.url,
                     pattern=pattern,
@@ -193,10 +196,7 @@ def open_loop(
     for run in range(settings.runs):
         log(f"open loop at {rate:.0f} req/s, run {run + 1}/{settings.runs}")
         for pattern in patterns:
-            targets = [("mmserver", server)] + ([("floor", floor)] if floor else [])
-            if run % 2:
-                targets.reverse()
-            for name, target in targets:
+            for name, target in _alternating(server, floor, run):
                 load = wrk.Load(
                     url=target.url,
                     pattern=pattern,
