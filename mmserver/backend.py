@@ -7,10 +7,11 @@ development and tests). Workers of the frontend are bound to a slot and send it 
 
 Wire protocol (frontend ⇄ process): each process is connected by one ``AF_UNIX`` stream socket
 (``multiprocessing.Pipe``); a message is one frame in ``Connection.send_bytes`` framing (a 4-byte
-big-endian length, or ``-1`` and an 8-byte length) holding a pickle (protocol 5, so NumPy arrays
-travel as one buffer copy with no per-element work). The process handles messages strictly in
-order and answers each one, so the frontend matches replies to requests by order: the oldest
-unanswered message is the one *running*; those after it are *waiting*.
+big-endian length, or ``-1`` and an 8-byte length) holding a pickle (protocol 5). A batch travels
+as its requests' bodies, undecoded, and comes back as one encoded answer per request
+(:func:`~mmserver.batching.answer_batch` runs in the process). The process handles messages
+strictly in order and answers each one, so the frontend matches replies to requests by order: the
+oldest unanswered message is the one *running*; those after it are *waiting*.
 
 Faults: when a process dies, the message it was running fails with :class:`BackendDied`; a new
 process is started, every model that was loaded in the slot is loaded again, and the waiting
@@ -33,14 +34,15 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-import numpy as np
-
 from mmserver import errors
+from mmserver.batching import Answer, answer_batch
+from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
 from mmserver.store import tree_size
@@ -88,17 +90,11 @@ class Slot(Protocol):
 
     def holds(self, key: str) -> bool: ...
     async def load(self, spec: LoadSpec) -> LoadInfo: ...
-    async def predict(self, key: str, batch: np.ndarray, deadline: float) -> Any: ...
+    async def predict(
+        self, key: str, requests: Sequence[Request], deadline: float
+    ) -> list[Answer]: ...
     async def unload(self, key: str) -> None: ...
     def describe(self) -> str: ...
-
-
-def _rebuild_error(kind: str, message: str) -> errors.MMServerError:
-    """An error raised in a backend, rebuilt on the frontend side from its class name."""
-    cls = getattr(errors, kind, None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.MMServerError)):
-        cls = errors.ModelError
-    return cls(message)
 
 
 def _rss_bytes() -> int:
@@ -130,12 +126,13 @@ class _Models:
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
         return LoadInfo(predictor.n_features, memory, time.perf_counter() - started)
 
-    def predict(self, key: str, batch: np.ndarray) -> Any:
+    def predict(self, key: str, requests: Sequence[Request]) -> list[Answer]:
+        name = key.split("#")[0]
         predictor = self.predictors.get(key)
         if predictor is None:
-            raise errors.BackendDied(f"model {key.split('#')[0]} is not loaded in this backend")
+            raise errors.BackendDied(f"model {name} is not loaded in this backend")
         try:
-            return predictor.predict(batch)
+            return answer_batch(requests, predictor.predict, predictor.n_features, name)
         except errors.MMServerError:
             raise
         except Exception as exc:
@@ -441,8 +438,11 @@ class ProcessSlot:
             raise
         return info
 
-    async def predict(self, key: str, batch: np.ndarray, deadline: float) -> Any:
-        return await self._send((_PREDICT, key, batch), deadline=deadline)
+    async def predict(
+        self, key: str, requests: Sequence[Request], deadline: float
+    ) -> list[Answer]:
+        answers: list[Answer] = await self._send((_PREDICT, key, requests), deadline=deadline)
+        return answers
 
     async def unload(self, key: str) -> None:
         if self._loaded.pop(key, None) is None or self._stopping:
@@ -488,7 +488,7 @@ class ProcessSlot:
         if reply[0] == _OK:
             pending.succeed(reply[1])
         else:
-            pending.fail(_rebuild_error(reply[1], reply[2]))
+            pending.fail(errors.from_name(reply[1], reply[2]))
 
     def _expire(self, pending: _Pending) -> None:
         if pending.future.done():
@@ -626,9 +626,11 @@ class ThreadSlot:
         with self._lock:
             return self._models.load(spec)
 
-    async def predict(self, key: str, batch: np.ndarray, deadline: float) -> Any:
+    async def predict(
+        self, key: str, requests: Sequence[Request], deadline: float
+    ) -> list[Answer]:
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._models.predict, key, batch)
+        future = loop.run_in_executor(self._executor, self._models.predict, key, requests)
         try:
             return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
         except TimeoutError:

@@ -1,9 +1,12 @@
-"""Jobs, the bounded per-model queue, and batches: collect, merge into one call, split back.
+"""Jobs, the bounded per-model queue, and batches: collect on the frontend, answer where the model
+runs.
 
 A worker waits for one job, then keeps taking jobs until it has ``batch_size`` of them or
 ``max_batch_delay`` has passed since the first one was queued, whichever comes first; with
-``batch_size = 1`` there is no wait. The rows of all jobs go to the model in one call and the
-outputs are split back in order (:func:`merge` and :func:`split` are pure).
+``batch_size = 1`` there is no wait. The batch's requests go to the model's backend as they came
+(bodies, not arrays): :func:`answer_batch` runs there, decodes each body, makes one call to the
+model for all the valid rows, and encodes one answer per request. A body that does not decode, or
+has the wrong number of features, gets its own error; the others in its batch are answered.
 """
 
 from __future__ import annotations
@@ -16,22 +19,27 @@ from typing import Any
 import numpy as np
 
 from mmserver import errors
+from mmserver.codecs import Request, decode_as, encode_as
+
+#: One request's answer from :func:`answer_batch`: the encoded body, or the name of an
+#: :class:`~mmserver.errors.MMServerError` class and its message.
+Answer = bytes | tuple[str, str]
 
 
 class Job:
-    """One request's rows on their way to a model, and the future of its answer."""
+    """One request on its way to a model, and the future of its answer."""
 
-    __slots__ = ("client_gone", "deadline", "enqueued_at", "future", "rows")
+    __slots__ = ("client_gone", "deadline", "enqueued_at", "future", "request")
 
     def __init__(
         self,
-        rows: np.ndarray,
+        request: Request,
         future: asyncio.Future[Any],
         enqueued_at: float,
         deadline: float,
         client_gone: Callable[[], bool] | None = None,
     ) -> None:
-        self.rows = rows
+        self.request = request
         self.future = future
         self.enqueued_at = enqueued_at
         self.deadline = deadline
@@ -44,6 +52,13 @@ class Job:
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+
+    def settle(self, answer: Answer) -> None:
+        """Answer with what :func:`answer_batch` made for this job."""
+        if type(answer) is bytes:
+            self.answer(answer)
+        else:
+            self.fail(errors.from_name(*answer))
 
 
 class JobQueue:
@@ -177,15 +192,53 @@ def partition_live(batch: Sequence[Job], now: float) -> list[Job]:
     return live
 
 
-def merge(batch: Sequence[Job]) -> np.ndarray:
-    """The rows of every job of ``batch``, in order, as one 2-D array."""
-    if len(batch) == 1:
-        return batch[0].rows
-    return np.concatenate([job.rows for job in batch], axis=0)
+def answer_batch(
+    requests: Sequence[Request],
+    predict: Callable[[np.ndarray], Any],
+    n_features: int | None,
+    name: str,
+) -> list[Answer]:
+    """Decode each request, predict every valid row in one call, and encode each answer.
+
+    A request that does not decode, or whose rows do not have ``n_features`` values, is answered
+    with its error and left out of the call. When the model does not say how many features it
+    takes, requests of different widths go to it in one call per width. An exception from
+    ``predict``, or outputs that do not match the rows, is the whole batch's and is raised."""
+    answers: list[Answer] = [b""] * len(requests)
+    groups: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, (body, kind, _) in enumerate(requests):
+        try:
+            rows = decode_as(body, kind)
+            if n_features is not None and rows.shape[1] != n_features:
+                raise feature_error(name, n_features, rows.shape[1])
+        except errors.MMServerError as exc:
+            answers[i] = (type(exc).__name__, exc.message)
+            continue
+        groups.setdefault(rows.shape[1], []).append((i, rows))
+    for group in groups.values():
+        outputs = predict(merge([rows for _, rows in group]))
+        pieces = split(outputs, [len(rows) for _, rows in group])
+        for (i, _), piece in zip(group, pieces, strict=True):
+            try:
+                answers[i] = encode_as(piece, requests[i][2])
+            except errors.MMServerError as exc:
+                answers[i] = (type(exc).__name__, exc.message)
+    return answers
+
+
+def feature_error(name: str, expected: int, got: int) -> errors.InvalidInput:
+    return errors.InvalidInput(f"model {name} expects {expected} feature(s) per row, got {got}")
+
+
+def merge(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The rows of every part, in order, as one 2-D array."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts, axis=0)
 
 
 def split(outputs: Any, counts: Sequence[int]) -> list[Any]:
-    """Cut ``outputs`` (one entry per input row) back into one piece per job."""
+    """Cut ``outputs`` (one entry per input row) back into one piece per request."""
     total = sum(counts)
     if len(outputs) != total:
         raise errors.ModelError(f"the model returned {len(outputs)} outputs for {total} rows")

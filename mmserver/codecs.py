@@ -1,8 +1,11 @@
 """Request bodies to arrays, and predictions to response bodies.
 
-:func:`decode` turns a body into the 2-D float64 array of rows the WorkLoadManager takes;
-:func:`encode` turns one output per row into a response body. Both are pure functions; the HTTP
-layer decides whether to run them on the event loop (small bodies) or in a thread (large ones).
+A request travels to the model as a :data:`Request`, ``(body, media type, csv answer)``, made by
+:func:`make_request` on the event loop: only the headers are looked at there. The body is decoded
+where the model runs (a backend process): :func:`decode_as` turns it into the 2-D float64 array of
+rows, and :func:`encode_as` turns one output per row into the answer's body. The frontend is one
+process for every request of every model; the backends are as many as the cores, so parsing and
+formatting bodies there keeps the frontend's time per request small.
 
 Accepted bodies, by ``Content-Type`` (parameters such as ``charset`` are ignored; no
 ``Content-Type`` means JSON):
@@ -61,22 +64,39 @@ def media_type(content_type: str | None) -> str:
     return content_type.partition(";")[0].strip().lower() or JSON
 
 
+#: A request on its way to a model: the body, its media type (one of ``SUPPORTED_TYPES``), and
+#: whether the answer is CSV (else JSON). A plain tuple: it is pickled once per request.
+Request = tuple[bytes, str, bool]
+
+
+def make_request(body: bytes, content_type: str | None, accept: str | None) -> Request:
+    """The :data:`Request` for ``body`` sent with these headers. Raises
+    :class:`UnsupportedMediaType` for a content type not in ``SUPPORTED_TYPES``; the body itself
+    is checked only when decoded."""
+    kind = media_type(content_type)
+    if kind not in SUPPORTED_TYPES:
+        raise UnsupportedMediaType(
+            f"content type {kind!r} is not supported; send one of {', '.join(SUPPORTED_TYPES)}"
+        )
+    return (body, kind, wants_csv(accept))
+
+
 def decode(body: bytes, content_type: str | None) -> np.ndarray:
     """Decode a request body into a C-contiguous 2-D float64 array, one row per input.
 
     Raises :class:`InvalidInput` for a body that is empty, malformed, ragged, non-numeric or
     non-finite, and :class:`UnsupportedMediaType` for a content type not in ``SUPPORTED_TYPES``.
     """
-    kind = media_type(content_type)
+    return decode_as(body, make_request(body, content_type, None)[1])
+
+
+def decode_as(body: bytes, kind: str) -> np.ndarray:
+    """:func:`decode` for a body whose media type ``kind`` is known to be supported."""
     if kind == JSON:
         return _decode_json(body)
     if kind == CSV:
         return _decode_csv(body)
-    if kind == NPY:
-        return _decode_npy(body)
-    raise UnsupportedMediaType(
-        f"content type {kind!r} is not supported; send one of {', '.join(SUPPORTED_TYPES)}"
-    )
+    return _decode_npy(body)
 
 
 def _decode_json(body: bytes) -> np.ndarray:
@@ -332,17 +352,28 @@ def encode(outputs: np.ndarray | Sequence[Any], accept: str | None) -> tuple[byt
     or dict as one JSON-encoded cell. Raises :class:`ModelError` for an output that has no JSON
     form.
     """
+    csv_answer = wants_csv(accept)
+    return encode_as(outputs, csv_answer), response_type(csv_answer)
+
+
+def response_type(csv_answer: bool) -> str:
+    """The ``Content-Type`` of an answer encoded by :func:`encode_as`."""
+    return CSV_RESPONSE_TYPE if csv_answer else JSON_RESPONSE_TYPE
+
+
+def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool) -> bytes:
+    """:func:`encode` with the choice of CSV already made."""
     values = outputs.tolist() if isinstance(outputs, np.ndarray) else outputs
     try:
-        if wants_csv(accept):
-            return _encode_csv(values), CSV_RESPONSE_TYPE
+        if csv_answer:
+            return _encode_csv(values)
         try:
             text = _ENCODER.encode({"predictions": values})
         except ValueError:  # NaN or infinity somewhere
             text = _ENCODER.encode({"predictions": _finite(values)})
     except TypeError as exc:
         raise ModelError(f"the model's output cannot be encoded: {exc}") from None
-    return text.encode(), JSON_RESPONSE_TYPE
+    return text.encode()
 
 
 def _json_default(value: Any) -> Any:

@@ -189,3 +189,12 @@ class InsufficientMemory(MMServerError):
     status_code = 507
     error_type = "InsufficientMemory"
     amzn_error_type = None
+
+
+def from_name(kind: str, message: str) -> MMServerError:
+    """The error named ``kind`` (a class of this module) with ``message``: how an error raised in
+    a backend process is rebuilt on the frontend. An unknown name becomes :class:`ModelError`."""
+    cls = globals().get(kind)
+    if not (isinstance(cls, type) and issubclass(cls, MMServerError)):
+        cls = ModelError
+    return cls(message)

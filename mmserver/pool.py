@@ -17,11 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, ProcessSlot, ThreadSlot
 from mmserver.batching import Job, JobQueue
+from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
@@ -64,6 +63,9 @@ class ModelPool:
         self._m_queue_wait = metrics.queue_wait_seconds.labels(name)
         self._m_batch = metrics.batch_size.labels(name)
         self._m_predict = metrics.predict_seconds.labels(name)
+        #: The series of this model's answered requests, counted by the HTTP layer.
+        self.m_answered = metrics.requests.labels(name, "200")
+        self.m_request_seconds = metrics.request_seconds.labels(name)
         self._stopped = False
         self._unloading = False  # set when stop() begins: workers leaving now are not scaling
 
@@ -71,16 +73,20 @@ class ModelPool:
 
     def submit(
         self,
-        rows: np.ndarray,
+        request: Request,
         now: float,
         deadline: float,
         client_gone: Callable[[], bool] | None,
-    ) -> asyncio.Future[Any]:
+    ) -> asyncio.Future[bytes]:
         """Queue one request (raises :class:`errors.QueueFull` at once when full), then apply
-        the scaling rule."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.queue.put(Job(rows, future, now, deadline, client_gone))
-        if should_add_worker(self.snapshot()):
+        the scaling rule. The future's result is the answer's body."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        queue = self.queue
+        queue.put(Job(request, future, now, deadline, client_gone))
+        # should_add_worker's own test, first on plain numbers: most requests add no worker.
+        if (not self.workers or len(queue) > 2 * self.config.batch_size) and should_add_worker(
+            self.snapshot()
+        ):
             self._add_worker("queue")
         return future
 

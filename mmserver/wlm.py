@@ -2,9 +2,10 @@
 recently used ones when memory runs short.
 
 Request path: :meth:`WorkLoadManager.infer` finds the model's pool (loading the model on its
-first request, one load however many requests wait for it), marks it most recently used, checks
-the number of features, and queues the rows. Everything runs on the event loop; file work
-(listing, unpacking, reading ``serving.properties``) runs in threads.
+first request, one load however many requests wait for it), marks it most recently used, and
+queues the request. The HTTP layer takes the same steps itself (``ready_pool``, ``ensure_pool``,
+``enqueue``), so that a request to a loaded model costs no coroutine of its own. Everything runs
+on the event loop; file work (listing, unpacking, reading ``serving.properties``) runs in threads.
 
 Model lifecycle: UNLOADED → LOADING → READY → UNLOADING → UNLOADED, and LOADING → FAILED. A failed
 load answers every request that waited for it with the reason, and is retried on a request that
@@ -23,16 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
+from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig, load_model_config
 from mmserver.eviction import Candidate, choose_victims
 from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
-from mmserver.worker import feature_error
 
 log = logging.getLogger(__name__)
 
@@ -144,28 +143,48 @@ class WorkLoadManager:
     async def infer(
         self,
         name: str,
-        rows: np.ndarray,
+        request: Request,
         *,
         deadline: float | None = None,
         client_gone: Callable[[], bool] | None = None,
-    ) -> Any:
-        """Predict ``rows`` (2-D) with model ``name``: one output per row.
+    ) -> bytes:
+        """Answer ``request`` with model ``name``: the body of the answer (its type follows from
+        the request, :func:`~mmserver.codecs.response_type`).
 
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout."""
+        pool = self.ready_pool(name) or await self.ensure_pool(name)
+        return await self.enqueue(pool, request, deadline=deadline, client_gone=client_gone)
+
+    def ready_pool(self, name: str) -> ModelPool | None:
+        """The pool of ``name`` if it is loaded under exactly that name, marked most recently
+        used; otherwise ``None`` (then :meth:`ensure_pool` finds, or loads, it). Raises
+        :class:`errors.ShuttingDown` once shutdown has begun."""
         if not self.accepting:
             raise errors.ShuttingDown("the server is shutting down; retry on another instance")
         pool = self._ready.get(name)
-        if pool is None:
-            pool = await self._get_pool(name)
-        else:
+        if pool is not None:
             self._ready.move_to_end(name)
-        expected = pool.n_features
-        if expected is not None and rows.shape[1] != expected:
-            raise feature_error(pool.name, expected, rows.shape[1])
+        return pool
+
+    async def ensure_pool(self, name: str) -> ModelPool:
+        """The pool of model ``name`` (any spelling), loading the model first if needed."""
+        if not self.accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        return await self._get_pool(name)
+
+    def enqueue(
+        self,
+        pool: ModelPool,
+        request: Request,
+        *,
+        deadline: float | None = None,
+        client_gone: Callable[[], bool] | None = None,
+    ) -> asyncio.Future[bytes]:
+        """Queue ``request`` for ``pool``'s model at once; the future of the answer's body."""
         now = asyncio.get_running_loop().time()
         if deadline is None:
             deadline = now + pool.config.predict_timeout
-        return await pool.submit(rows, now, deadline, client_gone)
+        return pool.submit(request, now, deadline, client_gone)
 
     async def _get_pool(self, name: str, *, management: bool = False) -> ModelPool:
         """The pool of a loaded model, loading it first if needed (single flight)."""

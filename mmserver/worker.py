@@ -11,11 +11,11 @@ import asyncio
 import enum
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from mmserver import errors
 from mmserver.backend import ProcessSlot, ThreadSlot
-from mmserver.batching import Job, JobQueue, collect_batch, merge, partition_live, split
+from mmserver.batching import Job, JobQueue, collect_batch, partition_live
 from mmserver.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ class WorkerHost(Protocol):
     key: str
     queue: JobQueue
     config: ModelConfig
-    n_features: int | None
     running: int
 
     async def bind(self, slot: ProcessSlot | ThreadSlot) -> None: ...
@@ -133,17 +132,11 @@ class Worker:
         live = partition_live(batch, started)
         if not live:
             return
-        n_features = host.n_features
-        if n_features is not None:
-            live = [job for job in live if _check_features(job, n_features, host.name)]
-            if not live:
-                return
         host.running += 1
         try:
-            outputs: Any = await self.slot.predict(
-                host.key, merge(live), max(job.deadline for job in live)
+            answers = await self.slot.predict(
+                host.key, [job.request for job in live], max(job.deadline for job in live)
             )
-            pieces = split(outputs, [len(job.rows) for job in live])
         except errors.MMServerError as exc:
             for job in live:
                 job.fail(exc)
@@ -157,19 +150,5 @@ class Worker:
         finally:
             host.running -= 1
             host.observe_batch(live, started, loop.time() - started)
-        for job, piece in zip(live, pieces, strict=True):
-            job.answer(piece)
-
-
-def _check_features(job: Job, n_features: int, name: str) -> bool:
-    got = job.rows.shape[1]
-    if got == n_features:
-        return True
-    job.fail(feature_error(name, n_features, got))
-    return False
-
-
-def feature_error(name: str, expected: int, got: int) -> errors.InvalidInput:
-    return errors.InvalidInput(
-        f"model {name} expects {expected} feature(s) per row, got {got}"
-    )
+        for job, answer in zip(live, answers, strict=True):
+            job.settle(answer)

@@ -17,11 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mmserver.codecs import make_request  # noqa: E402
 from mmserver.config import ServerConfig  # noqa: E402
 from mmserver.metrics import Metrics  # noqa: E402
 from mmserver.store import ModelStore  # noqa: E402
@@ -52,7 +51,7 @@ async def measure(store: Path, models: int, processes: int) -> None:
         config, ModelStore(config.store_path, config.cache_path, 2**30), Metrics()
     )
     await wlm.start()
-    x = np.array([[0.5]])
+    x = make_request(b"[[0.5]]", "application/json", None)
     try:
         await wlm.infer("sklearn-0", x)
         one = snapshot(wlm)

@@ -15,9 +15,15 @@ holds no example code): the tests use exactly the models the reference store hol
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from mmserver.codecs import Request, make_request
 
 _GENERATOR = Path(__file__).resolve().parent.parent / "scripts" / "generate_store.py"
 
@@ -74,3 +80,20 @@ def make_custom_handler_dir(folder: Path) -> Path:
 def make_tuned_dir(folder: Path) -> Path:
     """Linear model with serving.properties: batch_size=8, max_batch_delay=5, workers 1..2."""
     return generator.write_tuned_dir(Path(folder))  # type: ignore[no-any-return]
+
+
+def rows(values: Any) -> Request:
+    """A JSON request for ``values`` (rows of numbers), as the HTTP layer hands it to the
+    WorkLoadManager."""
+    return make_request(json.dumps(np.asarray(values, dtype=float).tolist()).encode(), None, None)
+
+
+def outputs(answer: bytes) -> list[Any]:
+    """The predictions of a JSON answer's body."""
+    predictions: list[Any] = json.loads(answer)["predictions"]
+    return predictions
+
+
+def value(answer: bytes) -> float:
+    """The first prediction of a JSON answer's body, as a number."""
+    return float(np.ravel(np.asarray(outputs(answer)))[0])

@@ -1,26 +1,24 @@
 """Health and inference handlers: ``/ping``, the DJL path and the three SageMaker paths.
 
-One request: read the body (bounded), decode it into rows, hand them to the WorkLoadManager, encode
-the outputs. Decoding happens on the event loop: the JSON and CSV decoders are C code holding the
-GIL, so a thread would not free the loop; large batches are best sent as ``application/x-npy``,
-which decodes without parsing.
+One request: read the body (bounded), check its content type, hand it to the WorkLoadManager, and
+send back the answer's body. The body is decoded, and the answer encoded, in the model's backend
+process (:func:`mmserver.batching.answer_batch`): the event loop only moves bytes.
 
 Metrics: ``mmserver_requests_total{model,code}`` and ``mmserver_request_seconds{model}`` carry the
 model's name only once the WorkLoadManager has resolved the request to a model; a request that
-never reached one (bad body, bad or unknown name, refused during shutdown) is counted under
-``model="-"``, so clients cannot create series at will.
+never reached one (an unsupported content type, a bad or unknown name, refused during
+shutdown) is counted under ``model="-"``, so clients cannot create series at will.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 from aiohttp import hdrs, web
 
 from mmserver.api import STATE, read_body
-from mmserver.codecs import decode, encode
+from mmserver.codecs import make_request, response_type
 from mmserver.errors import (
     InvalidInput,
     InvalidModelName,
@@ -28,6 +26,7 @@ from mmserver.errors import (
     ModelNotFound,
     ShuttingDown,
 )
+from mmserver.pool import ModelPool
 from mmserver.store import normalize_name
 
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
@@ -50,49 +49,51 @@ async def ping(request: web.Request) -> web.Response:
     return web.Response(status=503, body=_UNHEALTHY, content_type="application/json")
 
 
-async def predictions(request: web.Request) -> web.Response:
-    """``POST /predictions/{model}`` (DJL)."""
-    return await _infer(request, request.match_info["model"])
+async def infer(request: web.Request) -> web.Response:
+    """The four inference paths: ``POST /predictions/{model}`` (DJL), ``/models/{model}/invoke``
+    (SageMaker multi-model container), ``/invocations`` and ``/endpoints/{endpoint}/invocations``
+    (SageMaker, boto3).
 
+    On the last two the model comes from the ``X-Amzn-SageMaker-Target-Model`` header (boto3's
+    ``TargetModel``) or the ``model_name`` query parameter; the endpoint name is not used.
 
-async def invoke(request: web.Request) -> web.Response:
-    """``POST /models/{model}/invoke`` (SageMaker multi-model container)."""
-    return await _infer(request, request.match_info["model"])
-
-
-async def invocations(request: web.Request) -> web.Response:
-    """``POST /invocations`` and ``POST /endpoints/{endpoint}/invocations`` (SageMaker, boto3).
-
-    The model comes from the ``X-Amzn-SageMaker-Target-Model`` header (boto3's ``TargetModel``)
-    or the ``model_name`` query parameter; the endpoint name is not used.
-    """
-    name = request.headers.get(TARGET_MODEL) or request.query.get("model_name")
-    return await _infer(request, name)
-
-
-async def _infer(request: web.Request, name: str | None) -> web.Response:
+    One handler, with no coroutine under it for a loaded model: this runs for every request."""
     state = request.app[STATE]
     start = time.perf_counter()
-    label = UNRESOLVED
+    pool: ModelPool | None = None
+    pool_name = UNRESOLVED  # the label of a request that has no pool
     code = 500
     try:
+        headers = request.headers
+        name = (
+            request.match_info.get("model")
+            or headers.get(TARGET_MODEL)
+            or request.query.get("model_name")
+        )
         if not name:
             raise InvalidInput(
                 f"missing target model: set the {TARGET_MODEL} header (boto3: TargetModel=...) "
                 "or the model_name query parameter"
             )
         body = await read_body(request, state.config.max_request_size)
-        rows = decode(body, request.headers.get(hdrs.CONTENT_TYPE))
-        try:
-            outputs = await state.wlm.infer(name, rows, client_gone=_client_gone(request))
-        except MMServerError as error:
-            if not isinstance(error, _UNRESOLVED_ERRORS):
-                label = _label(name)
-            raise
-        label = _label(name)
-        payload, content_type = encode(outputs, request.headers.get(hdrs.ACCEPT))
+        job = make_request(body, headers.get(hdrs.CONTENT_TYPE), headers.get(hdrs.ACCEPT))
+        wlm = state.wlm
+        pool = wlm.ready_pool(name)
+        if pool is None:
+            try:
+                pool = await wlm.ensure_pool(name)
+            except MMServerError as error:
+                if not isinstance(error, _UNRESOLVED_ERRORS):
+                    pool_name = _label(name)  # e.g. a model that failed to load
+                raise
+        transport = request.transport
+        answer = await wlm.enqueue(
+            pool, job, client_gone=transport.is_closing if transport is not None else None
+        )
         code = 200
-        return web.Response(body=payload, headers={hdrs.CONTENT_TYPE: content_type})
+        pool.m_answered.inc()
+        pool.m_request_seconds.observe(time.perf_counter() - start)
+        return web.Response(body=answer, headers={hdrs.CONTENT_TYPE: response_type(job[2])})
     except MMServerError as error:
         code = error.status_code
         raise
@@ -100,7 +101,8 @@ async def _infer(request: web.Request, name: str | None) -> web.Response:
         code = 0  # the server is stopping or the client left: no answer, nothing to count
         raise
     finally:
-        if code:
+        if code != 200 and code:
+            label = pool.name if pool is not None else pool_name
             state.observe_request(label, code, time.perf_counter() - start)
 
 
@@ -111,14 +113,6 @@ def _label(name: str) -> str:
         return UNRESOLVED
 
 
-def _client_gone(request: web.Request) -> Callable[[], bool]:
-    def gone() -> bool:
-        transport = request.transport
-        return transport is None or transport.is_closing()
-
-    return gone
-
-
 #: The SageMaker paths: their errors carry ``x-amzn-ErrorType``.
 SAGEMAKER_PATHS = frozenset(
     {"/invocations", "/endpoints/{endpoint}/invocations", "/models/{model}/invoke"}
@@ -126,8 +120,8 @@ SAGEMAKER_PATHS = frozenset(
 
 ROUTES = [
     web.get("/ping", ping),
-    web.post("/predictions/{model}", predictions),
-    web.post("/invocations", invocations),
-    web.post("/endpoints/{endpoint}/invocations", invocations),
-    web.post("/models/{model}/invoke", invoke),
+    web.post("/predictions/{model}", infer),
+    web.post("/invocations", infer),
+    web.post("/endpoints/{endpoint}/invocations", infer),
+    web.post("/models/{model}/invoke", infer),
 ]

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import joblib
-import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
 from sklearn.linear_model import LinearRegression
@@ -34,21 +33,18 @@ from mmserver.objectstore import ObjectStore
 from mmserver.server import Server
 from tests.integration.harness import ServerLikeTestServer, error_of
 from tests.integration.s3server import AWS_VARIABLES, Requests, S3Server, s3_server
-from tests.models import make_linear_archive, make_linear_model
+from tests.models import make_linear_archive, make_linear_model, rows, value
 
 pytestmark = pytest.mark.timeout(60)
 
 BUCKET = "models"
 STORE = f"s3://{BUCKET}/mme"
 COUNT = 1000
-X = np.array([[0.5]])
+X = rows([[0.5]])
 REFERENCE = 2.0  # y = 2x + 1 at 0.5
 OTHER = 2.5  # y = -3x + 4 at 0.5
 EXTRA_ARCHIVES = ("corrupt", "huge", "unsafe")
 
-
-def value(result: Any) -> float:
-    return float(np.ravel(np.asarray(result))[0])
 
 
 def tar_gz(files: dict[str, bytes]) -> bytes:

@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from mmserver import errors
@@ -28,9 +27,9 @@ from tests.behaviour_models import (
     make_raising_dir,
     make_recording_dir,
 )
-from tests.models import make_linear_archive
+from tests.models import make_linear_archive, outputs, rows, value
 
-X = np.array([[0.5]])
+X = rows([[0.5]])
 
 
 @asynccontextmanager
@@ -57,9 +56,6 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
 
-
-def value(result: Any) -> float:
-    return float(np.ravel(np.asarray(result))[0])
 
 
 def sample(wlm: WorkLoadManager, family: str, **labels: str) -> float:
@@ -99,7 +95,7 @@ async def test_wrong_number_of_features_says_expected_and_got(store: Path) -> No
     async with running(store, backend_processes=0) as wlm:
         await wlm.infer("sklearn-1", X)
         with pytest.raises(errors.InvalidInput, match=r"expects 1 feature.* got 3"):
-            await wlm.infer("sklearn-1", np.array([[1.0, 2.0, 3.0]]))
+            await wlm.infer("sklearn-1", rows([[1.0, 2.0, 3.0]]))
 
 
 async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_path: Path) -> None:
@@ -111,7 +107,7 @@ async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_pat
         gate.unlink()
         pool = wlm.pool("slow")
         assert pool is not None and len(pool.workers) == 1
-        tasks = [asyncio.ensure_future(wlm.infer("slow", np.array([[float(i)]])))
+        tasks = [asyncio.ensure_future(wlm.infer("slow", rows([[float(i)]])))
                  for i in range(12)]
         await asyncio.sleep(0)  # every request is queued in this turn
         assert len(pool.workers) == 3
@@ -133,7 +129,7 @@ async def test_scale_to_zero_answers_its_first_request(store: Path, tmp_path: Pa
         pool = wlm.pool("zero")
         assert pool is not None
         await until(lambda: len(pool.workers) == 0)
-        assert value(await wlm.infer("zero", np.array([[2.0]]))) == 4.0
+        assert value(await wlm.infer("zero", rows([[2.0]]))) == 4.0
 
 
 async def test_batching_merges_concurrent_requests_into_one_call(
@@ -146,17 +142,17 @@ async def test_batching_merges_concurrent_requests_into_one_call(
         log.unlink()
         inputs = [[[float(i)], [float(i) + 0.5]] for i in range(4)] + [[[float(10 + i)]]
                                                                        for i in range(4)]
-        results = await asyncio.gather(*(wlm.infer("batched", np.array(x)) for x in inputs))
+        results = await asyncio.gather(*(wlm.infer("batched", rows(x)) for x in inputs))
         assert log.read_text().split() == ["12"]  # 8 requests, 12 rows, one predict call
         for x, result in zip(inputs, results, strict=True):
-            assert list(np.asarray(result)) == [2.0 * row[0] for row in x]
+            assert outputs(result) == [2.0 * row[0] for row in x]
 
 
 async def test_max_loaded_models_is_kept_with_100_models_in_turn(store: Path) -> None:
     async with running(store, backend_processes=0, max_loaded_models=20) as wlm:
         for _ in range(2):
             for i in range(100):
-                x = np.array([[i / 100]])
+                x = rows([[i / 100]])
                 assert value(await wlm.infer(f"sklearn-{i}", x)) == pytest.approx(
                     2 * i / 100 + 1, abs=0.05
                 )
@@ -186,7 +182,7 @@ async def test_a_model_under_load_is_never_evicted(store: Path, tmp_path: Path) 
         # "busy" is the least recently used, but it has a running job: sklearn-1 goes.
         await wlm.infer("sklearn-2", X)
         assert set(wlm.loaded) == {"busy", "sklearn-2"}
-        queued = asyncio.ensure_future(wlm.infer("busy", np.array([[3.0]])))
+        queued = asyncio.ensure_future(wlm.infer("busy", rows([[3.0]])))
         await asyncio.sleep(0)
         blocked = asyncio.ensure_future(wlm.infer("sklearn-3", X))
         # sklearn-2 is idle, so it goes; "busy" stays.
@@ -217,9 +213,9 @@ async def test_model_error_is_424_and_the_worker_keeps_serving(store: Path) -> N
     make_raising_dir(store / "picky")
     async with running(store, backend_processes=0) as wlm:
         with pytest.raises(errors.ModelError, match="ValueError: negative values") as info:
-            await wlm.infer("picky", np.array([[-1.0]]))
+            await wlm.infer("picky", rows([[-1.0]]))
         assert info.value.status_code == 424
-        assert value(await wlm.infer("picky", np.array([[2.0]]))) == 4.0
+        assert value(await wlm.infer("picky", rows([[2.0]]))) == 4.0
 
 
 async def test_a_broken_model_fails_with_its_reason_and_is_retried_later(
@@ -321,13 +317,13 @@ async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
 async def test_a_process_that_exits_fails_only_its_batch(store: Path) -> None:
     make_exiting_dir(store / "fragile", maxWorkers=1)
     async with running(store, backend_processes=1) as wlm:
-        assert value(await wlm.infer("fragile", np.array([[1.0]]))) == 2.0
+        assert value(await wlm.infer("fragile", rows([[1.0]]))) == 2.0
         assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
         with pytest.raises(errors.BackendDied, match=r"exit code 3\)") as info:
-            await wlm.infer("fragile", np.array([[-1.0]]))
+            await wlm.infer("fragile", rows([[-1.0]]))
         assert "died while running this request" in info.value.message
         # Both models were reloaded into the replacement and keep serving.
-        assert value(await wlm.infer("fragile", np.array([[4.0]]))) == 8.0
+        assert value(await wlm.infer("fragile", rows([[4.0]]))) == 8.0
         assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
         assert sample(wlm, "mmserver_backend_restarts_total") == 1
 
@@ -348,8 +344,8 @@ async def test_model_error_in_a_process_is_424(store: Path) -> None:
     make_raising_dir(store / "picky")
     async with running(store, backend_processes=1) as wlm:
         with pytest.raises(errors.ModelError, match="ValueError: negative values"):
-            await wlm.infer("picky", np.array([[-1.0]]))
-        assert value(await wlm.infer("picky", np.array([[3.0]]))) == 6.0
+            await wlm.infer("picky", rows([[-1.0]]))
+        assert value(await wlm.infer("picky", rows([[3.0]]))) == 6.0
 
 
 async def test_stop_answers_every_accepted_request(store: Path, tmp_path: Path) -> None:
@@ -357,7 +353,7 @@ async def test_stop_answers_every_accepted_request(store: Path, tmp_path: Path) 
     make_recording_dir(store / "steady", log, maxWorkers=2)
     async with running(store, backend_processes=2) as wlm:
         await wlm.infer("steady", X)
-        accepted = [asyncio.ensure_future(wlm.infer("steady", np.array([[float(i)]])))
+        accepted = [asyncio.ensure_future(wlm.infer("steady", rows([[float(i)]])))
                     for i in range(300)]
         await asyncio.sleep(0)
         await wlm.stop(10.0)

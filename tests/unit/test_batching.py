@@ -1,4 +1,4 @@
-"""Jobs, the bounded queue, batch collection, and merge/split."""
+"""Jobs, the bounded queue, batch collection, and answering a batch where the model runs."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 from mmserver import errors
-from mmserver.batching import Job, JobQueue, collect_batch, merge, partition_live, split
+from mmserver.batching import Job, JobQueue, answer_batch, collect_batch, partition_live, split
+from mmserver.codecs import make_request
+from tests.models import outputs, rows
 
 
-def job(rows: list[list[float]], enqueued_at: float = 0.0, deadline: float = 1e9,
+def job(values: list[list[float]], enqueued_at: float = 0.0, deadline: float = 1e9,
         gone: bool = False) -> Job:
     future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    return Job(np.array(rows, dtype=float), future, enqueued_at, deadline,
+    return Job(rows(values), future, enqueued_at, deadline,
                (lambda: True) if gone else None)
 
 
@@ -114,14 +116,58 @@ async def test_partition_answers_expired_and_gone_jobs() -> None:
     assert info.value.status_code == 504
 
 
-async def test_merge_and_split_give_each_job_its_own_rows_back() -> None:
-    jobs = [job([[1.0], [2.0]]), job([[3.0]]), job([[4.0], [5.0], [6.0]])]
-    merged = merge(jobs)
-    assert merged.shape == (6, 1)
-    outputs = merged[:, 0] * 10
-    pieces = split(outputs, [len(j.rows) for j in jobs])
-    assert [p.tolist() for p in pieces] == [[10.0, 20.0], [30.0], [40.0, 50.0, 60.0]]
+def test_a_batch_is_one_call_and_each_request_gets_its_own_rows_back() -> None:
+    calls: list[np.ndarray] = []
+
+    def predict(batch: np.ndarray) -> np.ndarray:
+        calls.append(batch)
+        return batch[:, 0] * 10
+
+    answers = answer_batch(
+        [rows([[1.0], [2.0]]), rows([[3.0]]), rows([[4.0], [5.0], [6.0]])], predict, 1, "m"
+    )
+    assert len(calls) == 1 and calls[0].shape == (6, 1)
+    assert [outputs(a) for a in answers] == [[10.0, 20.0], [30.0], [40.0, 50.0, 60.0]]
     assert split(["a", "b", "c"], [2, 1]) == [["a", "b"], ["c"]]
+
+
+def test_a_bad_request_is_answered_alone_and_its_batch_goes_on() -> None:
+    def predict(batch: np.ndarray) -> np.ndarray:
+        return batch.sum(axis=1)
+
+    answers = answer_batch(
+        [
+            rows([[1.0, 2.0]]),
+            make_request(b"[[1, ", None, None),
+            rows([[1.0, 2.0, 3.0]]),
+            make_request(b"3,4\n", "text/csv", "text/csv"),
+        ],
+        predict, 2, "pair",
+    )
+    assert outputs(answers[0]) == [3.0]
+    assert answers[1][0] == "InvalidInput" and "not valid JSON" in answers[1][1]
+    assert answers[2] == ("InvalidInput", "model pair expects 2 feature(s) per row, got 3")
+    assert answers[3] == b"7.0\n"
+
+
+def test_without_a_known_width_each_width_is_its_own_call() -> None:
+    widths: list[int] = []
+
+    def predict(batch: np.ndarray) -> np.ndarray:
+        widths.append(batch.shape[1])
+        return batch.sum(axis=1)
+
+    answers = answer_batch([rows([[1.0]]), rows([[1.0, 2.0]]), rows([[5.0]])], predict, None, "m")
+    assert sorted(widths) == [1, 2]
+    assert [outputs(a) for a in answers] == [[1.0], [3.0], [5.0]]
+
+
+def test_a_model_error_is_the_whole_batch_s() -> None:
+    def predict(batch: np.ndarray) -> list[float]:
+        return [1.0]  # one output for two rows
+
+    with pytest.raises(errors.ModelError, match="returned 1 outputs for 2 rows"):
+        answer_batch([rows([[1.0]]), rows([[2.0]])], predict, 1, "m")
 
 
 async def test_split_refuses_a_wrong_number_of_outputs() -> None:
