@@ -346,3 +346,67 @@ def test_custom_predict_exceptions_propagate_unchanged(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="bad row") as info:
         predictor.predict(np.zeros((1, 1)))
     assert type(info.value).__name__ == "Boom"
+
+
+# ------------------------------------------------------------------------------------------------
+# Linear regressors: the product without scikit-learn's per-call checks
+# ------------------------------------------------------------------------------------------------
+
+
+def _linear_cases() -> list[tuple[str, Any, int]]:
+    from sklearn.linear_model import HuberRegressor, Lars, LinearRegression
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(50, 3))
+    y = X @ np.array([1.5, -2.0, 0.25]) + 4.0
+    Y = np.column_stack([y, 2 * y - 1])
+    return [
+        ("LinearRegression", LinearRegression().fit(X, y), 3),
+        ("LinearRegression, two outputs", LinearRegression().fit(X, Y), 3),
+        ("LinearRegression, no intercept", LinearRegression(fit_intercept=False).fit(X, y), 3),
+        ("Lars, two outputs", Lars().fit(X, Y), 3),
+        ("HuberRegressor", HuberRegressor().fit(X, y), 3),
+    ]
+
+
+@pytest.mark.parametrize("case", _linear_cases(), ids=lambda c: c[0])
+def test_linear_regressors_predict_exactly_as_scikit_learn_does(case: tuple[str, Any, int]) -> None:
+    from mmserver.predictor import linear_predict
+
+    _, model, width = case
+    fast = linear_predict(model, width)
+    assert fast is not None
+    batch = np.random.default_rng(3).uniform(-100, 100, (33, width))
+    assert np.array_equal(fast(batch), model.predict(batch))
+
+
+def test_models_whose_predict_is_not_the_linear_product_keep_their_own() -> None:
+    from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from mmserver.predictor import linear_predict
+
+    X = np.array([[0.0], [1.0], [2.0], [3.0]])
+    y = np.array([1.0, 3.0, 5.0, 7.0])
+
+    class Clipped(LinearRegression):
+        def predict(self, X: Any) -> Any:
+            return np.clip(super().predict(X), 0, 4)
+
+    clipped = Clipped().fit(X, y)
+    assert linear_predict(clipped, 1) is None
+    assert linear_predict(Ridge().fit(X, y), 1) is None  # a predict of its own
+    assert linear_predict(LogisticRegression().fit(X, y > 4), 1) is None
+    assert linear_predict(make_pipeline(StandardScaler(), LinearRegression()).fit(X, y), 1) is None
+    tampered = LinearRegression().fit(X, y)
+    tampered.coef_ = tampered.coef_.astype(np.float32)  # not the dtype the product is for
+    assert linear_predict(tampered, 1) is None
+
+
+def test_a_loaded_linear_model_answers_through_the_product(tmp_path: Path) -> None:
+    predictor = load_predictor(make_linear_model(tmp_path / "m"), DEFAULTS)
+    assert getattr(predictor, "_fn").__name__ == "predict"
+    assert getattr(predictor, "_fn") is not getattr(predictor, "model").predict
+    out = predictor.predict(np.array([[0.5], [2.0]]))
+    assert np.allclose(out, [2.0, 5.0], atol=0.05)
