@@ -90,9 +90,9 @@ class Slot(Protocol):
 
     def holds(self, key: str) -> bool: ...
     async def load(self, spec: LoadSpec) -> LoadInfo: ...
-    async def predict(
+    def send_batch(
         self, key: str, requests: Sequence[Request], deadline: float
-    ) -> list[Answer]: ...
+    ) -> asyncio.Future[list[Answer]]: ...
     async def unload(self, key: str) -> None: ...
     def describe(self) -> str: ...
 
@@ -438,11 +438,12 @@ class ProcessSlot:
             raise
         return info
 
-    async def predict(
+    def send_batch(
         self, key: str, requests: Sequence[Request], deadline: float
-    ) -> list[Answer]:
-        answers: list[Answer] = await self._send((_PREDICT, key, requests), deadline=deadline)
-        return answers
+    ) -> asyncio.Future[list[Answer]]:
+        """Send a batch; the future of its answers (raises :class:`errors.ShuttingDown` at once
+        when the slot is stopping)."""
+        return self._send((_PREDICT, key, requests), deadline=deadline)
 
     async def unload(self, key: str) -> None:
         if self._loaded.pop(key, None) is None or self._stopping:
@@ -626,21 +627,42 @@ class ThreadSlot:
         with self._lock:
             return self._models.load(spec)
 
-    async def predict(
+    def send_batch(
         self, key: str, requests: Sequence[Request], deadline: float
-    ) -> list[Answer]:
+    ) -> asyncio.Future[list[Answer]]:
+        """Run a batch in the thread pool; the future of its answers, failed with
+        :class:`errors.PredictTimeout` at ``deadline`` (the thread runs on)."""
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._models.predict, key, requests)
-        try:
-            return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            raise errors.PredictTimeout(
-                "the prediction did not finish within option.predict_timeout"
-            ) from None
+        answers: asyncio.Future[list[Answer]] = loop.create_future()
+        work = loop.run_in_executor(self._executor, self._models.predict, key, requests)
+        timer = loop.call_at(deadline, _time_out, answers)
+
+        def finished(work: asyncio.Future[list[Answer]]) -> None:
+            timer.cancel()
+            if answers.done():
+                if not work.cancelled():
+                    work.exception()  # retrieved: its batch was already answered
+                return
+            if work.cancelled():
+                answers.set_exception(errors.ShuttingDown("the server is shutting down"))
+            elif (error := work.exception()) is not None:
+                answers.set_exception(error)
+            else:
+                answers.set_result(work.result())
+
+        work.add_done_callback(finished)
+        return answers
 
     async def unload(self, key: str) -> None:
         self._keys.discard(key)
         self._models.unload(key)
+
+
+def _time_out(answers: asyncio.Future[Any]) -> None:
+    if not answers.done():
+        answers.set_exception(
+            errors.PredictTimeout("the prediction did not finish within option.predict_timeout")
+        )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """Jobs, the bounded per-model queue, and batches: collect on the frontend, answer where the model
 runs.
 
-A worker waits for one job, then keeps taking jobs until it has ``batch_size`` of them or
-``max_batch_delay`` has passed since the first one was queued, whichever comes first; with
-``batch_size = 1`` there is no wait. The batch's requests go to the model's backend as they came
-(bodies, not arrays): :func:`answer_batch` runs there, decodes each body, makes one call to the
-model for all the valid rows, and encodes one answer per request. A body that does not decode, or
-has the wrong number of features, gets its own error; the others in its batch are answered.
+An idle worker is given a batch as soon as ``batch_size`` jobs are queued, or once
+``max_batch_delay`` has passed since the oldest queued job came, whichever comes first (the
+model's pool decides; with the default delay of 0, whatever is queued goes at once). The batch's
+requests go to the model's backend as they came (bodies, not arrays): :func:`answer_batch` runs
+there, decodes each body, makes one call to the model for all the valid rows, and encodes one
+answer per request. A body that does not decode, or has the wrong number of features, gets its
+own error; the others in its batch are answered.
 """
 
 from __future__ import annotations
@@ -62,15 +63,12 @@ class Job:
 
 
 class JobQueue:
-    """A bounded FIFO of jobs with cheap waiting (one future per wait, no task).
-
-    ``put`` never blocks: a full queue raises :class:`errors.QueueFull` at once.
-    """
+    """A bounded FIFO of jobs. ``put`` never blocks: a full queue raises
+    :class:`errors.QueueFull` at once. Its pool takes batches from it (:meth:`take`)."""
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._items: collections.deque[Job] = collections.deque()
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
 
     def __len__(self) -> int:
@@ -84,53 +82,19 @@ class JobQueue:
                 f"the model's queue is full ({self.maxsize} jobs waiting); retry later"
             )
         self._items.append(job)
-        self._wake_one()
 
-    def _wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    def get_nowait(self) -> Job | None:
-        return self._items.popleft() if self._items else None
-
-    async def get(self, timeout: float | None) -> Job | None:
-        """The next job, or ``None`` when ``timeout`` seconds pass first or the queue closes."""
-        if self._items:
-            return self._items.popleft()
-        if self._closed:
-            return None
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(waiter)
-        handle = None
-        if timeout is not None:
-            handle = loop.call_later(max(0.0, timeout), _expire, waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if self._items and waiter.done() and not waiter.cancelled():
-                self._wake_one()  # pass the wake-up on: another worker takes the job
-            raise
-        finally:
-            if handle is not None:
-                handle.cancel()
-        if self._items:
-            return self._items.popleft()
-        return None
+    def take(self, count: int) -> list[Job]:
+        """Up to ``count`` jobs from the front of the queue (at least one if any is queued)."""
+        items = self._items
+        if len(items) <= count:
+            taken = list(items)
+            items.clear()
+            return taken
+        return [items.popleft() for _ in range(max(1, count))]
 
     def close(self) -> None:
-        """Refuse new jobs and wake every waiter (queued jobs can still be taken)."""
+        """Refuse new jobs (queued jobs can still be taken)."""
         self._closed = True
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def reopen(self) -> None:
-        self._closed = False
 
     @property
     def closed(self) -> bool:
@@ -144,34 +108,6 @@ class JobQueue:
 
     def oldest_enqueued_at(self) -> float | None:
         return self._items[0].enqueued_at if self._items else None
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def collect_batch(
-    queue: JobQueue, batch: list[Job], batch_size: int, delay_s: float, clock: Callable[[], float]
-) -> None:
-    """Grow ``batch`` (which holds its first job) with queued jobs until it has ``batch_size``
-    jobs or ``delay_s`` has passed since its first job was queued, whichever comes first.
-
-    ``batch`` is the caller's list, so the jobs already taken are the caller's to answer if this
-    is cancelled."""
-    if batch_size <= 1:
-        return
-    until = batch[0].enqueued_at + delay_s
-    while len(batch) < batch_size:
-        job = queue.get_nowait()
-        if job is None:
-            remaining = until - clock()
-            if remaining <= 0:
-                return
-            job = await queue.get(remaining)
-            if job is None:
-                return
-        batch.append(job)
 
 
 def partition_live(batch: Sequence[Job], now: float) -> list[Job]:

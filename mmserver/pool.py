@@ -24,7 +24,7 @@ from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
-from mmserver.worker import Worker, WorkerState
+from mmserver.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,13 @@ class ModelPool:
         self.copy_bytes = 0  # memory of one copy, known after the first load
         self.running = 0
         self._next_id = 1
+        self._loop = asyncio.get_running_loop()
+        #: Idle workers, the most recently idle last: it is the one given the next batch, so
+        #: the others stay idle long enough to retire.
+        self._idle: list[Worker] = []
+        self._dispatch_handle: asyncio.Handle | None = None
+        self._delay_handle: asyncio.TimerHandle | None = None
+        self._reap_handle: asyncio.TimerHandle | None = None
         self._slot_loads: dict[int, asyncio.Future[LoadInfo]] = {}
         self._on_load = on_load
         self._on_idle = on_idle
@@ -80,15 +87,84 @@ class ModelPool:
     ) -> asyncio.Future[bytes]:
         """Queue one request (raises :class:`errors.QueueFull` at once when full), then apply
         the scaling rule. The future's result is the answer's body."""
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bytes] = self._loop.create_future()
         queue = self.queue
         queue.put(Job(request, future, now, deadline, client_gone))
+        if self._idle and self._dispatch_handle is None:
+            # Not at once: requests arriving in this turn of the event loop join the batch.
+            self._dispatch_handle = self._loop.call_soon(self._dispatch)
         # should_add_worker's own test, first on plain numbers: most requests add no worker.
         if (not self.workers or len(queue) > 2 * self.config.batch_size) and should_add_worker(
             self.snapshot()
         ):
             self._add_worker("queue")
         return future
+
+    # Batches ----------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Give queued jobs to idle workers, a batch each: ``batch_size`` jobs, or fewer once
+        ``max_batch_delay`` has passed since the oldest was queued."""
+        self._dispatch_handle = None
+        queue, idle = self.queue, self._idle
+        while idle and len(queue):
+            config = self.config
+            if config.batch_delay_s > 0 and len(queue) < config.batch_size:
+                oldest = queue.oldest_enqueued_at()
+                due = (oldest or 0.0) + config.batch_delay_s
+                if due > self._loop.time():
+                    self._dispatch_at(due)
+                    return
+            worker = idle.pop()
+            if not worker.run(queue.take(config.batch_size)):
+                idle.append(worker)  # every job of that batch had already been answered
+        if idle and len(self.workers) > self.config.min_workers:
+            self._arm_reaper()
+
+    def _dispatch_at(self, when: float) -> None:
+        handle = self._delay_handle
+        if handle is not None:
+            if handle.when() <= when:
+                return
+            handle.cancel()
+        self._delay_handle = self._loop.call_at(when, self._dispatch_delayed)
+
+    def _dispatch_delayed(self) -> None:
+        self._delay_handle = None
+        self._dispatch()
+
+    def worker_idle(self, worker: Worker) -> None:
+        """``worker`` has loaded its model or finished a batch: give it the next batch, retire
+        it, or keep it idle."""
+        queue = self.queue
+        if self._stopped or (queue.closed and not len(queue)):
+            worker.exit(None)
+            return
+        if len(self.workers) > self.config.min_workers and self.may_retire(worker, 0.0):
+            worker.exit(None)
+            return
+        self._idle.append(worker)
+        if len(queue):
+            self._dispatch()
+        elif len(self.workers) > self.config.min_workers:
+            self._arm_reaper()
+
+    def _arm_reaper(self, delay: float | None = None) -> None:
+        if self._reap_handle is None:
+            self._reap_handle = self._loop.call_later(
+                self.config.max_idle_time if delay is None else delay, self._reap
+            )
+
+    def _reap(self) -> None:
+        """Retire workers idle for ``max_idle_time`` above ``minWorkers``, longest idle first."""
+        self._reap_handle = None
+        now = self._loop.time()
+        for worker in sorted(self._idle, key=lambda w: w.idle_since):
+            if self.may_retire(worker, now - worker.idle_since):
+                worker.exit(None)
+        if self._idle and len(self.workers) > self.config.min_workers:
+            oldest = min(w.idle_since for w in self._idle)
+            self._arm_reaper(max(0.001, oldest + self.config.max_idle_time - now))
 
     @property
     def busy(self) -> bool:
@@ -168,6 +244,8 @@ class ModelPool:
         """Forget ``worker``; unload the model from its slot if no other worker is there."""
         if self.workers.pop(worker.id, None) is None:
             return
+        if worker in self._idle:
+            self._idle.remove(worker)
         slot = worker.slot
         slot.bound_workers -= 1
         if self._unloading:
@@ -201,13 +279,15 @@ class ModelPool:
         self.config = config
         self.queue.maxsize = config.job_queue_size
         started = [self._add_worker("minWorkers") for _ in range(workers_to_start(self.snapshot()))]
+        # Idle workers above the new maxWorkers leave now; busy ones after their batch.
         excess = len(self.workers) - config.max_workers
-        for worker in list(self.workers.values()):
+        for worker in list(self._idle):
             if excess <= 0:
                 break
-            if worker.state is WorkerState.IDLE and worker.task is not None:
-                worker.task.cancel()
-                excess -= 1
+            worker.exit(None)
+            excess -= 1
+        if self._idle and len(self.queue):
+            self._dispatch()  # the new batch size or delay may let a batch go now
         if started:
             await asyncio.gather(*(w.ready for w in started))
 
@@ -217,16 +297,25 @@ class ModelPool:
         the model from every slot."""
         self._unloading = True
         self.queue.close()
-        tasks = [w.task for w in self.workers.values() if w.task is not None]
-        if tasks and drain_timeout:
-            await asyncio.wait(tasks, timeout=drain_timeout)
+        if self._idle and len(self.queue):
+            self._dispatch()
+        if not len(self.queue):
+            for worker in list(self._idle):
+                worker.exit(None)
+        waits = [w.done for w in self.workers.values()]
+        if waits and drain_timeout:
+            await asyncio.wait(waits, timeout=drain_timeout)
         self._stopped = True
+        for handle in (self._dispatch_handle, self._delay_handle, self._reap_handle):
+            if handle is not None:
+                handle.cancel()
+        self._dispatch_handle = self._delay_handle = self._reap_handle = None
         for job in self.queue.drain():
             job.fail(errors.ShuttingDown("the model was unloaded before this request ran"))
-        tasks = [w.task for w in self.workers.values() if w.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        workers = list(self.workers.values())
+        for worker in workers:
+            worker.exit(None)
+        await asyncio.gather(*(w.wait_started() for w in workers))
         slots = {s.index: s for s in self.backend.slots}
         for index in list(self._slot_loads):
             self._slot_loads.pop(index)

@@ -180,7 +180,8 @@ def linear_predict(model: Any, n_features: int) -> Callable[[np.ndarray], np.nda
 
     def predict(batch: np.ndarray) -> np.ndarray:
         if batch.ndim != 2 or batch.shape[1] != n_features or batch.dtype != np.float64:
-            return model.predict(batch)  # not what the product is for: the estimator says why
+            checked: np.ndarray = model.predict(batch)  # the estimator says what is wrong
+            return checked
         result: np.ndarray = batch @ weights + intercept
         return result
 

@@ -1,8 +1,15 @@
 """A worker: the unit ``minWorkers``/``maxWorkers`` count.
 
-An asyncio task of the frontend bound to one backend slot. It makes sure its model is loaded in
-that slot, then takes batches from its model's queue and sends them there, until it retires (idle
-above ``minWorkers``, or above a lowered ``maxWorkers``) or its queue closes and is empty.
+A worker is bound to one backend slot. It first makes sure its model is loaded in that slot (an
+asyncio task, once); from then on it is driven by callbacks. Its pool hands it a batch when it is
+idle and jobs are queued (:meth:`Worker.run`); it sends the batch to its slot; when the answers
+come back it settles the batch's jobs and tells its pool it is idle again, and the pool hands it
+the jobs queued meanwhile. No task wakes up per batch: on a server answering tens of thousands of
+requests a second from one event loop, a task's wake-ups per batch cost more than the batch's own
+bookkeeping.
+
+A worker leaves (:meth:`Worker.exit`) when its pool retires it: idle above ``minWorkers`` for
+``max_idle_time``, above a lowered ``maxWorkers``, or when its model is unloaded.
 """
 
 from __future__ import annotations
@@ -15,8 +22,7 @@ from typing import Protocol
 
 from mmserver import errors
 from mmserver.backend import ProcessSlot, ThreadSlot
-from mmserver.batching import Job, JobQueue, collect_batch, partition_live
-from mmserver.config import ModelConfig
+from mmserver.batching import Answer, Job, partition_live
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +34,16 @@ class WorkerState(enum.Enum):
     STOPPING = "STOPPING"
 
 
-_TRANSITIONS = {
-    WorkerState.STARTING: {WorkerState.IDLE, WorkerState.STOPPING},
-    WorkerState.IDLE: {WorkerState.BUSY, WorkerState.STOPPING},
-    WorkerState.BUSY: {WorkerState.IDLE, WorkerState.STOPPING},
-    WorkerState.STOPPING: set(),
-}
-
-
 class WorkerHost(Protocol):
     """What a worker needs from the model it serves (implemented by the model's pool)."""
 
     name: str
     key: str
-    queue: JobQueue
-    config: ModelConfig
     running: int
 
     async def bind(self, slot: ProcessSlot | ThreadSlot) -> None: ...
-    def may_retire(self, worker: Worker, idle_seconds: float) -> bool: ...
     def observe_batch(self, batch: list[Job], started: float, seconds: float) -> None: ...
+    def worker_idle(self, worker: Worker) -> None: ...
     def worker_exited(self, worker: Worker, error: BaseException | None) -> None: ...
 
 
@@ -60,95 +56,119 @@ class Worker:
         self.slot = slot
         self.state = WorkerState.STARTING
         self.start_time = time.time()
-        self.task: asyncio.Task[None] | None = None
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: On the event loop's clock: when the worker last became idle.
+        self.idle_since = 0.0
+        self._loop = asyncio.get_running_loop()
+        #: Resolved once the model is loaded in the slot (or with the reason it is not).
+        self.ready: asyncio.Future[None] = self._loop.create_future()
+        #: Resolved when the worker has left.
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        self._binding: asyncio.Task[None] | None = None
+        self._batch: list[Job] = []
+        self._started = 0.0
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"mmserver-worker-{self.host.name}-{self.id}"
+        """Load the model in the slot; the worker is idle (and told to its pool) once it is."""
+        self._binding = self._loop.create_task(
+            self._bind(), name=f"mmserver-worker-{self.host.name}-{self.id}"
         )
 
-    def _set_state(self, state: WorkerState) -> None:
-        if state is not self.state and state not in _TRANSITIONS[self.state]:
-            raise RuntimeError(f"worker {self.id}: {self.state.value} -> {state.value}")
-        self.state = state
-
-    async def _run(self) -> None:
-        host = self.host
-        queue = host.queue
-        loop = asyncio.get_running_loop()
-        error: BaseException | None = None
-        batch: list[Job] = []
+    async def _bind(self) -> None:
         try:
-            await host.bind(self.slot)
-            self._set_state(WorkerState.IDLE)
-            if not self.ready.done():
-                self.ready.set_result(None)
-            last_active = loop.time()
-            while True:
-                job = queue.get_nowait()
-                if job is None:
-                    job = await queue.get(host.config.max_idle_time)
-                if job is None:
-                    if queue.closed and not len(queue):
-                        break
-                    if host.may_retire(self, loop.time() - last_active):
-                        break
-                    continue
-                self._set_state(WorkerState.BUSY)
-                config = host.config
-                batch = [job]
-                await collect_batch(
-                    queue, batch, config.batch_size, config.batch_delay_s, loop.time
-                )
-                await self._run_batch(batch, loop)
-                batch = []
-                self._set_state(WorkerState.IDLE)
-                last_active = loop.time()
-                if host.may_retire(self, 0.0):
-                    break
+            await self.host.bind(self.slot)
         except asyncio.CancelledError:
-            # A deliberate stop: whatever this worker held is answered, never dropped.
-            stopped = errors.ShuttingDown("the model's worker was stopped before this request ran")
-            for held in batch:
-                held.fail(stopped)
+            self.exit(None)
             raise
         except BaseException as exc:
-            error = exc
-            for held in batch:
-                held.fail(exc)
             if not isinstance(exc, errors.MMServerError):
-                log.exception("worker %d of %s crashed", self.id, host.name)
-        finally:
-            self.state = WorkerState.STOPPING
-            if not self.ready.done():
-                self.ready.set_exception(error or errors.ShuttingDown("the worker was stopped"))
-                self.ready.exception()  # marked retrieved: the pool reports it
-            host.worker_exited(self, error)
+                log.exception("worker %d of %s failed to start", self.id, self.host.name)
+            self.exit(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if self.state is not WorkerState.STARTING:
+            return  # stopped while loading
+        self.state = WorkerState.IDLE
+        self.idle_since = self._loop.time()
+        self.ready.set_result(None)
+        self.host.worker_idle(self)
 
-    async def _run_batch(self, batch: list[Job], loop: asyncio.AbstractEventLoop) -> None:
-        host = self.host
-        started = loop.time()
+    # Batches ----------------------------------------------------------------------------------
+
+    def run(self, batch: list[Job]) -> bool:
+        """Send ``batch`` to the slot; ``False`` if none of its jobs was left to compute (they are
+        answered, and the worker stays idle)."""
+        started = self._loop.time()
         live = partition_live(batch, started)
         if not live:
-            return
-        host.running += 1
+            return False
+        host = self.host
         try:
-            answers = await self.slot.predict(
+            future = self.slot.send_batch(
                 host.key, [job.request for job in live], max(job.deadline for job in live)
             )
-        except errors.MMServerError as exc:
+        except errors.MMServerError as exc:  # the slot is stopping
             for job in live:
                 job.fail(exc)
+            return False
+        self.state = WorkerState.BUSY
+        host.running += 1
+        self._batch = live
+        self._started = started
+        future.add_done_callback(self._answered)
+        return True
+
+    def _answered(self, future: asyncio.Future[list[Answer]]) -> None:
+        batch, self._batch = self._batch, []
+        host = self.host
+        host.running -= 1
+        host.observe_batch(batch, self._started, self._loop.time() - self._started)
+        if future.cancelled():
+            error: BaseException | None = errors.ShuttingDown("the batch was cancelled")
+        else:
+            error = future.exception()
+        if error is None:
+            answers = future.result()
+            if len(answers) == len(batch):
+                for job, answer in zip(batch, answers, strict=True):
+                    job.settle(answer)
+                batch = []
+            else:
+                error = errors.MMServerError(
+                    f"the backend answered {len(answers)} of the batch's {len(batch)} requests"
+                )
+        if error is not None:
+            if not isinstance(error, errors.MMServerError):
+                log.error("batch of %s failed", host.name, exc_info=error)
+                error = errors.MMServerError(f"the batch failed: {type(error).__name__}")
+            for job in batch:
+                job.fail(error)
+        if self.state is WorkerState.BUSY:
+            self.state = WorkerState.IDLE
+            self.idle_since = self._loop.time()
+            host.worker_idle(self)
+
+    # Leaving ----------------------------------------------------------------------------------
+
+    def exit(self, error: BaseException | None) -> None:
+        """Leave now: the jobs of a batch still running are answered 503 (their answers, if any
+        come, are dropped), a load still running is cancelled. Safe to call more than once."""
+        if self.state is WorkerState.STOPPING:
             return
-        except Exception as exc:
-            log.exception("batch of %s failed", host.name)
-            failure = errors.MMServerError(f"the batch failed: {type(exc).__name__}")
-            for job in live:
-                job.fail(failure)
-            return
-        finally:
-            host.running -= 1
-            host.observe_batch(live, started, loop.time() - started)
-        for job, answer in zip(live, answers, strict=True):
-            job.settle(answer)
+        self.state = WorkerState.STOPPING
+        stopped = errors.ShuttingDown("the model's worker was stopped before this request ran")
+        for job in self._batch:
+            job.fail(stopped)
+        binding = self._binding
+        if binding is not None and not binding.done() and binding is not asyncio.current_task():
+            binding.cancel()
+        if not self.ready.done():
+            self.ready.set_exception(error or errors.ShuttingDown("the worker was stopped"))
+            self.ready.exception()  # marked retrieved: the pool reports it
+        self.done.set_result(None)
+        self.host.worker_exited(self, error)
+
+    async def wait_started(self) -> None:
+        """Wait for the start-up task to end (after :meth:`exit`, a cancelled load)."""
+        if self._binding is not None:
+            await asyncio.gather(self._binding, return_exceptions=True)

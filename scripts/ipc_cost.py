@@ -2,8 +2,9 @@
 """What one batch costs to ship to a backend process and back, by batch shape.
 
 Runs an identity model (``model.py`` returning its input's first column) in one backend process
-and in the frontend's threads, and prints the median round trip per batch for each shape, with
-the difference: the price of the process boundary (pickle protocol 5 over a Unix socket).
+and in the frontend's threads, sends it one ``.npy`` request of each shape, and prints the median
+round trip per batch (decoding and encoding included, on both sides) with the difference: the
+price of the process boundary (pickle protocol 5 over a Unix socket).
 
 Usage: .venv/bin/python scripts/ipc_cost.py [--repeat N]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import statistics
 import tempfile
 import time
@@ -21,6 +23,7 @@ import numpy as np
 import uvloop
 
 from mmserver.backend import BackendPool, LoadSpec
+from mmserver.codecs import make_request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
 
@@ -45,11 +48,13 @@ async def measure(processes: int, model_dir: Path, repeat: int) -> dict[tuple[in
     medians = {}
     try:
         for shape in SHAPES:
-            batch = np.random.default_rng(0).random(shape)
+            buffer = io.BytesIO()
+            np.save(buffer, np.random.default_rng(0).random(shape))
+            request = make_request(buffer.getvalue(), "application/x-npy", None)
             times = []
             for _ in range(repeat):
                 started = time.perf_counter()
-                await slot.predict("identity#1", batch, loop.time() + 60)
+                await slot.send_batch("identity#1", [request], loop.time() + 60)
                 times.append(time.perf_counter() - started)
             medians[shape] = statistics.median(times)
     finally:

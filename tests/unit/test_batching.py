@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mmserver import errors
-from mmserver.batching import Job, JobQueue, answer_batch, collect_batch, partition_live, split
+from mmserver.batching import Job, JobQueue, answer_batch, partition_live, split
 from mmserver.codecs import make_request
 from tests.models import outputs, rows
 
@@ -32,74 +32,25 @@ async def test_full_queue_refuses_at_once() -> None:
     assert len(queue) == 2
 
 
-async def test_get_waits_for_a_put_and_times_out_empty() -> None:
-    queue = JobQueue(10)
-    waiting = asyncio.ensure_future(queue.get(None))
-    await asyncio.sleep(0)
-    first = job([[1.0]])
-    queue.put(first)
-    assert await waiting is first
-    assert await queue.get(0.001) is None
-
-
-async def test_close_wakes_waiters_and_refuses_new_jobs() -> None:
-    queue = JobQueue(10)
-    waiting = asyncio.ensure_future(queue.get(None))
-    await asyncio.sleep(0)
-    queue.close()
-    assert await waiting is None
-    with pytest.raises(errors.ShuttingDown):
-        queue.put(job([[1.0]]))
-
-
-async def test_cancelled_waiter_passes_its_wake_up_on() -> None:
-    queue = JobQueue(10)
-    a = asyncio.ensure_future(queue.get(None))
-    b = asyncio.ensure_future(queue.get(None))
-    await asyncio.sleep(0)
-    queued = job([[1.0]])
-    queue.put(queued)  # wakes a
-    a.cancel()
-    await asyncio.gather(a, return_exceptions=True)
-    assert await asyncio.wait_for(b, 1) is queued
-
-
-async def test_collect_takes_what_is_queued_up_to_batch_size() -> None:
+async def test_take_gives_up_to_count_jobs_in_order() -> None:
     queue = JobQueue(10)
     jobs = [job([[float(i)]]) for i in range(5)]
-    for j in jobs[1:]:
+    for j in jobs:
         queue.put(j)
-    batch = [jobs[0]]
-    await collect_batch(queue, batch, 3, 10.0, lambda: 0.0)
-    assert batch == jobs[:3]
-    assert len(queue) == 2
+    assert queue.take(2) == jobs[:2]
+    assert queue.oldest_enqueued_at() == jobs[2].enqueued_at
+    assert queue.take(8) == jobs[2:]
+    assert queue.take(3) == [] and len(queue) == 0
 
 
-async def test_collect_stops_at_the_delay_after_the_first_job() -> None:
+async def test_a_closed_queue_refuses_new_jobs_and_still_gives_its_own() -> None:
     queue = JobQueue(10)
-    first = job([[1.0]], enqueued_at=100.0)
-    batch = [first]
-    # The clock already says the delay has passed: no wait, the batch goes as it is.
-    await collect_batch(queue, batch, 8, 0.05, lambda: 100.06)
-    assert batch == [first]
-
-
-async def test_collect_waits_within_the_delay_for_more_jobs() -> None:
-    loop = asyncio.get_running_loop()
-    queue = JobQueue(10)
-    first = job([[1.0]], enqueued_at=loop.time())
-    second = job([[2.0]])
-    loop.call_soon(queue.put, second)
-    batch = [first]
-    await collect_batch(queue, batch, 2, 5.0, loop.time)
-    assert batch == [first, second]
-
-
-async def test_batch_size_one_never_waits() -> None:
-    queue = JobQueue(10)
-    batch = [job([[1.0]])]
-    await collect_batch(queue, batch, 1, 100.0, lambda: 0.0)
-    assert len(batch) == 1
+    queued = job([[1.0]])
+    queue.put(queued)
+    queue.close()
+    with pytest.raises(errors.ShuttingDown):
+        queue.put(job([[2.0]]))
+    assert queue.closed and queue.take(4) == [queued]
 
 
 async def test_partition_answers_expired_and_gone_jobs() -> None:

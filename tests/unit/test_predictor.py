@@ -406,7 +406,7 @@ def test_models_whose_predict_is_not_the_linear_product_keep_their_own() -> None
 
 def test_a_loaded_linear_model_answers_through_the_product(tmp_path: Path) -> None:
     predictor = load_predictor(make_linear_model(tmp_path / "m"), DEFAULTS)
-    assert getattr(predictor, "_fn").__name__ == "predict"
-    assert getattr(predictor, "_fn") is not getattr(predictor, "model").predict
+    assert predictor._fn.__name__ == "predict"
+    assert predictor._fn is not predictor.model.predict
     out = predictor.predict(np.array([[0.5], [2.0]]))
     assert np.allclose(out, [2.0, 5.0], atol=0.05)
