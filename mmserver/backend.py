@@ -34,7 +34,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +91,12 @@ class Slot(Protocol):
     def holds(self, key: str) -> bool: ...
     async def load(self, spec: LoadSpec) -> LoadInfo: ...
     def send_batch(
-        self, key: str, requests: Sequence[Request], deadline: float
-    ) -> asyncio.Future[list[Answer]]: ...
+        self,
+        key: str,
+        requests: Sequence[Request],
+        deadline: float,
+        callback: BatchCallback,
+    ) -> None: ...
     async def unload(self, key: str) -> None: ...
     def describe(self) -> str: ...
 
@@ -266,28 +270,56 @@ def _send_frame(sock: socket.socket, frame: list[bytes]) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+#: Called with ``(result, None)`` or ``(None, error)`` when a batch is answered.
+BatchCallback = Callable[[Any, BaseException | None], None]
+
+
 class _Pending:
-    """One message sent (or to be sent) to a backend process, and the future of its reply."""
+    """One message sent (or to be sent) to a backend process, and who wants its reply: a
+    future, or (for batches) a callback called as soon as the reply is read."""
 
-    __slots__ = ("deadline_handle", "frame", "future", "op")
+    __slots__ = ("callback", "deadline_handle", "finished", "frame", "future", "op")
 
-    def __init__(self, op: int, frame: list[bytes], future: asyncio.Future[Any]) -> None:
+    def __init__(
+        self,
+        op: int,
+        frame: list[bytes],
+        future: asyncio.Future[Any] | None = None,
+        callback: BatchCallback | None = None,
+    ) -> None:
         self.op = op
         self.frame = frame
         self.future = future
+        self.callback = callback
+        self.finished = False
         self.deadline_handle: asyncio.TimerHandle | None = None
 
+    def done(self) -> bool:
+        """Answered, or no longer wanted (its future was cancelled)."""
+        return self.finished or (self.future is not None and self.future.done())
+
     def succeed(self, result: Any) -> None:
-        if self.deadline_handle is not None:
-            self.deadline_handle.cancel()
-        if not self.future.done():
-            self.future.set_result(result)
+        self._settle(result, None)
 
     def fail(self, error: BaseException) -> None:
+        self._settle(None, error)
+
+    def _settle(self, result: Any, error: BaseException | None) -> None:
+        if self.finished:
+            return
+        self.finished = True
         if self.deadline_handle is not None:
             self.deadline_handle.cancel()
-        if not self.future.done():
-            self.future.set_exception(error)
+        if self.callback is not None:
+            try:
+                self.callback(result, error)
+            except Exception:  # it runs inside the reply reader: never let it break that
+                log.exception("a batch's answer callback failed")
+        elif self.future is not None and not self.future.done():
+            if error is None:
+                self.future.set_result(result)
+            else:
+                self.future.set_exception(error)
 
 
 def _frame(message: tuple[Any, ...]) -> list[bytes]:
@@ -391,7 +423,8 @@ class ProcessSlot:
         self._process = process
         _, protocol = await loop.create_unix_connection(lambda: _ReplyProtocol(self), sock=sock)
         self._protocol = protocol
-        ping = self._write(_Pending(_PING, _frame((_PING,)), loop.create_future()))
+        ping: asyncio.Future[Any] = loop.create_future()
+        self._write(_Pending(_PING, _frame((_PING,)), ping))
         try:
             await asyncio.wait_for(asyncio.shield(ping), _START_TIMEOUT)
         except TimeoutError:
@@ -439,11 +472,17 @@ class ProcessSlot:
         return info
 
     def send_batch(
-        self, key: str, requests: Sequence[Request], deadline: float
-    ) -> asyncio.Future[list[Answer]]:
-        """Send a batch; the future of its answers (raises :class:`errors.ShuttingDown` at once
-        when the slot is stopping)."""
-        return self._send((_PREDICT, key, requests), deadline=deadline)
+        self,
+        key: str,
+        requests: Sequence[Request],
+        deadline: float,
+        callback: BatchCallback,
+    ) -> None:
+        """Send a batch; ``callback`` gets its answers (a list of :data:`Answer`) or its error,
+        from the event loop, as soon as they are known. Raises :class:`errors.ShuttingDown` at
+        once when the slot is stopping."""
+        message = (_PREDICT, key, requests)
+        self._enqueue(_Pending(_PREDICT, _frame(message), callback=callback), deadline)
 
     async def unload(self, key: str) -> None:
         if self._loaded.pop(key, None) is None or self._stopping:
@@ -454,26 +493,38 @@ class ProcessSlot:
             pass  # a process that died holds nothing
 
     def _send(self, message: tuple[Any, ...], deadline: float | None) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Pending(message[0], _frame(message), future), deadline)
+        return future
+
+    def _enqueue(self, pending: _Pending, deadline: float | None) -> None:
         if self._stopping:
             raise errors.ShuttingDown("the server is shutting down")
-        loop = asyncio.get_running_loop()
-        pending = _Pending(message[0], _frame(message), loop.create_future())
         if deadline is not None:
-            pending.deadline_handle = loop.call_at(deadline, self._expire, pending)
+            pending.deadline_handle = asyncio.get_running_loop().call_at(
+                deadline, self._expire, pending
+            )
         if self._holding:
             self._held.append(pending)
-            return pending.future
-        return self._write(pending)
+        else:
+            self._write(pending)
 
-    def _write(self, pending: _Pending) -> asyncio.Future[Any]:
+    def _write(self, pending: _Pending) -> None:
+        """Send ``pending``'s frame: at once if the process has nothing to do, else with the
+        other frames written in this turn of the event loop (one system call for all)."""
+        idle = not self._inflight
         self._inflight.append(pending)
         self._out.extend(pending.frame)
         if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
-        return pending.future
+            if idle:
+                self._flush()
+            else:
+                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._flush_handle = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         out, self._out = self._out, []
         protocol = self._protocol
         if protocol is not None and protocol.transport is not None and out:
@@ -492,7 +543,7 @@ class ProcessSlot:
             pending.fail(errors.from_name(reply[1], reply[2]))
 
     def _expire(self, pending: _Pending) -> None:
-        if pending.future.done():
+        if pending.done():
             return
         running = bool(self._inflight) and self._inflight[0] is pending
         pending.fail(
@@ -520,7 +571,7 @@ class ProcessSlot:
                 running.fail(errors.BackendDied(f"{self.describe()} died while starting"))
             else:
                 self._crashed.append(running)
-        self._held[:0] = [p for p in self._inflight if not p.future.done()]
+        self._held[:0] = [p for p in self._inflight if not p.done()]
         self._inflight.clear()
         if self._restarting is None:
             self._restarting = asyncio.get_running_loop().create_task(
@@ -561,13 +612,12 @@ class ProcessSlot:
                 log.exception("could not start a replacement for %s", described)
                 await asyncio.sleep(1.0)
                 continue
-            reloads = [
-                self._write(_Pending(_LOAD, _frame((_LOAD, spec)), loop.create_future()))
-                for spec in self._loaded.values()
-            ]
+            reloads = [loop.create_future() for _ in self._loaded]
+            for spec, reload in zip(self._loaded.values(), reloads, strict=True):
+                self._write(_Pending(_LOAD, _frame((_LOAD, spec)), reload))
             held, self._held = self._held, []
             for pending in held:
-                if not pending.future.done():
+                if not pending.done():
                     self._write(pending)
             self._holding = False
             log.info("backend process %d replaced by pid %s", self.index, self.pid)
@@ -628,41 +678,38 @@ class ThreadSlot:
             return self._models.load(spec)
 
     def send_batch(
-        self, key: str, requests: Sequence[Request], deadline: float
-    ) -> asyncio.Future[list[Answer]]:
-        """Run a batch in the thread pool; the future of its answers, failed with
-        :class:`errors.PredictTimeout` at ``deadline`` (the thread runs on)."""
+        self,
+        key: str,
+        requests: Sequence[Request],
+        deadline: float,
+        callback: BatchCallback,
+    ) -> None:
+        """Run a batch in the thread pool; ``callback`` as for :meth:`ProcessSlot.send_batch`,
+        with :class:`errors.PredictTimeout` at ``deadline`` (the thread runs on)."""
         loop = asyncio.get_running_loop()
-        answers: asyncio.Future[list[Answer]] = loop.create_future()
+        pending = _Pending(_PREDICT, [], callback=callback)
         work = loop.run_in_executor(self._executor, self._models.predict, key, requests)
-        timer = loop.call_at(deadline, _time_out, answers)
+        pending.deadline_handle = loop.call_at(deadline, _time_out, pending)
 
         def finished(work: asyncio.Future[list[Answer]]) -> None:
-            timer.cancel()
-            if answers.done():
-                if not work.cancelled():
-                    work.exception()  # retrieved: its batch was already answered
-                return
             if work.cancelled():
-                answers.set_exception(errors.ShuttingDown("the server is shutting down"))
+                pending.fail(errors.ShuttingDown("the server is shutting down"))
             elif (error := work.exception()) is not None:
-                answers.set_exception(error)
+                pending.fail(error)
             else:
-                answers.set_result(work.result())
+                pending.succeed(work.result())
 
         work.add_done_callback(finished)
-        return answers
 
     async def unload(self, key: str) -> None:
         self._keys.discard(key)
         self._models.unload(key)
 
 
-def _time_out(answers: asyncio.Future[Any]) -> None:
-    if not answers.done():
-        answers.set_exception(
-            errors.PredictTimeout("the prediction did not finish within option.predict_timeout")
-        )
+def _time_out(pending: _Pending) -> None:
+    pending.fail(
+        errors.PredictTimeout("the prediction did not finish within option.predict_timeout")
+    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -91,8 +91,12 @@ class ModelPool:
         queue = self.queue
         queue.put(Job(request, future, now, deadline, client_gone))
         if self._idle and self._dispatch_handle is None:
-            # Not at once: requests arriving in this turn of the event loop join the batch.
-            self._dispatch_handle = self._loop.call_soon(self._dispatch)
+            if self.running:
+                # A batch of this model is running: the requests arriving in this turn of the
+                # event loop go together, in the next one.
+                self._dispatch_handle = self._loop.call_soon(self._dispatch)
+            else:
+                self._dispatch()
         # should_add_worker's own test, first on plain numbers: most requests add no worker.
         if (not self.workers or len(queue) > 2 * self.config.batch_size) and should_add_worker(
             self.snapshot()

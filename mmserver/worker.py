@@ -103,39 +103,41 @@ class Worker:
         if not live:
             return False
         host = self.host
-        try:
-            future = self.slot.send_batch(
-                host.key, [job.request for job in live], max(job.deadline for job in live)
-            )
-        except errors.MMServerError as exc:  # the slot is stopping
-            for job in live:
-                job.fail(exc)
-            return False
         self.state = WorkerState.BUSY
         host.running += 1
         self._batch = live
         self._started = started
-        future.add_done_callback(self._answered)
+        try:
+            self.slot.send_batch(
+                host.key,
+                [job.request for job in live],
+                max(job.deadline for job in live),
+                self._answered,
+            )
+        except errors.MMServerError as exc:  # the slot is stopping
+            self.state = WorkerState.IDLE
+            host.running -= 1
+            self._batch = []
+            for job in live:
+                job.fail(exc)
+            return False
         return True
 
-    def _answered(self, future: asyncio.Future[list[Answer]]) -> None:
+    def _answered(self, answers: list[Answer] | None, error: BaseException | None) -> None:
+        """The batch's answers (or its error), as soon as the slot has them."""
         batch, self._batch = self._batch, []
         host = self.host
         host.running -= 1
         host.observe_batch(batch, self._started, self._loop.time() - self._started)
-        if future.cancelled():
-            error: BaseException | None = errors.ShuttingDown("the batch was cancelled")
-        else:
-            error = future.exception()
         if error is None:
-            answers = future.result()
-            if len(answers) == len(batch):
+            if answers is not None and len(answers) == len(batch):
                 for job, answer in zip(batch, answers, strict=True):
                     job.settle(answer)
                 batch = []
             else:
+                got = len(answers) if answers is not None else 0
                 error = errors.MMServerError(
-                    f"the backend answered {len(answers)} of the batch's {len(batch)} requests"
+                    f"the backend answered {got} of the batch's {len(batch)} requests"
                 )
         if error is not None:
             if not isinstance(error, errors.MMServerError):
