@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, the error middleware and the handlers' state.
+"""The aiohttp application: routes, error answers and the handlers' state.
 
 :func:`build_app` composes the HTTP layer over a WorkLoadManager and a metrics registry that the
 caller owns (and starts and stops); the application holds them under
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from mmserver.api import STATE, ApiState, inference, management
-from mmserver.api.middleware import check_security, error_middleware
+from mmserver.api.middleware import check_security, unmatched
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 
@@ -26,13 +26,11 @@ __all__ = ["access_log_enabled", "build_app", "check_security"]
 
 def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> web.Application:
     """The application serving every path of DESIGN §8 on one port."""
-    app = web.Application(
-        client_max_size=config.max_request_size,
-        middlewares=[error_middleware],
-    )
+    app = web.Application(client_max_size=config.max_request_size)
     app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics)
     app.add_routes(inference.ROUTES)
     app.add_routes(management.ROUTES)
+    app.router.add_route("*", "/{path:.*}", unmatched)  # last: 404 and 405, as JSON errors
     return app
 
 

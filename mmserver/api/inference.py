@@ -18,6 +18,7 @@ import time
 from aiohttp import hdrs, web
 
 from mmserver.api import STATE, read_body
+from mmserver.api.middleware import answer_error, answer_unexpected
 from mmserver.codecs import make_request, response_type
 from mmserver.errors import (
     InvalidInput,
@@ -96,10 +97,12 @@ async def infer(request: web.Request) -> web.Response:
         return web.Response(body=answer, headers={hdrs.CONTENT_TYPE: response_type(job[2])})
     except MMServerError as error:
         code = error.status_code
-        raise
+        return answer_error(request, error)
     except asyncio.CancelledError:
         code = 0  # the server is stopping or the client left: no answer, nothing to count
         raise
+    except Exception:
+        return answer_unexpected(request)
     finally:
         if code != 200 and code:
             label = pool.name if pool is not None else pool_name
@@ -112,11 +115,6 @@ def _label(name: str) -> str:
     except InvalidModelName:
         return UNRESOLVED
 
-
-#: The SageMaker paths: their errors carry ``x-amzn-ErrorType``.
-SAGEMAKER_PATHS = frozenset(
-    {"/invocations", "/endpoints/{endpoint}/invocations", "/models/{model}/invoke"}
-)
 
 ROUTES = [
     web.get("/ping", ping),

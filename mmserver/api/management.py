@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from mmserver.api import STATE, read_body
-from mmserver.api.middleware import authorize
+from mmserver.api.middleware import answers_errors, authorize
 from mmserver.codecs import media_type
 from mmserver.errors import ConfigError, InvalidInput
 from mmserver.store import normalize_name
@@ -197,10 +197,10 @@ def _shown(value: Any, limit: int = 40) -> str:
 
 
 ROUTES = [
-    web.get("/models", list_models),
-    web.post("/models", register_model),
-    web.get("/models/{model}", describe_model),
-    web.put("/models/{model}", rescale_model),
-    web.delete("/models/{model}", unload_model),
-    web.get("/metrics", metrics),
+    web.get("/models", answers_errors(list_models)),
+    web.post("/models", answers_errors(register_model)),
+    web.get("/models/{model}", answers_errors(describe_model)),
+    web.put("/models/{model}", answers_errors(rescale_model)),
+    web.delete("/models/{model}", answers_errors(unload_model)),
+    web.get("/metrics", answers_errors(metrics)),
 ]

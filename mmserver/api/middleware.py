@@ -9,6 +9,11 @@ paths (``/invocations``, ``/endpoints/{endpoint}/invocations``, ``/models/{model
 reads to raise the matching exception. Any other exception is logged with its traceback and
 answered 500 ``InternalFailure`` with a generic message: a traceback never reaches the client.
 
+The rule is applied per route, not as an aiohttp middleware (which would add two coroutine frames
+and a wrapper to every request, inference included): :func:`answers_errors` wraps the management
+handlers, the inference handler calls :func:`answer_error` itself, and :func:`unmatched`, the
+last route, answers any path or method no other route takes (404, or 405 with ``Allow``).
+
 Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``) pass
 :func:`authorize`: when a ``management_token`` is configured, they need
 ``Authorization: Bearer <token>``; without one they are open only on a loopback address, or with
@@ -17,6 +22,7 @@ Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
@@ -25,7 +31,6 @@ from collections.abc import Awaitable, Callable
 from aiohttp import hdrs, web
 
 from mmserver.api import STATE
-from mmserver.api.inference import SAGEMAKER_PATHS
 from mmserver.config import ServerConfig
 from mmserver.errors import (
     ConfigError,
@@ -41,6 +46,11 @@ log = logging.getLogger(__name__)
 AMZN_ERROR_TYPE = "x-amzn-ErrorType"
 REQUEST_ID = "X-Request-Id"
 
+#: The SageMaker paths: their errors carry ``x-amzn-ErrorType``.
+SAGEMAKER_PATHS = frozenset(
+    {"/invocations", "/endpoints/{endpoint}/invocations", "/models/{model}/invoke"}
+)
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -54,37 +64,75 @@ class HTTPError(MMServerError):
         self.amzn_error_type = "ValidationError" if status < 500 else "InternalFailure"
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Convert whatever a handler raises into the JSON error answer (see the module docstring)."""
-    try:
-        return await handler(request)
-    except MMServerError as error:
-        response = error_response(request, error)
-        if error.status_code == 500:
-            log.warning(
-                "%s %s answered 500 %s: %s (%s)",
-                request.method,
-                _shown(request.path),
-                error.error_type,
-                error.message,
-                response.headers[REQUEST_ID],
-            )
-        return response
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return error_response(request, _from_http(request, exc), _passed_headers(exc))
-    except Exception:
-        request_id = request.app[STATE].request_ids.next()
-        log.exception(
-            "unexpected error answering %s %s (request id %s)",
+def answers_errors(handler: Handler) -> Handler:
+    """``handler``, with whatever it raises answered as the module docstring says."""
+
+    @functools.wraps(handler)
+    async def answering(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except MMServerError as error:
+            return answer_error(request, error)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(request, _from_http(request, exc), _passed_headers(exc))
+        except Exception:
+            return answer_unexpected(request)
+
+    return answering
+
+
+def answer_error(request: web.Request, error: MMServerError) -> web.Response:
+    """The answer to ``request`` for ``error``; a 500 is also logged."""
+    response = error_response(request, error)
+    if error.status_code == 500:
+        log.warning(
+            "%s %s answered 500 %s: %s (%s)",
             request.method,
             _shown(request.path),
-            request_id,
+            error.error_type,
+            error.message,
+            response.headers[REQUEST_ID],
         )
-        failure = MMServerError("the server failed to answer this request; it has logged the cause")
-        return error_response(request, failure, request_id=request_id)
+    return response
+
+
+def answer_unexpected(request: web.Request) -> web.Response:
+    """The answer to ``request`` for an exception outside the error tree (call it from the
+    ``except`` clause): logged with its traceback, answered 500 with a generic message."""
+    request_id = request.app[STATE].request_ids.next()
+    log.exception(
+        "unexpected error answering %s %s (request id %s)",
+        request.method,
+        _shown(request.path),
+        request_id,
+    )
+    failure = MMServerError("the server failed to answer this request; it has logged the cause")
+    return error_response(request, failure, request_id=request_id)
+
+
+@answers_errors
+async def unmatched(request: web.Request) -> web.StreamResponse:
+    """The last route: a path no route serves (404), or a method its routes do not take (405)."""
+    own = request.match_info.route.resource
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not own:
+            _, methods = await resource.resolve(request)
+            allowed |= methods
+    path = _shown(request.path)
+    if allowed:
+        shown = ",".join(sorted(allowed))
+        error = MethodNotAllowed(
+            f"method {request.method} is not allowed on {path}; allowed: {shown}"
+        )
+        return error_response(request, error, {hdrs.ALLOW: shown})
+    raise NotFound(
+        f"no such path: {request.method} {path}. The paths are /ping, /predictions/{{model}}, "
+        "/invocations, /endpoints/{endpoint}/invocations, /models, /models/{model}, "
+        "/models/{model}/invoke and /metrics"
+    )
 
 
 def error_response(
@@ -120,18 +168,6 @@ def is_sagemaker_request(request: web.Request) -> bool:
 
 
 def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
-    path = _shown(request.path)
-    if exc.status == 404:
-        return NotFound(
-            f"no such path: {request.method} {path}. The paths are /ping, /predictions/{{model}}, "
-            "/invocations, /endpoints/{endpoint}/invocations, /models, /models/{model}, "
-            "/models/{model}/invoke and /metrics"
-        )
-    if exc.status == 405:
-        allowed = exc.headers.get(hdrs.ALLOW, "")
-        return MethodNotAllowed(
-            f"method {request.method} is not allowed on {path}; allowed: {allowed or 'none'}"
-        )
     if exc.status == 413:
         return RequestTooLarge(
             f"the request body is over the limit of {request.client_max_size} bytes "

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from mmserver.api.middleware import answers_errors
 from tests.integration.gate import Gate
 from tests.integration.harness import Harness, Serve, error_of, hold_gate, wait_until
 
@@ -224,7 +225,7 @@ async def _boom(request: web.Request) -> web.Response:
 
 
 async def test_500_unexpected_exception_is_generic(serve: Serve) -> None:
-    harness = await serve(routes=[web.get("/boom", _boom)])
+    harness = await serve(routes=[web.get("/boom", answers_errors(_boom))])
     response = await harness.client.get("/boom")
     body = await check(
         response,
@@ -234,6 +235,26 @@ async def test_500_unexpected_exception_is_generic(serve: Serve) -> None:
         None,
     )
     assert "secret" not in body["message"] and "RuntimeError" not in body["message"]
+
+
+async def test_500_unexpected_exception_on_the_inference_path_is_generic(
+    server: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(name: str) -> None:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(server.wlm, "ready_pool", broken)
+    response = await server.post("/invocations", "[[0.5]]", **{TARGET: "sklearn-0"})
+    body = await check(
+        response,
+        500,
+        "InternalFailure",
+        "the server failed to answer this request; it has logged the cause",
+        "InternalFailure",
+    )
+    assert "secret" not in body["message"]
+    monkeypatch.undo()
+    assert (await server.post("/predictions/sklearn-0", "[[0.5]]")).status == 200
 
 
 # ------------------------------------------------------------------------------------------------
