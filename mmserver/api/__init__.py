@@ -71,6 +71,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise _too_large(length, limit)
     if length == 0:
         return b""
+    payload = request.content
+    if length is not None and payload.is_eof():
+        return payload.read_nowait()  # all of it has arrived (the common case): no await
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:

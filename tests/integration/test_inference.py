@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import AsyncIterator
@@ -93,6 +94,28 @@ async def test_chunked_body_is_accepted(server: Harness) -> None:
     )
     assert response.status == 200
     assert (await response.json())["predictions"] == [AT_HALF, pytest.approx(3.0, abs=0.05)]
+
+
+async def test_body_arriving_after_its_headers_is_read_whole(server: Harness) -> None:
+    """A Content-Length body whose second half comes in a later packet, after the handler has
+    started: the handler waits for it (the usual body is whole by then and read at once)."""
+    host, port = server.client.host, server.client.port
+    reader, writer = await asyncio.open_connection(host, port)
+    body = b"[[0.5], [1.0]]"
+    writer.write(
+        b"POST /predictions/sklearn-1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body[:7]
+    )
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    writer.write(body[7:])
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), timeout=10)
+    writer.close()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert json.loads(payload)["predictions"] == [AT_HALF, pytest.approx(3.0, abs=0.05)]
 
 
 @pytest.mark.parametrize("accept", ["text/csv", "text/csv; q=0.9, application/json; q=0.5"])
