@@ -390,6 +390,7 @@ class ProcessSlot:
         self._restarting: asyncio.Task[None] | None = None
         self._stopping = False
         self._restarts: collections.deque[float] = collections.deque(maxlen=5)
+        self._loop: asyncio.AbstractEventLoop  # the event loop the slot was started on
 
     @property
     def pid(self) -> int | None:
@@ -409,7 +410,7 @@ class ProcessSlot:
         self._holding = False
 
     async def _spawn(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         parent, child = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=_child_main, args=(child, self.index),
@@ -501,9 +502,7 @@ class ProcessSlot:
         if self._stopping:
             raise errors.ShuttingDown("the server is shutting down")
         if deadline is not None:
-            pending.deadline_handle = asyncio.get_running_loop().call_at(
-                deadline, self._expire, pending
-            )
+            pending.deadline_handle = self._loop.call_at(deadline, self._expire, pending)
         if self._holding:
             self._held.append(pending)
         else:
@@ -519,7 +518,7 @@ class ProcessSlot:
             if idle:
                 self._flush()
             else:
-                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+                self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         if self._flush_handle is not None:

@@ -81,13 +81,17 @@ class ModelPool:
     def submit(
         self,
         request: Request,
-        now: float,
-        deadline: float,
+        deadline: float | None,
         client_gone: Callable[[], bool] | None,
     ) -> asyncio.Future[bytes]:
         """Queue one request (raises :class:`errors.QueueFull` at once when full), then apply
-        the scaling rule. The future's result is the answer's body."""
-        future: asyncio.Future[bytes] = self._loop.create_future()
+        the scaling rule. The future's result is the answer's body. ``deadline`` is on the event
+        loop's clock; by default the model's predict_timeout from now."""
+        loop = self._loop
+        now = loop.time()
+        if deadline is None:
+            deadline = now + self.config.predict_timeout
+        future: asyncio.Future[bytes] = loop.create_future()
         queue = self.queue
         queue.put(Job(request, future, now, deadline, client_gone))
         if self._idle and self._dispatch_handle is None:

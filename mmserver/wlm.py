@@ -181,10 +181,7 @@ class WorkLoadManager:
         client_gone: Callable[[], bool] | None = None,
     ) -> asyncio.Future[bytes]:
         """Queue ``request`` for ``pool``'s model at once; the future of the answer's body."""
-        now = asyncio.get_running_loop().time()
-        if deadline is None:
-            deadline = now + pool.config.predict_timeout
-        return pool.submit(request, now, deadline, client_gone)
+        return pool.submit(request, deadline, client_gone)
 
     async def _get_pool(self, name: str, *, management: bool = False) -> ModelPool:
         """The pool of a loaded model, loading it first if needed (single flight)."""

@@ -108,12 +108,11 @@ class Worker:
         self._batch = live
         self._started = started
         try:
-            self.slot.send_batch(
-                host.key,
-                [job.request for job in live],
-                max(job.deadline for job in live),
-                self._answered,
-            )
+            if len(live) == 1:
+                requests, deadline = [live[0].request], live[0].deadline
+            else:
+                requests, deadline = [j.request for j in live], max(j.deadline for j in live)
+            self.slot.send_batch(host.key, requests, deadline, self._answered)
         except errors.MMServerError as exc:  # the slot is stopping
             self.state = WorkerState.IDLE
             host.running -= 1
