@@ -75,11 +75,10 @@ class LoadSpec:
 
 @dataclass(frozen=True)
 class LoadInfo:
-    """What loading a model in a slot reported."""
+    """What loading a model in a slot reported: the memory one copy of it takes there (0 when
+    it was loaded already)."""
 
-    n_features: int | None
     memory_bytes: int
-    seconds: float
 
 
 class Slot(Protocol):
@@ -120,15 +119,14 @@ class _Models:
 
         existing = self.predictors.get(spec.key)
         if existing is not None:
-            return LoadInfo(existing.n_features, 0, 0.0)
-        started = time.perf_counter()
+            return LoadInfo(0)
         before = _rss_bytes()
         predictor = load_predictor(spec.model_dir, spec.config)
         measured = max(0, _rss_bytes() - before)
         self.predictors[spec.key] = predictor
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
-        return LoadInfo(predictor.n_features, memory, time.perf_counter() - started)
+        return LoadInfo(memory)
 
     def predict(self, key: str, requests: Sequence[Request]) -> list[Answer]:
         name = key.split("#")[0]
@@ -545,9 +543,7 @@ class ProcessSlot:
         if pending.done():
             return
         running = bool(self._inflight) and self._inflight[0] is pending
-        pending.fail(
-            errors.PredictTimeout("the prediction did not finish within option.predict_timeout")
-        )
+        _time_out(pending)
         if running and not self._holding:
             log.warning("%s: a prediction timed out; replacing the process", self.describe())
             self.kill()

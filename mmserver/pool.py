@@ -50,7 +50,6 @@ class ModelPool:
         self.backend = backend
         self.queue = JobQueue(config.job_queue_size)
         self.workers: dict[int, Worker] = {}
-        self.n_features: int | None = None
         self.copy_bytes = 0  # memory of one copy, known after the first load
         self.running = 0
         self._next_id = 1
@@ -227,8 +226,6 @@ class ModelPool:
             if self._slot_loads.get(slot.index) is future:
                 del self._slot_loads[slot.index]
             raise
-        if self.n_features is None:
-            self.n_features = info.n_features
         if not self.copy_bytes:
             self.copy_bytes = int(self.config.required_memory_mb * 2**20) \
                 if self.config.required_memory_mb is not None else info.memory_bytes
