@@ -100,10 +100,7 @@ class ModelPool:
                 self._dispatch_handle = self._loop.call_soon(self._dispatch)
             else:
                 self._dispatch()
-        # should_add_worker's own test, first on plain numbers: most requests add no worker.
-        if (not self.workers or len(queue) > 2 * self.config.batch_size) and should_add_worker(
-            self.snapshot()
-        ):
+        if should_add_worker(self.snapshot()):
             self._add_worker("queue")
         return future
 
