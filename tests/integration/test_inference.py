@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from aiohttp import web
 
+from mmserver.api import inference
 from tests.integration.harness import Harness, error_of
 
 # The reference model is y = 2x + 1 (+ noise): about 2.0 at x = 0.5.
@@ -96,9 +98,19 @@ async def test_chunked_body_is_accepted(server: Harness) -> None:
     assert (await response.json())["predictions"] == [AT_HALF, pytest.approx(3.0, abs=0.05)]
 
 
-async def test_body_arriving_after_its_headers_is_read_whole(server: Harness) -> None:
+async def test_body_arriving_after_its_headers_is_read_whole(
+    server: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Content-Length body whose second half comes in a later packet, after the handler has
     started: the handler waits for it (the usual body is whole by then and read at once)."""
+    reading = asyncio.Event()
+    read_whole = inference.read_body
+
+    async def read_body(request: web.Request, limit: int) -> bytes:
+        reading.set()
+        return await read_whole(request, limit)
+
+    monkeypatch.setattr(inference, "read_body", read_body)
     host, port = server.client.host, server.client.port
     reader, writer = await asyncio.open_connection(host, port)
     body = b"[[0.5], [1.0]]"
@@ -108,7 +120,7 @@ async def test_body_arriving_after_its_headers_is_read_whole(server: Harness) ->
         + body[:7]
     )
     await writer.drain()
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(reading.wait(), timeout=10)  # the handler is reading the body
     writer.write(body[7:])
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), timeout=10)
