@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from tests.behaviour_models import (
     make_raising_dir,
     make_recording_dir,
 )
+from tests.integration.harness import wait_until
 from tests.models import make_linear_archive, outputs, rows, value
 
 X = rows([[0.5]])
@@ -45,17 +46,6 @@ async def running(store: Path, **options: Any) -> AsyncIterator[WorkLoadManager]
         yield wlm
     finally:
         await wlm.stop(5.0)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait until ``condition()`` holds (checked every loop turn and every 5 ms)."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not condition():
-        if loop.time() > give_up:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
-
 
 
 def sample(wlm: WorkLoadManager, family: str, **labels: str) -> float:
@@ -111,13 +101,13 @@ async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_pat
                  for i in range(12)]
         await asyncio.sleep(0)  # every request is queued in this turn
         assert len(pool.workers) == 3
-        await until(lambda: pool.running == 3)
+        await wait_until(lambda: pool.running == 3)
         assert len(pool.workers) == 3  # never more than maxWorkers
         gate.touch()
         results = await asyncio.gather(*tasks)
         assert [value(r) for r in results] == [2.0 * i for i in range(12)]
         assert sample(wlm, "mmserver_worker_scale_total", model="slow", direction="up") == 3
-        await until(lambda: len(pool.workers) == 1)  # idle for max_idle_time: back to min
+        await wait_until(lambda: len(pool.workers) == 1)  # idle for max_idle_time: back to min
         assert sample(wlm, "mmserver_worker_scale_total", model="slow", direction="down") == 2
 
 
@@ -128,7 +118,7 @@ async def test_scale_to_zero_answers_its_first_request(store: Path, tmp_path: Pa
         assert value(await wlm.infer("zero", X)) == 1.0
         pool = wlm.pool("zero")
         assert pool is not None
-        await until(lambda: len(pool.workers) == 0)
+        await wait_until(lambda: len(pool.workers) == 0)
         assert value(await wlm.infer("zero", rows([[2.0]]))) == 4.0
 
 
@@ -177,7 +167,7 @@ async def test_a_model_under_load_is_never_evicted(store: Path, tmp_path: Path) 
     async with running(store, backend_processes=0, max_loaded_models=2,
                        room_wait_seconds=0.2) as wlm:
         running_request = asyncio.ensure_future(wlm.infer("busy", X))
-        await until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
+        await wait_until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
         await wlm.infer("sklearn-1", X)
         # "busy" is the least recently used, but it has a running job: sklearn-1 goes.
         await wlm.infer("sklearn-2", X)
@@ -199,7 +189,7 @@ async def test_nothing_evictable_answers_503(store: Path, tmp_path: Path) -> Non
     async with running(store, backend_processes=0, max_loaded_models=1,
                        room_wait_seconds=0.1) as wlm:
         held = asyncio.ensure_future(wlm.infer("busy", X))
-        await until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
+        await wait_until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
         with pytest.raises(errors.NoCapacity) as info:
             await wlm.infer("sklearn-1", X)
         assert info.value.status_code == 503
@@ -293,11 +283,11 @@ async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
                 bystanders.append(f"sklearn-{i}")
         assert bystanders
         doomed = asyncio.ensure_future(wlm.infer("victim", X))
-        await until(lambda: victim.running == 1)
+        await wait_until(lambda: victim.running == 1)
         # A bystander's batch now waits behind the victim's inside the same process.
         waiting = [asyncio.ensure_future(wlm.infer(name, X)) for name in bystanders]
         others = [asyncio.ensure_future(wlm.infer(f"sklearn-{i}", X)) for i in range(10)]
-        await until(lambda: all(wlm.pool(n).running == 1 for n in bystanders))  # type: ignore[union-attr]
+        await wait_until(lambda: all(wlm.pool(n).running == 1 for n in bystanders))  # type: ignore[union-attr]
         old_pid = slot.pid
         assert old_pid is not None
         os.kill(old_pid, signal.SIGKILL)
