@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from benchlib.servers import HOST
+from proctools import HOST
 
 BODY = b"[[0.5]]"
 JSON_HEADERS = {"Content-Type": "application/json"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,38 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-HOST = "127.0.0.1"
+from proctools import HOST, alive, descendants, free_port, proc_kb, stat_fields
+
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 40.0
-
-
-def free_port() -> int:
-    """A port the kernel picks as free on the loopback address."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def descendants(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (children first), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name in parentheses may hold spaces; the parent pid follows it.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo and len(found) < 10_000:
-        child = todo.pop(0)
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return found
 
 
 @dataclass
@@ -59,30 +30,15 @@ class ProcessMemory:
     pss_kb: int
 
 
-def _status_field(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def tree_memory(pid: int) -> list[ProcessMemory]:
     """RSS (``VmRSS``) and PSS (``smaps_rollup``) of ``pid`` and each of its descendants."""
     out = []
     for each in [pid, *descendants(pid)]:
         try:
             name = Path(f"/proc/{each}/comm").read_text().strip()
-            out.append(ProcessMemory(each, name, _status_field(each, "VmRSS"), _pss_kb(each)))
+            out.append(ProcessMemory(
+                each, name, proc_kb(each, "status", "VmRSS"), proc_kb(each, "smaps_rollup", "Pss")
+            ))
         except OSError:
             continue  # exited meanwhile
     return out
@@ -93,10 +49,9 @@ def tree_cpu(pid: int) -> dict[int, float]:
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for each in [pid, *descendants(pid)]:
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
+        fields = stat_fields(each)
+        if fields is None:
+            continue  # exited meanwhile
         out[each] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return out
 
@@ -199,9 +154,9 @@ class Server:
                 proc.wait()
         deadline = time.monotonic() + 5
         for pid in left:
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _alive(pid):
+            if alive(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -215,14 +170,6 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def mmserver(store: Path, cache: Path, log: Path, extra: list[str]) -> Server:

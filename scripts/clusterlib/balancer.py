@@ -34,7 +34,9 @@ from pathlib import Path
 from string import Template
 from typing import IO
 
-from clusterlib.procs import HOST, ProcessId, http_get, reap, wait_gone, wait_until
+from proctools import HOST
+
+from clusterlib.procs import ProcessId, http_get, reap, wait_gone, wait_until
 
 TEMPLATE = Path(__file__).resolve().parent / "haproxy.cfg.in"
 BACKEND = "instances"

@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from proctools import HOST
+
 from clusterlib import balancer, cluster
 from clusterlib.instances import InstanceSpec
-from clusterlib.procs import HOST, ProcessId
+from clusterlib.procs import ProcessId
 
 DEFAULT_STATE_DIR = Path(".cache/cluster")
 START_TIMEOUT_S = 300.0

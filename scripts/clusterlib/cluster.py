@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proctools import HOST, free_port
+
 from clusterlib.balancer import Balancer, BalancerSpec, Strategy
 from clusterlib.instances import Instance, InstanceSpec, stop_instances
-from clusterlib.procs import HOST, ProcessId, descendants, free_port, kill_all, wait_gone
+from clusterlib.procs import ProcessId, descendants, kill_all, wait_gone
 
 log = logging.getLogger("cluster")
 

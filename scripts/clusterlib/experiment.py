@@ -42,12 +42,13 @@ from typing import Any
 
 import numpy as np
 import uvloop
+from proctools import HOST, free_port
 
 from clusterlib.balancer import Balancer, BalancerSpec, Strategy
 from clusterlib.instances import Instance, InstanceSpec, stop_instances
 from clusterlib.load import LoadResult, closed_loop, closed_loop_list
 from clusterlib.models import MODEL_NAME, write_variable_latency_dir
-from clusterlib.procs import HOST, free_port, http_get, tree_memory
+from clusterlib.procs import http_get, tree_memory
 from clusterlib.queueing import simulate
 
 ROUTING = (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS)

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from proctools import HOST
+
 from clusterlib.procs import (
-    HOST,
     ProcessId,
     descendants,
     http_get,

@@ -10,30 +10,13 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A port the kernel picks as free on the loopback address."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()
+import proctools
+from proctools import HOST, proc_kb, stat_fields
 
 
 @dataclass(frozen=True)
@@ -45,12 +28,12 @@ class ProcessId:
 
     @classmethod
     def of(cls, pid: int) -> ProcessId | None:
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         return None if fields is None else cls(pid, int(fields[19]))
 
     def alive(self) -> bool:
         """Running (not a zombie) and still the process this id was taken from."""
-        fields = _stat_fields(self.pid)
+        fields = stat_fields(self.pid)
         return fields is not None and fields[0] != "Z" and int(fields[19]) == self.start
 
     def signal(self, signum: int) -> bool:
@@ -73,18 +56,7 @@ class ProcessId:
 
 def descendants(pid: int) -> list[ProcessId]:
     """Every live descendant of ``pid``, children first (mmserver's fork server and backends)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: list[ProcessId] = []
-    todo = list(children.get(pid, []))
-    while todo and len(found) < 10_000:
-        child = todo.pop(0)
-        if (ident := ProcessId.of(child)) is not None:
-            found.append(ident)
-        todo.extend(children.get(child, []))
-    return found
+    return [ident for child in proctools.descendants(pid) if (ident := ProcessId.of(child))]
 
 
 def wait_gone(idents: Iterable[ProcessId], timeout: float) -> list[ProcessId]:
@@ -133,21 +105,11 @@ class Memory:
     processes: int
 
 
-def _kb(path: str, key: str) -> int:
-    try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def tree_memory(pid: int) -> Memory:
     """RSS and PSS of ``pid`` and all its descendants together."""
     pids = [pid, *(i.pid for i in descendants(pid))]
-    rss = sum(_kb(f"/proc/{p}/status", "VmRSS") for p in pids)
-    pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss") for p in pids)
+    rss = sum(proc_kb(p, "status", "VmRSS") for p in pids)
+    pss = sum(proc_kb(p, "smaps_rollup", "Pss") for p in pids)
     return Memory(rss, pss, len(pids))
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import proctools
 
 from stresslib import load, proc
 
@@ -117,12 +118,12 @@ async def killer(
             continue
         pid = rng.choice(backends)
         server.remember_family()
-        if pid not in proc.descendants(server.pid):  # only a process of the server we started
+        if pid not in proctools.descendants(server.pid):  # only a process of the server we started
             continue
         os.kill(pid, signal.SIGKILL)
         killed.append((time.monotonic(), pid))
         for _ in range(100):  # gone within 10 s: the next kill cannot pick it again
-            if not proc.alive(pid):
+            if not proctools.alive(pid):
                 break
             await asyncio.sleep(0.01)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,49 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-HOST = "127.0.0.1"
+from proctools import HOST, alive, children_map, descendants, free_port, proc_kb
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] != "Z"
-
-
-def children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields is not None and fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    return children
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``, parents before children."""
-    children = children_map()
-    found: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo and len(found) < 10_000:
-        child = todo.pop(0)
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return found
 
 
 def cmdline(pid: int) -> str:
@@ -107,28 +66,6 @@ def tree(frontend: int) -> Tree:
     return Tree(frontend, fork_server, tracker, backends, tuple(others))
 
 
-def _status_kb(pid: int, key: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 @dataclass(frozen=True)
 class Memory:
     rss_mb: float
@@ -142,12 +79,12 @@ def memory(frontend: int) -> Memory:
     """RSS (``VmRSS``) and PSS (``smaps_rollup``) summed over the server's process tree. RSS
     counts pages shared by the fork server's children once per process; PSS splits them."""
     pids = [frontend, *descendants(frontend)]
-    rss = sum(_status_kb(p, "VmRSS:") for p in pids)
-    pss = sum(_pss_kb(p) for p in pids)
+    rss = sum(proc_kb(p, "status", "VmRSS") for p in pids)
+    pss = sum(proc_kb(p, "smaps_rollup", "Pss") for p in pids)
     backends = tree(frontend).backends
     return Memory(
-        rss / 1024, pss / 1024, len(pids), _status_kb(frontend, "VmRSS:") / 1024,
-        sum(_status_kb(p, "VmRSS:") for p in backends) / 1024,
+        rss / 1024, pss / 1024, len(pids), proc_kb(frontend, "status", "VmRSS") / 1024,
+        sum(proc_kb(p, "status", "VmRSS") for p in backends) / 1024,
     )
 
 
