@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,40 @@ def _alternating(server: Server, floor: Server | None, run: int) -> list[tuple[s
     return targets[::-1] if run % 2 else targets
 
 
+def _schedule(
+    server: Server,
+    floor: Server | None,
+    patterns: list[str],
+    settings: Settings,
+    log: Log,
+    title: str,
+) -> Iterator[tuple[int, str, str, Server]]:
+    """``(run, pattern, server name, server)`` for every load run of a section, in order: each
+    run logs its title, then goes through the patterns, alternating mmserver and the floor."""
+    for run in range(settings.runs):
+        log(f"{title}, run {run + 1}/{settings.runs}")
+        for pattern in patterns:
+            for name, target in _alternating(server, floor, run):
+                yield run, pattern, name, target
+
+
+def _load(
+    target: Server, pattern: str, settings: Settings, run: int, *, connections: int,
+    rate: float = 0.0,
+) -> wrk.Load:
+    """The wrk load of one run (its seed follows from ``run``)."""
+    return wrk.Load(
+        url=target.url,
+        pattern=pattern,
+        duration_s=settings.duration_s,
+        connections=connections,
+        threads=settings.threads,
+        rate=rate,
+        api=settings.api,
+        seed=run + 1,
+    )
+
+
 def closed_loop(
     server: Server,
     floor: Server | None,
@@ -156,29 +190,19 @@ def closed_loop(
 ) -> dict[str, Any]:
     """Each pattern at ``concurrency`` connections, alternating mmserver and the floor."""
     out: dict[str, Any] = {p: {"mmserver": [], "floor": [], "polled": []} for p in patterns}
-    for run in range(settings.runs):
-        log(f"closed loop, run {run + 1}/{settings.runs}")
-        for pattern in patterns:
-            for name, target in _alternating(server, floor, run):
-                load = wrk.Load(
-                    url=target.url,
-                    pattern=pattern,
-                    duration_s=settings.duration_s,
-                    connections=settings.concurrency,
-                    threads=settings.threads,
-                    api=settings.api,
-                    seed=run + 1,
-                )
-                if name == "mmserver":
-                    if pattern == "hot" and track_scaling:
-                        out[pattern]["polled"].append(_burst(target, settings, log))
-                    result, polled = _polled(target, load, False, log, settings.quiet_wait_s)
-                    polled["reset"] = False
-                    out[pattern]["polled"].append(polled)
-                else:
-                    result = wrk.run(load, target.pid, settings.quiet_wait_s)
-                out[pattern][name].append(result.to_json())
-                log(_describe_run(name, load, result))
+    runs = _schedule(server, floor, patterns, settings, log, "closed loop")
+    for run, pattern, name, target in runs:
+        load = _load(target, pattern, settings, run, connections=settings.concurrency)
+        if name == "mmserver":
+            if pattern == "hot" and track_scaling:
+                out[pattern]["polled"].append(_burst(target, settings, log))
+            result, polled = _polled(target, load, False, log, settings.quiet_wait_s)
+            polled["reset"] = False
+            out[pattern]["polled"].append(polled)
+        else:
+            result = wrk.run(load, target.pid, settings.quiet_wait_s)
+        out[pattern][name].append(result.to_json())
+        log(_describe_run(name, load, result))
     return out
 
 
@@ -193,24 +217,15 @@ def open_loop(
     """Each pattern at a fixed offered ``rate``, alternating mmserver and the floor."""
     out: dict[str, Any] = {"rate": rate}
     out.update({p: {"mmserver": [], "floor": []} for p in patterns})
-    for run in range(settings.runs):
-        log(f"open loop at {rate:.0f} req/s, run {run + 1}/{settings.runs}")
-        for pattern in patterns:
-            for name, target in _alternating(server, floor, run):
-                load = wrk.Load(
-                    url=target.url,
-                    pattern=pattern,
-                    duration_s=settings.duration_s,
-                    connections=settings.open_connections,
-                    threads=settings.threads,
-                    rate=rate,
-                    api=settings.api,
-                    seed=run + 101,
-                )
-                result = wrk.run(load, target.pid, settings.quiet_wait_s)
-                out[pattern][name].append(result.to_json())
-                late = f"  late sends {result.late}/{result.sent}" if result.late else ""
-                log(_describe_run(name, load, result) + late)
+    title = f"open loop at {rate:.0f} req/s"
+    for run, pattern, name, target in _schedule(server, floor, patterns, settings, log, title):
+        load = _load(
+            target, pattern, settings, run + 100, connections=settings.open_connections, rate=rate
+        )
+        result = wrk.run(load, target.pid, settings.quiet_wait_s)
+        out[pattern][name].append(result.to_json())
+        late = f"  late sends {result.late}/{result.sent}" if result.late else ""
+        log(_describe_run(name, load, result) + late)
     return out
 
 
