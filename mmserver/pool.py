@@ -144,7 +144,7 @@ class ModelPool:
         if self._stopped or (queue.closed and not len(queue)):
             worker.exit(None)
             return
-        if len(self.workers) > self.config.min_workers and self.may_retire(worker, 0.0):
+        if self.may_retire(worker, 0.0):
             worker.exit(None)
             return
         self._idle.append(worker)
