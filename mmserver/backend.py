@@ -342,20 +342,26 @@ class _ReplyProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buffer
         buf += data
-        while len(buf) >= 4:
-            (size,) = _HEADER.unpack_from(buf, 0)
-            start = 4
-            if size == -1:
-                if len(buf) < 12:
+        # Every whole frame read is parsed in place; the buffer is trimmed once, at the end.
+        offset = 0
+        try:
+            while len(buf) - offset >= 4:
+                (size,) = _HEADER.unpack_from(buf, offset)
+                start = offset + 4
+                if size == -1:
+                    if len(buf) - offset < 12:
+                        return
+                    (size,) = _LONG_HEADER.unpack_from(buf, offset + 4)
+                    start = offset + 12
+                end = start + size
+                if len(buf) < end:
                     return
-                (size,) = _LONG_HEADER.unpack_from(buf, 4)
-                start = 12
-            end = start + size
-            if len(buf) < end:
-                return
-            reply = pickle.loads(memoryview(buf)[start:end])
-            del buf[:end]
-            self.slot._on_reply(reply)
+                with memoryview(buf) as view:
+                    reply = pickle.loads(view[start:end])
+                offset = end
+                self.slot._on_reply(reply)
+        finally:
+            del buf[:offset]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.slot._on_connection_lost(self)
@@ -492,7 +498,7 @@ class ProcessSlot:
             pass  # a process that died holds nothing
 
     def _send(self, message: tuple[Any, ...], deadline: float | None) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = self._loop.create_future()
         self._enqueue(_Pending(message[0], _frame(message), future), deadline)
         return future
 
@@ -519,9 +525,7 @@ class ProcessSlot:
                 self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
+        self._flush_handle = None
         out, self._out = self._out, []
         protocol = self._protocol
         if protocol is not None and protocol.transport is not None and out:
