@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import uvloop
@@ -54,7 +55,16 @@ async def measure(processes: int, model_dir: Path, repeat: int) -> dict[tuple[in
             times = []
             for _ in range(repeat):
                 started = time.perf_counter()
-                await slot.send_batch("identity#1", [request], loop.time() + 60)
+                answered: asyncio.Future[None] = loop.create_future()
+
+                def done(_: object, error: BaseException | None, fut: Any = answered) -> None:
+                    if error is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(error)
+
+                slot.send_batch("identity#1", [request], loop.time() + 60, done)
+                await answered
                 times.append(time.perf_counter() - started)
             medians[shape] = statistics.median(times)
     finally:
