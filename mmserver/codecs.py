@@ -81,17 +81,13 @@ def make_request(body: bytes, content_type: str | None, accept: str | None) -> R
     return (body, kind, wants_csv(accept))
 
 
-def decode(body: bytes, content_type: str | None) -> np.ndarray:
-    """Decode a request body into a C-contiguous 2-D float64 array, one row per input.
+def decode_as(body: bytes, kind: str) -> np.ndarray:
+    """Decode a request body of media type ``kind`` (one of ``SUPPORTED_TYPES``, as
+    :func:`make_request` checked) into a C-contiguous 2-D float64 array, one row per input.
 
     Raises :class:`InvalidInput` for a body that is empty, malformed, ragged, non-numeric or
-    non-finite, and :class:`UnsupportedMediaType` for a content type not in ``SUPPORTED_TYPES``.
+    non-finite.
     """
-    return decode_as(body, make_request(body, content_type, None)[1])
-
-
-def decode_as(body: bytes, kind: str) -> np.ndarray:
-    """:func:`decode` for a body whose media type ``kind`` is known to be supported."""
     if kind == JSON:
         return _decode_json(body)
     if kind == CSV:
@@ -343,8 +339,14 @@ def wants_csv(accept: str | None) -> bool:
     return choice_csv
 
 
-def encode(outputs: np.ndarray | Sequence[Any], accept: str | None) -> tuple[bytes, str]:
-    """Encode one output per row as ``(body, content type)``: JSON, or CSV if ``accept`` asks.
+def response_type(csv_answer: bool) -> str:
+    """The ``Content-Type`` of an answer encoded by :func:`encode_as`."""
+    return CSV_RESPONSE_TYPE if csv_answer else JSON_RESPONSE_TYPE
+
+
+def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool) -> bytes:
+    """Encode one output per row as an answer's body: CSV if ``csv_answer`` (the request's
+    ``Accept`` preferred it, :func:`wants_csv`), else JSON; its type is :func:`response_type`.
 
     Outputs may be an array (any numeric dtype, 1-D or 2-D) or a list whose items are numbers,
     strings, lists or dicts (a custom handler's results). Non-finite floats become JSON ``null``
@@ -352,17 +354,6 @@ def encode(outputs: np.ndarray | Sequence[Any], accept: str | None) -> tuple[byt
     or dict as one JSON-encoded cell. Raises :class:`ModelError` for an output that has no JSON
     form.
     """
-    csv_answer = wants_csv(accept)
-    return encode_as(outputs, csv_answer), response_type(csv_answer)
-
-
-def response_type(csv_answer: bool) -> str:
-    """The ``Content-Type`` of an answer encoded by :func:`encode_as`."""
-    return CSV_RESPONSE_TYPE if csv_answer else JSON_RESPONSE_TYPE
-
-
-def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool) -> bytes:
-    """:func:`encode` with the choice of CSV already made."""
     values = outputs.tolist() if isinstance(outputs, np.ndarray) else outputs
     try:
         if csv_answer:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.codecs import Request, make_request
+from mmserver.codecs import Request, decode_as, encode_as, make_request, response_type, wants_csv
 
 _GENERATOR = Path(__file__).resolve().parent.parent / "scripts" / "generate_store.py"
 
@@ -97,3 +97,14 @@ def outputs(answer: bytes) -> list[Any]:
 def value(answer: bytes) -> float:
     """The first prediction of a JSON answer's body, as a number."""
     return float(np.ravel(np.asarray(outputs(answer)))[0])
+
+
+def decode(body: bytes, content_type: str | None) -> np.ndarray:
+    """A body decoded as the server does it: its content type checked, then the body decoded."""
+    return decode_as(body, make_request(body, content_type, None)[1])
+
+
+def encode(outputs: Any, accept: str | None) -> tuple[bytes, str]:
+    """Outputs encoded as the server answers a request with this ``Accept``: (body, type)."""
+    csv_answer = wants_csv(accept)
+    return encode_as(outputs, csv_answer), response_type(csv_answer)

@@ -10,7 +10,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from mmserver.codecs import decode
 from mmserver.errors import InvalidInput, UnsupportedMediaType
 from tests.fuzz.strategies import (
     FAST,
@@ -25,6 +24,7 @@ from tests.fuzz.strategies import (
     npy_headers,
     npy_with_header,
 )
+from tests.models import decode
 
 
 def decoded_or_refused(body: bytes, content_type: str | None) -> np.ndarray | None:

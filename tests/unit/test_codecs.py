@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmserver.codecs import CSV_RESPONSE_TYPE, decode, encode, media_type, wants_csv
+from mmserver.codecs import CSV_RESPONSE_TYPE, media_type, wants_csv
 from mmserver.errors import InvalidInput, ModelError, UnsupportedMediaType
+from tests.models import decode, encode
 
 
 def npy(array: np.ndarray, *, allow_pickle: bool = False) -> bytes:
