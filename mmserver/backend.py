@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from mmserver import errors
 from mmserver.batching import Answer, answer_batch
@@ -79,25 +79,6 @@ class LoadInfo:
     it was loaded already)."""
 
     memory_bytes: int
-
-
-class Slot(Protocol):
-    """A place where models are loaded and batches run; workers are bound to one."""
-
-    index: int
-    bound_workers: int
-
-    def holds(self, key: str) -> bool: ...
-    async def load(self, spec: LoadSpec) -> LoadInfo: ...
-    def send_batch(
-        self,
-        key: str,
-        requests: Sequence[Request],
-        deadline: float,
-        callback: BatchCallback,
-    ) -> None: ...
-    async def unload(self, key: str) -> None: ...
-    def describe(self) -> str: ...
 
 
 def _rss_bytes() -> int:
@@ -403,9 +384,6 @@ class ProcessSlot:
     def describe(self) -> str:
         return f"backend process {self.index} (pid {self.pid})"
 
-    def holds(self, key: str) -> bool:
-        return key in self._loaded
-
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -647,15 +625,11 @@ class ThreadSlot:
         self.index = index
         self.bound_workers = 0
         self._models = _Models()
-        self._keys: set[str] = set()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="mmserver-predict")
         self._lock = threading.Lock()
 
     def describe(self) -> str:
         return f"in-process backend {self.index}"
-
-    def holds(self, key: str) -> bool:
-        return key in self._keys
 
     async def start(self) -> None:
         return None
@@ -664,13 +638,8 @@ class ThreadSlot:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def load(self, spec: LoadSpec) -> LoadInfo:
-        self._keys.add(spec.key)
         loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, self._locked_load, spec)
-        except BaseException:
-            self._keys.discard(spec.key)
-            raise
+        return await loop.run_in_executor(self._executor, self._locked_load, spec)
 
     def _locked_load(self, spec: LoadSpec) -> LoadInfo:
         with self._lock:
@@ -701,7 +670,6 @@ class ThreadSlot:
         work.add_done_callback(finished)
 
     async def unload(self, key: str) -> None:
-        self._keys.discard(key)
         self._models.unload(key)
 
 
