@@ -51,15 +51,21 @@ def test_any_bytes_with_any_content_type(body: bytes, content_type: str | None) 
     decoded_or_refused(body, content_type)
 
 
-@FAST
-@given(json_values)
-def test_any_json_value(value: object) -> None:
-    rows = decoded_or_refused(json_body(value), "application/json")
+def assert_decoded_as_expected(value: object, rows: np.ndarray | None) -> None:
+    """``rows`` is what a JSON body of ``value`` must decode to, or ``None`` if it must be
+    refused."""
     expected = expected_rows(value)
     if expected is None:
         assert rows is None, f"{value!r} was accepted as {rows!r}"
     else:
         assert rows is not None and rows.tolist() == expected
+
+
+@FAST
+@given(json_values)
+def test_any_json_value(value: object) -> None:
+    rows = decoded_or_refused(json_body(value), "application/json")
+    assert_decoded_as_expected(value, rows)
 
 
 @FAST
@@ -67,11 +73,7 @@ def test_any_json_value(value: object) -> None:
 def test_row_shaped_json(rows_value: list[list[object]], key: str | None) -> None:
     value: object = rows_value if key is None else {key: rows_value}
     rows = decoded_or_refused(json_body(value), "application/json; charset=utf-8")
-    expected = expected_rows(value)
-    if expected is None:
-        assert rows is None, f"{value!r} was accepted as {rows!r}"
-    else:
-        assert rows is not None and rows.tolist() == expected
+    assert_decoded_as_expected(value, rows)
 
 
 @FAST

@@ -262,15 +262,16 @@ async def test_500_unexpected_exception_on_the_inference_path_is_generic(
 # ------------------------------------------------------------------------------------------------
 
 
+def queue_length(server: Harness, model: str) -> int:
+    """Jobs waiting in the queue of ``model`` (0 when it is not loaded)."""
+    pool = server.wlm.pool(model)
+    return len(pool.queue) if pool is not None else 0
+
+
 async def test_503_queue_full(server: Harness, gate: Gate) -> None:
     running = await hold_gate(server, gate, "/models/gated-handler/invoke")
     queued = asyncio.ensure_future(server.post("/models/gated-handler/invoke", "[[0.5]]"))
-
-    def one_queued() -> bool:
-        pool = server.wlm.pool("gated-handler")
-        return pool is not None and len(pool.queue) == 1
-
-    await wait_until(one_queued)
+    await wait_until(lambda: queue_length(server, "gated-handler") == 1)
     response = await server.post("/models/gated-handler/invoke", "[[0.5]]")
     await check(response, 503, "QueueFull", "", "ServiceUnavailable")
     assert int(response.headers["Retry-After"]) >= 1
@@ -329,12 +330,7 @@ async def test_client_gone_is_not_computed(server: Harness, gate: Gate) -> None:
     """A queued request whose client leaves is dropped, not predicted (and counted as 504)."""
     running = await hold_gate(server, gate, "/predictions/gated-handler")
     leaving = asyncio.ensure_future(server.post("/predictions/gated-handler", "[[0.5]]"))
-
-    def one_queued() -> bool:
-        pool = server.wlm.pool("gated-handler")
-        return pool is not None and len(pool.queue) == 1
-
-    await wait_until(one_queued)
+    await wait_until(lambda: queue_length(server, "gated-handler") == 1)
     leaving.cancel()
     with pytest.raises(asyncio.CancelledError):
         await leaving
