@@ -96,11 +96,13 @@ def decode_as(body: bytes, kind: str) -> np.ndarray:
 
 
 def _decode_json(body: bytes) -> np.ndarray:
-    if not body.strip():
-        raise InvalidInput(f"the request body is empty; expected JSON: {_SHAPE_HINT}")
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        if not body.strip():  # only now: a valid body is not copied to be checked for this
+            raise InvalidInput(
+                f"the request body is empty; expected JSON: {_SHAPE_HINT}"
+            ) from None
         raise InvalidInput(
             f"the body is not valid JSON ({_short(exc)}); expected {_SHAPE_HINT}"
         ) from None
