@@ -8,7 +8,10 @@ Linux only.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
+from collections.abc import Iterable
 
 HOST = "127.0.0.1"
 
@@ -70,3 +73,18 @@ def proc_kb(pid: int, name: str, key: str) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def kill_left(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait up to ``timeout`` s for ``pids`` to exit, then SIGKILL those still alive; those."""
+    pids = list(pids)
+    give_up = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    left = [p for p in pids if alive(p)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left

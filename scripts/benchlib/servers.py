@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from proctools import HOST, alive, descendants, free_port, proc_kb, stat_fields
+from proctools import HOST, descendants, free_port, kill_left, proc_kb, stat_fields
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 40.0
@@ -152,15 +152,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        deadline = time.monotonic() + 5
-        for pid in left:
-            while alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_left(left, 5.0)
         if self._log is not None:
             self._log.close()
             self._log = None

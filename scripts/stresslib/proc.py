@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from proctools import HOST, alive, children_map, descendants, free_port, proc_kb
+from proctools import HOST, children_map, descendants, free_port, kill_left, proc_kb
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,16 +157,7 @@ class Server:
                     process.wait(10)
             else:
                 code = process.returncode
-            give_up = time.monotonic() + 10
-            while any(alive(p) for p in self._family) and time.monotonic() < give_up:
-                time.sleep(0.05)
-            for pid in self._family:
-                if alive(pid):
-                    left.append(pid)
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            left = kill_left(self._family, 10.0)
         if self._log is not None:
             self._log.close()
             self._log = None
