@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -34,17 +35,21 @@ import socket
 import struct
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
+
+import numpy as np
 
 from mmserver import errors
 from mmserver.batching import Answer, answer_batch
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
+from mmserver.scheduling import HEAVY, LIGHT, Cost, Lane, RunQueue, admits, lane_for
 from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)
@@ -76,9 +81,16 @@ class LoadSpec:
 @dataclass(frozen=True)
 class LoadInfo:
     """What loading a model in a slot reported: the memory one copy of it takes there (0 when
-    it was loaded already)."""
+    it was loaded already), and the CPU seconds of one prediction of a probe row (``None`` when
+    the model could not be probed: a custom handler, or a model that does not say its width)."""
 
     memory_bytes: int
+    probe_seconds: float | None = None
+
+
+#: A batch's answers (one per request), the CPU and wall seconds they took, and the rows
+#: predicted.
+BatchResult = tuple[list[Answer], float, float, int]
 
 
 def _rss_bytes() -> int:
@@ -90,10 +102,14 @@ def _rss_bytes() -> int:
 
 
 class _Models:
-    """The models loaded in one slot, and the three operations on them (runs in the backend)."""
+    """The models loaded in one slot, and the three operations on them (runs in the backend).
 
-    def __init__(self) -> None:
+    ``clock`` measures the CPU time of a batch: the whole process's in a backend process (a
+    model may compute in threads of its own), the calling thread's in a thread slot."""
+
+    def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
         self.predictors: dict[str, Any] = {}
+        self._clock = clock
 
     def load(self, spec: LoadSpec) -> LoadInfo:
         from mmserver.predictor import load_predictor  # imported where predictions run
@@ -107,19 +123,48 @@ class _Models:
         self.predictors[spec.key] = predictor
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
-        return LoadInfo(memory)
+        return LoadInfo(memory, self._probe(predictor))
 
-    def predict(self, key: str, requests: Sequence[Request]) -> list[Answer]:
+    def _probe(self, predictor: Any) -> float | None:
+        """CPU seconds of predicting one row of zeros (the second of two calls: the first pays
+        for warming up), so that the frontend knows the model's cost before its first batch."""
+        from mmserver.predictor import EstimatorPredictor
+
+        width = getattr(predictor, "n_features", None)
+        if not isinstance(predictor, EstimatorPredictor) or not width:
+            return None  # a custom handler's predict may have effects of its own
+        row = np.zeros((1, width))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                predictor.predict(row)
+                started = self._clock()
+                predictor.predict(row)
+                return self._clock() - started
+        except Exception:
+            return None
+
+    def predict(self, key: str, requests: Sequence[Request]) -> BatchResult:
+        """The batch's answers, the CPU and wall seconds they took, and the rows predicted."""
         name = key.split("#")[0]
         predictor = self.predictors.get(key)
         if predictor is None:
             raise errors.BackendDied(f"model {name} is not loaded in this backend")
+        rows = 0
+
+        def predict(batch: np.ndarray) -> Any:
+            nonlocal rows
+            rows += len(batch)
+            return predictor.predict(batch)
+
+        started, cpu = time.perf_counter(), self._clock()
         try:
-            return answer_batch(requests, predictor.predict, predictor.n_features, name)
+            answers = answer_batch(requests, predict, predictor.n_features, name)
         except errors.MMServerError:
             raise
         except Exception as exc:
             raise errors.ModelError(f"{type(exc).__name__}: {exc}") from None
+        return answers, self._clock() - cpu, time.perf_counter() - started, rows
 
     def unload(self, key: str) -> None:
         self.predictors.pop(key, None)
@@ -183,8 +228,11 @@ class _FrameReader:
         return large
 
 
-def _child_main(conn: multiprocessing.connection.Connection, index: int) -> None:
-    """The backend process: answer each message in order until the frontend closes the pipe."""
+def _child_main(conn: multiprocessing.connection.Connection, index: int, nice: int) -> None:
+    """The backend process: answer each message in order until the frontend closes the pipe.
+    ``nice`` lowers its CPU priority (the heavy lane's processes)."""
+    if nice:
+        os.nice(nice)
     # The frontend decides when we stop (it closes the pipe, or kills a stuck process), also
     # when a stop signal reaches the whole process group: Ctrl-C, or systemd's default
     # KillMode=control-group. Exiting here would fail the batches the frontend is draining.
@@ -249,15 +297,30 @@ def _send_frame(sock: socket.socket, frame: list[bytes]) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-#: Called with ``(result, None)`` or ``(None, error)`` when a batch is answered.
+#: Called with ``(result, None)`` or ``(None, error)`` when a batch is answered; a batch's
+#: result is its answers (a list of :data:`Answer`) and the CPU seconds they took.
 BatchCallback = Callable[[Any, BaseException | None], None]
+
+
+class Runnable(Protocol):
+    """What a slot's run queue holds: a worker whose model has jobs queued (see
+    :mod:`mmserver.scheduling`)."""
+
+    #: The slot's count of answered batches when the worker became ready.
+    mark: int
+
+    @property
+    def cost(self) -> Cost: ...
+    def waiting(self) -> bool: ...
+    def begin(self, waited: int = 0) -> bool: ...
 
 
 class _Pending:
     """One message sent (or to be sent) to a backend process, and who wants its reply: a
-    future, or (for batches) a callback called as soon as the reply is read."""
+    future, or (for batches) a callback called as soon as the reply is read. ``cost`` is its
+    estimated CPU seconds (infinite when unknown, as for a load)."""
 
-    __slots__ = ("callback", "deadline_handle", "finished", "frame", "future", "op")
+    __slots__ = ("callback", "cost", "deadline_handle", "finished", "frame", "future", "op")
 
     def __init__(
         self,
@@ -265,11 +328,13 @@ class _Pending:
         frame: list[bytes],
         future: asyncio.Future[Any] | None = None,
         callback: BatchCallback | None = None,
+        cost: float = math.inf,
     ) -> None:
         self.op = op
         self.frame = frame
         self.future = future
         self.callback = callback
+        self.cost = cost
         self.finished = False
         self.deadline_handle: asyncio.TimerHandle | None = None
 
@@ -343,6 +408,8 @@ class _ReplyProtocol(asyncio.Protocol):
                 self.slot._on_reply(reply)
         finally:
             del buf[:offset]
+            if offset:
+                self.slot._pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.slot._on_connection_lost(self)
@@ -351,20 +418,44 @@ class _ReplyProtocol(asyncio.Protocol):
 class ProcessSlot:
     """One backend process, replaced when it dies. See the module docstring for the protocol.
 
-    While a replacement is starting, new messages are *held* and written once the models of the
-    slot are loaded again, so they never reach a process that lacks their model.
+    While the process is starting (or a replacement is), new messages are *held* and written
+    once the models of the slot are loaded again, so they never reach a process that lacks their
+    model.
+
+    Batches are scheduled here, on the frontend: a worker with a batch to run waits in the
+    slot's run queue (:meth:`ready`), and the slot admits the next one in fair order whenever
+    its pipe holds little enough estimated work (:func:`~mmserver.scheduling.admits`).
     """
 
     def __init__(
-        self, index: int, context: multiprocessing.context.ForkServerContext, metrics: Metrics
+        self,
+        index: int,
+        context: multiprocessing.context.ForkServerContext,
+        metrics: Metrics,
+        lane: Lane,
+        nice: int = 0,
     ) -> None:
         self.index = index
+        self.lane = lane
         self.bound_workers = 0
+        #: Batches answered by this slot (a worker's wait is counted against it).
+        self.answered = 0
+        #: Batches admitted into this slot's pipe.
+        self.admitted = 0
+        self._nice = nice
         self._context = context
         self._metrics = metrics
         self._process: multiprocessing.process.BaseProcess | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._protocol: _ReplyProtocol | None = None
+        self._runq: RunQueue[Runnable] = RunQueue()
+        self._pump_handle: asyncio.Handle | None = None
+        self._pumping = False
         self._inflight: collections.deque[_Pending] = collections.deque()
+        #: Estimated CPU seconds of the batches in the pipe, and how many messages there have
+        #: no estimate (loads, batches of models not measured yet).
+        self._pipe_cost = 0.0
+        self._pipe_unknown = 0
         self._held: list[_Pending] = []
         self._crashed: list[_Pending] = []
         self._holding = True
@@ -387,15 +478,51 @@ class ProcessSlot:
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the process; returns once it answered a ping."""
-        await self._spawn()
+        """Start the process; returns once it answered a ping. What was sent meanwhile (a slot
+        started on first use) is written then."""
+        try:
+            await self._spawn()
+        except BaseException as exc:
+            held, self._held = self._held, []
+            error = exc if isinstance(exc, errors.MMServerError) else errors.BackendDied(
+                f"{self.describe()} could not start: {exc}"
+            )
+            for pending in held:
+                pending.fail(error)
+            raise
         self._holding = False
+        held, self._held = self._held, []
+        for pending in held:
+            if not pending.done():
+                self._write(pending)
+        self._pump()
+
+    @property
+    def started(self) -> bool:
+        return self._process is not None
+
+    def _ensure_started(self) -> None:
+        """Start the process on first use (the heavy lane's slots start when a model needs
+        them); a start that failed is tried again on the next use."""
+        if self._process is not None or self._stopping:
+            return
+        self._loop = asyncio.get_running_loop()
+        if self._starting is None or self._starting.done():
+            self._starting = self._loop.create_task(
+                self._start_once(), name=f"mmserver-backend-{self.index}-start"
+            )
+
+    async def _start_once(self) -> None:
+        try:
+            await self.start()
+        except Exception as exc:
+            log.error("%s could not start: %s", self.describe(), exc)
 
     async def _spawn(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         parent, child = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=_child_main, args=(child, self.index),
+            target=_child_main, args=(child, self.index, self._nice),
             name=f"mmserver-backend-{self.index}", daemon=True,
         )
         await loop.run_in_executor(None, process.start)
@@ -419,9 +546,13 @@ class ProcessSlot:
     async def stop(self) -> None:
         """Close the pipe (the process exits after answering what it holds) and reap it."""
         self._stopping = True
-        if self._restarting is not None:
-            self._restarting.cancel()
-            await asyncio.gather(self._restarting, return_exceptions=True)
+        for task in (self._restarting, self._starting):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+            self._pump_handle = None
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()
         process = self._process
@@ -446,6 +577,7 @@ class ProcessSlot:
     # Operations -------------------------------------------------------------------------------
 
     async def load(self, spec: LoadSpec) -> LoadInfo:
+        self._ensure_started()
         self._loaded[spec.key] = spec
         try:
             info: LoadInfo = await self._send((_LOAD, spec), deadline=None)
@@ -454,30 +586,83 @@ class ProcessSlot:
             raise
         return info
 
+    # Scheduling -------------------------------------------------------------------------------
+
+    def ready(self, worker: Runnable) -> None:
+        """``worker`` has a batch to run here: it runs at once if the process is idle, otherwise
+        when its turn comes (:meth:`_pump`). Its batch is taken from its queue only then."""
+        worker.mark = self.answered
+        self._runq.push(self.lane.tag(worker.cost), worker)
+        if not self._inflight:
+            self._pump()
+        elif self._pump_handle is None and not self._pumping:
+            # Workers made ready in this turn of the event loop are ordered together.
+            self._pump_handle = self._loop.call_soon(self._pump)
+
+    def free(self) -> bool:
+        """Nothing running or waiting here."""
+        return not self._inflight and not self._runq and not self._holding
+
+    def _pump(self) -> None:
+        """Admit waiting workers' batches in fair order while the pipe has room; their frames go
+        out in one system call."""
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+            self._pump_handle = None
+        if self._holding or self._stopping or self._pumping:
+            return
+        runq, lane = self._runq, self.lane
+        self._pumping = True
+        try:
+            while runq:
+                tag, worker = runq.peek()
+                if not worker.waiting():
+                    runq.pop()  # it left, or was given its jobs elsewhere
+                    continue
+                cost = worker.cost
+                pipe = math.inf if self._pipe_unknown else self._pipe_cost
+                if not admits(len(self._inflight), pipe, cost.estimate()):
+                    break
+                runq.pop()
+                # Every batch admitted since the worker's mark ran, or runs, before its own.
+                if worker.begin(self.admitted - worker.mark):
+                    lane.charge(tag, cost)
+        finally:
+            self._pumping = False
+        if self._out and self._flush_handle is None:
+            self._flush()
+
     def send_batch(
         self,
         key: str,
         requests: Sequence[Request],
         deadline: float,
         callback: BatchCallback,
+        estimate: float = math.inf,
     ) -> None:
-        """Send a batch; ``callback`` gets its answers (a list of :data:`Answer`) or its error,
-        from the event loop, as soon as they are known. Raises :class:`errors.ShuttingDown` at
-        once when the slot is stopping."""
+        """Send a batch; ``callback`` gets its result (its answers and their CPU seconds) or its
+        error, from the event loop, as soon as they are known. ``estimate`` is its expected CPU
+        seconds, for admitting what follows. Raises :class:`errors.ShuttingDown` at once when
+        the slot is stopping."""
+        self.admitted += 1
         message = (_PREDICT, key, requests)
-        self._enqueue(_Pending(_PREDICT, _frame(message), callback=callback), deadline)
+        self._enqueue(
+            _Pending(_PREDICT, _frame(message), callback=callback, cost=estimate), deadline
+        )
 
     async def unload(self, key: str) -> None:
         if self._loaded.pop(key, None) is None or self._stopping:
             return
         try:
-            await self._send((_UNLOAD, key), deadline=None)
+            await self._send((_UNLOAD, key), deadline=None, cost=0.0)
         except errors.MMServerError:
             pass  # a process that died holds nothing
 
-    def _send(self, message: tuple[Any, ...], deadline: float | None) -> asyncio.Future[Any]:
+    def _send(
+        self, message: tuple[Any, ...], deadline: float | None, cost: float = math.inf
+    ) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._enqueue(_Pending(message[0], _frame(message), future), deadline)
+        self._enqueue(_Pending(message[0], _frame(message), future, cost=cost), deadline)
         return future
 
     def _enqueue(self, pending: _Pending, deadline: float | None) -> None:
@@ -495,8 +680,12 @@ class ProcessSlot:
         other frames written in this turn of the event loop (one system call for all)."""
         idle = not self._inflight
         self._inflight.append(pending)
+        if math.isinf(pending.cost):
+            self._pipe_unknown += 1
+        else:
+            self._pipe_cost += pending.cost
         self._out.extend(pending.frame)
-        if self._flush_handle is None:
+        if self._flush_handle is None and not self._pumping:
             if idle:
                 self._flush()
             else:
@@ -516,10 +705,21 @@ class ProcessSlot:
             log.error("%s answered a message it was not sent", self.describe())
             return
         pending = self._inflight.popleft()
+        self._left_pipe(pending)
+        if pending.op == _PREDICT:
+            self.answered += 1
         if reply[0] == _OK:
             pending.succeed(reply[1])
         else:
             pending.fail(errors.from_name(reply[1], reply[2]))
+
+    def _left_pipe(self, pending: _Pending) -> None:
+        if not self._inflight:
+            self._pipe_cost, self._pipe_unknown = 0.0, 0  # no drift from float sums
+        elif math.isinf(pending.cost):
+            self._pipe_unknown -= 1
+        else:
+            self._pipe_cost -= pending.cost
 
     def _expire(self, pending: _Pending) -> None:
         if pending.done():
@@ -550,6 +750,7 @@ class ProcessSlot:
                 self._crashed.append(running)
         self._held[:0] = [p for p in self._inflight if not p.done()]
         self._inflight.clear()
+        self._pipe_cost, self._pipe_unknown = 0.0, 0
         if self._restarting is None:
             self._restarting = asyncio.get_running_loop().create_task(
                 self._restart(), name=f"mmserver-backend-{self.index}-restart"
@@ -597,6 +798,7 @@ class ProcessSlot:
                 if not pending.done():
                     self._write(pending)
             self._holding = False
+            self._pump()
             log.info("backend process %d replaced by pid %s", self.index, self.pid)
             break
         self._restarting = None
@@ -621,15 +823,29 @@ class ThreadSlot:
     pool has spare threads so the model's other workers keep serving.
     """
 
-    def __init__(self, index: int, threads: int) -> None:
+    def __init__(self, index: int, threads: int, lane: Lane) -> None:
         self.index = index
+        self.lane = lane
         self.bound_workers = 0
-        self._models = _Models()
+        self.answered = 0
+        self._models = _Models(time.thread_time)
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="mmserver-predict")
         self._lock = threading.Lock()
 
     def describe(self) -> str:
         return f"in-process backend {self.index}"
+
+    @property
+    def started(self) -> bool:
+        return True
+
+    def ready(self, worker: Runnable) -> None:
+        """``worker`` has a batch to run: threads run batches side by side, so it runs now."""
+        worker.mark = 0
+        worker.begin()
+
+    def free(self) -> bool:
+        return True
 
     async def start(self) -> None:
         return None
@@ -651,6 +867,7 @@ class ThreadSlot:
         requests: Sequence[Request],
         deadline: float,
         callback: BatchCallback,
+        estimate: float = math.inf,
     ) -> None:
         """Run a batch in the thread pool; ``callback`` as for :meth:`ProcessSlot.send_batch`,
         with :class:`errors.PredictTimeout` at ``deadline`` (the thread runs on)."""
@@ -659,7 +876,8 @@ class ThreadSlot:
         work = loop.run_in_executor(self._executor, self._models.predict, key, requests)
         pending.deadline_handle = loop.call_at(deadline, _time_out, pending)
 
-        def finished(work: asyncio.Future[list[Answer]]) -> None:
+        def finished(work: asyncio.Future[BatchResult]) -> None:
+            self.answered += 1
             if work.cancelled():
                 pending.fail(errors.ShuttingDown("the server is shutting down"))
             elif (error := work.exception()) is not None:
@@ -685,28 +903,64 @@ def _time_out(pending: _Pending) -> None:
 
 
 class BackendPool:
-    """The backend slots of the server, and the choice of slot for a new worker."""
+    """The backend slots of the server, in their lanes, and the choice of slot for a new worker.
 
-    def __init__(self, processes: int, metrics: Metrics, threads: int = 8) -> None:
+    ``processes`` slots make the light lane and start with the server; ``heavy_processes`` more,
+    at ``heavy_nice``, make the heavy lane and start when a model first needs one. A model whose
+    batches take more than ``heavy_batch_ms`` of CPU belongs in the heavy lane
+    (:mod:`mmserver.scheduling`). With ``processes = 0`` there is one thread slot and one lane.
+    """
+
+    def __init__(
+        self,
+        processes: int,
+        metrics: Metrics,
+        threads: int = 8,
+        *,
+        heavy_processes: int = 0,
+        heavy_nice: int = 19,
+        heavy_batch_ms: float = 2.0,
+    ) -> None:
         self.slots: list[ProcessSlot | ThreadSlot]
+        self.lanes = {LIGHT: Lane(LIGHT)}
+        self.heavy_batch_s = heavy_batch_ms / 1000.0
         if processes == 0:
-            self.slots = [ThreadSlot(0, threads)]
-        else:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(list(PRELOAD))
-            self.slots = [ProcessSlot(i, context, metrics) for i in range(processes)]
+            self.slots = [ThreadSlot(0, threads, self.lanes[LIGHT])]
+            return
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(PRELOAD))
+        self.slots = [
+            ProcessSlot(i, context, metrics, self.lanes[LIGHT]) for i in range(processes)
+        ]
+        if heavy_processes:
+            self.lanes[HEAVY] = heavy = Lane(HEAVY)
+            self.slots += [
+                ProcessSlot(processes + i, context, metrics, heavy, heavy_nice)
+                for i in range(heavy_processes)
+            ]
 
     async def start(self) -> None:
-        await asyncio.gather(*(slot.start() for slot in self.slots))
+        """Start the light lane's processes (the heavy lane's start on first use)."""
+        await asyncio.gather(
+            *(slot.start() for slot in self.slots if slot.lane.name == LIGHT)
+        )
 
     async def stop(self) -> None:
         await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
 
-    def pick(self, taken: set[int]) -> ProcessSlot | ThreadSlot:
-        """The slot for a new worker of a model already bound to the slots in ``taken``: one the
-        model is not in if any, least-loaded (fewest bound workers) first, lowest index on ties."""
-        free = [s for s in self.slots if s.index not in taken]
-        candidates = free or self.slots
+    def lane_for(self, current: str, per_batch: float | None) -> str:
+        """The lane for a model of this cost per batch (the light one when there is no other)."""
+        if HEAVY not in self.lanes:
+            return LIGHT
+        return lane_for(current, per_batch, self.heavy_batch_s)
+
+    def pick(self, taken: set[int], lane: str = LIGHT) -> ProcessSlot | ThreadSlot:
+        """The slot in ``lane`` for a new worker of a model already bound to the slots in
+        ``taken``: one the model is not in if any, least-loaded (fewest bound workers) first,
+        lowest index on ties."""
+        slots = [s for s in self.slots if s.lane.name == lane] or self.slots
+        free = [s for s in slots if s.index not in taken]
+        candidates = free or slots
         return min(candidates, key=lambda s: (s.bound_workers, s.index))
 
     def pids(self) -> list[int]:

@@ -69,6 +69,20 @@ class ServerConfig:
     backend_processes: int = _opt(
         cpu_count(), "Backend processes running predictions; 0 runs them in threads (development)."
     )
+    heavy_processes: int = _opt(
+        cpu_count(),
+        "Backend processes of the heavy lane, started when a model first needs one: models "
+        "whose batches take more than heavy_batch_ms run there, at a lower CPU priority, so "
+        "they cannot slow the others down; 0 = one lane for every model.",
+    )
+    heavy_batch_ms: float = _opt(
+        2.0,
+        "CPU ms per batch (moving average) above which a model moves to the heavy lane; it "
+        "moves back below half of it.",
+    )
+    heavy_nice: int = _opt(
+        19, "Nice value of the heavy lane's processes (1-19; higher yields more to the others)."
+    )
     min_workers: int = _opt(1, "Default minWorkers of a model (0 = scale to zero).")
     max_workers: int = _opt(cpu_count(), "Default maxWorkers of a model.")
     batch_size: int = _opt(
@@ -117,6 +131,8 @@ class ServerConfig:
             )
         if self.batch_size < 1 or self.job_queue_size < 1 or self.max_workers < 1:
             raise ConfigError("options batch_size, job_queue_size and max_workers must be >= 1")
+        if not 0 < self.heavy_nice < 20:
+            raise ConfigError(f"option heavy_nice={self.heavy_nice}: must be between 1 and 19")
         if not 0 < self.port < 65536:
             raise ConfigError(f"option port={self.port}: must be between 1 and 65535")
         if self.log_level.upper() not in logging.getLevelNamesMapping():

@@ -298,6 +298,21 @@ class Metrics:
         self.backend_restarts = CounterFamily(
             "mmserver_backend_restarts", "Backend processes replaced after dying."
         )
+        self.model_cpu_seconds = CounterFamily(
+            "mmserver_model_cpu_seconds",
+            "CPU seconds the model's batches took in the backends.",
+            ["model"],
+        )
+        self.model_waited_batches = CounterFamily(
+            "mmserver_model_waited_batches",
+            "Batches of other models that ran on a backend while one of this model's waited.",
+            ["model"],
+        )
+        self.model_lane = GaugeFamily(
+            "mmserver_model_lane",
+            "1 on the lane (light or heavy) the loaded model's batches run in.",
+            ["model", "lane"],
+        )
         self._families: list[_Family[Any]] = [
             value for value in vars(self).values() if isinstance(value, _Family)
         ]
@@ -307,6 +322,8 @@ class Metrics:
         """Drop a model's gauges when it unloads (counters and histograms keep their history)."""
         self.queue_length.remove(model)
         self.workers.remove(model)
+        for lane in ("light", "heavy"):
+            self.model_lane.remove(model, lane)
 
     def render(self) -> bytes:
         """The text exposition (version 0.0.4). CPU work proportional to the series: call it in

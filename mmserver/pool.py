@@ -2,7 +2,10 @@
 
 The model is loaded into a slot when one of its workers is bound there, and only there; it is
 unloaded from a slot when the last of its workers there stops. Workers of one model go to
-different slots while there are any, least-loaded first (:meth:`BackendPool.pick`).
+different slots of the model's lane while there are any, least-loaded first
+(:meth:`BackendPool.pick`). The pool keeps the model's measured cost; when the cost calls for the
+other lane (:mod:`mmserver.scheduling`), the model's workers move there: new ones start in the new
+lane and the old ones leave as soon as they are not running a batch.
 
 Concurrency contract: every method runs on the event loop; :meth:`submit` is synchronous, so the
 scaling check after an enqueue cannot interleave with another request's.
@@ -24,7 +27,8 @@ from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
-from mmserver.worker import Worker
+from mmserver.scheduling import LIGHT, Cost
+from mmserver.worker import Worker, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,10 @@ class ModelPool:
         metrics: Metrics,
         on_load: Callable[[ModelPool, LoadInfo], None] | None = None,
         on_idle: Callable[[], None] | None = None,
+        hold: float | None = None,
     ) -> None:
+        """``hold`` is the seconds a batch of this model held its backend when the model was
+        loaded before, if it was: it chooses the lane its first workers start in."""
         self.name = name
         self.key = key
         self.model_dir = model_dir
@@ -52,6 +59,9 @@ class ModelPool:
         self.workers: dict[int, Worker] = {}
         self.copy_bytes = 0  # memory of one copy, known after the first load
         self.running = 0
+        self.readied = 0
+        self.cost = Cost(hold)
+        self.lane = backend.lane_for(LIGHT, hold)
         self._next_id = 1
         self._loop = asyncio.get_running_loop()
         #: Idle workers, the most recently idle last: it is the one given the next batch, so
@@ -69,6 +79,9 @@ class ModelPool:
         self._m_queue_wait = metrics.queue_wait_seconds.labels(name)
         self._m_batch = metrics.batch_size.labels(name)
         self._m_predict = metrics.predict_seconds.labels(name)
+        self._m_cpu = metrics.model_cpu_seconds.labels(name)
+        self._m_waited = metrics.model_waited_batches.labels(name)
+        metrics.model_lane.labels(name, self.lane).set(1)
         #: The series of this model's answered requests, counted by the HTTP layer.
         self.m_answered = metrics.requests.labels(name, "200")
         self.m_request_seconds = metrics.request_seconds.labels(name)
@@ -107,12 +120,14 @@ class ModelPool:
     # Batches ----------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Give queued jobs to idle workers, a batch each: ``batch_size`` jobs, or fewer once
-        ``max_batch_delay`` has passed since the oldest was queued."""
+        """Make idle workers ready for what is queued, one per ``batch_size`` jobs not yet
+        covered by a ready worker (a batch is ``batch_size`` jobs, or fewer once
+        ``max_batch_delay`` has passed since the oldest was queued). A worker whose slot is free
+        goes first; otherwise the one idle most recently."""
         self._dispatch_handle = None
         queue, idle = self.queue, self._idle
-        while idle and len(queue):
-            config = self.config
+        config = self.config
+        while idle and len(queue) > self.readied * config.batch_size:
             if config.batch_delay_s > 0 and len(queue) < config.batch_size:
                 oldest = queue.oldest_enqueued_at()
                 due = (oldest or 0.0) + config.batch_delay_s
@@ -120,10 +135,58 @@ class ModelPool:
                     self._dispatch_at(due)
                     return
             worker = idle.pop()
-            if not worker.run(queue.take(config.batch_size)):
-                idle.append(worker)  # every job of that batch had already been answered
+            if not worker.slot.free():
+                for i in range(len(idle) - 1, -1, -1):
+                    if idle[i].slot.free():
+                        worker, idle[i] = idle[i], worker
+                        break
+            worker.request_turn()
         if idle and len(self.workers) > self.config.min_workers:
             self._arm_reaper()
+
+    def take_batch(self) -> list[Job]:
+        """The jobs of a worker's next batch (none when nothing is queued)."""
+        queue = self.queue
+        return queue.take(self.config.batch_size) if len(queue) else []
+
+    def waited(self, batches: int) -> None:
+        self.cost.waited += batches
+        self._m_waited.inc(batches)
+
+    def observe_cost(self, cpu_seconds: float, wall_seconds: float, rows: int) -> None:
+        """Count a batch's cost, and move the model to the lane its cost calls for."""
+        cost = self.cost
+        cost.observe(cpu_seconds, wall_seconds, rows)
+        self._m_cpu.inc(cpu_seconds)
+        lane = self.backend.lane_for(self.lane, cost.hold)
+        if lane != self.lane and not self._unloading:
+            self._move(lane)
+
+    def _move(self, lane: str) -> None:
+        """Run in ``lane`` from now on: workers start there (at least one, at least
+        ``minWorkers``; the scaling rule adds more as the queue asks), and those elsewhere leave
+        once they are not running a batch or loading (:meth:`worker_idle`)."""
+        old, self.lane = self.lane, lane
+        self._metrics.model_lane.remove(self.name, old)
+        self._metrics.model_lane.labels(self.name, lane).set(1)
+        log.info(
+            "model %s: moves to the %s lane (its batches hold a backend %.3f ms)",
+            self.name, lane, (self.cost.hold or 0.0) * 1000,
+        )
+        for worker in list(self.workers.values()):
+            if worker.state in (WorkerState.IDLE, WorkerState.READY):
+                worker.exit(None)
+        self._fill_lane()
+
+    def _fill_lane(self) -> None:
+        """Start workers in the model's lane until it has ``max(1, minWorkers)`` there, within
+        ``maxWorkers`` in all (workers still in the old lane count until they leave)."""
+        wanted = max(1, self.config.min_workers)
+        while (
+            sum(w.slot.lane.name == self.lane for w in self.workers.values()) < wanted
+            and len(self.workers) < self.config.max_workers
+        ):
+            self._add_worker(f"moved to the {self.lane} lane", scaling=False)
 
     def _dispatch_at(self, when: float) -> None:
         handle = self._delay_handle
@@ -144,7 +207,7 @@ class ModelPool:
         if self._stopped or (queue.closed and not len(queue)):
             worker.exit(None)
             return
-        if self.may_retire(worker, 0.0):
+        if worker.slot.lane.name != self.lane or self.may_retire(worker, 0.0):
             worker.exit(None)
             return
         self._idle.append(worker)
@@ -194,14 +257,15 @@ class ModelPool:
         if started:
             await asyncio.gather(*(w.ready for w in started))
 
-    def _add_worker(self, reason: str) -> Worker:
+    def _add_worker(self, reason: str, *, scaling: bool = True) -> Worker:
         taken = {w.slot.index for w in self.workers.values()}
-        slot = self.backend.pick(taken)
+        slot = self.backend.pick(taken, self.lane)
         worker = Worker(self, self._next_id, slot)
         self._next_id += 1
         self.workers[worker.id] = worker
         slot.bound_workers += 1
-        self._m_scale_up.inc()
+        if scaling:
+            self._m_scale_up.inc()
         log.info(
             "model %s: worker %d added on %s (%s; %d worker(s), %d queued)",
             self.name, worker.id, slot.describe(), reason, len(self.workers), len(self.queue),
@@ -228,6 +292,13 @@ class ModelPool:
                 if self.config.required_memory_mb is not None else info.memory_bytes
             if self._on_load is not None:
                 self._on_load(self, info)
+        if self.cost.hold is None and info.probe_seconds is not None:
+            # The probe row's cost is the first estimate: a heavy model leaves the light lane
+            # before its first batch runs there.
+            self.cost.hold = info.probe_seconds
+            lane = self.backend.lane_for(self.lane, info.probe_seconds)
+            if lane != self.lane and not self._unloading:
+                self._move(lane)
 
     def may_retire(self, worker: Worker, idle_seconds: float) -> bool:
         if self._stopped:
@@ -252,6 +323,8 @@ class ModelPool:
         slot.bound_workers -= 1
         if self._unloading:
             reason = "model unloading"
+        elif slot.lane.name != self.lane:
+            reason = f"model moved to the {self.lane} lane"
         elif error is not None:
             reason = f"failed: {error}"
         else:
@@ -266,6 +339,8 @@ class ModelPool:
                 asyncio.get_running_loop().create_task(
                     slot.unload(self.key), name=f"mmserver-unload-{self.name}"
                 )
+        if slot.lane.name != self.lane and not self._stopped and not self._unloading:
+            self._fill_lane()
         if error is not None and not self.workers and not self._stopped:
             # No worker is left to serve what is queued: answer it with the reason.
             for job in self.queue.drain():
@@ -323,6 +398,19 @@ class ModelPool:
             self._slot_loads.pop(index)
             await slots[index].unload(self.key)
 
+    def describe_cost(self) -> dict[str, Any]:
+        """The model's lane and measured cost, for the describe call."""
+        cost = self.cost
+        return {
+            "lane": self.lane,
+            "holdPerBatchMillis": _ms(cost.hold),
+            "costPerBatchMillis": _ms(cost.per_batch),
+            "costPerRowMillis": _ms(cost.per_row),
+            "cpuSeconds": round(cost.cpu_seconds, 6),
+            "batches": cost.batches,
+            "batchesWaitedBehind": cost.waited,
+        }
+
     def describe_workers(self) -> list[dict[str, Any]]:
         return [
             {
@@ -332,6 +420,11 @@ class ModelPool:
                 ).isoformat(timespec="milliseconds"),
                 "status": w.state.value,
                 "backend": w.slot.index,
+                "lane": w.slot.lane.name,
             }
             for w in self.workers.values()
         ]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 4)

@@ -71,7 +71,13 @@ class WorkLoadManager:
         self.config = config
         self.store = store
         self.metrics = metrics
-        self.backend = backend or BackendPool(config.backend_processes, metrics)
+        self.backend = backend or BackendPool(
+            config.backend_processes,
+            metrics,
+            heavy_processes=config.heavy_processes,
+            heavy_nice=config.heavy_nice,
+            heavy_batch_ms=config.heavy_batch_ms,
+        )
         self.accepting = False
         self._stopped = False
         self.load_retry_seconds = load_retry_seconds
@@ -89,6 +95,7 @@ class WorkLoadManager:
         self._urls: dict[str, str] = {}  # as given to POST /models
         self._sources: dict[str, str] = {}  # where each loaded model came from, for users
         self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
+        self._holds: dict[str, float] = {}  # seconds a batch holds a backend, likewise
         self._reserved_bytes = 0
         self._reserved_count = 0
         #: Set when room may have been made: a load ended or a loaded model went idle.
@@ -295,7 +302,7 @@ class WorkLoadManager:
             pool = ModelPool(
                 name, f"{name}#{self._generation}", model_dir, config,
                 self.backend, self.metrics, on_load=self._on_first_load,
-                on_idle=self._room_changed.set,
+                on_idle=self._room_changed.set, hold=self._holds.get(name),
             )
             try:
                 await pool.start()
@@ -385,6 +392,8 @@ class WorkLoadManager:
         finally:
             if self._unloading.get(name) is task:
                 del self._unloading[name]
+        if pool.cost.hold is not None:
+            self._holds[name] = pool.cost.hold
         self.metrics.forget_model(name)
         log.info("model %s unloaded: %s (%d loaded)", name, reason, len(self._ready))
 
@@ -444,6 +453,7 @@ class WorkLoadManager:
         }
         if pool is not None:
             result["memoryBytes"] = pool.memory_bytes
+            result.update(pool.describe_cost())
         failure = self._failures.get(name)
         if failure is not None:
             result["error"] = failure.error.message

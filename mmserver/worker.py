@@ -1,12 +1,14 @@
 """A worker: the unit ``minWorkers``/``maxWorkers`` count.
 
 A worker is bound to one backend slot. It first makes sure its model is loaded in that slot (an
-asyncio task, once); from then on it is driven by callbacks. Its pool hands it a batch when it is
-idle and jobs are queued (:meth:`Worker.run`); it sends the batch to its slot; when the answers
-come back it settles the batch's jobs and tells its pool it is idle again, and the pool hands it
-the jobs queued meanwhile. No task wakes up per batch: on a server answering tens of thousands of
-requests a second from one event loop, a task's wake-ups per batch cost more than the batch's own
-bookkeeping.
+asyncio task, once); from then on it is driven by callbacks. When it is idle and its model has
+jobs queued, its pool makes it *ready* (:meth:`Worker.request_turn`): it waits in its slot's run
+queue until the slot admits it (:mod:`mmserver.scheduling` decides the order), and only then takes
+its batch from the queue and sends it (:meth:`Worker.begin`), so a batch holds every job queued
+until it can run, and a model's jobs go to whichever of its workers gets a turn first. When the
+answers come back it settles the batch's jobs and tells its pool it is idle again. No task wakes
+up per batch: on a server answering tens of thousands of requests a second from one event loop, a
+task's wake-ups per batch cost more than the batch's own bookkeeping.
 
 A worker leaves (:meth:`Worker.exit`) when its pool retires it: idle above ``minWorkers`` for
 ``max_idle_time``, above a lowered ``maxWorkers``, or when its model is unloaded.
@@ -21,8 +23,9 @@ import time
 from typing import Protocol
 
 from mmserver import errors
-from mmserver.backend import ProcessSlot, ThreadSlot
+from mmserver.backend import BatchResult, ProcessSlot, ThreadSlot
 from mmserver.batching import Answer, Job, partition_live
+from mmserver.scheduling import Cost
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 class WorkerState(enum.Enum):
     STARTING = "STARTING"
     IDLE = "IDLE"
+    READY = "READY"  # waiting for its slot to run its next batch
     BUSY = "BUSY"
     STOPPING = "STOPPING"
 
@@ -40,8 +44,14 @@ class WorkerHost(Protocol):
     name: str
     key: str
     running: int
+    #: Workers of the model now ready (waiting for their slots).
+    readied: int
+    cost: Cost
 
     async def bind(self, slot: ProcessSlot | ThreadSlot) -> None: ...
+    def take_batch(self) -> list[Job]: ...
+    def waited(self, batches: int) -> None: ...
+    def observe_cost(self, cpu_seconds: float, wall_seconds: float, rows: int) -> None: ...
     def observe_batch(self, batch: list[Job], started: float, seconds: float) -> None: ...
     def worker_idle(self, worker: Worker) -> None: ...
     def worker_exited(self, worker: Worker, error: BaseException | None) -> None: ...
@@ -66,6 +76,12 @@ class Worker:
         self._binding: asyncio.Task[None] | None = None
         self._batch: list[Job] = []
         self._started = 0.0
+        #: Its slot's count of answered batches when it became ready (the slot's bookkeeping).
+        self.mark = 0
+
+    @property
+    def cost(self) -> Cost:
+        return self.host.cost
 
     def start(self) -> None:
         """Load the model in the slot; the worker is idle (and told to its pool) once it is."""
@@ -95,14 +111,32 @@ class Worker:
 
     # Batches ----------------------------------------------------------------------------------
 
-    def run(self, batch: list[Job]) -> bool:
-        """Send ``batch`` to the slot; ``False`` if none of its jobs was left to compute (they are
-        answered, and the worker stays idle)."""
-        started = self._loop.time()
-        live = partition_live(batch, started)
-        if not live:
-            return False
+    def request_turn(self) -> None:
+        """Wait for a turn on the slot to run a batch of the model's queued jobs."""
+        self.state = WorkerState.READY
+        self.host.readied += 1
+        self.slot.ready(self)
+
+    def waiting(self) -> bool:
+        """Still waiting for its turn (not gone, not given a batch otherwise)."""
+        return self.state is WorkerState.READY
+
+    def begin(self, waited: int = 0) -> bool:
+        """The slot's turn has come: take a batch from the queue and send it. ``False`` when no
+        job was left to compute (the model's other workers took them, or they were answered):
+        the worker is idle again. ``waited`` counts the other batches that ran first."""
         host = self.host
+        host.readied -= 1
+        if waited:
+            host.waited(waited)
+        started = self._loop.time()
+        live: list[Job] = []
+        while not live:
+            batch = host.take_batch()
+            if not batch:
+                self._become_idle()
+                return False
+            live = partition_live(batch, started)
         self.state = WorkerState.BUSY
         host.running += 1
         self._batch = live
@@ -112,21 +146,33 @@ class Worker:
                 requests, deadline = [live[0].request], live[0].deadline
             else:
                 requests, deadline = [j.request for j in live], max(j.deadline for j in live)
-            self.slot.send_batch(host.key, requests, deadline, self._answered)
+            self.slot.send_batch(
+                host.key, requests, deadline, self._answered, host.cost.estimate()
+            )
         except errors.MMServerError as exc:  # the slot is stopping
-            self.state = WorkerState.IDLE
             host.running -= 1
             self._batch = []
             for job in live:
                 job.fail(exc)
+            self._become_idle()
             return False
         return True
 
-    def _answered(self, answers: list[Answer] | None, error: BaseException | None) -> None:
-        """The batch's answers (or its error), as soon as the slot has them."""
+    def _become_idle(self) -> None:
+        self.state = WorkerState.IDLE
+        self.idle_since = self._loop.time()
+        self.host.worker_idle(self)
+
+    def _answered(self, result: BatchResult | None, error: BaseException | None) -> None:
+        """The batch's answers, their CPU seconds and rows (or its error), as soon as the slot
+        has them."""
         batch, self._batch = self._batch, []
         host = self.host
         host.running -= 1
+        answers: list[Answer] | None = None
+        if result is not None:
+            answers, cpu_seconds, wall_seconds, rows = result
+            host.observe_cost(cpu_seconds, wall_seconds, rows)
         host.observe_batch(batch, self._started, self._loop.time() - self._started)
         if error is None:
             if answers is not None and len(answers) == len(batch):
@@ -145,9 +191,7 @@ class Worker:
             for job in batch:
                 job.fail(error)
         if self.state is WorkerState.BUSY:
-            self.state = WorkerState.IDLE
-            self.idle_since = self._loop.time()
-            host.worker_idle(self)
+            self._become_idle()
 
     # Leaving ----------------------------------------------------------------------------------
 
@@ -156,6 +200,8 @@ class Worker:
         come, are dropped), a load still running is cancelled. Safe to call more than once."""
         if self.state is WorkerState.STOPPING:
             return
+        if self.state is WorkerState.READY:
+            self.host.readied -= 1
         self.state = WorkerState.STOPPING
         stopped = errors.ShuttingDown("the model's worker was stopped before this request ran")
         for job in self._batch:

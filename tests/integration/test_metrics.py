@@ -25,6 +25,9 @@ FAMILIES = {
     "mmserver_model_evictions": "counter",
     "mmserver_model_load_seconds": "histogram",
     "mmserver_backend_restarts": "counter",
+    "mmserver_model_cpu_seconds": "counter",
+    "mmserver_model_waited_batches": "counter",
+    "mmserver_model_lane": "gauge",
 }
 
 
@@ -47,7 +50,7 @@ async def test_exposition_format_and_families(server: Harness) -> None:
     assert "# TYPE mmserver_requests_total counter" in text
     for family in families.values():
         for sample in family.samples:
-            assert set(sample.labels) <= {"model", "code", "direction", "le"}, sample
+            assert set(sample.labels) <= {"model", "code", "direction", "lane", "le"}, sample
 
 
 async def test_request_counters_and_latency_move(server: Harness) -> None:
