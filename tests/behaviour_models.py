@@ -6,7 +6,9 @@ folder with a ``model.py`` handler, usable in threads and in backend processes a
 - :func:`make_recording_dir` — answers ``2 * x`` and appends each batch's row count to a log;
 - :func:`make_raising_dir` — raises ``ValueError`` for any row whose value is negative;
 - :func:`make_sleeping_dir` — answers ``2 * x`` after sleeping a fixed time per batch;
-- :func:`make_exiting_dir` — ends its backend process with ``os._exit`` on a negative value.
+- :func:`make_exiting_dir` — ends its backend process with ``os._exit`` on a negative value;
+- :func:`make_spinning_dir` — computes for as many CPU milliseconds as the batch's first value
+  says, waits at an optional gate file, appends its name to an optional log, answers ``2 * x``.
 """
 
 from __future__ import annotations
@@ -113,3 +115,43 @@ def predict(model, batch):
 def make_exiting_dir(folder: Path, **properties: object) -> Path:
     """Answers ``2 * x``, but ends its backend process (``os._exit``) on a negative value."""
     return _write(folder, EXITING, dict(properties))
+
+
+SPINNING = '''\
+import time
+from pathlib import Path
+
+
+def load(model_dir, properties):
+    gate = properties.get("gate")
+    log = properties.get("log")
+    return (properties["name"], Path(gate) if gate else None, Path(log) if log else None)
+
+
+def predict(model, batch):
+    name, gate, log = model
+    end = time.thread_time() + float(batch[0][0]) / 1000.0
+    while time.thread_time() < end:
+        pass
+    for _ in range(60000):  # at most 60 s
+        if gate is None or gate.exists():
+            break
+        time.sleep(0.001)
+    if log is not None:
+        with open(log, "a") as fh:
+            fh.write(name + "\\n")
+    return [2.0 * float(row[0]) for row in batch]
+'''
+
+
+def make_spinning_dir(
+    folder: Path, *, gate: Path | None = None, log: Path | None = None, **properties: object
+) -> Path:
+    """Computes ``x`` CPU ms for a batch whose first value is ``x``, then waits for ``gate`` (if
+    given) to exist, appends the model's name to ``log`` (if given), and answers ``2 * x``."""
+    extra: dict[str, object] = {"name": folder.name}
+    if gate is not None:
+        extra["gate"] = gate
+    if log is not None:
+        extra["log"] = log
+    return _write(folder, SPINNING, {**extra, **properties})

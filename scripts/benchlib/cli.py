@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import loads, probes, report, servers, store, wrk
+from benchlib import loads, neighbour, probes, report, servers, store, wrk
 
-SECTIONS = ("cold", "memory", "closed", "open", "scaling", "batching")
+SECTIONS = ("cold", "memory", "closed", "open", "scaling", "batching", "neighbour")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -100,6 +100,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         metavar="SECONDS",
         help="also run py-spy on the frontend under the hot pattern",
+    )
+    parser.add_argument(
+        "--server-exe",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the mmserver executable to measure (default: this checkout's .venv/bin/mmserver); "
+        "e.g. another checkout's, to compare two versions of the server",
     )
     parser.add_argument(
         "--server-arg",
@@ -196,12 +204,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store.ensure_reference(model_store)
     if "batching" in args.sections:
         store.ensure_forests(model_store)
+    if "neighbour" in args.sections:
+        store.ensure_heavy(model_store)
     raw: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
     needs_floor = {"closed", "open"} & set(args.sections)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
         server = servers.mmserver(
-            model_store, Path(tmp) / "cache", args.out / "server.log", args.server_arg
+            model_store, Path(tmp) / "cache", args.out / "server.log", args.server_arg,
+            args.server_exe,
         )
         floor = servers.floor(args.out / "floor.log") if needs_floor else None
         try:
@@ -280,6 +291,8 @@ def _measure(
         raw["open"] = loads.open_loop(server, floor, args.patterns, rate, settings, _log)
     if "batching" in sections:
         raw["batching"] = loads.batching(server, BATCH_MODELS, settings, _log)
+    if "neighbour" in sections:
+        raw["neighbour"] = neighbour.run(server, settings, _log)
     if args.profile:
         raw["profile"] = loads.profile(server, settings, args.profile, args.out, _log)
 

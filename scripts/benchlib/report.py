@@ -94,6 +94,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         )
     if info:
         out["info"] = info
+    if "neighbour" in raw:
+        out["neighbour"] = {k: summarize_runs(v) for k, v in raw["neighbour"].items() if v}
     if "batching" in raw:
         out["batching"] = {k: summarize_runs(v) for k, v in raw["batching"].items()}
         b1, b32 = out["batching"].get("batch 1"), out["batching"].get("batch 32")
@@ -178,6 +180,7 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
             None if not mem else mem["pss_mb"] <= 400,
         )
     )
+    rows += _neighbour_targets(summary.get("neighbour"))
     hot = closed.get("hot", {})
     if "to_max_ms" in hot:
         to_max = hot["to_max_ms"]
@@ -191,6 +194,38 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     else:
         rows.append(("burst to maxWorkers <= 200 ms", "-", None))
     return rows
+
+
+def _neighbour_targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
+    """Light models beside a saturating heavy one: p99 within 2 x (and 20 ms) of theirs alone,
+    throughput at least 60 % of theirs alone."""
+    p99_label = "neighbour: light p99 beside heavy <= 2 x alone, <= 20 ms"
+    rps_label = "neighbour: light req/s beside heavy >= 60 % of alone"
+    alone = (section or {}).get("light alone")
+    beside = (section or {}).get("light beside heavy")
+    if not alone or not beside:
+        return [(p99_label, "-", None), (rps_label, "-", None)]
+    p99_alone, p99_beside = alone["p99_ms"], beside["p99_ms"]
+    p99_ok = (
+        p99_alone is not None and p99_beside is not None
+        and p99_beside <= 2 * p99_alone and p99_beside <= P99_TARGET_MS
+    )
+    share = beside["rps"] / alone["rps"] if alone["rps"] and beside["rps"] else None
+    errors = alone["error_count"] + beside["error_count"]
+    return [
+        (
+            p99_label,
+            f"{_fmt(p99_beside, '.1f')} vs {_fmt(p99_alone, '.1f')} ms "
+            f"({_fmt(p99_beside / p99_alone if p99_alone and p99_beside else None, '.2f', ' x')})",
+            p99_ok and errors == 0,
+        ),
+        (
+            rps_label,
+            f"{_fmt(beside['rps'], '.0f')} vs {_fmt(alone['rps'], '.0f')} req/s "
+            f"({_fmt(None if share is None else 100 * share, '.0f', ' %')})",
+            None if share is None else share >= 0.6 and errors == 0,
+        ),
+    ]
 
 
 def _cpu(cpu: dict[str, float | None]) -> str:
@@ -265,6 +300,23 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
                     f"  p99 {_fmt(r['p99_ms'], '.1f')} ms  errors {r['error_count']}"
                 )
         lines.append(f"  batch 32 / batch 1 throughput: {_fmt(b.get('ratio'), '.2f', ' x')}")
+    if "neighbour" in summary:
+        lines += [
+            "",
+            "Neighbour: light models (8 connections over 100 reference models) alone and beside "
+            "a heavy",
+            "forest (300 trees, depth 14) saturated by 8 connections of its own; the heavy "
+            "forest alone",
+        ]
+        for label in (*("light alone", "light beside heavy", "heavy beside light"), "heavy alone"):
+            r = summary["neighbour"].get(label)
+            if r:
+                errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"
+                lines.append(
+                    f"  {label:<20}{_fmt(r['rps'], '.0f'):>8} req/s  p50 "
+                    f"{_fmt(r['p50_ms'], '.2f'):>6}  p99 {_fmt(r['p99_ms'], '.2f'):>7} ms  "
+                    f"cpu {_cpu(r['cpu'])}  errors {errors}"
+                )
     info = summary.get("info", {})
     if info:
         lines += ["", "Also measured"]

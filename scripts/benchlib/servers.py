@@ -164,9 +164,11 @@ class Server:
         self.stop()
 
 
-def mmserver(store: Path, cache: Path, log: Path, extra: list[str]) -> Server:
+def mmserver(
+    store: Path, cache: Path, log: Path, extra: list[str], exe: Path | None = None
+) -> Server:
     port = free_port()
-    exe = Path(sys.executable).with_name("mmserver")
+    exe = exe or Path(sys.executable).with_name("mmserver")
     argv = [
         str(exe),
         "serve",

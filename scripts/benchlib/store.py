@@ -1,9 +1,11 @@
-"""The benchmark's model store: the 1,000-model reference store plus two slower models.
+"""The benchmark's model store: the 1,000-model reference store plus slower models.
 
 The reference store comes from ``scripts/generate_store.py`` (it does nothing when the store is
 current). The batching section adds ``bench-forest-b1`` and ``bench-forest-b32``: the same
 RandomForestRegressor (100 trees, on the reference data y = 2x + 1 + noise), the first with
-``batch_size=1``, the second with ``batch_size=32`` and ``max_batch_delay=5``.
+``batch_size=1``, the second with ``batch_size=32`` and ``max_batch_delay=5``. The neighbour
+section adds ``bench-heavy-forest``: a RandomForestRegressor of 300 trees of depth 14 on 8
+features, tens of milliseconds of CPU per predict call.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FOREST_STAMP = ".bench-forest"
+HEAVY_MODEL = "bench-heavy-forest"
+HEAVY_FEATURES = 8
 
 FOREST_PROPERTIES = {
     "bench-forest-b1": "batch_size=1\n",
@@ -67,4 +71,29 @@ def ensure_forests(store: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         joblib.dump(forest, folder / "model.joblib")
         (folder / "serving.properties").write_text(properties)
+    stamp.write_text(want)
+
+
+def ensure_heavy(store: Path) -> None:
+    """Write the neighbour section's heavy forest into ``store`` unless this scikit-learn
+    version did."""
+    import joblib
+    import numpy as np
+    import sklearn
+    from sklearn.ensemble import RandomForestRegressor
+
+    folder = store / HEAVY_MODEL
+    stamp = folder / FOREST_STAMP
+    want = f"sklearn={sklearn.__version__}\n"
+    if stamp.is_file() and stamp.read_text() == want and (folder / "model.joblib").is_file():
+        return
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1.0, 1.0, size=(20000, HEAVY_FEATURES))
+    y = np.sin(3 * x).sum(axis=1) + rng.normal(0.0, 0.1, size=len(x))
+    forest = RandomForestRegressor(
+        n_estimators=300, max_depth=14, random_state=7, n_jobs=-1
+    ).fit(x, y)
+    forest.n_jobs = None  # predict in one thread, as a served model usually does
+    folder.mkdir(parents=True, exist_ok=True)
+    joblib.dump(forest, folder / "model.joblib")
     stamp.write_text(want)

@@ -45,6 +45,7 @@ class Load:
     models: int = 1000
     api: str = "djl"
     seed: int = 1
+    body: str = "[[0.5]]"
 
 
 @dataclass
@@ -139,6 +140,7 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
         BENCH_THREADS=str(load.threads),
         BENCH_THREAD_RATE=f"{load.rate / load.threads:.6f}" if load.rate else "0",
         BENCH_SEED=str(load.seed),
+        BENCH_BODY=load.body,
     )
     return argv, env
 

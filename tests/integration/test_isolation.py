@@ -1,0 +1,177 @@
+"""Performance isolation over real HTTP with real backend processes: a heavy model runs in the
+heavy lane and cannot hold up the light models; the backends are shared by measured cost; the
+cost is visible; a model whose cost changes changes lane.
+
+The models compute for as many CPU milliseconds as a request asks (``[[ms]]``) and can wait at a
+gate file, so the tests hold batches running on purpose and wait on states and counts, never on
+durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmserver.worker import WorkerState
+from tests.behaviour_models import make_spinning_dir
+from tests.integration.harness import Harness, Serve, wait_until
+from tests.models import make_linear_archive
+
+LIGHT_PROCESSES = 2
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    root.mkdir()
+    archive = make_linear_archive(root / "sklearn-0.tar.gz")
+    for i in range(1, 10):
+        os.link(archive, root / f"sklearn-{i}.tar.gz")
+    return root
+
+
+async def answer(harness: Harness, model: str, x: float) -> Any:
+    response = await harness.post(f"/predictions/{model}", json.dumps([[x]]))
+    return response.status, json.loads(await response.read())
+
+
+async def described(harness: Harness, model: str) -> dict[str, Any]:
+    response = await harness.client.get(f"/models/{model}")
+    assert response.status == 200
+    body: list[dict[str, Any]] = json.loads(await response.read())
+    return body[0]
+
+
+def lanes_of(harness: Harness, model: str) -> list[str]:
+    pool = harness.wlm.pool(model)
+    assert pool is not None
+    return [w.slot.lane.name for w in pool.workers.values()]
+
+
+async def settled_in(harness: Harness, model: str, lane: str) -> None:
+    """Wait until every worker of ``model`` is in ``lane`` and loaded there."""
+
+    def done() -> bool:
+        pool = harness.wlm.pool(model)
+        return pool is not None and pool.lane == lane and bool(pool.workers) and all(
+            w.slot.lane.name == lane and w.state is not WorkerState.STARTING
+            for w in pool.workers.values()
+        )
+
+    await wait_until(done, 20)
+
+
+async def test_light_models_are_answered_while_a_heavy_one_holds_every_heavy_backend(
+    serve: Serve, store: Path, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    make_spinning_dir(store / "hog", gate=gate, maxWorkers=2, batch_size=1)
+    harness = await serve(
+        model_store=str(store), backend_processes=LIGHT_PROCESSES, heavy_processes=2
+    )
+    # Its first batch takes 30 ms of CPU: the model moves to the heavy lane.
+    assert await answer(harness, "hog", 30.0) == (200, {"predictions": [60.0]})
+    await settled_in(harness, "hog", "heavy")
+
+    gate.unlink()
+    held = [asyncio.ensure_future(answer(harness, "hog", 30.0)) for _ in range(6)]
+    pool = harness.wlm.pool("hog")
+    assert pool is not None
+    # The scaling rule gives it its second worker; both heavy processes are then held.
+    await wait_until(lambda: pool.running == 2, 20)
+    heavy_slots = {w.slot.index for w in pool.workers.values()}
+    assert heavy_slots == {LIGHT_PROCESSES, LIGHT_PROCESSES + 1}
+
+    for i in range(10):
+        status, body = await answer(harness, f"sklearn-{i}", 0.5)
+        assert status == 200 and body["predictions"][0] == pytest.approx(2.0, abs=0.05)
+    light = harness.wlm.pool("sklearn-0")
+    assert light is not None and lanes_of(harness, "sklearn-0") == ["light"]
+    assert not any(task.done() for task in held)
+
+    gate.touch()
+    assert [await task for task in held] == [(200, {"predictions": [60.0]})] * 6
+
+    info = await described(harness, "hog")
+    assert info["lane"] == "heavy"
+    assert {w["lane"] for w in info["workerGroups"][0]["workers"]} == {"heavy"}
+    assert info["costPerBatchMillis"] >= 20.0
+    assert info["holdPerBatchMillis"] >= info["costPerBatchMillis"] * 0.9
+    assert info["batches"] == 7
+    samples = await harness.samples()
+    assert samples[("mmserver_model_cpu_seconds_total", (("model", "hog"),))] >= 7 * 0.025
+    assert samples[("mmserver_model_lane", (("lane", "heavy"), ("model", "hog")))] == 1.0
+    assert ("mmserver_model_lane", (("lane", "light"), ("model", "hog"))) not in samples
+    assert samples[("mmserver_model_lane", (("lane", "light"), ("model", "sklearn-0")))] == 1.0
+
+
+async def test_a_model_whose_cost_falls_moves_back_to_the_light_lane(
+    serve: Serve, store: Path
+) -> None:
+    make_spinning_dir(store / "changing", maxWorkers=1, batch_size=1)
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=1)
+    assert (await answer(harness, "changing", 20.0))[0] == 200
+    await settled_in(harness, "changing", "heavy")
+    # Cheap batches bring its moving average down under half the threshold.
+    for _ in range(40):
+        assert await answer(harness, "changing", 0.0) == (200, {"predictions": [0.0]})
+        pool = harness.wlm.pool("changing")
+        if pool is not None and pool.lane == "light":
+            break
+    await settled_in(harness, "changing", "light")
+    assert (await described(harness, "changing"))["lane"] == "light"
+    assert await answer(harness, "changing", 1.0) == (200, {"predictions": [2.0]})
+
+
+async def test_a_heavy_model_remembered_after_eviction_starts_in_the_heavy_lane(
+    serve: Serve, store: Path
+) -> None:
+    make_spinning_dir(store / "again", maxWorkers=1, batch_size=1)
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=1)
+    assert (await answer(harness, "again", 20.0))[0] == 200
+    await settled_in(harness, "again", "heavy")
+    response = await harness.client.delete("/models/again")
+    assert response.status == 200
+    assert (await answer(harness, "again", 20.0))[0] == 200
+    assert lanes_of(harness, "again") == ["heavy"]
+
+
+async def test_the_backend_is_shared_by_time_not_by_turns(
+    serve: Serve, store: Path, tmp_path: Path
+) -> None:
+    """One backend process and one lane, two models with deep queues: the 5 ms model and the
+    cheap one get a share of time each, so the cheap one's 30 batches all run before the
+    costly one's third (in arrival order or turn by turn, they would alternate)."""
+    log = tmp_path / "order"
+    gate = tmp_path / "gate"
+    gate.touch()
+    make_spinning_dir(store / "costly", log=log, gate=gate, maxWorkers=1, batch_size=1)
+    make_spinning_dir(store / "cheap", log=log, maxWorkers=1, batch_size=1)
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
+    for model in ("costly", "cheap"):  # loaded, their cost measured
+        assert (await answer(harness, model, 5.0 if model == "costly" else 0.0))[0] == 200
+    log.write_text("")
+    gate.unlink()
+    costly = [asyncio.ensure_future(answer(harness, "costly", 5.0)) for _ in range(30)]
+    pool = harness.wlm.pool("costly")
+    assert pool is not None
+    await wait_until(lambda: pool.running == 1 and len(pool.queue) == 29)
+    cheap = [asyncio.ensure_future(answer(harness, "cheap", 0.0)) for _ in range(30)]
+    cheap_pool = harness.wlm.pool("cheap")
+    assert cheap_pool is not None
+    await wait_until(lambda: cheap_pool.readied + cheap_pool.running + len(cheap_pool.queue) > 0)
+    gate.touch()
+    assert [await t for t in costly] == [(200, {"predictions": [10.0]})] * 30
+    assert [await t for t in cheap] == [(200, {"predictions": [0.0]})] * 30
+    order = log.read_text().split()
+    assert sorted(order) == ["cheap"] * 30 + ["costly"] * 30
+    last_cheap = len(order) - 1 - order[::-1].index("cheap")
+    assert order[:last_cheap].count("costly") <= 2, order
+    # Each cheap batch that waited counted the costly batch ahead of it.
+    assert (await described(harness, "cheap"))["batchesWaitedBehind"] >= 1

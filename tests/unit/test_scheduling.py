@@ -1,0 +1,128 @@
+"""The scheduling rules as tables: lanes, admission into a backend's pipe, measured cost, and
+start-time fair queuing across models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mmserver.scheduling import (
+    HEAVY,
+    LIGHT,
+    PIPELINE_BUDGET_S,
+    Cost,
+    Lane,
+    RunQueue,
+    admits,
+    lane_for,
+)
+
+MS = 0.001
+
+
+@pytest.mark.parametrize(
+    ("current", "hold", "expected"),
+    [
+        (LIGHT, None, LIGHT),  # unknown cost: stays
+        (HEAVY, None, HEAVY),
+        (LIGHT, 0.05 * MS, LIGHT),
+        (LIGHT, 2.0 * MS, LIGHT),  # at the threshold: not above it
+        (LIGHT, 2.1 * MS, HEAVY),
+        (LIGHT, 28 * MS, HEAVY),
+        (HEAVY, 1.5 * MS, HEAVY),  # between half and the threshold: stays (hysteresis)
+        (HEAVY, 1.0 * MS, HEAVY),
+        (HEAVY, 0.9 * MS, LIGHT),
+    ],
+)
+def test_lane_for(current: str, hold: float | None, expected: str) -> None:
+    assert lane_for(current, hold, 2 * MS) == expected
+
+
+def test_lane_for_with_no_threshold_never_moves() -> None:
+    assert lane_for(LIGHT, 1.0, 0.0) == LIGHT
+
+
+@pytest.mark.parametrize(
+    ("inflight", "pipe", "estimate", "expected"),
+    [
+        (0, 0.0, math.inf, True),  # an idle process takes anything
+        (0, 0.0, 0.5, True),
+        (1, 0.1 * MS, 0.1 * MS, True),  # cheap behind cheap
+        (3, 0.5 * MS, 0.5 * MS, True),  # exactly the budget
+        (3, 0.5 * MS, 0.6 * MS, False),
+        (1, 0.1 * MS, 28 * MS, False),  # nothing long goes behind anything
+        (1, 28 * MS, 0.1 * MS, False),  # nothing goes behind something long
+        (1, math.inf, 0.1 * MS, False),  # nor behind a load or an unmeasured model
+        (1, 0.1 * MS, math.inf, False),
+    ],
+)
+def test_admits(inflight: int, pipe: float, estimate: float, expected: bool) -> None:
+    assert PIPELINE_BUDGET_S == 1 * MS
+    assert admits(inflight, pipe, estimate) is expected
+
+
+def test_cost_averages_per_batch_per_row_and_hold() -> None:
+    cost = Cost()
+    assert cost.estimate() == math.inf
+    cost.observe(cpu_seconds=0.010, wall_seconds=0.004, rows=10)  # computed in threads
+    assert (cost.per_batch, cost.per_row, cost.hold) == (0.010, 0.001, 0.010)
+    cost.observe(cpu_seconds=0.0, wall_seconds=0.020, rows=1)  # waited on something
+    assert cost.hold == pytest.approx(0.010 + 0.2 * (0.020 - 0.010))
+    assert cost.per_batch == pytest.approx(0.8 * 0.010)
+    assert cost.per_row == pytest.approx(0.8 * 0.001)
+    assert (cost.batches, cost.cpu_seconds) == (2, 0.010)
+    assert cost.estimate() == cost.hold
+
+
+def test_a_remembered_cost_is_the_first_estimate() -> None:
+    assert Cost(0.028).estimate() == 0.028
+
+
+def test_run_queue_orders_by_tag_then_arrival() -> None:
+    queue: RunQueue[str] = RunQueue()
+    for tag, item in ((2.0, "c"), (1.0, "a"), (1.0, "b"), (0.5, "first")):
+        queue.push(tag, item)
+    assert queue.peek() == (0.5, "first")
+    assert [queue.pop()[1] for _ in range(len(queue))] == ["first", "a", "b", "c"]
+    queue.push(1.0, "x")
+    assert queue.clear() == ["x"] and len(queue) == 0
+
+
+def _serve(costs: dict[str, float], batches: int) -> list[str]:
+    """Run ``batches`` batches on one slot, every model always having one more to run: the
+    order start-time fair queuing gives them."""
+    lane = Lane(LIGHT)
+    models = {name: Cost(hold) for name, hold in costs.items()}
+    queue: RunQueue[str] = RunQueue()
+    for name, cost in models.items():
+        queue.push(lane.tag(cost), name)
+    order = []
+    for _ in range(batches):
+        tag, name = queue.pop()
+        lane.charge(tag, models[name])
+        order.append(name)
+        queue.push(lane.tag(models[name]), name)
+    return order
+
+
+def test_fair_queuing_shares_time_not_turns() -> None:
+    # A 4 ms model and a 0.1 ms one, both with deep queues: the cheap one runs 40 batches for
+    # every batch of the expensive one, so each gets half of the time.
+    order = _serve({"costly": 4 * MS, "cheap": 0.1 * MS}, 164)
+    assert order.count("costly") == 4
+    assert order[0] == "costly" and "costly" not in order[1:40]
+
+
+def test_fair_queuing_of_equal_models_is_round_robin() -> None:
+    assert _serve({"a": MS, "b": MS, "c": MS}, 6) == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_an_idle_model_earns_no_credit() -> None:
+    lane = Lane(LIGHT)
+    busy, idle = Cost(MS), Cost(MS)
+    for _ in range(100):
+        lane.charge(lane.tag(busy), busy)
+    # The model that was idle starts at the lane's clock, not 100 batches ahead of the other.
+    assert lane.tag(idle) == lane.vtime
+    assert lane.tag(busy) - lane.tag(idle) == pytest.approx(MS)
