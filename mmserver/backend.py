@@ -592,7 +592,16 @@ class ProcessSlot:
         """``worker`` has a batch to run here: it runs at once if the process is idle, otherwise
         when its turn comes (:meth:`_pump`). Its batch is taken from its queue only then."""
         worker.mark = self.answered
-        self._runq.push(self.lane.tag(worker.cost), worker)
+        cost = worker.cost
+        tag = self.lane.tag(cost)
+        if not self._runq and not self._pumping and not self._holding and not self._stopping:
+            pipe = math.inf if self._pipe_unknown else self._pipe_cost
+            if admits(len(self._inflight), pipe, cost.estimate()):
+                # Nobody waits and the pipe has room: it runs now, as the pump would run it.
+                if worker.begin(self.admitted - worker.mark):
+                    self.lane.charge(tag, cost)
+                return
+        self._runq.push(tag, worker)
         if not self._inflight:
             self._pump()
         elif self._pump_handle is None and not self._pumping:

@@ -120,26 +120,29 @@ class ModelPool:
     # Batches ----------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Make idle workers ready for what is queued, one per ``batch_size`` jobs not yet
-        covered by a ready worker (a batch is ``batch_size`` jobs, or fewer once
-        ``max_batch_delay`` has passed since the oldest was queued). A worker whose slot is free
-        goes first; otherwise the one idle most recently."""
+        """Make idle workers ready for what is queued: one per ``batch_size`` jobs not yet
+        covered by a ready worker, and any whose slot is free while jobs wait (a batch is
+        ``batch_size`` jobs, or fewer once ``max_batch_delay`` has passed since the oldest was
+        queued). A worker whose slot is free goes first; otherwise the one idle most
+        recently."""
         self._dispatch_handle = None
         queue, idle = self.queue, self._idle
         config = self.config
-        while idle and len(queue) > self.readied * config.batch_size:
+        while idle and len(queue):
             if config.batch_delay_s > 0 and len(queue) < config.batch_size:
                 oldest = queue.oldest_enqueued_at()
                 due = (oldest or 0.0) + config.batch_delay_s
                 if due > self._loop.time():
                     self._dispatch_at(due)
                     return
-            worker = idle.pop()
-            if not worker.slot.free():
-                for i in range(len(idle) - 1, -1, -1):
-                    if idle[i].slot.free():
-                        worker, idle[i] = idle[i], worker
-                        break
+            free = next((i for i in range(len(idle) - 1, -1, -1) if idle[i].slot.free()), None)
+            if len(queue) > self.readied * config.batch_size:
+                worker = idle.pop() if free is None else idle.pop(free)
+            elif free is not None:
+                # Ready workers cover the queue, but one of ours can run at once elsewhere.
+                worker = idle.pop(free)
+            else:
+                break
             worker.request_turn()
         if idle and len(self.workers) > self.config.min_workers:
             self._arm_reaper()

@@ -110,6 +110,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "e.g. another checkout's, to compare two versions of the server",
     )
     parser.add_argument(
+        "--baseline-exe",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="measure this mmserver executable (another build) in place of the HTTP floor in "
+        "the closed and open loops, alternated with the server: 'x floor' is then the ratio "
+        "to that build",
+    )
+    parser.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -186,6 +195,11 @@ def _header(args: argparse.Namespace, capacity: float, load: tuple[float, ...]) 
         "wrk, mmserver and its backend processes share the cores (no pinning), as do wrk and "
         "the floor.",
         f"command: scripts/bench {' '.join(sys.argv[1:])}".rstrip(),
+        *(
+            [f"the 'floor' rows are mmserver built at {args.baseline_exe} (the baseline)"]
+            if args.baseline_exe is not None
+            else []
+        ),
     ]
 
 
@@ -214,7 +228,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model_store, Path(tmp) / "cache", args.out / "server.log", args.server_arg,
             args.server_exe,
         )
-        floor = servers.floor(args.out / "floor.log") if needs_floor else None
+        floor: servers.Server | None
+        if needs_floor and args.baseline_exe is not None:
+            floor = servers.mmserver(
+                model_store, Path(tmp) / "baseline-cache", args.out / "baseline.log",
+                args.server_arg, args.baseline_exe,
+            )
+        else:
+            floor = servers.floor(args.out / "floor.log") if needs_floor else None
         try:
             server.start()
             _log(f"mmserver pid {server.pid} on {server.url}")
@@ -251,6 +272,8 @@ def _measure(
     if {"memory", "closed", "open", "scaling"} & set(sections):
         loaded = probes.load_all(server, 1000)
         raw["load_all"] = loaded
+        if floor is not None and args.baseline_exe is not None:
+            probes.load_all(floor, 1000)
         _log(f"loaded 1,000 models in {loaded['seconds']:.1f} s: statuses {loaded['statuses']}")
         if "memory" in sections:
             time.sleep(1)

@@ -104,9 +104,12 @@ def _ping(port: int) -> bool:
 class Server:
     """One server process on ``127.0.0.1:port``, its output appended to ``log``."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], port: int, log: Path, cwd: Path | None = None
+    ) -> None:
         self.name = name
         self.argv = argv
+        self.cwd = cwd
         self.port = port
         self.log_path = log
         self._log: IO[bytes] | None = None
@@ -125,7 +128,8 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=self.cwd,
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -173,16 +177,18 @@ def mmserver(
         str(exe),
         "serve",
         "--model-store",
-        str(store),
+        str(store.resolve()),
         "--cache-dir",
-        str(cache),
+        str(cache.resolve()),
         "--host",
         HOST,
         "--port",
         str(port),
         *extra,
     ]
-    return Server("mmserver", argv, port, log)
+    # Run outside any checkout: the backend processes import the package the executable was
+    # installed with, not a source tree that happens to be the working directory.
+    return Server("mmserver", argv, port, log, cwd=cache.resolve().parent)
 
 
 def floor(log: Path) -> Server:
