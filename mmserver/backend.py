@@ -49,7 +49,7 @@ from mmserver.batching import Answer, answer_batch
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
-from mmserver.scheduling import HEAVY, LIGHT, Cost, Lane, RunQueue, admits, lane_for
+from mmserver.scheduling import HEAVY, LIGHT, Cost, Lane, RunQueue, admits, lane_bounds
 from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 _LOAD, _PREDICT, _UNLOAD, _PING = 0, 1, 2, 3
 _OK, _ERR = 0, 1
 _START_TIMEOUT = 60.0
+#: Batches longer than this (wall time) have their CPU time read from the CPU clock.
+_CPU_CLOCK_ABOVE_S = 0.0005
+#: How often a process slot checks the deadlines of the messages it holds.
+_WATCH_S = 0.05
 
 #: Imported once by the fork server and shared copy-on-write by every backend process, so a
 #: process starts (or is replaced) in milliseconds and a model's first load does not pay for
@@ -104,12 +108,13 @@ def _rss_bytes() -> int:
 class _Models:
     """The models loaded in one slot, and the three operations on them (runs in the backend).
 
-    ``clock`` measures the CPU time of a batch: the whole process's in a backend process (a
-    model may compute in threads of its own), the calling thread's in a thread slot."""
+    ``clock`` measures the CPU time of a long batch: the whole process's in a backend process
+    (a model may compute in threads of its own), the calling thread's in a thread slot."""
 
     def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
         self.predictors: dict[str, Any] = {}
         self._clock = clock
+        self._long: set[str] = set()  # models whose last batch was long
 
     def load(self, spec: LoadSpec) -> LoadInfo:
         from mmserver.predictor import load_predictor  # imported where predictions run
@@ -157,17 +162,28 @@ class _Models:
             rows += len(batch)
             return predictor.predict(batch)
 
-        started, cpu = time.perf_counter(), self._clock()
+        # The CPU clock costs a system call, twice a batch: it is read for the models whose
+        # last batch was long; a short batch's CPU time is taken as its wall time.
+        timed = key in self._long
+        cpu = self._clock() if timed else 0.0
+        started = time.perf_counter()
         try:
             answers = answer_batch(requests, predict, predictor.n_features, name)
         except errors.MMServerError:
             raise
         except Exception as exc:
             raise errors.ModelError(f"{type(exc).__name__}: {exc}") from None
-        return answers, self._clock() - cpu, time.perf_counter() - started, rows
+        wall = time.perf_counter() - started
+        cpu = self._clock() - cpu if timed else wall
+        if wall > _CPU_CLOCK_ABOVE_S:
+            self._long.add(key)
+        elif timed:
+            self._long.discard(key)
+        return answers, cpu, wall, rows
 
     def unload(self, key: str) -> None:
         self.predictors.pop(key, None)
+        self._long.discard(key)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -320,7 +336,9 @@ class _Pending:
     future, or (for batches) a callback called as soon as the reply is read. ``cost`` is its
     estimated CPU seconds (infinite when unknown, as for a load)."""
 
-    __slots__ = ("callback", "cost", "deadline_handle", "finished", "frame", "future", "op")
+    __slots__ = (
+        "callback", "cost", "deadline", "deadline_handle", "finished", "frame", "future", "op"
+    )
 
     def __init__(
         self,
@@ -336,7 +354,9 @@ class _Pending:
         self.callback = callback
         self.cost = cost
         self.finished = False
-        self.deadline_handle: asyncio.TimerHandle | None = None
+        #: On the event loop's clock; a process slot's watchdog answers it 504 once passed.
+        self.deadline = math.inf
+        self.deadline_handle: asyncio.TimerHandle | None = None  # a thread slot's timer
 
     def done(self) -> bool:
         """Answered, or no longer wanted (its future was cancelled)."""
@@ -456,6 +476,7 @@ class ProcessSlot:
         #: no estimate (loads, batches of models not measured yet).
         self._pipe_cost = 0.0
         self._pipe_unknown = 0
+        self._watchdog: asyncio.TimerHandle | None = None
         self._held: list[_Pending] = []
         self._crashed: list[_Pending] = []
         self._holding = True
@@ -550,9 +571,10 @@ class ProcessSlot:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._pump_handle is not None:
-            self._pump_handle.cancel()
-            self._pump_handle = None
+        for handle in (self._pump_handle, self._watchdog):
+            if handle is not None:
+                handle.cancel()
+        self._pump_handle = self._watchdog = None
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()
         process = self._process
@@ -596,7 +618,7 @@ class ProcessSlot:
         tag = self.lane.tag(cost)
         if not self._runq and not self._pumping and not self._holding and not self._stopping:
             pipe = math.inf if self._pipe_unknown else self._pipe_cost
-            if admits(len(self._inflight), pipe, cost.estimate()):
+            if admits(len(self._inflight), pipe, cost.estimate):
                 # Nobody waits and the pipe has room: it runs now, as the pump would run it.
                 if worker.begin(self.admitted - worker.mark):
                     self.lane.charge(tag, cost)
@@ -626,13 +648,13 @@ class ProcessSlot:
             while runq:
                 tag, worker = runq.peek()
                 if not worker.waiting():
-                    runq.pop()  # it left, or was given its jobs elsewhere
+                    runq.pop_first()  # it left, or was given its jobs elsewhere
                     continue
                 cost = worker.cost
                 pipe = math.inf if self._pipe_unknown else self._pipe_cost
-                if not admits(len(self._inflight), pipe, cost.estimate()):
+                if not admits(len(self._inflight), pipe, cost.estimate):
                     break
-                runq.pop()
+                runq.pop_first()
                 # Every batch admitted since the worker's mark ran, or runs, before its own.
                 if worker.begin(self.admitted - worker.mark):
                     lane.charge(tag, cost)
@@ -678,7 +700,9 @@ class ProcessSlot:
         if self._stopping:
             raise errors.ShuttingDown("the server is shutting down")
         if deadline is not None:
-            pending.deadline_handle = self._loop.call_at(deadline, self._expire, pending)
+            pending.deadline = deadline
+            if self._watchdog is None:
+                self._watchdog = self._loop.call_later(_WATCH_S, self._watch)
         if self._holding:
             self._held.append(pending)
         else:
@@ -689,10 +713,10 @@ class ProcessSlot:
         other frames written in this turn of the event loop (one system call for all)."""
         idle = not self._inflight
         self._inflight.append(pending)
-        if math.isinf(pending.cost):
-            self._pipe_unknown += 1
-        else:
+        if pending.cost < math.inf:
             self._pipe_cost += pending.cost
+        else:
+            self._pipe_unknown += 1
         self._out.extend(pending.frame)
         if self._flush_handle is None and not self._pumping:
             if idle:
@@ -713,8 +737,14 @@ class ProcessSlot:
         if not self._inflight:
             log.error("%s answered a message it was not sent", self.describe())
             return
-        pending = self._inflight.popleft()
-        self._left_pipe(pending)
+        inflight = self._inflight
+        pending = inflight.popleft()
+        if not inflight:
+            self._pipe_cost, self._pipe_unknown = 0.0, 0  # no drift from float sums
+        elif pending.cost < math.inf:
+            self._pipe_cost -= pending.cost
+        else:
+            self._pipe_unknown -= 1
         if pending.op == _PREDICT:
             self.answered += 1
         if reply[0] == _OK:
@@ -722,22 +752,26 @@ class ProcessSlot:
         else:
             pending.fail(errors.from_name(reply[1], reply[2]))
 
-    def _left_pipe(self, pending: _Pending) -> None:
-        if not self._inflight:
-            self._pipe_cost, self._pipe_unknown = 0.0, 0  # no drift from float sums
-        elif math.isinf(pending.cost):
-            self._pipe_unknown -= 1
-        else:
-            self._pipe_cost -= pending.cost
-
-    def _expire(self, pending: _Pending) -> None:
-        if pending.done():
-            return
-        running = bool(self._inflight) and self._inflight[0] is pending
-        _time_out(pending)
-        if running and not self._holding:
-            log.warning("%s: a prediction timed out; replacing the process", self.describe())
-            self.kill()
+    def _watch(self) -> None:
+        """Answer 504 every message whose deadline has passed; if the process is running one,
+        replace the process. Runs every ``_WATCH_S`` while any message has a deadline (one
+        timer per slot, not one per batch)."""
+        self._watchdog = None
+        now = self._loop.time()
+        waiting = False
+        for pending in (*self._inflight, *self._held):
+            if pending.done() or pending.deadline == math.inf:
+                continue
+            if pending.deadline > now:
+                waiting = True
+                continue
+            running = self._inflight[0] is pending if self._inflight else False
+            _time_out(pending)
+            if running and not self._holding:
+                log.warning("%s: a prediction timed out; replacing the process", self.describe())
+                self.kill()
+        if waiting and not self._stopping:
+            self._watchdog = self._loop.call_later(_WATCH_S, self._watch)
 
     def _on_connection_lost(self, protocol: _ReplyProtocol) -> None:
         if protocol is not self._protocol:
@@ -957,11 +991,10 @@ class BackendPool:
     async def stop(self) -> None:
         await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
 
-    def lane_for(self, current: str, per_batch: float | None) -> str:
-        """The lane for a model of this cost per batch (the light one when there is no other)."""
-        if HEAVY not in self.lanes:
-            return LIGHT
-        return lane_for(current, per_batch, self.heavy_batch_s)
+    def lane_bounds(self, lane: str) -> tuple[float, float]:
+        """The range of seconds a batch may hold a process for a model to stay in ``lane``
+        (:func:`~mmserver.scheduling.lane_bounds`; any, when there is no heavy lane)."""
+        return lane_bounds(lane, self.heavy_batch_s if HEAVY in self.lanes else 0.0)
 
     def pick(self, taken: set[int], lane: str = LIGHT) -> ProcessSlot | ThreadSlot:
         """The slot in ``lane`` for a new worker of a model already bound to the slots in

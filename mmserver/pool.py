@@ -27,7 +27,7 @@ from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
-from mmserver.scheduling import LIGHT, Cost
+from mmserver.scheduling import HEAVY, LIGHT, Cost
 from mmserver.worker import Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,12 @@ class ModelPool:
         self.running = 0
         self.readied = 0
         self.cost = Cost(hold)
-        self.lane = backend.lane_for(LIGHT, hold)
+        self.lane = LIGHT
+        #: The seconds a batch may hold a process for the model to stay in its lane.
+        self._stay_low, self._stay_high = backend.lane_bounds(LIGHT)
+        if hold is not None and not self._stay_low <= hold <= self._stay_high:
+            self.lane = HEAVY
+            self._stay_low, self._stay_high = backend.lane_bounds(HEAVY)
         self._next_id = 1
         self._loop = asyncio.get_running_loop()
         #: Idle workers, the most recently idle last: it is the one given the next batch, so
@@ -135,7 +140,9 @@ class ModelPool:
                 if due > self._loop.time():
                     self._dispatch_at(due)
                     return
-            free = next((i for i in range(len(idle) - 1, -1, -1) if idle[i].slot.free()), None)
+            free: int | None = len(idle) - 1
+            if not idle[-1].slot.free():
+                free = next((i for i in range(len(idle) - 2, -1, -1) if idle[i].slot.free()), None)
             if len(queue) > self.readied * config.batch_size:
                 worker = idle.pop() if free is None else idle.pop(free)
             elif free is not None:
@@ -160,16 +167,16 @@ class ModelPool:
         """Count a batch's cost, and move the model to the lane its cost calls for."""
         cost = self.cost
         cost.observe(cpu_seconds, wall_seconds, rows)
-        self._m_cpu.inc(cpu_seconds)
-        lane = self.backend.lane_for(self.lane, cost.hold)
-        if lane != self.lane and not self._unloading:
-            self._move(lane)
+        self._m_cpu.value += cpu_seconds
+        if not self._stay_low <= cost.estimate <= self._stay_high and not self._unloading:
+            self._move(HEAVY if cost.estimate > self._stay_high else LIGHT)
 
     def _move(self, lane: str) -> None:
         """Run in ``lane`` from now on: workers start there (at least one, at least
         ``minWorkers``; the scaling rule adds more as the queue asks), and those elsewhere leave
         once they are not running a batch or loading (:meth:`worker_idle`)."""
         old, self.lane = self.lane, lane
+        self._stay_low, self._stay_high = self.backend.lane_bounds(lane)
         self._metrics.model_lane.remove(self.name, old)
         self._metrics.model_lane.labels(self.name, lane).set(1)
         log.info(
@@ -295,13 +302,13 @@ class ModelPool:
                 if self.config.required_memory_mb is not None else info.memory_bytes
             if self._on_load is not None:
                 self._on_load(self, info)
-        if self.cost.hold is None and info.probe_seconds is not None:
+        probe = info.probe_seconds
+        if self.cost.hold is None and probe is not None:
             # The probe row's cost is the first estimate: a heavy model leaves the light lane
             # before its first batch runs there.
-            self.cost.hold = info.probe_seconds
-            lane = self.backend.lane_for(self.lane, info.probe_seconds)
-            if lane != self.lane and not self._unloading:
-                self._move(lane)
+            self.cost.set_probe(probe)
+            if not self._stay_low <= probe <= self._stay_high and not self._unloading:
+                self._move(HEAVY if probe > self._stay_high else LIGHT)
 
     def may_retire(self, worker: Worker, idle_seconds: float) -> bool:
         if self._stopped:

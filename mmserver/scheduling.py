@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 LIGHT = "light"
 HEAVY = "heavy"
@@ -39,13 +39,19 @@ class Cost:
     """One model's measured cost: moving averages of the CPU seconds of a batch and of a row, of
     the seconds a batch holds its backend process (its CPU time or its wall time, whichever is
     longer: a model that waits on something holds the process as surely as one that computes),
-    the totals, and the model's place in its lane's fair queue (``vfinish``)."""
+    the totals, and the model's place in its lane's fair queue (``vfinish``).
 
-    __slots__ = ("batches", "cpu_seconds", "hold", "per_batch", "per_row", "vfinish", "waited")
+    Updated once per batch on the event loop, so plain attributes: ``estimate`` is what the
+    next batch is expected to hold its process, infinite while nothing is known."""
+
+    __slots__ = (
+        "batches", "cpu_seconds", "estimate", "hold", "per_batch", "per_row", "vfinish", "waited"
+    )
 
     def __init__(self, hold: float | None = None) -> None:
         #: Seconds a batch holds its process (moving average), ``None`` until one was measured.
         self.hold = hold
+        self.estimate = math.inf if hold is None else hold
         #: CPU seconds of a batch and of a row (moving averages).
         self.per_batch: float | None = None
         self.per_row: float | None = None
@@ -60,28 +66,41 @@ class Cost:
         ``wall_seconds`` in its backend."""
         self.cpu_seconds += cpu_seconds
         self.batches += 1
-        self.hold = _average(self.hold, max(cpu_seconds, wall_seconds))
-        self.per_batch = _average(self.per_batch, cpu_seconds)
-        self.per_row = _average(self.per_row, cpu_seconds / max(1, rows))
+        held = cpu_seconds if cpu_seconds > wall_seconds else wall_seconds
+        per_row = cpu_seconds / rows if rows > 1 else cpu_seconds
+        hold = self.hold
+        self.hold = self.estimate = held if hold is None else hold + _ALPHA * (held - hold)
+        if self.per_batch is None or self.per_row is None:
+            self.per_batch, self.per_row = cpu_seconds, per_row
+        else:
+            self.per_batch += _ALPHA * (cpu_seconds - self.per_batch)
+            self.per_row += _ALPHA * (per_row - self.per_row)
 
-    def estimate(self) -> float:
-        """The expected seconds the next batch holds its process; infinite while unknown."""
-        return math.inf if self.hold is None else self.hold
+    def set_probe(self, seconds: float) -> None:
+        """A first estimate, from a probe row timed at load."""
+        self.hold = self.estimate = seconds
 
 
-def _average(average: float | None, value: float) -> float:
-    return value if average is None else average + _ALPHA * (value - average)
+def lane_bounds(lane: str, heavy_batch_s: float) -> tuple[float, float]:
+    """The range of seconds a batch may hold a process for a model to stay in ``lane``: a model
+    moves to the heavy lane above ``heavy_batch_s`` and back below half of it (hysteresis).
+    With no threshold (no heavy lane) every cost stays."""
+    if heavy_batch_s <= 0:
+        return -math.inf, math.inf
+    if lane == LIGHT:
+        return -math.inf, heavy_batch_s
+    return heavy_batch_s / 2, math.inf
 
 
 def lane_for(current: str, hold: float | None, heavy_batch_s: float) -> str:
-    """The lane a model whose batches hold a process ``hold`` seconds belongs in (with
-    hysteresis: it moves to the heavy lane above ``heavy_batch_s`` and back below half of it).
-    A model of unknown cost stays where it is."""
-    if hold is None or heavy_batch_s <= 0:
+    """The lane a model whose batches hold a process ``hold`` seconds belongs in, coming from
+    ``current`` (see :func:`lane_bounds`). A model of unknown cost stays where it is."""
+    if hold is None:
         return current
-    if current == LIGHT and hold > heavy_batch_s:
+    low, high = lane_bounds(current, heavy_batch_s)
+    if hold > high:
         return HEAVY
-    if current == HEAVY and hold < heavy_batch_s / 2:
+    if hold < low:
         return LIGHT
     return current
 
@@ -111,38 +130,36 @@ class Lane:
         """A batch tagged ``tag`` starts: move the clock and the model's finish tag (by the
         pipeline budget while the model's cost is unknown)."""
         self.vtime = tag
-        estimate = cost.estimate()
-        cost.vfinish = tag + (PIPELINE_BUDGET_S if math.isinf(estimate) else estimate)
+        estimate = cost.estimate
+        cost.vfinish = tag + (estimate if estimate < math.inf else PIPELINE_BUDGET_S)
 
 
 T = TypeVar("T")
 
 
-class RunQueue(Generic[T]):
-    """Items waiting for one slot, smallest start tag first, first come first on ties."""
+class RunQueue(list[tuple[float, int, T]]):
+    """Items waiting for one slot, smallest start tag first, first come first on ties (a heap;
+    empty when false, as a list is)."""
 
-    __slots__ = ("_heap", "_seq")
+    __slots__ = ("_seq",)
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, T]] = []
+        super().__init__()
         self._seq = 0
-
-    def __len__(self) -> int:
-        return len(self._heap)
 
     def push(self, tag: float, item: T) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (tag, self._seq, item))
+        heapq.heappush(self, (tag, self._seq, item))
 
     def peek(self) -> tuple[float, T]:
-        tag, _, item = self._heap[0]
+        tag, _, item = self[0]
         return tag, item
 
-    def pop(self) -> tuple[float, T]:
-        tag, _, item = heapq.heappop(self._heap)
+    def pop_first(self) -> tuple[float, T]:
+        tag, _, item = heapq.heappop(self)
         return tag, item
 
-    def clear(self) -> list[T]:
-        items = [item for _, _, item in self._heap]
-        self._heap.clear()
+    def take_all(self) -> list[T]:
+        items = [item for _, _, item in self]
+        self.clear()
         return items

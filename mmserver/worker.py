@@ -147,7 +147,7 @@ class Worker:
             else:
                 requests, deadline = [j.request for j in live], max(j.deadline for j in live)
             self.slot.send_batch(
-                host.key, requests, deadline, self._answered, host.cost.estimate()
+                host.key, requests, deadline, self._answered, host.cost.estimate
             )
         except errors.MMServerError as exc:  # the slot is stopping
             host.running -= 1

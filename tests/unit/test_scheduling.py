@@ -15,6 +15,7 @@ from mmserver.scheduling import (
     Lane,
     RunQueue,
     admits,
+    lane_bounds,
     lane_for,
 )
 
@@ -41,6 +42,12 @@ def test_lane_for(current: str, hold: float | None, expected: str) -> None:
 
 def test_lane_for_with_no_threshold_never_moves() -> None:
     assert lane_for(LIGHT, 1.0, 0.0) == LIGHT
+    assert lane_bounds(LIGHT, 0.0) == (-math.inf, math.inf)
+
+
+def test_lane_bounds() -> None:
+    assert lane_bounds(LIGHT, 2 * MS) == (-math.inf, 2 * MS)
+    assert lane_bounds(HEAVY, 2 * MS) == (1 * MS, math.inf)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +71,7 @@ def test_admits(inflight: int, pipe: float, estimate: float, expected: bool) -> 
 
 def test_cost_averages_per_batch_per_row_and_hold() -> None:
     cost = Cost()
-    assert cost.estimate() == math.inf
+    assert cost.estimate == math.inf
     cost.observe(cpu_seconds=0.010, wall_seconds=0.004, rows=10)  # computed in threads
     assert (cost.per_batch, cost.per_row, cost.hold) == (0.010, 0.001, 0.010)
     cost.observe(cpu_seconds=0.0, wall_seconds=0.020, rows=1)  # waited on something
@@ -72,11 +79,19 @@ def test_cost_averages_per_batch_per_row_and_hold() -> None:
     assert cost.per_batch == pytest.approx(0.8 * 0.010)
     assert cost.per_row == pytest.approx(0.8 * 0.001)
     assert (cost.batches, cost.cpu_seconds) == (2, 0.010)
-    assert cost.estimate() == cost.hold
+    assert cost.estimate == cost.hold
 
 
 def test_a_remembered_cost_is_the_first_estimate() -> None:
-    assert Cost(0.028).estimate() == 0.028
+    assert Cost(0.028).estimate == 0.028
+
+
+def test_a_probe_is_the_first_estimate_and_batches_average_into_it() -> None:
+    cost = Cost()
+    cost.set_probe(0.010)
+    assert cost.estimate == 0.010 and cost.per_batch is None
+    cost.observe(cpu_seconds=0.020, wall_seconds=0.020, rows=1)
+    assert cost.estimate == pytest.approx(0.012) and cost.per_batch == 0.020
 
 
 def test_run_queue_orders_by_tag_then_arrival() -> None:
@@ -84,9 +99,10 @@ def test_run_queue_orders_by_tag_then_arrival() -> None:
     for tag, item in ((2.0, "c"), (1.0, "a"), (1.0, "b"), (0.5, "first")):
         queue.push(tag, item)
     assert queue.peek() == (0.5, "first")
-    assert [queue.pop()[1] for _ in range(len(queue))] == ["first", "a", "b", "c"]
+    assert [queue.pop_first()[1] for _ in range(len(queue))] == ["first", "a", "b", "c"]
+    assert not queue
     queue.push(1.0, "x")
-    assert queue.clear() == ["x"] and len(queue) == 0
+    assert queue.take_all() == ["x"] and not queue
 
 
 def _serve(costs: dict[str, float], batches: int) -> list[str]:
@@ -99,7 +115,7 @@ def _serve(costs: dict[str, float], batches: int) -> list[str]:
         queue.push(lane.tag(cost), name)
     order = []
     for _ in range(batches):
-        tag, name = queue.pop()
+        tag, name = queue.pop_first()
         lane.charge(tag, models[name])
         order.append(name)
         queue.push(lane.tag(models[name]), name)
