@@ -140,16 +140,17 @@ class ModelPool:
                 if due > self._loop.time():
                     self._dispatch_at(due)
                     return
-            free: int | None = len(idle) - 1
-            if not idle[-1].slot.free():
-                free = next((i for i in range(len(idle) - 2, -1, -1) if idle[i].slot.free()), None)
-            if len(queue) > self.readied * config.batch_size:
-                worker = idle.pop() if free is None else idle.pop(free)
-            elif free is not None:
-                # Ready workers cover the queue, but one of ours can run at once elsewhere.
-                worker = idle.pop(free)
+            uncovered = len(queue) > self.readied * config.batch_size
+            if uncovered and len(idle) == 1:
+                worker = idle.pop()  # the common case: no choice to make
             else:
-                break
+                free = next((i for i in range(len(idle) - 1, -1, -1) if idle[i].slot.free()), None)
+                if free is not None:
+                    worker = idle.pop(free)
+                elif uncovered:
+                    worker = idle.pop()
+                else:
+                    break  # ready workers cover the queue, and none of ours could run sooner
             worker.request_turn()
         if idle and len(self.workers) > self.config.min_workers:
             self._arm_reaper()
