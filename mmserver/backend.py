@@ -244,11 +244,19 @@ class _FrameReader:
         return large
 
 
-def _child_main(conn: multiprocessing.connection.Connection, index: int, nice: int) -> None:
+def _child_main(
+    conn: multiprocessing.connection.Connection, index: int, nice: int, idle: bool
+) -> None:
     """The backend process: answer each message in order until the frontend closes the pipe.
-    ``nice`` lowers its CPU priority (the heavy lane's processes)."""
+    ``nice`` lowers its CPU priority and ``idle`` puts it under ``SCHED_IDLE`` (the heavy lane's
+    processes)."""
     if nice:
         os.nice(nice)
+    if idle:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError) as exc:  # not Linux: the nice value alone
+            log.warning("backend process %d: SCHED_IDLE is not available (%s)", index, exc)
     # The frontend decides when we stop (it closes the pipe, or kills a stuck process), also
     # when a stop signal reaches the whole process group: Ctrl-C, or systemd's default
     # KillMode=control-group. Exiting here would fail the batches the frontend is draining.
@@ -454,6 +462,7 @@ class ProcessSlot:
         metrics: Metrics,
         lane: Lane,
         nice: int = 0,
+        idle: bool = False,
     ) -> None:
         self.index = index
         self.lane = lane
@@ -463,6 +472,7 @@ class ProcessSlot:
         #: Batches admitted into this slot's pipe.
         self.admitted = 0
         self._nice = nice
+        self._idle_policy = idle
         self._context = context
         self._metrics = metrics
         self._process: multiprocessing.process.BaseProcess | None = None
@@ -543,7 +553,7 @@ class ProcessSlot:
         loop = self._loop = asyncio.get_running_loop()
         parent, child = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=_child_main, args=(child, self.index, self._nice),
+            target=_child_main, args=(child, self.index, self._nice, self._idle_policy),
             name=f"mmserver-backend-{self.index}", daemon=True,
         )
         await loop.run_in_executor(None, process.start)
@@ -949,7 +959,8 @@ class BackendPool:
     """The backend slots of the server, in their lanes, and the choice of slot for a new worker.
 
     ``processes`` slots make the light lane and start with the server; ``heavy_processes`` more,
-    at ``heavy_nice``, make the heavy lane and start when a model first needs one. A model whose
+    at ``heavy_nice`` and (with ``heavy_sched_idle``) under ``SCHED_IDLE``, make the heavy lane
+    and start when a model first needs one. A model whose
     batches take more than ``heavy_batch_ms`` of CPU belongs in the heavy lane
     (:mod:`mmserver.scheduling`). With ``processes = 0`` there is one thread slot and one lane.
     """
@@ -962,6 +973,7 @@ class BackendPool:
         *,
         heavy_processes: int = 0,
         heavy_nice: int = 19,
+        heavy_sched_idle: bool = True,
         heavy_batch_ms: float = 2.0,
     ) -> None:
         self.slots: list[ProcessSlot | ThreadSlot]
@@ -978,7 +990,7 @@ class BackendPool:
         if heavy_processes:
             self.lanes[HEAVY] = heavy = Lane(HEAVY)
             self.slots += [
-                ProcessSlot(processes + i, context, metrics, heavy, heavy_nice)
+                ProcessSlot(processes + i, context, metrics, heavy, heavy_nice, heavy_sched_idle)
                 for i in range(heavy_processes)
             ]
 

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
             serve.add_argument(
                 _flag(field.name),
                 dest=field.name,
-                action="store_true",
+                # An option that is on by default can be turned off: --no-<name>.
+                action=argparse.BooleanOptionalAction if field.default else "store_true",
                 default=None,
                 help=full_help,
             )

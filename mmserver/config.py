@@ -83,6 +83,11 @@ class ServerConfig:
     heavy_nice: int = _opt(
         19, "Nice value of the heavy lane's processes (1-19; higher yields more to the others)."
     )
+    heavy_sched_idle: bool = _opt(
+        True,
+        "Run the heavy lane's processes under Linux's SCHED_IDLE: any other work runs first and "
+        "is woken on their CPUs; off = the nice value alone.",
+    )
     min_workers: int = _opt(1, "Default minWorkers of a model (0 = scale to zero).")
     max_workers: int = _opt(cpu_count(), "Default maxWorkers of a model.")
     batch_size: int = _opt(

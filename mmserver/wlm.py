@@ -76,6 +76,7 @@ class WorkLoadManager:
             metrics,
             heavy_processes=config.heavy_processes,
             heavy_nice=config.heavy_nice,
+            heavy_sched_idle=config.heavy_sched_idle,
             heavy_batch_ms=config.heavy_batch_ms,
         )
         self.accepting = False

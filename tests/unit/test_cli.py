@@ -22,7 +22,7 @@ def serve_help(capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_serve_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     text = serve_help(capsys)
-    words = set(text.split())
+    words = set(text.replace(",", " ").split())  # "--x, --no-x" for options on by default
     assert "--config" in words
     for field in ServerConfig.options():
         flag = "--" + field.name.replace("_", "-")
@@ -71,6 +71,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
             "mmserver: option min_workers=5 is greater than max_workers=2",
         ),
         (["serve", "--predict-timeout", "soon"], "option --predict-timeout: value 'soon'"),
+        (["serve", "--heavy-nice", "20"], "option heavy_nice=20: must be between 1 and 19"),
         (["serve", "--config", "/nonexistent/mm.properties"], "does not exist"),
     ],
 )
@@ -111,6 +112,10 @@ def test_bool_flags(tmp_path: Path) -> None:
     assert build_config(["serve", "--insecure-management"], {}).insecure_management is True
     env = {"MMSERVER_INSECURE_MANAGEMENT": "1"}
     assert build_config(["serve"], env).insecure_management is True
+    # An option that is on by default is turned off with --no-<name> (or its variable).
+    assert build_config(["serve"], {}).heavy_sched_idle is True
+    assert build_config(["serve", "--no-heavy-sched-idle"], {}).heavy_sched_idle is False
+    assert build_config(["serve"], {"MMSERVER_HEAVY_SCHED_IDLE": "0"}).heavy_sched_idle is False
 
 
 def test_every_flag_reaches_the_config() -> None:
