@@ -97,6 +97,7 @@ class WorkLoadManager:
         self._sources: dict[str, str] = {}  # where each loaded model came from, for users
         self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
         self._holds: dict[str, float] = {}  # seconds a batch holds a backend, likewise
+        self._signatures: dict[str, dict[str, Any] | None] = {}  # from the last load, likewise
         self._reserved_bytes = 0
         self._reserved_count = 0
         #: Set when room may have been made: a load ended or a loaded model went idle.
@@ -335,6 +336,7 @@ class WorkLoadManager:
 
     def _on_first_load(self, pool: ModelPool, info: LoadInfo) -> None:
         self._measured[pool.name] = pool.copy_bytes
+        self._signatures[pool.name] = info.signature
 
     def _used_bytes(self) -> int:
         return sum(p.memory_bytes or self._measured.get(p.name, 0) for p in self._ready.values())
@@ -410,6 +412,17 @@ class WorkLoadManager:
         if name in self._failures:
             return ModelStatus.FAILED
         return ModelStatus.UNLOADED
+
+    def failure(self, name: str) -> str | None:
+        """Why the last load of ``name`` failed, while it counts as failed."""
+        failure = self._failures.get(name)
+        return failure.error.message if failure is not None else None
+
+    def signature(self, name: str) -> dict[str, Any] | None:
+        """What the last load of model ``name`` told of it
+        (:func:`mmserver.predictor.signature`); ``None`` before its first load into a backend
+        (a model with ``minWorkers=0`` is loaded there on its first request)."""
+        return self._signatures.get(name)
 
     async def list_models(self) -> list[dict[str, str]]:
         """Every model of the store and every registered one, sorted by name (the store is
@@ -490,6 +503,12 @@ class WorkLoadManager:
             self._forget(name)
             raise
         return name
+
+    async def load(self, name: str) -> None:
+        """Load a model of the store, or a registered one, now (management: no room is 507)."""
+        if not self.accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        await self._get_pool(name, management=True)
 
     async def _register_in_background(self, name: str) -> None:
         try:
