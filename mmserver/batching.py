@@ -141,15 +141,16 @@ def answer_batch(
     predict: Predict,
     n_features: int | None,
     name: str,
-    outputs: Sequence[str] = ("predict",),
+    output_names: Sequence[str] = ("predict",),
 ) -> list[Answer]:
     """Decode each request, predict every valid row in one call, and encode each answer.
 
     A request that does not decode, or whose rows do not have ``n_features`` values, is answered
     with its error and left out of the call. When the model does not say how many features it
     takes, requests of different widths go to it in one call per width. V2 requests go in calls
-    of their own (:func:`answer_v2`). An exception from ``predict``, or outputs that do not
-    match the rows, is the whole batch's and is raised."""
+    of their own (:func:`answer_v2`); ``output_names`` are the outputs they may ask for, the
+    first being what ``predict(rows)`` answers. An exception from ``predict``, or outputs that
+    do not match the rows, is the whole batch's and is raised."""
     answers: list[Answer] = [b""] * len(requests)
     groups: dict[int, list[tuple[int, np.ndarray]]] = {}
     v2: list[int] = []
@@ -174,7 +175,7 @@ def answer_batch(
             except errors.MMServerError as exc:
                 answers[i] = (type(exc).__name__, exc.message)
     if v2:
-        answer_v2(requests, v2, answers, predict, n_features, name, outputs)
+        answer_v2(requests, v2, answers, predict, n_features, name, output_names)
     return answers
 
 
@@ -185,7 +186,7 @@ def answer_v2(
     predict: Predict,
     n_features: int | None,
     name: str,
-    outputs: Sequence[str],
+    output_names: Sequence[str],
 ) -> None:
     """Answer the V2 requests at ``indices`` of ``requests`` (in ``answers``): one call per
     output asked for (and per width, when the model does not say its own), the rows of every
@@ -195,7 +196,7 @@ def answer_v2(
     for i in indices:
         body, kind, _ = requests[i]
         try:
-            request = decode_v2(body, kind, outputs)
+            request = decode_v2(body, kind, output_names)
             width = request.rows.shape[1]
             if n_features is not None and width != n_features:
                 raise feature_error(name, n_features, width)
@@ -207,7 +208,7 @@ def answer_v2(
             groups.setdefault((output, width), []).append((i, request.rows))
     for (output, _), group in groups.items():
         merged = merge([rows for _, rows in group])
-        results = predict(merged) if output == outputs[0] else predict(merged, output)
+        results = predict(merged) if output == output_names[0] else predict(merged, output)
         for (i, _), piece in zip(group, split(results, [len(r) for _, r in group]), strict=True):
             decoded[i][1][output] = piece
     for i, (request, results) in decoded.items():

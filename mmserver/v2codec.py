@@ -238,8 +238,8 @@ def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
     kind = array.dtype.kind
     if count and kind not in "biuf":
         bad = next((v for v in _leaves(data) if not _is_number(v)), None)
-        if bad is None:  # e.g. -1 beside 2**63: no 64-bit integer type holds both
-            raise InvalidInput(f"{where}: its values do not fit one 64-bit number type")
+        if bad is None:  # numbers, but an integer beyond 64 bits
+            raise InvalidInput(f"{where}: an integer is beyond 64 bits; datatype {datatype}")
         raise InvalidInput(
             f"{where}: value {preview(bad)} is not a number; datatype {datatype} takes "
             + ("true or false" if datatype == "BOOL" else "numbers")
@@ -248,12 +248,11 @@ def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
         if count and kind != "b":
             raise InvalidInput(f"{where} is BOOL; its data must be true or false")
     elif datatype[0] in "IU":
-        if kind == "f":
-            raise InvalidInput(f"{where} is {datatype}; its data must be integers")
         info = np.iinfo(NUMERIC[datatype])
-        if count and (array.min() < info.min or array.max() > info.max):
+        if kind == "f" or (count and (array.min() < info.min or array.max() > info.max)):
             raise InvalidInput(
-                f"{where}: a value is outside {datatype}'s range {info.min}..{info.max}"
+                f"{where} is {datatype}; its data must be integers from {info.min} to "
+                f"{info.max}"
             )
     return array.astype(NUMERIC[datatype])
 
@@ -275,7 +274,7 @@ _END = object()
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, bool | float) or (isinstance(value, int) and -(2**63) <= value < 2**64)
+    return isinstance(value, int | float)
 
 
 def _rows(columns: list[tuple[str, np.ndarray]]) -> np.ndarray:

@@ -1,9 +1,10 @@
 """Health and inference handlers: ``/ping``, the DJL path and the three SageMaker paths.
 
 One request: read the body (bounded), check its content type, hand it to the WorkLoadManager, and
-send back the answer's body. :func:`inference_handler` makes that handler for a protocol (the
-Open Inference Protocol's, :mod:`mmserver.api.v2`, uses it too). The body is decoded, and the answer encoded, in the model's backend
+send back the answer's body. The body is decoded, and the answer encoded, in the model's backend
 process (:func:`mmserver.batching.answer_batch`): the event loop only moves bytes.
+:func:`inference_handler` makes that handler for a protocol; the Open Inference Protocol's
+(:mod:`mmserver.api.v2`) is made by it too.
 
 Metrics: ``mmserver_requests_total{model,code}`` and ``mmserver_request_seconds{model}`` carry the
 model's name only once the WorkLoadManager has resolved the request to a model; a request that
