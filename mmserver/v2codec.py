@@ -286,7 +286,7 @@ def _rows(columns: list[tuple[str, np.ndarray]]) -> np.ndarray:
                 f"input {preview(name)} has shape {list(array.shape)}; expected [rows] (one "
                 "feature) or [rows, features]"
             )
-        parts.append(array.reshape(len(array), -1) if array.ndim == 1 else array)
+        parts.append(array.reshape(-1, 1) if array.ndim == 1 else array)
     first, count = columns[0][0], len(parts[0])
     for (name, _), part in zip(columns, parts, strict=True):
         if len(part) != count:
