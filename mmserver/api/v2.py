@@ -219,7 +219,10 @@ def _parameters(params: dict[str, Any]) -> dict[str, Any]:
     return parameters
 
 
+#: Inference first: aiohttp tries the routes sharing a path prefix in this order.
 ROUTES = [
+    web.post("/v2/models/{model}/infer", infer),
+    web.post("/v2/models/{model}/versions/{version}/infer", infer),
     web.get("/v2", answers_errors(server_metadata)),
     web.get("/v2/health/live", live),
     web.get("/v2/health/ready", ready),
@@ -227,8 +230,6 @@ ROUTES = [
     web.get("/v2/models/{model}/versions/{version}/ready", answers_errors(model_ready)),
     web.get("/v2/models/{model}", answers_errors(model_metadata)),
     web.get("/v2/models/{model}/versions/{version}", answers_errors(model_metadata)),
-    web.post("/v2/models/{model}/infer", infer),
-    web.post("/v2/models/{model}/versions/{version}/infer", infer),
     web.post("/v2/repository/index", answers_errors(repository_index)),
     web.post("/v2/repository/models/{model}/load", answers_errors(repository_load)),
     web.post("/v2/repository/models/{model}/unload", answers_errors(repository_unload)),

@@ -9,8 +9,9 @@
 --   BENCH_HOT       share of the requests going to sklearn-0 in the hot pattern (default 0.9)
 --   BENCH_ZIPF_S    Zipf exponent; rank k (sklearn-(k-1)) has weight 1 / k^s (default 1.1)
 --   BENCH_API       djl: POST /predictions/NAME; sagemaker: POST /invocations with the
---                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz (default djl)
---   BENCH_BODY      request body (default [[0.5]])
+--                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz; v2: POST
+--                   /v2/models/NAME/infer (Open Inference Protocol) (default djl)
+--   BENCH_BODY      request body (default [[0.5]]; for v2, a V2 inference request)
 --   BENCH_THREADS   wrk's -t, used to stagger the threads' schedules
 --   BENCH_THREAD_RATE  requests/s offered by each wrk thread; unset or 0 = closed loop
 --   BENCH_SEED      random seed (default 1)
@@ -61,6 +62,10 @@ local function build_request(name)
             ["Content-Type"] = "application/json",
             ["X-Amzn-SageMaker-Target-Model"] = name .. ".tar.gz",
         }, body)
+    end
+    if api == "v2" then
+        return wrk.format("POST", "/v2/models/" .. name .. "/infer",
+            {["Content-Type"] = "application/json"}, body)
     end
     return wrk.format("POST", "/predictions/" .. name, {["Content-Type"] = "application/json"}, body)
 end
