@@ -270,14 +270,20 @@ def _as_rows(array: np.ndarray) -> np.ndarray:
         raise InvalidInput(f"the input has no values (shape {array.shape}); expected {_SHAPE_HINT}")
     if array.dtype != np.float64 or not array.flags.c_contiguous:
         array = np.ascontiguousarray(array, dtype=np.float64)
+    check_finite(array)
+    return array
+
+
+def check_finite(array: np.ndarray, where: str = "") -> None:
+    """Raise :class:`InvalidInput` naming the first NaN or infinity of the 2-D ``array`` (its
+    message starts with ``where``)."""
     finite = np.isfinite(array)
     if not finite.all():
         i, j = np.argwhere(~finite)[0]
         raise InvalidInput(
-            f"value {float(array[i, j])!r} at row {i}, column {j} is not finite; "
+            f"{where}value {float(array[i, j])!r} at row {i}, column {j} is not finite; "
             "expected finite numbers (no NaN or infinity)"
         )
-    return array
 
 
 def json_kind(value: Any) -> str:

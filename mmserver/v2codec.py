@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.codecs import Request, json_kind, preview, short
+from mmserver.codecs import Request, check_finite, json_kind, preview, short
 from mmserver.errors import InvalidInput, ModelError
 
 #: The kind (see :data:`mmserver.codecs.Request`) of a V2 request with a JSON body; with binary
@@ -298,13 +298,7 @@ def _rows(columns: list[tuple[str, np.ndarray]]) -> np.ndarray:
     if count == 0 or sum(part.shape[1] for part in parts) == 0:
         raise InvalidInput("the inputs hold no values; expected at least one row of features")
     for (name, _), part in zip(columns, parts, strict=True):
-        finite = np.isfinite(part)
-        if not finite.all():
-            i, j = np.argwhere(~finite)[0]
-            raise InvalidInput(
-                f"input {preview(name)}: value {float(part[i, j])!r} at row {i}, column {j} "
-                "is not finite; expected finite numbers"
-            )
+        check_finite(part, f"input {preview(name)}: ")
     rows = parts[0] if len(parts) == 1 else np.hstack(parts)
     return np.ascontiguousarray(rows, dtype=np.float64)
 
