@@ -143,7 +143,7 @@ def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
     columns: list[tuple[str, np.ndarray]] = []
     for index, tensor in enumerate(inputs):
         name, array, offset = _input(tensor, index, binary, offset)
-        if any(name == seen for seen, _ in columns):
+        if columns and any(name == seen for seen, _ in columns):
             raise InvalidInput(f"two inputs are named {name!r}; input names must be unique")
         columns.append((name, array))
     if offset != len(binary):
@@ -217,7 +217,7 @@ def _input(
         raise InvalidInput(
             f"{where} has no 'data' (nor parameters.binary_data_size for binary data)"
         )
-    return name, array.astype(np.float64).reshape(shape), offset
+    return name, array.astype(np.float64, copy=False).reshape(shape), offset
 
 
 def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
@@ -254,7 +254,7 @@ def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
                 f"{where} is {datatype}; its data must be integers from {info.min} to "
                 f"{info.max}"
             )
-    return array.astype(NUMERIC[datatype])
+    return array.astype(NUMERIC[datatype], copy=False)
 
 
 def _leaves(data: list[Any]) -> Iterator[Any]:
@@ -279,27 +279,29 @@ def _is_number(value: Any) -> bool:
 
 def _rows(columns: list[tuple[str, np.ndarray]]) -> np.ndarray:
     """The inputs side by side: one row per first dimension, C-contiguous float64, finite."""
-    parts = []
+    parts: list[np.ndarray] = []
+    first, count = "", 0
     for name, array in columns:
         if array.ndim not in (1, 2):
             raise InvalidInput(
                 f"input {preview(name)} has shape {list(array.shape)}; expected [rows] (one "
                 "feature) or [rows, features]"
             )
-        parts.append(array.reshape(-1, 1) if array.ndim == 1 else array)
-    first, count = columns[0][0], len(parts[0])
-    for (name, _), part in zip(columns, parts, strict=True):
-        if len(part) != count:
+        if not parts:
+            first, count = name, len(array)
+        elif len(array) != count:
             raise InvalidInput(
                 f"inputs have different numbers of rows: {preview(first)} has {count}, "
-                f"{preview(name)} has {len(part)}; each input is one or more columns of the "
+                f"{preview(name)} has {len(array)}; each input is one or more columns of the "
                 "same rows"
             )
-    if count == 0 or sum(part.shape[1] for part in parts) == 0:
-        raise InvalidInput("the inputs hold no values; expected at least one row of features")
-    for (name, _), part in zip(columns, parts, strict=True):
-        check_finite(part, f"input {preview(name)}: ")
+        parts.append(array.reshape(-1, 1) if array.ndim == 1 else array)
     rows = parts[0] if len(parts) == 1 else np.hstack(parts)
+    if rows.size == 0:
+        raise InvalidInput("the inputs hold no values; expected at least one row of features")
+    if not np.isfinite(rows).all():
+        for (name, _), part in zip(columns, parts, strict=True):
+            check_finite(part, f"input {preview(name)}: ")
     return np.ascontiguousarray(rows, dtype=np.float64)
 
 
@@ -362,11 +364,10 @@ def _flag(parameters: Mapping[str, Any], key: str, where: str, *, default: bool)
 
 def datatype_of(dtype: np.dtype[Any]) -> str:
     """The V2 datatype of values of ``dtype``: BYTES for strings and objects."""
-    if dtype.kind in "biuf":
-        for name, candidate in NUMERIC.items():
-            if candidate.kind == dtype.kind and candidate.itemsize == dtype.itemsize:
-                return name
-    return "BYTES"
+    return _DATATYPE_OF.get((dtype.kind, dtype.itemsize), "BYTES")
+
+
+_DATATYPE_OF = {(dtype.kind, dtype.itemsize): name for name, dtype in NUMERIC.items()}
 
 
 def encode_v2(request: InferRequest, results: Mapping[str, Any], model: str) -> bytes:
@@ -390,7 +391,11 @@ def encode_v2(request: InferRequest, results: Mapping[str, Any], model: str) -> 
     if request.id is not None:
         answer["id"] = request.id
     answer["outputs"] = outputs
-    header = _ENCODER.encode(answer).encode()
+    try:
+        text = _ENCODER.encode(answer)
+    except ValueError:  # NaN or infinity: JSON has none, null stands for them
+        text = _ENCODER.encode(_plain(answer))
+    header = text.encode()
     if not blobs:
         return header
     return b"".join((_BINARY, _LENGTH.pack(len(header)), header, *blobs))
@@ -436,8 +441,6 @@ def _json_values(array: np.ndarray, datatype: str) -> list[Any]:
     if datatype == "BYTES":
         return [_as_bytes(item).decode("utf-8", "replace") for item in array.flat]
     values: list[Any] = array.ravel().tolist()
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        values = [v if math.isfinite(v) else None for v in values]  # JSON has no NaN
     return values
 
 
