@@ -97,7 +97,7 @@ class WorkLoadManager:
         self._sources: dict[str, str] = {}  # where each loaded model came from, for users
         self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
         self._holds: dict[str, float] = {}  # seconds a batch holds a backend, likewise
-        self._signatures: dict[str, dict[str, Any] | None] = {}  # from the last load, likewise
+        self._signatures: dict[str, dict[str, Any] | None] = {}  # of loaded models only
         self._reserved_bytes = 0
         self._reserved_count = 0
         #: Set when room may have been made: a load ended or a loaded model went idle.
@@ -398,6 +398,7 @@ class WorkLoadManager:
         if pool.cost.hold is not None:
             self._holds[name] = pool.cost.hold
         self.metrics.forget_model(name)
+        self._signatures.pop(name, None)
         log.info("model %s unloaded: %s (%d loaded)", name, reason, len(self._ready))
 
     # Management -------------------------------------------------------------------------------
@@ -419,9 +420,9 @@ class WorkLoadManager:
         return failure.error.message if failure is not None else None
 
     def signature(self, name: str) -> dict[str, Any] | None:
-        """What the last load of model ``name`` told of it
-        (:func:`mmserver.predictor.signature`); ``None`` before its first load into a backend
-        (a model with ``minWorkers=0`` is loaded there on its first request)."""
+        """What the load of model ``name`` told of it (:func:`mmserver.predictor.signature`);
+        ``None`` while it is not loaded into a backend (a model with ``minWorkers=0`` is
+        loaded there on its first request)."""
         return self._signatures.get(name)
 
     async def list_models(self) -> list[dict[str, str]]:
