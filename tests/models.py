@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +55,16 @@ def make_linear_model(folder: Path) -> Path:
 def make_linear_archive(path: Path) -> Path:
     """Write the reference ``.tar.gz`` (``model.joblib`` at its root) at ``path``; returns it."""
     return generator.write_linear_archive(Path(path))  # type: ignore[no-any-return]
+
+
+def make_linked_store(root: Path, count: int) -> Path:
+    """A store folder at ``root`` with ``count`` reference archives ``sklearn-N.tar.gz``, hard
+    links of one archive (quick to make, the same model under ``count`` names)."""
+    root.mkdir()
+    archive = make_linear_archive(root / "sklearn-0.tar.gz")
+    for i in range(1, count):
+        os.link(archive, root / f"sklearn-{i}.tar.gz")
+    return root
 
 
 def make_store(root: Path, count: int) -> Path:
