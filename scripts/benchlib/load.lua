@@ -9,7 +9,8 @@
 --   BENCH_HOT       share of the requests going to sklearn-0 in the hot pattern (default 0.9)
 --   BENCH_ZIPF_S    Zipf exponent; rank k (sklearn-(k-1)) has weight 1 / k^s (default 1.1)
 --   BENCH_API       djl: POST /predictions/NAME; sagemaker: POST /invocations with the
---                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz (default djl)
+--                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz; mlserver: POST
+--                   /v2/models/NAME/infer with a V2 tensor body (default djl)
 --   BENCH_BODY      request body (default [[0.5]])
 --   BENCH_THREADS   wrk's -t, used to stagger the threads' schedules
 --   BENCH_THREAD_RATE  requests/s offered by each wrk thread; unset or 0 = closed loop
@@ -54,6 +55,10 @@ local thread_count = env_number("BENCH_THREADS", 1)
 local thread_rate = env_number("BENCH_THREAD_RATE", 0)
 local seed = env_number("BENCH_SEED", 1)
 
+-- The V2 (Open Inference Protocol) form of the default body's one row.
+local v2_body = '{"inputs": [{"name": "input-0", "shape": [1, 1], "datatype": "FP64", '
+    .. '"data": [0.5]}]}'
+
 -- Requests, built once: request() only picks one.
 local function build_request(name)
     if api == "sagemaker" then
@@ -61,6 +66,10 @@ local function build_request(name)
             ["Content-Type"] = "application/json",
             ["X-Amzn-SageMaker-Target-Model"] = name .. ".tar.gz",
         }, body)
+    end
+    if api == "mlserver" then
+        return wrk.format("POST", "/v2/models/" .. name .. "/infer",
+            {["Content-Type"] = "application/json"}, v2_body)
     end
     return wrk.format("POST", "/predictions/" .. name, {["Content-Type"] = "application/json"}, body)
 end

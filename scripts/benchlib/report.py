@@ -53,13 +53,19 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             if pattern not in raw[section]:
                 continue
             entry: dict[str, Any] = {
-                name: summarize_runs(raw[section][pattern][name])
-                for name in ("mmserver", "floor")
-                if raw[section][pattern][name]
+                name: summarize_runs(runs)
+                for name, runs in raw[section][pattern].items()
+                if name != "polled" and runs
             }
             server, floor = entry.get("mmserver"), entry.get("floor")
             if server and floor and server["rps"] and floor["rps"]:
                 entry["ratio"] = server["rps"] / floor["rps"]
+            for name in set(raw[section][pattern]) - {"mmserver", "floor", "polled"}:
+                peer = entry.get(name)
+                if peer is None:
+                    continue
+                if server and server["rps"] and peer["rps"]:
+                    entry.setdefault("peer_ratio", {})[name] = server["rps"] / peer["rps"]
             resets = [p for p in raw[section][pattern].get("polled", []) if p["reset"]]
             if resets:
                 entry["to_max_ms"] = median(p["to_max_ms"] for p in resets)
@@ -258,17 +264,29 @@ def _load_table(title: str, section: dict[str, Any]) -> list[str]:
         entry = section.get(pattern)
         if not entry:
             continue
-        for name in ("mmserver", "floor"):
+        peers = sorted(entry.get("peer_ratio", {}))
+        floor_rps = (entry.get("floor") or {}).get("rps")
+        for name in ("mmserver", "floor", *peers):
             r = entry.get(name)
             if not r:
                 continue
-            ratio = _fmt(entry.get("ratio"), ".2f") if name == "mmserver" else "1.00"
+            if name == "mmserver":
+                ratio = _fmt(entry.get("ratio"), ".2f")
+            elif name == "floor":
+                ratio = "1.00"
+            else:
+                ratio = _fmt(r["rps"] / floor_rps if floor_rps and r["rps"] else None, ".2f")
             errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"
             lines.append(
                 f"  {pattern if name == 'mmserver' else '':<9}{name:<10}"
                 f"{_fmt(r['rps'], '.0f'):>9}{ratio:>9}{_fmt(r['p50_ms'], '.2f'):>8}"
                 f"{_fmt(r['p90_ms'], '.2f'):>8}{_fmt(r['p99_ms'], '.2f'):>8}"
                 f"{_fmt(r['max_ms'], '.1f'):>8}  {_cpu(r['cpu']):<22} {errors}"
+            )
+        for name in peers:
+            lines.append(
+                f"  {'':<9}mmserver / {name}: {_fmt(entry['peer_ratio'][name], '.2f', ' x')} "
+                "the requests per second"
             )
     return lines
 
