@@ -322,7 +322,7 @@ def _send_frame(sock: socket.socket, frame: list[bytes]) -> None:
 
 
 #: Called with ``(result, None)`` or ``(None, error)`` when a batch is answered; a batch's
-#: result is its answers (a list of :data:`Answer`) and the CPU seconds they took.
+#: result is a :data:`BatchResult`.
 BatchCallback = Callable[[Any, BaseException | None], None]
 
 
@@ -341,8 +341,8 @@ class Runnable(Protocol):
 
 class _Pending:
     """One message sent (or to be sent) to a backend process, and who wants its reply: a
-    future, or (for batches) a callback called as soon as the reply is read. ``cost`` is its
-    estimated CPU seconds (infinite when unknown, as for a load)."""
+    future, or (for batches) a callback called as soon as the reply is read. ``cost`` is the
+    estimated seconds it holds the process (infinite when unknown, as for a load)."""
 
     __slots__ = (
         "callback", "cost", "deadline", "deadline_handle", "finished", "frame", "future", "op"
@@ -482,7 +482,7 @@ class ProcessSlot:
         self._pump_handle: asyncio.Handle | None = None
         self._pumping = False
         self._inflight: collections.deque[_Pending] = collections.deque()
-        #: Estimated CPU seconds of the batches in the pipe, and how many messages there have
+        #: Estimated seconds of the batches in the pipe, and how many messages there have
         #: no estimate (loads, batches of models not measured yet).
         self._pipe_cost = 0.0
         self._pipe_unknown = 0
