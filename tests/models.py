@@ -25,14 +25,14 @@ import numpy as np
 
 from mmserver.codecs import Request, decode_as, encode_as, make_request, response_type, wants_csv
 
-_GENERATOR = Path(__file__).resolve().parent.parent / "scripts" / "generate_store.py"
+_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def _load_generator() -> ModuleType:
-    name = "mmserver_generate_store"
+def _load_script(stem: str) -> ModuleType:
+    name = f"mmserver_{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _GENERATOR)
+    spec = importlib.util.spec_from_file_location(name, _SCRIPTS / f"{stem}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -40,7 +40,9 @@ def _load_generator() -> ModuleType:
     return module
 
 
-generator = _load_generator()
+generator = _load_script("generate_store")
+#: ``scripts/tree_models.py``: tree ensembles of every family, written as each family stores them.
+tree_models = _load_script("tree_models")
 
 #: Names of the example folders :func:`make_store` writes besides the ``sklearn-N`` archives.
 EXAMPLE_NAMES: tuple[str, ...] = tuple(generator.EXAMPLES)
