@@ -107,8 +107,8 @@ def _native(est: Any) -> tuple[str, Fn, Any] | None:
         booster = est.booster if isinstance(est, XGBoostBooster) else est.get_booster()
         inplace = booster.inplace_predict
         return "value", lambda batch: inplace(batch), None
-    if isinstance(est, LightGBMBooster) or _is_a(est, "lightgbm", "LGBMModel"):
-        booster = est.booster if isinstance(est, LightGBMBooster) else est.booster_
+    if _is_a(est, "lightgbm", "LGBMModel"):  # a bare booster's own predict is this already
+        booster = est.booster_
         run = booster.predict
         return "value", lambda batch: run(batch, num_threads=1), None
     return None

@@ -224,11 +224,14 @@ def _load_booster(family: str, path: Path) -> Any:
 class XGBoostBooster:
     """An XGBoost booster loaded from its own format. ``predict`` is XGBoost's own
     (``Booster.predict`` on a ``DMatrix``), as in the SageMaker XGBoost container: the
-    objective's output (values, or probabilities for a classification objective)."""
+    objective's output (values, or probabilities for a classification objective). It runs on
+    one thread: a backend process is one core's worth of work, and threads of several processes
+    spinning on the same cores slow every model down."""
 
     def __init__(self, booster: Any) -> None:
         import xgboost
 
+        booster.set_param({"nthread": 1})
         self.booster = booster
         self.n_features_in_ = int(booster.num_features())
         self._matrix = xgboost.DMatrix
@@ -240,12 +243,13 @@ class XGBoostBooster:
 
 class LightGBMBooster:
     """A LightGBM booster loaded from its text format; ``predict`` is LightGBM's own
-    ``Booster.predict``: the objective's output (values, or probabilities)."""
+    ``Booster.predict`` (on one thread, as :class:`XGBoostBooster`): the objective's output
+    (values, or probabilities)."""
 
     def __init__(self, booster: Any) -> None:
         self.booster = booster
         self.n_features_in_ = int(booster.num_feature())
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        result: np.ndarray = self.booster.predict(batch)
+        result: np.ndarray = self.booster.predict(batch, num_threads=1)
         return result
