@@ -69,13 +69,7 @@ def find_model_file(model_dir: Path, config: ModelConfig) -> ModelFile | None:
         (SKLEARN,) if engine else (SKLEARN, XGBOOST, LIGHTGBM)
     )
     if config.model_file is not None:
-        relative = Path(config.model_file)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-            raise ModelLoadError(
-                f"model {model_dir.name}: option.model_file={config.model_file!r} must be a "
-                "file inside the model folder"
-            )
-        path = model_dir / relative
+        path = inside(model_dir, config.model_file, "option.model_file")
         if not path.is_file():
             raise ModelLoadError(
                 f"model {model_dir.name}: option.model_file={config.model_file!r} does not exist"
@@ -87,6 +81,17 @@ def find_model_file(model_dir: Path, config: ModelConfig) -> ModelFile | None:
         if candidate is not None:
             return ModelFile(family, candidate)
     return None
+
+
+def inside(model_dir: Path, relative: str, key: str) -> Path:
+    """``model_dir / relative``, refused unless it stays inside the folder (``key`` is the
+    property that named it)."""
+    parts = Path(relative)
+    if parts.is_absolute() or ".." in parts.parts or not parts.parts:
+        raise ModelLoadError(
+            f"model {model_dir.name}: {key}={relative!r} must be a file inside the model folder"
+        )
+    return model_dir / parts
 
 
 def _family_of(path: Path) -> str:

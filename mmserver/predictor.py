@@ -14,6 +14,7 @@ exceptions from the model's own predict code propagate unchanged for the caller 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import logging
@@ -30,7 +31,7 @@ import numpy as np
 from mmserver.candidates import NATIVE, TREELITE
 from mmserver.config import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
-from mmserver.families import SKLEARN, find_model_file, load_model, reason
+from mmserver.families import SKLEARN, find_model_file, inside, load_model, reason
 from mmserver.fastpath import own_plan, plan_paths
 
 log = logging.getLogger(__name__)
@@ -127,8 +128,10 @@ class EstimatorPredictor:
         if not self.plan.uses <= {TREELITE, NATIVE}:
             return
         # The chosen paths hold what they need (a converted model, a booster); the model object
-        # (the estimator's own copy of its trees) can go.
+        # (the estimator's own copy of its trees) can go, and the heap it leaves back to the
+        # system, so that the load's measured memory is what the model keeps.
         self.model = None
+        _release_freed_memory()
 
     def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
         rows, routes, i = len(batch), self._routes, 0
@@ -141,6 +144,15 @@ class EstimatorPredictor:
         """The family and the predict paths, for the load log and the describe call."""
         return {"family": self.family, "method": self.method, **self.plan.describe(),
                 "summary": self.plan.summary()}
+
+
+def _release_freed_memory() -> None:
+    """glibc keeps freed small blocks (a tree's arrays are ~100 KB each) for reuse; give them
+    back to the system. A no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class CustomPredictor:
@@ -195,13 +207,7 @@ _WANTED = {
 
 
 def _entry_point(model_dir: Path, config: ModelConfig) -> Path | None:
-    relative = Path(config.entry_point)
-    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-        raise ModelLoadError(
-            f"model {model_dir.name}: option.entryPoint={config.entry_point!r} must be a file "
-            "inside the model folder"
-        )
-    path = model_dir / relative
+    path = inside(model_dir, config.entry_point, "option.entryPoint")
     if path.is_file():
         return path
     if "option.entryPoint" in config.properties:

@@ -10,6 +10,7 @@ holds no example code): the tests use exactly the models the reference store hol
 - :func:`make_pipeline_dir` — Pipeline(StandardScaler, Ridge) on 3 features
 - :func:`make_custom_handler_dir` — ``model.py`` answering ``{"value", "doubled"}`` per row
 - :func:`make_tuned_dir` — the linear model with its own ``serving.properties``
+- :data:`tree_models` — ``scripts/tree_models.py``: tree ensembles of every family
 """
 
 from __future__ import annotations

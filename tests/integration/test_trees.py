@@ -179,15 +179,23 @@ async def test_batches_are_counted_per_path(trees: Harness) -> None:
     assert described["predictPaths"]["conversionMillis"] > 0
 
 
+async def _answers_as_its_own(
+    trees: Harness, refs: dict[str, Reference], name: str
+) -> dict[str, Any]:
+    """Check one request's answer against the reference; the model's ``predictPaths``."""
+    rows = _rows(3)
+    response = await trees.post(f"/predictions/{name}", json.dumps(rows.tolist()))
+    assert response.status == 200
+    assert (await response.json())["predictions"] == refs[name](rows).tolist()
+    described = (await (await trees.client.get(f"/models/{name}")).json())[0]
+    paths: dict[str, Any] = described["predictPaths"]
+    return paths
+
+
 async def test_the_fast_path_can_be_turned_off(
     trees: Harness, tree_store: tuple[Path, dict[str, Reference]]
 ) -> None:
-    rows = _rows(3)
-    response = await trees.post("/predictions/no-fast-path", json.dumps(rows.tolist()))
-    assert response.status == 200
-    assert (await response.json())["predictions"] == tree_store[1]["no-fast-path"](rows).tolist()
-    described = (await (await trees.client.get("/models/no-fast-path")).json())[0]
-    paths = described["predictPaths"]
+    paths = await _answers_as_its_own(trees, tree_store[1], "no-fast-path")
     assert paths["routes"] == [{"fromRows": 1, "toRows": None, "path": "own"}]
     assert paths["rejected"] == {"all": "option.fast_path=false"}
     assert paths["batches"] == {"own": 1}
@@ -196,11 +204,7 @@ async def test_the_fast_path_can_be_turned_off(
 async def test_a_subclass_with_its_own_predict_keeps_it(
     trees: Harness, tree_store: tuple[Path, dict[str, Reference]]
 ) -> None:
-    rows = _rows(4)
-    response = await trees.post("/predictions/shifted-forest", json.dumps(rows.tolist()))
-    assert response.status == 200
-    assert (await response.json())["predictions"] == tree_store[1]["shifted-forest"](rows).tolist()
-    paths = (await (await trees.client.get("/models/shifted-forest")).json())[0]["predictPaths"]
+    paths = await _answers_as_its_own(trees, tree_store[1], "shifted-forest")
     assert {r["path"] for r in paths["routes"]} == {"own"}
     assert paths["rejected"]["treelite"].startswith("differs on probe rows")
 

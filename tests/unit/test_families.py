@@ -84,11 +84,14 @@ def test_bad_model_files_say_what_is_wrong(tmp_path: Path, folders: dict[str, Pa
         load_predictor(folders["mixed"], config_for({"option.model_file": "nope.json"}))
     with pytest.raises(ModelLoadError, match=r"has no model file \(model.txt or a single"):
         load_predictor(folders["json"], config_for({"engine": "LightGBM"}))
-    with pytest.raises(ModelLoadError, match="notes.txt cannot be loaded as a lightgbm model: LightGBMError"):
+    with pytest.raises(
+        ModelLoadError, match=r"notes\.txt cannot be loaded as a lightgbm model: LightGBMError"
+    ):
         load_predictor(folders["mixed"], config_for({"option.model_file": "notes.txt",
                                                      "engine": "LightGBM"}))
-    with pytest.raises(ModelLoadError, match="has no predict_proba; option.method must be one "
-                                             "of: predict"):
+    with pytest.raises(
+        ModelLoadError, match=r"has no predict_proba; option\.method must be one of: predict"
+    ):
         load_predictor(folders["json"], config_for({"option.method": "predict_proba"}))
 
 
