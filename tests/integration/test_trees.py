@@ -117,8 +117,10 @@ FAMILIES = [
     ("xgb-sagemaker", "xgboost", None),
     ("lgbm-regressor", "sklearn", None),
     ("lgbm-classifier-proba", "sklearn", None),
-    ("lgbm-regression", "lightgbm", None),
-    ("lgbm-multiclass", "lightgbm", None),
+    # A LightGBM booster's own predict is its native one; treelite's softmax differs in the last
+    # bits, so the multiclass one keeps its own.
+    ("lgbm-regression", "lightgbm", ""),
+    ("lgbm-multiclass", "lightgbm", "own"),
 ]
 
 
@@ -154,13 +156,16 @@ async def test_every_family_answers_as_its_library_in_every_format(
     routes = described["predictPaths"]["routes"]
     assert routes[0]["fromRows"] == 1 and routes[-1]["toRows"] is None
     used = {r["path"] for r in routes}
-    if path is not None:
+    measured = described["predictPaths"]["measuredMillis"]
+    if path:
         assert used == {path}  # ten times faster than its own predict: chosen at every size
+    elif path == "":
+        assert used <= {*measured, "own"}
     else:
         # A booster's native predict is verified; whether it beats the wrapper's own (which
         # calls it) by enough is for the timing to say.
-        assert "native" in described["predictPaths"]["measuredMillis"]
-        assert used <= set(described["predictPaths"]["measuredMillis"])
+        assert "native" in measured
+        assert used <= set(measured)
     assert sum(described["predictPaths"]["batches"].values()) == 3
 
 
