@@ -242,7 +242,7 @@ class XGBoostBooster:
         self._matrix = xgboost.DMatrix
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        result: np.ndarray = self.booster.predict(self._matrix(batch))
+        result: np.ndarray = self.booster.predict(self._matrix(batch, nthread=1))
         return result
 
 
