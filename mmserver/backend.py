@@ -64,10 +64,12 @@ _WATCH_S = 0.05
 
 #: Imported once by the fork server and shared copy-on-write by every backend process, so a
 #: process starts (or is replaced) in milliseconds and a model's first load does not pay for
-#: importing the estimator families most stores use.
+#: importing the estimator families most stores use (the optional ones when installed: a module
+#: that cannot be imported is skipped).
 PRELOAD = (
     "mmserver.backend", "mmserver.predictor", "joblib", "sklearn", "sklearn.linear_model",
     "sklearn.pipeline", "sklearn.preprocessing", "sklearn.tree", "sklearn.ensemble",
+    "treelite", "treelite.sklearn", "treelite.gtil", "xgboost", "lightgbm",
 )
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
@@ -90,11 +92,13 @@ class LoadInfo:
 
     memory_bytes: int
     probe_seconds: float | None = None
+    #: The default handler's family and predict paths (``EstimatorPredictor.describe``).
+    paths: dict[str, Any] | None = None
 
 
-#: A batch's answers (one per request), the CPU and wall seconds they took, and the rows
-#: predicted.
-BatchResult = tuple[list[Answer], float, float, int]
+#: A batch's answers (one per request), the CPU and wall seconds they took, the rows
+#: predicted, and the predict path they took (``own`` for a custom handler).
+BatchResult = tuple[list[Answer], float, float, int, str]
 
 
 def _rss_bytes() -> int:
@@ -128,7 +132,8 @@ class _Models:
         self.predictors[spec.key] = predictor
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
-        return LoadInfo(memory, self._probe(predictor))
+        describe = getattr(predictor, "describe", None)
+        return LoadInfo(memory, self._probe(predictor), describe() if describe else None)
 
     def _probe(self, predictor: Any) -> float | None:
         """CPU seconds of predicting one row of zeros (the second of two calls: the first pays
@@ -179,7 +184,7 @@ class _Models:
             self._long.add(key)
         elif timed:
             self._long.discard(key)
-        return answers, cpu, wall, rows
+        return answers, cpu, wall, rows, getattr(predictor, "last_path", "own")
 
     def unload(self, key: str) -> None:
         self.predictors.pop(key, None)

@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import loads, neighbour, peers, probes, report, servers, store, wrk
+from benchlib import loads, neighbour, peers, probes, report, servers, store, trees, wrk
 
-SECTIONS = ("cold", "memory", "closed", "open", "scaling", "batching", "neighbour")
+SECTIONS = (
+    "cold", "memory", "closed", "open", "scaling", "batching", "neighbour", "trees",
+)
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -228,6 +230,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.ensure_forests(model_store)
     if "neighbour" in args.sections:
         store.ensure_heavy(model_store)
+    if "trees" in args.sections:
+        trees.ensure(model_store)
     raw: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
     needs_floor = {"closed", "open"} & set(args.sections)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -330,6 +334,8 @@ def _measure(
         raw["batching"] = loads.batching(server, BATCH_MODELS, settings, _log)
     if "neighbour" in sections:
         raw["neighbour"] = neighbour.run(server, settings, _log)
+    if "trees" in sections:
+        raw["trees"] = trees.run(server, settings, _log)
     if args.profile:
         raw["profile"] = loads.profile(server, settings, args.profile, args.out, _log)
 

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from benchlib import trees
+
 PATTERNS = ("hot", "uniform", "zipf")
 P99_TARGET_MS = 20.0
 HOLD_SHARE = 0.98  # an open-loop run holds its rate when it answers this share of it
@@ -102,6 +104,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         out["info"] = info
     if "neighbour" in raw:
         out["neighbour"] = {k: summarize_runs(v) for k, v in raw["neighbour"].items() if v}
+    if "trees" in raw:
+        out["trees"] = raw["trees"]
     if "batching" in raw:
         out["batching"] = {k: summarize_runs(v) for k, v in raw["batching"].items()}
         b1, b32 = out["batching"].get("batch 1"), out["batching"].get("batch 32")
@@ -187,6 +191,7 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         )
     )
     rows += _neighbour_targets(summary.get("neighbour"))
+    rows += trees.targets(summary.get("trees"))
     hot = closed.get("hot", {})
     if "to_max_ms" in hot:
         to_max = hot["to_max_ms"]
@@ -335,6 +340,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
                     f"{_fmt(r['p50_ms'], '.2f'):>6}  p99 {_fmt(r['p99_ms'], '.2f'):>7} ms  "
                     f"cpu {_cpu(r['cpu'])}  errors {errors}"
                 )
+    if "trees" in summary:
+        lines += trees.lines(summary["trees"])
     info = summary.get("info", {})
     if info:
         lines += ["", "Also measured"]
