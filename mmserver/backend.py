@@ -64,10 +64,12 @@ _WATCH_S = 0.05
 
 #: Imported once by the fork server and shared copy-on-write by every backend process, so a
 #: process starts (or is replaced) in milliseconds and a model's first load does not pay for
-#: importing the estimator families most stores use.
+#: importing the estimator families most stores use (the optional ones when installed: a module
+#: that cannot be imported is skipped).
 PRELOAD = (
     "mmserver.backend", "mmserver.predictor", "joblib", "sklearn", "sklearn.linear_model",
     "sklearn.pipeline", "sklearn.preprocessing", "sklearn.tree", "sklearn.ensemble",
+    "treelite", "treelite.sklearn", "treelite.gtil", "xgboost", "lightgbm",
 )
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
@@ -91,12 +93,14 @@ class LoadInfo:
 
     memory_bytes: int
     probe_seconds: float | None = None
+    #: The default handler's family and predict paths (``EstimatorPredictor.describe``).
+    paths: dict[str, Any] | None = None
     signature: dict[str, Any] | None = None
 
 
-#: A batch's answers (one per request), the CPU and wall seconds they took, and the rows
-#: predicted.
-BatchResult = tuple[list[Answer], float, float, int]
+#: A batch's answers (one per request), the CPU and wall seconds they took, the rows
+#: predicted, and the predict path they took (``own`` for a custom handler).
+BatchResult = tuple[list[Answer], float, float, int, str]
 
 
 def _rss_bytes() -> int:
@@ -130,7 +134,11 @@ class _Models:
         self.predictors[spec.key] = predictor
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
-        return LoadInfo(memory, self._probe(predictor), signature(predictor))
+        describe = getattr(predictor, "describe", None)
+        return LoadInfo(
+            memory, self._probe(predictor), describe() if describe else None,
+            signature(predictor),
+        )
 
     def _probe(self, predictor: Any) -> float | None:
         """CPU seconds of predicting one row of zeros (the second of two calls: the first pays
@@ -183,7 +191,7 @@ class _Models:
             self._long.add(key)
         elif timed:
             self._long.discard(key)
-        return answers, cpu, wall, rows
+        return answers, cpu, wall, rows, getattr(predictor, "last_path", "own")
 
     def unload(self, key: str) -> None:
         self.predictors.pop(key, None)
@@ -326,7 +334,7 @@ def _send_frame(sock: socket.socket, frame: list[bytes]) -> None:
 
 
 #: Called with ``(result, None)`` or ``(None, error)`` when a batch is answered; a batch's
-#: result is its answers (a list of :data:`Answer`) and the CPU seconds they took.
+#: result is a :data:`BatchResult`.
 BatchCallback = Callable[[Any, BaseException | None], None]
 
 
@@ -345,8 +353,8 @@ class Runnable(Protocol):
 
 class _Pending:
     """One message sent (or to be sent) to a backend process, and who wants its reply: a
-    future, or (for batches) a callback called as soon as the reply is read. ``cost`` is its
-    estimated CPU seconds (infinite when unknown, as for a load)."""
+    future, or (for batches) a callback called as soon as the reply is read. ``cost`` is the
+    estimated seconds it holds the process (infinite when unknown, as for a load)."""
 
     __slots__ = (
         "callback", "cost", "deadline", "deadline_handle", "finished", "frame", "future", "op"
@@ -486,7 +494,7 @@ class ProcessSlot:
         self._pump_handle: asyncio.Handle | None = None
         self._pumping = False
         self._inflight: collections.deque[_Pending] = collections.deque()
-        #: Estimated CPU seconds of the batches in the pipe, and how many messages there have
+        #: Estimated seconds of the batches in the pipe, and how many messages there have
         #: no estimate (loads, batches of models not measured yet).
         self._pipe_cost = 0.0
         self._pipe_unknown = 0

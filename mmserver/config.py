@@ -333,6 +333,9 @@ def read_properties(path: Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------
 
 METHODS = ("predict", "predict_proba", "decision_function", "transform")
+#: ``engine`` values (lower case): ``python`` and ``sklearn`` load a pickled model, the others a
+#: booster in its library's own format.
+ENGINES = ("python", "sklearn", "xgboost", "lightgbm")
 
 
 @dataclass(frozen=True)
@@ -352,6 +355,10 @@ class ModelConfig:
     predict_timeout: float = 60.0
     engine: str | None = None
     method: str = "predict"
+    #: The model file inside the model folder (``option.model_file``); found by its name otherwise.
+    model_file: str | None = None
+    #: Whether verified fast predict paths may replace the estimator's own method.
+    fast_path: bool = True
     entry_point: str = "model.py"
     handler: str = "predict"
     #: Every key of serving.properties as written, for custom handlers.
@@ -391,8 +398,10 @@ class ModelConfig:
             raise ConfigError(
                 f"option.method={self.method!r} is not one of {', '.join(METHODS)}"
             )
-        if self.engine is not None and self.engine.lower() not in ("python", "sklearn"):
-            raise ConfigError(f"engine={self.engine!r} must be Python or sklearn")
+        if self.engine is not None and self.engine.lower() not in ENGINES:
+            raise ConfigError(
+                f"engine={self.engine!r} must be one of Python, sklearn, XGBoost, LightGBM"
+            )
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied (validated; raises :class:`ConfigError`)."""
@@ -432,7 +441,13 @@ _MODEL_KEYS: dict[str, tuple[str, type]] = {
     "option.method": ("method", str),
     "option.entryPoint": ("entry_point", str),
     "option.handler": ("handler", str),
+    "option.model_file": ("model_file", str),
+    "option.fast_path": ("fast_path", bool),
 }
+
+
+_BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
+             "on": True, "off": False}
 
 
 def _djl_key(name: str) -> str:
@@ -462,6 +477,11 @@ def model_config_from_properties(
         text = raw.strip()
         if kind is str:
             changes[name] = text
+            continue
+        if kind is bool:
+            if text.lower() not in _BOOLEANS:
+                raise ConfigError(f"{where}: {key}={raw!r} must be true or false")
+            changes[name] = _BOOLEANS[text.lower()]
             continue
         try:
             number = kind(text)

@@ -308,6 +308,12 @@ class Metrics:
             "Batches of other models that ran on a backend while one of this model's waited.",
             ["model"],
         )
+        self.model_path_batches = CounterFamily(
+            "mmserver_model_path_batches",
+            "Batches of the model by the predict path they took (own, linear, treelite, "
+            "native).",
+            ["model", "path"],
+        )
         self.model_lane = GaugeFamily(
             "mmserver_model_lane",
             "1 on the lane (light or heavy) the loaded model's batches run in.",

@@ -25,7 +25,7 @@ from mmserver.backend import BackendPool, LoadInfo, LoadSpec, ProcessSlot, Threa
 from mmserver.batching import Job, JobQueue
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
-from mmserver.metrics import Metrics
+from mmserver.metrics import CounterChild, Metrics
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 from mmserver.scheduling import HEAVY, LIGHT, Cost
 from mmserver.worker import Worker, WorkerState
@@ -86,6 +86,9 @@ class ModelPool:
         self._m_predict = metrics.predict_seconds.labels(name)
         self._m_cpu = metrics.model_cpu_seconds.labels(name)
         self._m_waited = metrics.model_waited_batches.labels(name)
+        self._m_paths: dict[str, CounterChild] = {}
+        #: The family and predict paths the model's first load reported (None: custom handler).
+        self.paths: dict[str, Any] | None = None
         metrics.model_lane.labels(name, self.lane).set(1)
         #: The series of this model's answered requests, counted by the HTTP layer.
         self.m_answered = metrics.requests.labels(name, "200")
@@ -164,8 +167,16 @@ class ModelPool:
         self.cost.waited += batches
         self._m_waited.inc(batches)
 
-    def observe_cost(self, cpu_seconds: float, wall_seconds: float, rows: int) -> None:
-        """Count a batch's cost, and move the model to the lane its cost calls for."""
+    def observe_cost(self, cpu_seconds: float, wall_seconds: float, rows: int, path: str) -> None:
+        """Count a batch's cost and its predict path, and move the model to the lane its cost
+        calls for."""
+        if rows:
+            counter = self._m_paths.get(path)
+            if counter is None:
+                counter = self._m_paths[path] = self._metrics.model_path_batches.labels(
+                    self.name, path
+                )
+            counter.value += 1
         cost = self.cost
         cost.observe(cpu_seconds, wall_seconds, rows)
         self._m_cpu.value += cpu_seconds
@@ -301,6 +312,7 @@ class ModelPool:
         if not self.copy_bytes:
             self.copy_bytes = int(self.config.required_memory_mb * 2**20) \
                 if self.config.required_memory_mb is not None else info.memory_bytes
+            self.paths = info.paths
             if self._on_load is not None:
                 self._on_load(self, info)
         probe = info.probe_seconds
@@ -420,7 +432,17 @@ class ModelPool:
             "cpuSeconds": round(cost.cpu_seconds, 6),
             "batches": cost.batches,
             "batchesWaitedBehind": cost.waited,
+            **self.describe_paths(),
         }
+
+    def describe_paths(self) -> dict[str, Any]:
+        """The model's family and predict paths (chosen by its first load), with the batches
+        each path took."""
+        if self.paths is None:
+            return {}
+        paths = {k: v for k, v in self.paths.items() if k not in ("family", "summary")}
+        paths["batches"] = {name: int(c.value) for name, c in self._m_paths.items()}
+        return {"family": self.paths.get("family"), "predictPaths": paths}
 
     def describe_workers(self) -> list[dict[str, Any]]:
         return [

@@ -14,27 +14,27 @@ exceptions from the model's own predict code propagate unchanged for the caller 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import logging
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-import joblib
 import numpy as np
 
+from mmserver.candidates import NATIVE, TREELITE
 from mmserver.config import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
+from mmserver.families import SKLEARN, find_model_file, inside, load_model, reason
+from mmserver.fastpath import own_plan, plan_paths
 
 log = logging.getLogger(__name__)
-
-MODEL_FILES = ("model.joblib", "model.pkl")
 
 # sys.path and sys.modules belong to the whole process: imports of two models' handlers in two
 # threads must not interleave their sys.path edits.
@@ -53,11 +53,6 @@ class Predictor(Protocol):
     def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]: ...
 
     def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]: ...
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _n_features(model: Any) -> int | None:
@@ -112,34 +107,17 @@ def _check_rows(out: Any, batch: np.ndarray) -> np.ndarray | list[Any]:
     return result
 
 
-def _load_joblib(path: Path) -> Any:
-    # A model pickled by another library version warns; that is the operator's to see in the
-    # log, not an exception in the backend.
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model = joblib.load(path)
-    except Exception as exc:
-        raise ModelLoadError(f"{path.name} cannot be loaded: {_reason(exc)}") from None
-    for w in caught:
-        log.warning("%s: %s: %s", path, w.category.__name__, w.message)
-    return model
-
-
-def _find_model_file(model_dir: Path) -> Path | None:
-    for name in MODEL_FILES:
-        if (model_dir / name).is_file():
-            return model_dir / name
-    candidates = sorted(p for p in model_dir.glob("*.joblib") if p.is_file())
-    if len(candidates) == 1:
-        return candidates[0]
-    return None
-
-
 class EstimatorPredictor:
-    """The default handler: an estimator loaded with joblib and one of its methods."""
+    """The default handler: a model object (an estimator, a pipeline, a booster) and one of its
+    methods, run by the fastest verified path for each batch size (:mod:`mmserver.fastpath`).
 
-    def __init__(self, model: Any, method: str, name: str) -> None:
+    ``last_path`` names the path the last batch took (for the per-path batch counts). Once the
+    paths are chosen, the model object itself is kept only if a chosen path calls it."""
+
+    def __init__(
+        self, model: Any, method: str, name: str, *, family: str = SKLEARN,
+        fast_path: bool = True, batch_rows: int = 32,
+    ) -> None:
         fn = getattr(model, method, None)
         if not callable(fn):
             available = [m for m in METHODS if callable(getattr(model, m, None))]
@@ -147,17 +125,45 @@ class EstimatorPredictor:
                 f"model {name} ({type(model).__name__}) has no {method}; option.method must be "
                 f"one of: {', '.join(available) or 'none of ' + ', '.join(METHODS)}"
             )
-        self.model = model
+        self.model: Any = model
         self.method = method
+        self.family = family
         self.n_features: int | None = _n_features(model)
         others = [m for m in METHODS if m != method and callable(getattr(model, m, None))]
         self.outputs: tuple[str, ...] = (method, *others)
-        self._fn: Callable[[np.ndarray], Any] = fn
-        if method == "predict" and self.n_features is not None:
-            self._fn = linear_predict(model, self.n_features) or fn
+        final = _step(model, -1)
+        self.output_facts = [
+            _output_facts(model if final is None else final, m) for m in self.outputs
+        ]
+        if not fast_path:
+            self.plan = own_plan(fn, batch_rows, "option.fast_path=false")
+        elif self.n_features is None:
+            self.plan = own_plan(fn, batch_rows, "the model does not say its number of features")
+        else:
+            self.plan = plan_paths(model, method, fn, self.n_features, batch_rows)
+        self._routes = self.plan.routes
+        self.last_path = self._routes[0][1]
+        if not self.plan.uses <= {TREELITE, NATIVE}:
+            return
+        # The chosen paths hold what they need (a converted model, a booster); the model object
+        # (the estimator's own copy of its trees) can go, and the heap it leaves back to the
+        # system, so that the load's measured memory is what the model keeps. Its other
+        # methods go with it: the model answers one output, ``method``'s.
+        self.model = None
+        self.outputs, self.output_facts = (method,), self.output_facts[:1]
+        _release_freed_memory()
 
     def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
-        return _check_rows(self._fn(batch), batch)
+        rows, routes, i = len(batch), self._routes, 0
+        while rows > routes[i][0]:  # the last route takes any number of rows
+            i += 1
+        _, self.last_path, fn = routes[i]
+        return _check_rows(fn(batch), batch)
+
+    def describe(self) -> dict[str, Any]:
+        """The family and the predict paths, for the load log and the describe call."""
+        return {"family": self.family, "method": self.method, **self.plan.describe(),
+                "summary": self.plan.summary()}
 
     def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]:
         """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``."""
@@ -166,54 +172,13 @@ class EstimatorPredictor:
         return _check_rows(getattr(self.model, name)(batch), batch)
 
 
-def linear_predict(model: Any, n_features: int) -> Callable[[np.ndarray], np.ndarray] | None:
-    """``model.predict`` without its per-call checks, for scikit-learn's linear regressors; or
-    ``None`` for any other model.
-
-    Their ``predict`` checks its input (type, shape, fitted state), then computes
-    ``X @ coef_ + intercept_``. The checks take ~50 µs, 40 times the product for a small batch,
-    and every batch reaching a model has been checked already: a C-contiguous 2-D float64 array,
-    finite, with ``n_features`` columns (any other batch still goes to the estimator's
-    ``predict``). So the product is computed directly; it is used only if
-    the estimator's class inherits ``predict`` unchanged from scikit-learn's ``LinearModel``, its
-    coefficients are a dense float64 array, and on probe rows it gives exactly what the
-    estimator's own ``predict`` gives.
-    """
+def _release_freed_memory() -> None:
+    """glibc keeps freed small blocks (a tree's arrays are ~100 KB each) for reuse; give them
+    back to the system. A no-op where there is no glibc."""
     try:
-        from sklearn.linear_model._base import LinearModel, MultiOutputLinearModel
-    except ImportError:  # another layout of scikit-learn: keep its own predict
-        return None
-    cls = type(model)
-    if not (
-        isinstance(model, LinearModel)
-        and cls.predict in (LinearModel.predict, MultiOutputLinearModel.predict)
-        and cls._decision_function is LinearModel._decision_function
-    ):
-        return None
-    coef = getattr(model, "coef_", None)
-    intercept = getattr(model, "intercept_", None)
-    if not (isinstance(coef, np.ndarray) and coef.dtype == np.float64 and coef.ndim in (1, 2)):
-        return None
-    if not isinstance(intercept, float | np.ndarray):
-        return None
-    weights = coef if coef.ndim == 1 else coef.T
-
-    def predict(batch: np.ndarray) -> np.ndarray:
-        if batch.ndim != 2 or batch.shape[1] != n_features or batch.dtype != np.float64:
-            checked: np.ndarray = model.predict(batch)  # the estimator says what is wrong
-            return checked
-        result: np.ndarray = batch @ weights + intercept
-        return result
-
-    probe = np.random.default_rng(0).uniform(-10.0, 10.0, (5, n_features))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. "fitted with feature names"
-            expected = model.predict(probe)
-        same = np.array_equal(predict(probe), expected)
-    except Exception:
-        return None
-    return predict if same else None
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class CustomPredictor:
@@ -234,22 +199,18 @@ class CustomPredictor:
 
 
 def signature(predictor: Predictor) -> dict[str, Any]:
-    """What clients can know of a model without calling it: ``platform`` (the estimator's
-    library: ``sklearn``, ``xgboost``...; ``python`` for a custom handler), ``n_features`` (or
+    """What clients can know of a model without calling it: ``platform`` (the model's family:
+    ``sklearn``, ``xgboost``, ``lightgbm``; ``python`` for a custom handler), ``n_features`` (or
     ``None``), and ``outputs``: per output its ``name``, the NumPy ``dtype`` string of its values
-    and its ``shape`` (-1 where unknown), from the estimator's fitted attributes; a custom
-    handler's output is listed by name only (``dtype`` and ``shape`` ``None``)."""
+    and its ``shape`` (-1 where unknown), from the estimator's fitted attributes at load; a
+    custom handler's output is listed by name only (``dtype`` and ``shape`` ``None``)."""
     if not isinstance(predictor, EstimatorPredictor):
         outputs = [{"name": name, "dtype": None, "shape": None} for name in predictor.outputs]
         return {"platform": "python", "n_features": predictor.n_features, "outputs": outputs}
-    model = predictor.model
-    final = _step(model, -1)
-    if final is None:
-        final = model
     return {
-        "platform": type(final).__module__.partition(".")[0] or "python",
+        "platform": predictor.family,
         "n_features": predictor.n_features,
-        "outputs": [_output_facts(final, name) for name in predictor.outputs],
+        "outputs": predictor.output_facts,
     }
 
 
@@ -304,23 +265,31 @@ def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
             f"model {model_dir.name}: option.handler={config.handler!r} needs a handler file, "
             f"but {config.entry_point} does not exist"
         )
-    path = _find_model_file(model_dir)
-    if path is None:
+    found = find_model_file(model_dir, config)
+    if found is None:
         raise ModelLoadError(
-            f"model {model_dir.name} has no model.joblib (or model.pkl, or a single *.joblib), "
-            f"and no {config.entry_point}"
+            f"model {model_dir.name} has no model file ({_WANTED[(config.engine or '').lower()]})"
+            f", and no {config.entry_point}"
         )
-    return EstimatorPredictor(_load_joblib(path), config.method, model_dir.name)
+    return EstimatorPredictor(
+        load_model(found), config.method, model_dir.name, family=found.family,
+        fast_path=config.fast_path, batch_rows=config.batch_size,
+    )
+
+
+_ALL = "model.joblib, model.pkl or a single *.joblib/*.pkl; xgboost-model, model.json, " \
+    "model.ubj or a single *.ubj or XGBoost *.json; model.txt or a single LightGBM *.txt"
+_WANTED = {
+    "": _ALL,
+    "python": "model.joblib, model.pkl or a single *.joblib/*.pkl",
+    "sklearn": "model.joblib, model.pkl or a single *.joblib/*.pkl",
+    "xgboost": "xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json",
+    "lightgbm": "model.txt or a single *.txt starting with LightGBM's tree header",
+}
 
 
 def _entry_point(model_dir: Path, config: ModelConfig) -> Path | None:
-    relative = Path(config.entry_point)
-    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-        raise ModelLoadError(
-            f"model {model_dir.name}: option.entryPoint={config.entry_point!r} must be a file "
-            "inside the model folder"
-        )
-    path = model_dir / relative
+    path = inside(model_dir, config.entry_point, "option.entryPoint")
     if path.is_file():
         return path
     if "option.entryPoint" in config.properties:
@@ -362,7 +331,7 @@ def _import_handler(model_dir: Path, entry: Path) -> ModuleType:
         sys.modules.pop(module_name, None)
         if not isinstance(exc, Exception):
             raise
-        raise ModelLoadError(f"{entry.name} failed to import: {_reason(exc)}") from None
+        raise ModelLoadError(f"{entry.name} failed to import: {reason(exc)}") from None
     return module
 
 
@@ -394,9 +363,9 @@ def _make_custom(
             model = loader(model_dir, dict(config.properties))
         except Exception as exc:
             raise ModelLoadError(
-                f"model {model_dir.name}: {entry.name} load() failed: {_reason(exc)}"
+                f"model {model_dir.name}: {entry.name} load() failed: {reason(exc)}"
             ) from None
     else:
-        path = _find_model_file(model_dir)
-        model = _load_joblib(path) if path is not None else None
+        found = find_model_file(model_dir, config)
+        model = load_model(found) if found is not None else None
     return CustomPredictor(model, fn)

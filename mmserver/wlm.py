@@ -289,9 +289,11 @@ class WorkLoadManager:
         self.metrics.model_loads.labels(name).inc()
         self.metrics.model_load_seconds.observe(seconds)
         self.metrics.models_loaded.set(len(self._ready))
+        paths = pool.paths
         log.info(
-            "model %s loaded from %s in %.1f ms (%d worker(s), %d loaded)",
+            "model %s loaded from %s in %.1f ms (%d worker(s), %d loaded)%s",
             name, entry.url, seconds * 1000, len(pool.workers), len(self._ready),
+            f"; {paths['family']} {paths['method']}: {paths['summary']}" if paths else "",
         )
         return pool
 

@@ -10,12 +10,14 @@ holds no example code): the tests use exactly the models the reference store hol
 - :func:`make_pipeline_dir` — Pipeline(StandardScaler, Ridge) on 3 features
 - :func:`make_custom_handler_dir` — ``model.py`` answering ``{"value", "doubled"}`` per row
 - :func:`make_tuned_dir` — the linear model with its own ``serving.properties``
+- :data:`tree_models` — ``scripts/tree_models.py``: tree ensembles of every family
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -25,14 +27,14 @@ import numpy as np
 
 from mmserver.codecs import Request, decode_as, encode_as, make_request, response_type, wants_csv
 
-_GENERATOR = Path(__file__).resolve().parent.parent / "scripts" / "generate_store.py"
+_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def _load_generator() -> ModuleType:
-    name = "mmserver_generate_store"
+def _load_script(stem: str) -> ModuleType:
+    name = f"mmserver_{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _GENERATOR)
+    spec = importlib.util.spec_from_file_location(name, _SCRIPTS / f"{stem}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -40,7 +42,9 @@ def _load_generator() -> ModuleType:
     return module
 
 
-generator = _load_generator()
+generator = _load_script("generate_store")
+#: ``scripts/tree_models.py``: tree ensembles of every family, written as each family stores them.
+tree_models = _load_script("tree_models")
 
 #: Names of the example folders :func:`make_store` writes besides the ``sklearn-N`` archives.
 EXAMPLE_NAMES: tuple[str, ...] = tuple(generator.EXAMPLES)
@@ -54,6 +58,16 @@ def make_linear_model(folder: Path) -> Path:
 def make_linear_archive(path: Path) -> Path:
     """Write the reference ``.tar.gz`` (``model.joblib`` at its root) at ``path``; returns it."""
     return generator.write_linear_archive(Path(path))  # type: ignore[no-any-return]
+
+
+def make_linked_store(root: Path, count: int) -> Path:
+    """A store folder at ``root`` with ``count`` reference archives ``sklearn-N.tar.gz``, hard
+    links of one archive (quick to make, the same model under ``count`` names)."""
+    root.mkdir()
+    archive = make_linear_archive(root / "sklearn-0.tar.gz")
+    for i in range(1, count):
+        os.link(archive, root / f"sklearn-{i}.tar.gz")
+    return root
 
 
 def make_store(root: Path, count: int) -> Path:

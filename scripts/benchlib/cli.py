@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import loads, neighbour, probes, report, servers, store, wrk
+from benchlib import loads, neighbour, peers, probes, report, servers, store, trees, wrk
 
-SECTIONS = ("cold", "memory", "closed", "open", "scaling", "batching", "neighbour")
+SECTIONS = (
+    "cold", "memory", "closed", "open", "scaling", "batching", "neighbour", "trees",
+)
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -109,6 +111,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="PATH",
         help="the mmserver executable to measure (default: this checkout's .venv/bin/mmserver); "
         "e.g. another checkout's, to compare two versions of the server",
+    )
+    parser.add_argument(
+        "--peer",
+        choices=peers.PEERS,
+        default=None,
+        help="also measure another model server on the same 1,000 models in the closed and "
+        "open loops, alternated with mmserver and the floor (mlserver: MLServer "
+        f"{peers.MLSERVER_VERSION}, installed into its own venv on first use)",
     )
     parser.add_argument(
         "--baseline-exe",
@@ -221,6 +231,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.ensure_forests(model_store)
     if "neighbour" in args.sections:
         store.ensure_heavy(model_store)
+    if "trees" in args.sections:
+        trees.ensure(model_store)
     raw: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
     needs_floor = {"closed", "open"} & set(args.sections)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -237,17 +249,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         else:
             floor = servers.floor(args.out / "floor.log") if needs_floor else None
+        peer = None
+        if args.peer == "mlserver" and needs_floor:
+            peer = peers.mlserver(model_store, Path(tmp), args.out / "mlserver.log")
         try:
             server.start()
             _log(f"mmserver pid {server.pid} on {server.url}")
-            if floor is not None:
-                floor.start()
-                _log(f"floor pid {floor.pid} on {floor.url}")
-            _measure(args, settings, server, floor, raw)
+            for other in (floor, peer):
+                if other is not None:
+                    other.start()
+                    _log(f"{other.name} pid {other.pid} on {other.url}")
+            _measure(args, settings, server, floor, raw, peer)
         finally:
-            server.stop()
-            if floor is not None:
-                floor.stop()
+            for each in (server, floor, peer):
+                if each is not None:
+                    each.stop()
     return raw
 
 
@@ -257,6 +273,7 @@ def _measure(
     server: servers.Server,
     floor: servers.Server | None,
     raw: dict[str, Any],
+    peer: servers.Server | None = None,
 ) -> None:
     sections = args.sections
     if "cold" in sections:
@@ -294,6 +311,7 @@ def _measure(
             settings,
             "scaling" in sections,
             _log,
+            peer if "closed" in sections else None,
         )
     if "open" in sections:
         rate = args.rate
@@ -312,11 +330,13 @@ def _measure(
                 )
                 rate = 0.5 * wrk.run(load).rps
             rate = max(1.0, round(rate))
-        raw["open"] = loads.open_loop(server, floor, args.patterns, rate, settings, _log)
+        raw["open"] = loads.open_loop(server, floor, args.patterns, rate, settings, _log, peer)
     if "batching" in sections:
         raw["batching"] = loads.batching(server, BATCH_MODELS, settings, _log)
     if "neighbour" in sections:
         raw["neighbour"] = neighbour.run(server, settings, _log)
+    if "trees" in sections:
+        raw["trees"] = trees.run(server, settings, _log)
     if args.profile:
         raw["profile"] = loads.profile(server, settings, args.profile, args.out, _log)
 

@@ -9,9 +9,10 @@
 --   BENCH_HOT       share of the requests going to sklearn-0 in the hot pattern (default 0.9)
 --   BENCH_ZIPF_S    Zipf exponent; rank k (sklearn-(k-1)) has weight 1 / k^s (default 1.1)
 --   BENCH_API       djl: POST /predictions/NAME; sagemaker: POST /invocations with the
---                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz; v2: POST
---                   /v2/models/NAME/infer (Open Inference Protocol) (default djl)
---   BENCH_BODY      request body (default [[0.5]]; for v2, a V2 inference request)
+--                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz; v2 and
+--                   mlserver: POST /v2/models/NAME/infer (Open Inference Protocol) (default djl)
+--   BENCH_BODY      request body (default [[0.5]]; for v2 and mlserver, a V2 inference
+--                   request, which benchlib/wrk.py makes of the rows)
 --   BENCH_THREADS   wrk's -t, used to stagger the threads' schedules
 --   BENCH_THREAD_RATE  requests/s offered by each wrk thread; unset or 0 = closed loop
 --   BENCH_SEED      random seed (default 1)
@@ -55,6 +56,7 @@ local thread_count = env_number("BENCH_THREADS", 1)
 local thread_rate = env_number("BENCH_THREAD_RATE", 0)
 local seed = env_number("BENCH_SEED", 1)
 
+-- The V2 (Open Inference Protocol) form of the default body's one row.
 -- Requests, built once: request() only picks one.
 local function build_request(name)
     if api == "sagemaker" then
@@ -63,7 +65,7 @@ local function build_request(name)
             ["X-Amzn-SageMaker-Target-Model"] = name .. ".tar.gz",
         }, body)
     end
-    if api == "v2" then
+    if api == "v2" or api == "mlserver" then
         return wrk.format("POST", "/v2/models/" .. name .. "/infer",
             {["Content-Type"] = "application/json"}, body)
     end

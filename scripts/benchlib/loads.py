@@ -140,10 +140,15 @@ def _burst(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     return polled
 
 
-def _alternating(server: Server, floor: Server | None, run: int) -> list[tuple[str, Server]]:
-    """mmserver and the floor, in turns: odd runs measure the floor first."""
+def _alternating(
+    server: Server, floor: Server | None, run: int, peer: Server | None = None
+) -> list[tuple[str, Server]]:
+    """mmserver, the floor (and a peer), in turns: the order rotates from run to run."""
     targets = [("mmserver", server)] + ([("floor", floor)] if floor else [])
-    return targets[::-1] if run % 2 else targets
+    if peer is not None:
+        targets.append((peer.name, peer))
+    shift = run % len(targets)
+    return targets[shift:] + targets[:shift]
 
 
 def _schedule(
@@ -153,13 +158,15 @@ def _schedule(
     settings: Settings,
     log: Log,
     title: str,
+    peer: Server | None = None,
 ) -> Iterator[tuple[int, str, str, Server]]:
     """``(run, pattern, server name, server)`` for every load run of a section, in order: each
-    run logs its title, then goes through the patterns, alternating mmserver and the floor."""
+    run logs its title, then goes through the patterns, alternating mmserver, the floor and the
+    peer."""
     for run in range(settings.runs):
         log(f"{title}, run {run + 1}/{settings.runs}")
         for pattern in patterns:
-            for name, target in _alternating(server, floor, run):
+            for name, target in _alternating(server, floor, run, peer):
                 yield run, pattern, name, target
 
 
@@ -175,7 +182,7 @@ def _load(
         connections=connections,
         threads=settings.threads,
         rate=rate,
-        api=settings.api,
+        api=target.api or settings.api,
         seed=run + 1,
     )
 
@@ -187,10 +194,15 @@ def closed_loop(
     settings: Settings,
     track_scaling: bool,
     log: Log,
+    peer: Server | None = None,
 ) -> dict[str, Any]:
-    """Each pattern at ``concurrency`` connections, alternating mmserver and the floor."""
+    """Each pattern at ``concurrency`` connections, alternating mmserver, the floor and the
+    peer."""
     out: dict[str, Any] = {p: {"mmserver": [], "floor": [], "polled": []} for p in patterns}
-    runs = _schedule(server, floor, patterns, settings, log, "closed loop")
+    if peer is not None:
+        for p in patterns:
+            out[p][peer.name] = []
+    runs = _schedule(server, floor, patterns, settings, log, "closed loop", peer)
     for run, pattern, name, target in runs:
         load = _load(target, pattern, settings, run, connections=settings.concurrency)
         if name == "mmserver":
@@ -213,12 +225,15 @@ def open_loop(
     rate: float,
     settings: Settings,
     log: Log,
+    peer: Server | None = None,
 ) -> dict[str, Any]:
-    """Each pattern at a fixed offered ``rate``, alternating mmserver and the floor."""
+    """Each pattern at a fixed offered ``rate``, alternating mmserver, the floor and the peer."""
     out: dict[str, Any] = {"rate": rate}
-    out.update({p: {"mmserver": [], "floor": []} for p in patterns})
+    names = ["mmserver", "floor"] + ([peer.name] if peer is not None else [])
+    out.update({p: {name: [] for name in names} for p in patterns})
     title = f"open loop at {rate:.0f} req/s"
-    for run, pattern, name, target in _schedule(server, floor, patterns, settings, log, title):
+    schedule = _schedule(server, floor, patterns, settings, log, title, peer)
+    for run, pattern, name, target in schedule:
         load = _load(
             target, pattern, settings, run + 100, connections=settings.open_connections, rate=rate
         )

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from benchlib import trees
+
 PATTERNS = ("hot", "uniform", "zipf")
 P99_TARGET_MS = 20.0
 HOLD_SHARE = 0.98  # an open-loop run holds its rate when it answers this share of it
@@ -53,13 +55,19 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             if pattern not in raw[section]:
                 continue
             entry: dict[str, Any] = {
-                name: summarize_runs(raw[section][pattern][name])
-                for name in ("mmserver", "floor")
-                if raw[section][pattern][name]
+                name: summarize_runs(runs)
+                for name, runs in raw[section][pattern].items()
+                if name != "polled" and runs
             }
             server, floor = entry.get("mmserver"), entry.get("floor")
             if server and floor and server["rps"] and floor["rps"]:
                 entry["ratio"] = server["rps"] / floor["rps"]
+            for name in set(raw[section][pattern]) - {"mmserver", "floor", "polled"}:
+                peer = entry.get(name)
+                if peer is None:
+                    continue
+                if server and server["rps"] and peer["rps"]:
+                    entry.setdefault("peer_ratio", {})[name] = server["rps"] / peer["rps"]
             resets = [p for p in raw[section][pattern].get("polled", []) if p["reset"]]
             if resets:
                 entry["to_max_ms"] = median(p["to_max_ms"] for p in resets)
@@ -96,6 +104,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         out["info"] = info
     if "neighbour" in raw:
         out["neighbour"] = {k: summarize_runs(v) for k, v in raw["neighbour"].items() if v}
+    if "trees" in raw:
+        out["trees"] = raw["trees"]
     if "batching" in raw:
         out["batching"] = {k: summarize_runs(v) for k, v in raw["batching"].items()}
         b1, b32 = out["batching"].get("batch 1"), out["batching"].get("batch 32")
@@ -181,6 +191,7 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         )
     )
     rows += _neighbour_targets(summary.get("neighbour"))
+    rows += trees.targets(summary.get("trees"))
     hot = closed.get("hot", {})
     if "to_max_ms" in hot:
         to_max = hot["to_max_ms"]
@@ -258,17 +269,29 @@ def _load_table(title: str, section: dict[str, Any]) -> list[str]:
         entry = section.get(pattern)
         if not entry:
             continue
-        for name in ("mmserver", "floor"):
+        peers = sorted(entry.get("peer_ratio", {}))
+        floor_rps = (entry.get("floor") or {}).get("rps")
+        for name in ("mmserver", "floor", *peers):
             r = entry.get(name)
             if not r:
                 continue
-            ratio = _fmt(entry.get("ratio"), ".2f") if name == "mmserver" else "1.00"
+            if name == "mmserver":
+                ratio = _fmt(entry.get("ratio"), ".2f")
+            elif name == "floor":
+                ratio = "1.00"
+            else:
+                ratio = _fmt(r["rps"] / floor_rps if floor_rps and r["rps"] else None, ".2f")
             errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"
             lines.append(
                 f"  {pattern if name == 'mmserver' else '':<9}{name:<10}"
                 f"{_fmt(r['rps'], '.0f'):>9}{ratio:>9}{_fmt(r['p50_ms'], '.2f'):>8}"
                 f"{_fmt(r['p90_ms'], '.2f'):>8}{_fmt(r['p99_ms'], '.2f'):>8}"
                 f"{_fmt(r['max_ms'], '.1f'):>8}  {_cpu(r['cpu']):<22} {errors}"
+            )
+        for name in peers:
+            lines.append(
+                f"  {'':<9}mmserver / {name}: {_fmt(entry['peer_ratio'][name], '.2f', ' x')} "
+                "the requests per second"
             )
     return lines
 
@@ -317,6 +340,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
                     f"{_fmt(r['p50_ms'], '.2f'):>6}  p99 {_fmt(r['p99_ms'], '.2f'):>7} ms  "
                     f"cpu {_cpu(r['cpu'])}  errors {errors}"
                 )
+    if "trees" in summary:
+        lines += trees.lines(summary["trees"])
     info = summary.get("info", {})
     if info:
         lines += ["", "Also measured"]

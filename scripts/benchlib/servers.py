@@ -90,10 +90,10 @@ def wait_quiet(limit_s: float, cores: float = 0.25, window_s: float = 0.5) -> fl
     return waited
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, path: str = "/ping") -> bool:
     conn = http.client.HTTPConnection(HOST, port, timeout=2)
     try:
-        conn.request("GET", "/ping")
+        conn.request("GET", path)
         return conn.getresponse().status == 200
     except OSError:
         return False
@@ -105,11 +105,22 @@ class Server:
     """One server process on ``127.0.0.1:port``, its output appended to ``log``."""
 
     def __init__(
-        self, name: str, argv: list[str], port: int, log: Path, cwd: Path | None = None
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        log: Path,
+        cwd: Path | None = None,
+        *,
+        health: str = "/ping",
+        api: str | None = None,
     ) -> None:
         self.name = name
         self.argv = argv
         self.cwd = cwd
+        self.health = health
+        #: The inference path its load uses (None: the benchmark's --api).
+        self.api = api
         self.port = port
         self.log_path = log
         self._log: IO[bytes] | None = None
@@ -137,11 +148,13 @@ class Server:
                 raise RuntimeError(
                     f"{self.name} exited with {self.proc.returncode} at start; see {self.log_path}"
                 )
-            if _ping(self.port):
+            if _ping(self.port, self.health):
                 return self
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"{self.name} did not answer /ping within {READY_TIMEOUT_S:.0f} s")
+        raise RuntimeError(
+            f"{self.name} did not answer {self.health} within {READY_TIMEOUT_S:.0f} s"
+        )
 
     def stop(self) -> None:
         """SIGTERM, wait, then SIGKILL the process and whatever it left behind, by pid."""

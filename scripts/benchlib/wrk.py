@@ -147,8 +147,9 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
 
 def request_body(api: str, rows: str) -> str:
     """The body wrk sends for ``rows`` (a JSON list of rows): the rows themselves, or for the
-    ``v2`` API an Open Inference Protocol request holding them as one FP64 tensor."""
-    if api != "v2":
+    ``v2`` and ``mlserver`` APIs an Open Inference Protocol request holding them as one FP64
+    tensor."""
+    if api not in ("v2", "mlserver"):
         return rows
     values = json.loads(rows)
     tensor = {"name": "input-0", "shape": [len(values), len(values[0])], "datatype": "FP64",

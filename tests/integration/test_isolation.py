@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,14 @@ import pytest
 from mmserver.worker import WorkerState
 from tests.behaviour_models import make_spinning_dir
 from tests.integration.harness import Harness, Serve, wait_until
-from tests.models import make_linear_archive
+from tests.models import make_linked_store
 
 LIGHT_PROCESSES = 2
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    root.mkdir()
-    archive = make_linear_archive(root / "sklearn-0.tar.gz")
-    for i in range(1, 10):
-        os.link(archive, root / f"sklearn-{i}.tar.gz")
-    return root
+    return make_linked_store(tmp_path / "store", 10)
 
 
 async def answer(harness: Harness, model: str, x: float) -> Any:
@@ -111,13 +105,20 @@ async def test_light_models_are_answered_while_a_heavy_one_holds_every_heavy_bac
     assert samples[("mmserver_model_lane", (("lane", "light"), ("model", "sklearn-0")))] == 1.0
 
 
+async def serve_heavy(serve: Serve, store: Path, model: str) -> Harness:
+    """A server with one process in each lane, and ``model`` moved to the heavy lane by a
+    20 ms batch."""
+    make_spinning_dir(store / model, maxWorkers=1, batch_size=1)
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=1)
+    assert (await answer(harness, model, 20.0))[0] == 200
+    await settled_in(harness, model, "heavy")
+    return harness
+
+
 async def test_a_model_whose_cost_falls_moves_back_to_the_light_lane(
     serve: Serve, store: Path
 ) -> None:
-    make_spinning_dir(store / "changing", maxWorkers=1, batch_size=1)
-    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=1)
-    assert (await answer(harness, "changing", 20.0))[0] == 200
-    await settled_in(harness, "changing", "heavy")
+    harness = await serve_heavy(serve, store, "changing")
     # Cheap batches bring its moving average down under half the threshold.
     for _ in range(40):
         assert await answer(harness, "changing", 0.0) == (200, {"predictions": [0.0]})
@@ -132,10 +133,7 @@ async def test_a_model_whose_cost_falls_moves_back_to_the_light_lane(
 async def test_a_heavy_model_remembered_after_eviction_starts_in_the_heavy_lane(
     serve: Serve, store: Path
 ) -> None:
-    make_spinning_dir(store / "again", maxWorkers=1, batch_size=1)
-    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=1)
-    assert (await answer(harness, "again", 20.0))[0] == 200
-    await settled_in(harness, "again", "heavy")
+    harness = await serve_heavy(serve, store, "again")
     response = await harness.client.delete("/models/again")
     assert response.status == 200
     assert (await answer(harness, "again", 20.0))[0] == 200

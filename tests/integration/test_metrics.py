@@ -28,6 +28,7 @@ FAMILIES = {
     "mmserver_model_cpu_seconds": "counter",
     "mmserver_model_waited_batches": "counter",
     "mmserver_model_lane": "gauge",
+    "mmserver_model_path_batches": "counter",
 }
 
 
@@ -48,9 +49,12 @@ async def test_exposition_format_and_families(server: Harness) -> None:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert {name: families[name].type for name in FAMILIES} == FAMILIES
     assert "# TYPE mmserver_requests_total counter" in text
+    # The reference model's one batch took the linear product.
+    assert 'mmserver_model_path_batches_total{model="sklearn-0",path="linear"} 1.0' in text
     for family in families.values():
         for sample in family.samples:
-            assert set(sample.labels) <= {"model", "code", "direction", "lane", "le"}, sample
+            labels = {"model", "code", "direction", "lane", "path", "le"}
+            assert set(sample.labels) <= labels, sample
 
 
 async def test_request_counters_and_latency_move(server: Harness) -> None:

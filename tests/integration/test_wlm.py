@@ -28,7 +28,7 @@ from tests.behaviour_models import (
     make_recording_dir,
 )
 from tests.integration.harness import wait_until
-from tests.models import make_linear_archive, outputs, rows, value
+from tests.models import make_linked_store, outputs, rows, value
 
 X = rows([[0.5]])
 
@@ -55,12 +55,7 @@ def sample(wlm: WorkLoadManager, family: str, **labels: str) -> float:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    root.mkdir()
-    archive = make_linear_archive(root / "sklearn-0.tar.gz")
-    for i in range(1, 100):
-        os.link(archive, root / f"sklearn-{i}.tar.gz")
-    return root
+    return make_linked_store(tmp_path / "store", 100)
 
 
 async def test_lazy_load_answers_and_loads_once(store: Path) -> None:

@@ -56,6 +56,7 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_model_memory_bytes", "mmserver_model_loads", "mmserver_model_evictions",
         "mmserver_model_load_seconds", "mmserver_backend_restarts",
         "mmserver_model_cpu_seconds", "mmserver_model_waited_batches", "mmserver_model_lane",
+        "mmserver_model_path_batches",
     }
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from mmserver.config import ModelConfig, load_model_config, model_config_from_properties
 from mmserver.errors import ModelError, ModelLoadError
-from mmserver.predictor import load_predictor, signature
+from mmserver.predictor import EstimatorPredictor, load_predictor, signature
 from tests.models import (
     make_classifier_dir,
     make_custom_handler_dir,
@@ -111,7 +111,7 @@ def test_other_model_file_names(tmp_path: Path) -> None:
     assert load_predictor(single, DEFAULTS).n_features == 1
 
     (single / "second.joblib").write_bytes((single / "regressor.joblib").read_bytes())
-    with pytest.raises(ModelLoadError, match=r"has no model\.joblib"):
+    with pytest.raises(ModelLoadError, match=r"has no model file \(model\.joblib"):
         load_predictor(single, DEFAULTS)
 
 
@@ -121,7 +121,9 @@ def test_missing_and_broken_model_files(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError) as info:
         load_predictor(empty, DEFAULTS)
     assert info.value.message == (
-        "model empty has no model.joblib (or model.pkl, or a single *.joblib), and no model.py"
+        "model empty has no model file (model.joblib, model.pkl or a single *.joblib/*.pkl; "
+        "xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json; model.txt "
+        "or a single LightGBM *.txt), and no model.py"
     )
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_predictor(tmp_path / "nowhere", DEFAULTS)
@@ -371,21 +373,19 @@ def _linear_cases() -> list[tuple[str, Any, int]]:
 
 @pytest.mark.parametrize("case", _linear_cases(), ids=lambda c: c[0])
 def test_linear_regressors_predict_exactly_as_scikit_learn_does(case: tuple[str, Any, int]) -> None:
-    from mmserver.predictor import linear_predict
-
     _, model, width = case
-    fast = linear_predict(model, width)
-    assert fast is not None
+    predictor = EstimatorPredictor(model, "predict", "m")
+    assert predictor.plan.describe()["routes"] == [
+        {"fromRows": 1, "toRows": None, "path": "linear"}
+    ]
     batch = np.random.default_rng(3).uniform(-100, 100, (33, width))
-    assert np.array_equal(fast(batch), model.predict(batch))
+    assert np.array_equal(predictor.predict(batch), model.predict(batch))
 
 
 def test_models_whose_predict_is_not_the_linear_product_keep_their_own() -> None:
     from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
-
-    from mmserver.predictor import linear_predict
 
     X = np.array([[0.0], [1.0], [2.0], [3.0]])
     y = np.array([1.0, 3.0, 5.0, 7.0])
@@ -394,21 +394,28 @@ def test_models_whose_predict_is_not_the_linear_product_keep_their_own() -> None
         def predict(self, X: Any) -> Any:
             return np.clip(super().predict(X), 0, 4)
 
-    clipped = Clipped().fit(X, y)
-    assert linear_predict(clipped, 1) is None
-    assert linear_predict(Ridge().fit(X, y), 1) is None  # a predict of its own
-    assert linear_predict(LogisticRegression().fit(X, y > 4), 1) is None
-    assert linear_predict(make_pipeline(StandardScaler(), LinearRegression()).fit(X, y), 1) is None
+    def paths(model: Any) -> set[str]:
+        return EstimatorPredictor(model, "predict", "m").plan.uses
+
+    assert paths(Clipped().fit(X, y)) == {"own"}
+    assert paths(Ridge().fit(X, y)) == {"own"}  # a predict of its own
+    assert paths(LogisticRegression().fit(X, y > 4)) == {"own"}
     tampered = LinearRegression().fit(X, y)
     tampered.coef_ = tampered.coef_.astype(np.float32)  # not the dtype the product is for
-    assert linear_predict(tampered, 1) is None
+    assert paths(tampered) == {"own"}
+    # A pipeline's last step qualifies, behind its scaler.
+    pipeline = make_pipeline(StandardScaler(), LinearRegression()).fit(X, y)
+    assert paths(pipeline) == {"linear"}
+    predictor = EstimatorPredictor(pipeline, "predict", "m")
+    assert np.array_equal(predictor.predict(X), pipeline.predict(X))
 
 
 def test_a_loaded_linear_model_answers_through_the_product(tmp_path: Path) -> None:
     predictor = load_predictor(make_linear_model(tmp_path / "m"), DEFAULTS)
-    assert predictor._fn.__name__ == "predict"
-    assert predictor._fn is not predictor.model.predict
+    assert isinstance(predictor, EstimatorPredictor)
+    assert predictor.plan.uses == {"linear"}
     out = predictor.predict(np.array([[0.5], [2.0]]))
+    assert predictor.last_path == "linear"
     assert np.allclose(out, [2.0, 5.0], atol=0.05)
 
 

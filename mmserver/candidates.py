@@ -1,0 +1,288 @@
+"""The candidate predict paths of a model's method (runs inside the backend processes).
+
+Each builder returns a function of a batch, or nothing when the model is not one it knows;
+:mod:`mmserver.fastpath` verifies them against the model's own method before any is used:
+
+- :func:`linear_product`: ``X @ coef_ + intercept_`` for scikit-learn's linear regressors;
+- the ``treelite`` path: the model converted by treelite (scikit-learn's forests, extra-trees,
+  gradient boosting, histogram gradient boosting and isolation forest; XGBoost and LightGBM
+  boosters) and run by its GTIL interpreter on one thread. Conversion happens here, in the
+  backend process, at load; nothing is compiled;
+- the ``native`` path: an XGBoost or LightGBM booster's own predict without its wrapper.
+
+A pipeline's last step is looked at, behind the steps before it (a chain of StandardScalers is
+computed directly, as its ``transform`` computes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mmserver.families import LightGBMBooster, XGBoostBooster, reason
+
+LINEAR, TREELITE, NATIVE = "linear", "treelite", "native"
+
+Fn = Callable[[np.ndarray], Any]
+#: (name, fn, treelite model or None) of a model's method.
+Made = list[tuple[str, Fn, Any]]
+
+
+def split_pipeline(model: Any) -> tuple[Any, Any]:
+    """``(steps before the last, last step)`` of a scikit-learn pipeline; ``(None, model)``
+    for anything else."""
+    try:
+        from sklearn.pipeline import Pipeline
+    except ImportError:
+        return None, model
+    if isinstance(model, Pipeline) and len(model.steps) >= 2:
+        last = model.steps[-1][1]
+        if last is not None and last != "passthrough":
+            return model[:-1], last
+    return None, model
+
+
+def candidates(est: Any, method: str, head: Any, rejected: dict[str, str]) -> Made:
+    made: Made = []
+    if method == "predict":
+        product = linear_product(est)
+        if product is not None:
+            made.append((LINEAR, product, None))
+    for name, build in ((NATIVE, _native), (TREELITE, _treelite)):
+        try:
+            built = build(est)
+        except Exception as exc:
+            rejected[name] = f"cannot be built: {reason(exc)}"
+            continue
+        if built is None:
+            continue
+        kind, scores, tl_model = built
+        fn = _finish(est, method, kind, scores)
+        if fn is not None:
+            made.append((name, fn, tl_model))
+    if head is None:
+        return made
+    transform = _scalers(head) or head.transform
+    return [(name, _after(transform, fn), tm) for name, fn, tm in made]
+
+
+def _scalers(head: Any) -> Fn | None:
+    """``head.transform`` when ``head`` is a chain of StandardScalers, computed as their
+    ``transform`` computes it (subtract the mean, divide by the scale) without its per-call
+    checks, which cost several times the arithmetic for a small batch."""
+    try:
+        from sklearn.preprocessing import StandardScaler
+    except ImportError:
+        return None
+    steps = []
+    for _, step in head.steps:
+        if type(step) is not StandardScaler:
+            return None
+        mean = step.mean_ if step.with_mean else None
+        scale = step.scale_ if step.with_std else None
+        steps.append((mean, scale))
+
+    def transform(batch: np.ndarray) -> np.ndarray:
+        out = batch.copy()
+        for mean, scale in steps:
+            if mean is not None:
+                out -= mean
+            if scale is not None:
+                out /= scale
+        return out
+
+    return transform
+
+
+def _after(transform: Fn, fn: Fn) -> Fn:
+    return lambda batch: fn(transform(batch))
+
+
+def _native(est: Any) -> tuple[str, Fn, Any] | None:
+    """A booster's own predict without its wrapper: XGBoost's ``inplace_predict``, LightGBM's
+    ``Booster.predict``."""
+    if isinstance(est, XGBoostBooster) or _is_a(est, "xgboost", "XGBModel"):
+        booster = est.booster if isinstance(est, XGBoostBooster) else est.get_booster()
+        inplace = booster.inplace_predict
+        return "value", lambda batch: inplace(batch), None
+    if _is_a(est, "lightgbm", "LGBMModel"):  # a bare booster's own predict is this already
+        booster = est.booster_
+        run = booster.predict
+        return "value", lambda batch: run(batch, num_threads=1), None
+    return None
+
+
+def _treelite(est: Any) -> tuple[str, Fn, Any] | None:
+    """The model converted to treelite, run by GTIL on one thread."""
+    kind, source = _treelite_source(est)
+    if kind is None:
+        return None
+    import treelite
+
+    if source == "xgboost":
+        booster = est.booster if isinstance(est, XGBoostBooster) else est.get_booster()
+        tl_model = treelite.frontend.from_xgboost(booster)
+    elif source == "lightgbm":
+        booster = est.booster if isinstance(est, LightGBMBooster) else est.booster_
+        tl_model = treelite.frontend.from_lightgbm(booster)
+    else:
+        import treelite.sklearn
+
+        tl_model = treelite.sklearn.import_model(est)
+    run = _gtil(tl_model, margin=kind == "margin")
+    if source == "sklearn-tree":
+        # scikit-learn's trees compare the float32 value of a feature with their threshold.
+        return kind, lambda batch: run(batch.astype(np.float32)), tl_model
+    return kind, run, tl_model
+
+
+def _treelite_source(est: Any) -> tuple[str | None, str]:
+    if isinstance(est, XGBoostBooster) or _is_a(est, "xgboost", "XGBModel"):
+        return "value", "xgboost"
+    if isinstance(est, LightGBMBooster) or _is_a(est, "lightgbm", "LGBMModel"):
+        return "value", "lightgbm"
+    try:
+        from sklearn import ensemble as e
+    except ImportError:
+        return None, ""
+    if isinstance(est, e.HistGradientBoostingClassifier | e.GradientBoostingClassifier):
+        hist = isinstance(est, e.HistGradientBoostingClassifier)
+        return "margin", "sklearn-hist" if hist else "sklearn-tree"
+    if isinstance(est, e.HistGradientBoostingRegressor):
+        return "value", "sklearn-hist"
+    if isinstance(est, e.IsolationForest):
+        return "isolation", "sklearn-tree"
+    if isinstance(est, e.RandomForestRegressor | e.RandomForestClassifier | e.ExtraTreesRegressor
+                  | e.ExtraTreesClassifier | e.GradientBoostingRegressor):
+        return "value", "sklearn-tree"
+    return None, ""
+
+
+def _gtil(tl_model: Any, margin: bool) -> Fn:
+    """GTIL's predict on one thread (a backend process is one core's worth of work). Its
+    configuration is parsed once, not per call, where this treelite version allows it."""
+    import treelite.gtil
+
+    try:
+        from treelite.gtil import gtil as module
+
+        config = module.GTILConfig(nthread=1, predict_type="raw" if margin else "default")
+        impl = module._predict_impl
+        return lambda batch: impl(tl_model, batch, config=config)
+    except (ImportError, AttributeError, TypeError):
+        predict = treelite.gtil.predict
+        return lambda batch: predict(tl_model, batch, nthread=1, pred_margin=margin)
+
+
+def _is_a(est: Any, package: str, base: str) -> bool:
+    return any(
+        cls.__name__ == base and cls.__module__.split(".")[0] == package
+        for cls in type(est).__mro__
+    )
+
+
+def _finish(est: Any, method: str, kind: str, scores: Fn) -> Fn | None:
+    """``method``'s answer from a path's scores: values or class probabilities (``value``),
+    raw margins (``margin``: scikit-learn's gradient boosting classifiers) or isolation depth
+    ratios (``isolation``); ``None`` where the scores do not give that method."""
+    classes = getattr(est, "classes_", None)
+    if kind == "isolation":
+        offset = float(est.offset_)
+
+        def decision(batch: np.ndarray) -> np.ndarray:
+            result: np.ndarray = -np.asarray(scores(batch)).reshape(len(batch)) - offset
+            return result
+
+        if method == "decision_function":
+            return decision
+        if method == "predict":
+            return lambda batch: np.where(decision(batch) < 0, -1, 1)
+        return None
+    if classes is None or not isinstance(classes, np.ndarray) or classes.ndim != 1:
+        return scores if kind == "value" and method == "predict" else None
+    if kind == "value":
+        def proba(batch: np.ndarray) -> np.ndarray:
+            out = np.asarray(scores(batch)).reshape(len(batch), -1)
+            if out.shape[1] == 1 and len(classes) == 2:
+                return np.column_stack((1 - out[:, 0], out[:, 0]))
+            return out
+    else:
+        loss = getattr(est, "_loss", None)
+        if loss is None:
+            return None
+        at_zero = int(not _is_a(est, "sklearn", "HistGradientBoostingClassifier"))
+
+        def margins(batch: np.ndarray) -> np.ndarray:
+            out = np.asarray(scores(batch)).reshape(len(batch), -1)
+            return out.ravel() if out.shape[1] == 1 else out
+
+        if method == "decision_function":
+            return margins
+        if method == "predict":
+            def labels(batch: np.ndarray) -> np.ndarray:
+                raw = margins(batch)
+                encoded = (
+                    ((raw >= 0) if at_zero else (raw > 0)).astype(int) if raw.ndim == 1
+                    else np.argmax(raw, axis=1)
+                )
+                result: np.ndarray = classes.take(encoded)
+                return result
+
+            return labels
+
+        def proba(batch: np.ndarray) -> np.ndarray:
+            result: np.ndarray = loss.predict_proba(margins(batch))
+            return result
+    if method == "predict_proba":
+        return proba
+    if method == "predict":
+        return lambda batch: classes.take(np.argmax(proba(batch), axis=1))
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Linear regressors
+# ------------------------------------------------------------------------------------------------
+
+
+def linear_product(model: Any) -> Fn | None:
+    """``X @ coef_ + intercept_`` for scikit-learn's linear regressors, or ``None``.
+
+    Their ``predict`` checks its input (type, shape, fitted state), then computes that
+    product. The checks take ~50 µs, 40 times the product for a small batch, and every batch
+    reaching a model has been checked already: a C-contiguous 2-D float64 array, finite, with
+    the model's number of columns. So the product is computed directly, for a class that
+    inherits ``predict`` unchanged from scikit-learn's ``LinearModel`` and whose coefficients
+    are a dense float64 array (the caller verifies its answers).
+    """
+    try:
+        from sklearn.linear_model._base import LinearModel, MultiOutputLinearModel
+    except ImportError:  # another layout of scikit-learn: keep its own predict
+        return None
+    cls = type(model)
+    if not (
+        isinstance(model, LinearModel)
+        and cls.predict in (LinearModel.predict, MultiOutputLinearModel.predict)
+        and cls._decision_function is LinearModel._decision_function
+    ):
+        return None
+    coef = getattr(model, "coef_", None)
+    intercept = getattr(model, "intercept_", None)
+    n_features = getattr(model, "n_features_in_", None)
+    if not (isinstance(coef, np.ndarray) and coef.dtype == np.float64 and coef.ndim in (1, 2)):
+        return None
+    if not isinstance(intercept, float | np.ndarray) or not isinstance(n_features, int):
+        return None
+    weights = coef if coef.ndim == 1 else coef.T
+
+    def predict(batch: np.ndarray) -> np.ndarray:
+        if batch.ndim != 2 or batch.shape[1] != n_features or batch.dtype != np.float64:
+            checked: np.ndarray = model.predict(batch)  # the estimator says what is wrong
+            return checked
+        product: np.ndarray = batch @ weights + intercept
+        return product
+
+    return predict
+

@@ -1,0 +1,315 @@
+"""Verified fast predict paths, chosen per model at load (runs inside the backend processes).
+
+A tree ensemble's own ``predict`` is slow for the small batches an online service gets (a
+300-tree random forest takes ~27 ms for one row, most of it per-call overhead). So at load, the
+candidate paths of a model's method are built:
+
+- ``own``: the estimator's own method (always there, and the fallback);
+- ``linear``: ``X @ coef_ + intercept_`` for scikit-learn's linear regressors
+  (:func:`linear_predict`);
+- ``treelite``: the model converted to treelite and run by its GTIL interpreter, in this process
+  (scikit-learn's forests, extra-trees, gradient boosting, histogram gradient boosting and
+  isolation forest; XGBoost and LightGBM boosters), never compiled with a C toolchain;
+- ``native``: an XGBoost or LightGBM booster's own predict, without its wrapper's checks.
+
+For a pipeline whose last step has candidates, the steps before it transform the batch first.
+A candidate is kept only if it gives the own method's answers on probe rows (rows that straddle
+the model's split thresholds, where float32 and float64 comparisons part), for a batch and for
+one row: the same shape and type, and values equal, or within 1e-9 of the largest answer.
+Each kept path is timed for one row and for a full batch, and each batch size goes to the path
+that is fastest at that size (costs taken as linear in the rows between the two). Any failure
+or doubt leaves the own method. :class:`Plan` is the result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mmserver.candidates import LINEAR, NATIVE, TREELITE, Fn, candidates, split_pipeline
+from mmserver.families import reason
+
+OWN = "own"
+#: Every path's name, in the order of preference among equals.
+PATHS = (LINEAR, NATIVE, TREELITE, OWN)
+
+_PROBE_ROWS = 64
+_RELATIVE = 1e-9
+#: Timing repeats: at least 2, at most 7, until this many seconds were spent on one size.
+_TIME_BUDGET_S = 0.02
+
+
+@dataclass
+class Candidate:
+    name: str
+    fn: Fn
+    one_row_s: float | None = None
+    batch_s: float | None = None
+
+    def cost(self, rows: int, batch_rows: int) -> float:
+        one = self.one_row_s or 0.0
+        full = self.batch_s if self.batch_s is not None else one
+        if batch_rows <= 1:
+            return one * rows
+        return one + (full - one) * (rows - 1) / (batch_rows - 1)
+
+
+@dataclass
+class Plan:
+    """Which path each batch size takes. ``routes`` are ``(last_rows, name, fn)`` in rising
+    order of ``last_rows`` (the last one's is ``math.inf``)."""
+
+    routes: list[tuple[float, str, Fn]]
+    batch_rows: int
+    measured: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    convert_s: float = 0.0
+
+    @property
+    def uses(self) -> set[str]:
+        return {name for _, name, _ in self.routes}
+
+    def describe(self) -> dict[str, Any]:
+        """What the describe call shows: the path of each range of batch rows and what every
+        kept path cost at load (ms for one row and for ``batchRows`` rows)."""
+        first = 1
+        ranges = []
+        for last, name, _ in self.routes:
+            ranges.append({
+                "fromRows": first, "toRows": None if last == math.inf else int(last),
+                "path": name,
+            })
+            first = int(last) + 1 if last != math.inf else first
+        return {
+            "routes": ranges,
+            "batchRows": self.batch_rows,
+            "measuredMillis": {
+                name: {"oneRow": _ms(one), "batch": _ms(full)}
+                for name, (one, full) in self.measured.items()
+            },
+            "rejected": dict(self.rejected),
+            "conversionMillis": _ms(self.convert_s),
+        }
+
+    def summary(self) -> str:
+        """One line for the load log."""
+        parts = []
+        first = 1
+        for last, name, _ in self.routes:
+            rows = f"{first}+" if last == math.inf else (
+                f"{first}" if last == first else f"{first}-{int(last)}"
+            )
+            one, full = self.measured.get(name, (None, None))
+            cost = "" if one is None else (
+                f" ({one * 1000:.3f} ms at 1 row, {(full or 0) * 1000:.3f} ms at "
+                f"{self.batch_rows})"
+            )
+            parts.append(f"{rows} rows: {name}{cost}")
+            first = int(last) + 1 if last != math.inf else first
+        own = self.measured.get(OWN)
+        if own is not None and OWN not in self.uses and own[0] is not None:
+            parts.append(
+                f"own {own[0] * 1000:.3f} ms at 1 row, {(own[1] or 0) * 1000:.3f} ms at "
+                f"{self.batch_rows}"
+            )
+        if self.convert_s:
+            parts.append(f"converted in {self.convert_s * 1000:.0f} ms")
+        return "; ".join(parts)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 4)
+
+
+def own_plan(fn: Fn, batch_rows: int, why: str | None = None) -> Plan:
+    return Plan([(math.inf, OWN, fn)], batch_rows, rejected={"all": why} if why else {})
+
+
+def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: int) -> Plan:
+    """Build, verify and time the candidate paths of ``model.<method>`` (``own``); the plan of
+    which one each batch size takes."""
+    started = time.perf_counter()
+    rejected: dict[str, str] = {}
+    head, last = split_pipeline(model)
+    made = candidates(last, method, head, rejected)
+    convert_s = time.perf_counter() - started
+    if not made:
+        return Plan([(math.inf, OWN, own)], batch_rows, rejected=rejected, convert_s=convert_s)
+    probes = _probe_rows(n_features, [t for _, _, t in made], head)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "X does not have valid feature names"
+            want_batch = own(probes)
+            want_row = own(probes[:1])
+    except Exception as exc:
+        return own_plan(own, batch_rows, f"the own {method} fails on probe rows: {reason(exc)}")
+    if not isinstance(want_batch, np.ndarray) or not isinstance(want_row, np.ndarray):
+        return own_plan(own, batch_rows, f"the own {method} does not return an array")
+    kept = [Candidate(OWN, own)]
+    for name, fn, _ in made:
+        fitted = _shaped(fn, want_batch)
+        why = _disagreement(fitted, probes, want_batch) or _disagreement(
+            fitted, probes[:1], want_row
+        )
+        if why is None:
+            kept.append(Candidate(name, fitted))
+        else:
+            rejected[name] = why
+    if len(kept) == 1:
+        return Plan([(math.inf, OWN, own)], batch_rows, rejected=rejected, convert_s=convert_s)
+    if [c.name for c in kept] == [OWN, LINEAR]:
+        # The product is what the own predict computes after its checks: faster at any size,
+        # and not worth the load time of measuring.
+        return Plan([(math.inf, LINEAR, kept[1].fn)], batch_rows, rejected=rejected,
+                    convert_s=convert_s)
+    _time_all(kept, probes, batch_rows)
+    return Plan(
+        _routes(kept, batch_rows), batch_rows,
+        measured={c.name: (c.one_row_s, c.batch_s) for c in kept},
+        rejected=rejected, convert_s=convert_s,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Verifying and timing
+# ------------------------------------------------------------------------------------------------
+
+
+def _shaped(fn: Fn, like: np.ndarray) -> Fn:
+    """``fn`` with its output in the own method's shape and type (per row)."""
+    row_shape = like.shape[1:]
+    dtype = like.dtype
+
+    def shaped(batch: np.ndarray) -> np.ndarray:
+        out = np.asarray(fn(batch))
+        if out.shape[1:] != row_shape:
+            out = out.reshape((len(batch), *row_shape))
+        return out.astype(dtype, copy=False)
+
+    return shaped
+
+
+def _disagreement(fn: Fn, rows: np.ndarray, want: np.ndarray) -> str | None:
+    """Why ``fn(rows)`` is not ``want`` (``None`` when it is)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = np.asarray(fn(rows))
+    except Exception as exc:
+        return f"fails on probe rows: {reason(exc)}"
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"gives {got.dtype}{list(got.shape)} where the own method gives " \
+               f"{want.dtype}{list(want.shape)}"
+    if np.array_equal(got, want):
+        return None
+    if want.dtype.kind != "f":
+        return "gives other answers on probe rows"
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    worst = float(np.max(np.abs(got - want)))
+    if math.isfinite(worst) and worst <= _RELATIVE * scale:
+        return None
+    return f"differs on probe rows by {worst:.3g} (largest answer {scale:.3g})"
+
+
+def _seconds(fn: Fn, rows: np.ndarray) -> float:
+    """The fastest of a few calls (the first call was made when verifying)."""
+    best = math.inf
+    spent = 0.0
+    for repeat in range(7):
+        started = time.perf_counter()
+        fn(rows)
+        took = time.perf_counter() - started
+        best = min(best, took)
+        spent += took
+        if repeat >= 1 and spent > _TIME_BUDGET_S:
+            break
+    return best
+
+
+def _time_all(kept: list[Candidate], probes: np.ndarray, batch_rows: int) -> None:
+    reps = -(-batch_rows // len(probes))
+    full = np.ascontiguousarray(np.tile(probes, (reps, 1))[:batch_rows])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for c in kept:
+            c.one_row_s = _seconds(c.fn, probes[:1])
+            c.batch_s = _seconds(c.fn, full) if batch_rows > 1 else c.one_row_s
+
+
+def _routes(kept: Sequence[Candidate], batch_rows: int) -> list[tuple[float, str, Fn]]:
+    """The fastest path for every number of rows up to a full batch, costs taken as lines
+    through the two measured points; past a full batch (one request may hold many rows), the
+    full batch's path, since nothing was measured there."""
+    order = {name: i for i, name in enumerate(PATHS)}
+    routes: list[tuple[float, str, Fn]] = []
+    for rows in range(1, max(1, batch_rows) + 1):
+        c = min(kept, key=lambda c: (c.cost(rows, batch_rows), order[c.name]))
+        if routes and routes[-1][1] == c.name:
+            routes[-1] = (rows, c.name, c.fn)
+        else:
+            routes.append((rows, c.name, c.fn))
+    _, name, fn = routes[-1]
+    routes[-1] = (math.inf, name, fn)
+    return routes
+
+
+def _probe_rows(n_features: int, tl_models: Sequence[Any], head: Any) -> np.ndarray:
+    """Rows that take many branches of the model's trees: each value sits on, just below or
+    just above one of the split thresholds of its feature (in float64 and in float32), with a
+    few rows of plain random values and extreme ones."""
+    rng = np.random.default_rng(0)
+    rows = rng.normal(0.0, 3.0, (_PROBE_ROWS, n_features))
+    rows[0] = 0.0
+    rows[1] = 1e6
+    rows[2] = -1e6
+    thresholds = _thresholds(tl_models, n_features)
+    for j, values in enumerate(thresholds):
+        if not len(values):
+            continue
+        picks = rng.choice(values, _PROBE_ROWS)
+        as32 = picks.astype(np.float32)
+        nudged = np.stack([
+            picks,
+            np.nextafter(picks, -np.inf),
+            np.nextafter(picks, np.inf),
+            as32.astype(np.float64),
+            np.nextafter(as32, np.float32(np.inf)).astype(np.float64),
+            np.nextafter(as32, np.float32(-np.inf)).astype(np.float64),
+        ])
+        rows[3:, j] = nudged[rng.integers(0, len(nudged), _PROBE_ROWS), np.arange(_PROBE_ROWS)][3:]
+    if head is not None and any(len(v) for v in thresholds):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                back = np.asarray(head.inverse_transform(rows), dtype=np.float64)
+            if back.shape == rows.shape and np.isfinite(back).all():
+                rows = back
+        except Exception:
+            pass  # the steps before cannot be inverted: the random rows stay
+    return np.ascontiguousarray(rows, dtype=np.float64)
+
+
+def _thresholds(tl_models: Sequence[Any], n_features: int) -> list[np.ndarray]:
+    """Per feature, the split thresholds of the first trees of the treelite models."""
+    found: list[list[np.ndarray]] = [[] for _ in range(n_features)]
+    for tm in tl_models:
+        if tm is None:
+            continue
+        try:
+            for tree in range(min(int(tm.num_tree), 64)):
+                accessor = tm.get_tree_accessor(tree)
+                kinds = accessor.get_field("node_type")
+                split = accessor.get_field("split_index")[kinds == 1]
+                values = accessor.get_field("threshold")[kinds == 1].astype(np.float64)
+                for j in np.unique(split):
+                    if 0 <= j < n_features:
+                        found[j].append(values[split == j])
+        except Exception:
+            continue  # another layout of treelite: random rows only
+    return [np.unique(np.concatenate(v)) if v else np.empty(0) for v in found]

@@ -1,0 +1,94 @@
+"""Peers: other model servers measured beside mmserver on the same 1,000 models.
+
+``mlserver``: MLServer 1.7.1 with its scikit-learn runtime, in a virtual environment of its own
+(``~/.cache/mmserver-bench/mlserver-venv``, made on first use with pip: ``mlserver``,
+``mlserver-sklearn``, ``uvloop<0.22`` and this scikit-learn version, so the models load without
+version warnings). Its model repository holds ``sklearn-0`` … ``sklearn-999``, each the reference
+store's ``model.joblib`` (hard links of one file) with a ``model-settings.json`` naming MLServer's
+``SKLearnModel``; ``settings.json`` sets ``parallel_workers`` to 0 (inference in the server's own
+process, its fastest setting for small models on two cores). It loads every model at start and
+is called on the Open Inference Protocol path, ``POST /v2/models/NAME/infer``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import sklearn
+from proctools import HOST, free_port
+
+from benchlib.servers import Server
+
+PEERS = ("mlserver",)
+MLSERVER_VERSION = "1.7.1"
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mmserver-bench"
+
+
+def ensure_mlserver_venv() -> Path:
+    """The ``mlserver`` executable of its own virtual environment, made when missing."""
+    venv = _cache() / "mlserver-venv"
+    exe = venv / "bin" / "mlserver"
+    stamp = venv / ".mmserver-bench"
+    want = f"mlserver=={MLSERVER_VERSION} scikit-learn=={sklearn.__version__}\n"
+    if exe.is_file() and stamp.is_file() and stamp.read_text() == want:
+        return exe
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run(
+        [
+            str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+            "--disable-pip-version-check",
+            f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}",
+            "uvloop<0.22", f"scikit-learn=={sklearn.__version__}",
+        ],
+        check=True,
+        timeout=1800,
+    )
+    stamp.write_text(want)
+    return exe
+
+
+def mlserver_repository(store: Path, root: Path, port: int, count: int = 1000) -> Path:
+    """Write MLServer's repository of ``count`` reference models into ``root``."""
+    root.mkdir(parents=True)
+    with tarfile.open(store / "sklearn-0.tar.gz") as archive:
+        member = next(m for m in archive.getmembers() if m.name.endswith("model.joblib"))
+        source = archive.extractfile(member)
+        assert source is not None
+        model = root / "model.joblib"
+        model.write_bytes(source.read())
+    for i in range(count):
+        folder = root / f"sklearn-{i}"
+        folder.mkdir()
+        os.link(model, folder / "model.joblib")
+        settings = {
+            "name": f"sklearn-{i}",
+            "implementation": "mlserver_sklearn.SKLearnModel",
+            "parameters": {"uri": "./model.joblib"},
+        }
+        (folder / "model-settings.json").write_text(json.dumps(settings))
+    model.unlink()
+    server = {
+        "host": HOST, "http_port": port, "grpc_port": free_port(), "metrics_port": free_port(),
+        "parallel_workers": 0, "debug": False,
+    }
+    (root / "settings.json").write_text(json.dumps(server))
+    return root
+
+
+def mlserver(store: Path, tmp: Path, log: Path) -> Server:
+    """MLServer serving the reference models (started by the caller)."""
+    exe = ensure_mlserver_venv()
+    port = free_port()
+    repository = mlserver_repository(store, tmp / "mlserver-repository", port)
+    return Server(
+        "mlserver", [str(exe), "start", str(repository)], port, log, cwd=tmp,
+        health="/v2/health/ready", api="mlserver",
+    )

@@ -1,0 +1,109 @@
+"""Model families: which file of a folder is the model, ``engine`` and ``option.model_file``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmserver.config import ModelConfig, model_config_from_properties
+from mmserver.errors import ModelLoadError
+from mmserver.families import LIGHTGBM, SKLEARN, XGBOOST, find_model_file
+from mmserver.predictor import EstimatorPredictor, load_predictor
+from tests.models import make_linear_model, tree_models
+
+xgboost = pytest.importorskip("xgboost")
+pytest.importorskip("lightgbm")
+
+DEFAULTS = ModelConfig(max_workers=2)
+
+
+def config_for(props: dict[str, str]) -> ModelConfig:
+    return model_config_from_properties(props, DEFAULTS, "test serving.properties")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    booster = tree_models.xgboost_booster()
+    out = {
+        "json": root / "json", "ubj": root / "ubj", "sagemaker": root / "sagemaker",
+        "lightgbm": root / "lightgbm", "mixed": root / "mixed",
+    }
+    for kind in ("json", "ubj", "sagemaker"):
+        tree_models.write_xgboost(out[kind], booster, kind)
+    tree_models.write_lightgbm(out["lightgbm"], tree_models.lightgbm_booster())
+    # A folder with a pickle and both boosters: the pickle first, unless engine says.
+    make_linear_model(out["mixed"])
+    shutil.copy(out["json"] / "model.json", out["mixed"] / "model.json")
+    shutil.copy(out["lightgbm"] / "model.txt", out["mixed"] / "model.txt")
+    (out["mixed"] / "notes.txt").write_text("not a model\n")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("folder", "props", "family", "file"),
+    [
+        ("json", {}, XGBOOST, "model.json"),
+        ("ubj", {}, XGBOOST, "model.ubj"),
+        ("sagemaker", {}, XGBOOST, "xgboost-model"),
+        ("lightgbm", {}, LIGHTGBM, "model.txt"),
+        ("mixed", {}, SKLEARN, "model.joblib"),
+        ("mixed", {"engine": "XGBoost"}, XGBOOST, "model.json"),
+        ("mixed", {"engine": "lightgbm"}, LIGHTGBM, "model.txt"),
+        ("mixed", {"engine": "Python"}, SKLEARN, "model.joblib"),
+        ("mixed", {"option.model_file": "model.txt"}, LIGHTGBM, "model.txt"),
+        ("mixed", {"option.model_file": "model.json"}, XGBOOST, "model.json"),
+    ],
+)
+def test_the_family_comes_from_the_files_or_the_properties(
+    folders: dict[str, Path], folder: str, props: dict[str, str], family: str, file: str
+) -> None:
+    found = find_model_file(folders[folder], config_for(props))
+    assert found is not None
+    assert (found.family, found.path.name) == (family, file)
+
+
+def test_a_sagemaker_xgboost_model_answers_as_its_booster(folders: dict[str, Path]) -> None:
+    predictor = load_predictor(folders["sagemaker"], DEFAULTS)
+    assert isinstance(predictor, EstimatorPredictor)
+    assert predictor.n_features == tree_models.FEATURES
+    rows = np.random.default_rng(1).normal(size=(5, tree_models.FEATURES))
+    booster = xgboost.Booster()
+    booster.load_model(bytearray((folders["sagemaker"] / "xgboost-model").read_bytes()))
+    assert np.array_equal(predictor.predict(rows), booster.predict(xgboost.DMatrix(rows)))
+    assert predictor.describe()["family"] == XGBOOST
+
+
+def test_bad_model_files_say_what_is_wrong(tmp_path: Path, folders: dict[str, Path]) -> None:
+    with pytest.raises(ModelLoadError, match=r"option.model_file='\.\./x' must be a file inside"):
+        load_predictor(folders["mixed"], config_for({"option.model_file": "../x"}))
+    with pytest.raises(ModelLoadError, match=r"option.model_file='nope.json' does not exist"):
+        load_predictor(folders["mixed"], config_for({"option.model_file": "nope.json"}))
+    with pytest.raises(ModelLoadError, match=r"has no model file \(model.txt or a single"):
+        load_predictor(folders["json"], config_for({"engine": "LightGBM"}))
+    with pytest.raises(
+        ModelLoadError, match=r"notes\.txt cannot be loaded as a lightgbm model: LightGBMError"
+    ):
+        load_predictor(folders["mixed"], config_for({"option.model_file": "notes.txt",
+                                                     "engine": "LightGBM"}))
+    with pytest.raises(
+        ModelLoadError, match=r"has no predict_proba; option\.method must be one of: predict"
+    ):
+        load_predictor(folders["json"], config_for({"option.method": "predict_proba"}))
+
+
+def test_a_missing_package_names_what_to_install(
+    folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lightgbm", None)
+    with pytest.raises(ModelLoadError) as info:
+        load_predictor(folders["lightgbm"], DEFAULTS)
+    assert info.value.message == (
+        "model.txt is a lightgbm model: the lightgbm package is not installed; install it with "
+        "pip install 'mmserver[lightgbm]' (or pip install lightgbm)"
+    )
