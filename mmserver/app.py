@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from mmserver.api import STATE, ApiState, inference, management
+from mmserver.api import STATE, ApiState, inference, management, v2
 from mmserver.api.middleware import check_security, unmatched
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
@@ -25,11 +25,13 @@ __all__ = ["access_log_enabled", "build_app", "check_security"]
 
 
 def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> web.Application:
-    """The application serving every path of DESIGN §8 on one port."""
+    """The application serving every path of DESIGN §8 and the Open Inference Protocol's
+    (§15) on one port."""
     app = web.Application(client_max_size=config.max_request_size)
     app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics)
     app.add_routes(inference.ROUTES)
     app.add_routes(management.ROUTES)
+    app.add_routes(v2.ROUTES)
     app.router.add_route("*", "/{path:.*}", unmatched)  # last: 404 and 405, as JSON errors
     return app
 

@@ -87,13 +87,15 @@ class LoadSpec:
 @dataclass(frozen=True)
 class LoadInfo:
     """What loading a model in a slot reported: the memory one copy of it takes there (0 when
-    it was loaded already), and the CPU seconds of one prediction of a probe row (``None`` when
-    the model could not be probed: a custom handler, or a model that does not say its width)."""
+    it was loaded already), the CPU seconds of one prediction of a probe row (``None`` when
+    the model could not be probed: a custom handler, or a model that does not say its width),
+    and the model's :func:`~mmserver.predictor.signature` (``None`` when loaded already)."""
 
     memory_bytes: int
     probe_seconds: float | None = None
     #: The default handler's family and predict paths (``EstimatorPredictor.describe``).
     paths: dict[str, Any] | None = None
+    signature: dict[str, Any] | None = None
 
 
 #: A batch's answers (one per request), the CPU and wall seconds they took, the rows
@@ -121,7 +123,7 @@ class _Models:
         self._long: set[str] = set()  # models whose last batch was long
 
     def load(self, spec: LoadSpec) -> LoadInfo:
-        from mmserver.predictor import load_predictor  # imported where predictions run
+        from mmserver.predictor import load_predictor, signature  # imported where they run
 
         existing = self.predictors.get(spec.key)
         if existing is not None:
@@ -133,7 +135,10 @@ class _Models:
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
         describe = getattr(predictor, "describe", None)
-        return LoadInfo(memory, self._probe(predictor), describe() if describe else None)
+        return LoadInfo(
+            memory, self._probe(predictor), describe() if describe else None,
+            signature(predictor),
+        )
 
     def _probe(self, predictor: Any) -> float | None:
         """CPU seconds of predicting one row of zeros (the second of two calls: the first pays
@@ -162,10 +167,10 @@ class _Models:
             raise errors.BackendDied(f"model {name} is not loaded in this backend")
         rows = 0
 
-        def predict(batch: np.ndarray) -> Any:
+        def predict(batch: np.ndarray, output: str | None = None) -> Any:
             nonlocal rows
             rows += len(batch)
-            return predictor.predict(batch)
+            return predictor.predict(batch) if output is None else predictor.output(output, batch)
 
         # The CPU clock costs a system call, twice a batch: it is read for the models whose
         # last batch was long; a short batch's CPU time is taken as its wall time.
@@ -173,7 +178,9 @@ class _Models:
         cpu = self._clock() if timed else 0.0
         started = time.perf_counter()
         try:
-            answers = answer_batch(requests, predict, predictor.n_features, name)
+            answers = answer_batch(
+                requests, predict, predictor.n_features, name, predictor.outputs
+            )
         except errors.MMServerError:
             raise
         except Exception as exc:

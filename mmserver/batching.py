@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from mmserver import errors
 from mmserver.codecs import Request, decode_as, encode_as
+from mmserver.v2codec import decode_v2, encode_v2, is_v2
 
 #: One request's answer from :func:`answer_batch`: the encoded body, or the name of an
 #: :class:`~mmserver.errors.MMServerError` class and its message.
@@ -128,21 +129,35 @@ def partition_live(batch: Sequence[Job], now: float) -> list[Job]:
     return live
 
 
+class Predict(Protocol):
+    """The model of a batch: ``predict(rows)`` answers one output per row; with ``output``,
+    one of the outputs the model names (:attr:`mmserver.predictor.Predictor.outputs`)."""
+
+    def __call__(self, batch: np.ndarray, output: str | None = None, /) -> Any: ...
+
+
 def answer_batch(
     requests: Sequence[Request],
-    predict: Callable[[np.ndarray], Any],
+    predict: Predict,
     n_features: int | None,
     name: str,
+    output_names: Sequence[str] = ("predict",),
 ) -> list[Answer]:
     """Decode each request, predict every valid row in one call, and encode each answer.
 
     A request that does not decode, or whose rows do not have ``n_features`` values, is answered
     with its error and left out of the call. When the model does not say how many features it
-    takes, requests of different widths go to it in one call per width. An exception from
-    ``predict``, or outputs that do not match the rows, is the whole batch's and is raised."""
+    takes, requests of different widths go to it in one call per width. V2 requests go in calls
+    of their own (:func:`answer_v2`); ``output_names`` are the outputs they may ask for, the
+    first being what ``predict(rows)`` answers. An exception from ``predict``, or outputs that
+    do not match the rows, is the whole batch's and is raised."""
     answers: list[Answer] = [b""] * len(requests)
     groups: dict[int, list[tuple[int, np.ndarray]]] = {}
+    v2: list[int] = []
     for i, (body, kind, _) in enumerate(requests):
+        if is_v2(kind):
+            v2.append(i)
+            continue
         try:
             rows = decode_as(body, kind)
             if n_features is not None and rows.shape[1] != n_features:
@@ -159,7 +174,48 @@ def answer_batch(
                 answers[i] = encode_as(piece, requests[i][2])
             except errors.MMServerError as exc:
                 answers[i] = (type(exc).__name__, exc.message)
+    if v2:
+        answer_v2(requests, v2, answers, predict, n_features, name, output_names)
     return answers
+
+
+def answer_v2(
+    requests: Sequence[Request],
+    indices: Sequence[int],
+    answers: list[Answer],
+    predict: Predict,
+    n_features: int | None,
+    name: str,
+    output_names: Sequence[str],
+) -> None:
+    """Answer the V2 requests at ``indices`` of ``requests`` (in ``answers``): one call per
+    output asked for (and per width, when the model does not say its own), the rows of every
+    request asking for it together."""
+    decoded = {}
+    groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}
+    for i in indices:
+        body, kind, _ = requests[i]
+        try:
+            request = decode_v2(body, kind, output_names)
+            width = request.rows.shape[1]
+            if n_features is not None and width != n_features:
+                raise feature_error(name, n_features, width)
+        except errors.MMServerError as exc:
+            answers[i] = (type(exc).__name__, exc.message)
+            continue
+        decoded[i] = (request, dict[str, Any]())
+        for output in request.outputs:
+            groups.setdefault((output, width), []).append((i, request.rows))
+    for (output, _), group in groups.items():
+        merged = merge([rows for _, rows in group])
+        results = predict(merged) if output == output_names[0] else predict(merged, output)
+        for (i, _), piece in zip(group, split(results, [len(r) for _, r in group]), strict=True):
+            decoded[i][1][output] = piece
+    for i, (request, results) in decoded.items():
+        try:
+            answers[i] = encode_v2(request, results, name)
+        except errors.MMServerError as exc:
+            answers[i] = (type(exc).__name__, exc.message)
 
 
 def feature_error(name: str, expected: int, got: int) -> errors.InvalidInput:

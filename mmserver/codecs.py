@@ -104,7 +104,7 @@ def _decode_json(body: bytes) -> np.ndarray:
                 f"the request body is empty; expected JSON: {_SHAPE_HINT}"
             ) from None
         raise InvalidInput(
-            f"the body is not valid JSON ({_short(exc)}); expected {_SHAPE_HINT}"
+            f"the body is not valid JSON ({short(exc)}); expected {_SHAPE_HINT}"
         ) from None
     if isinstance(data, dict):
         for key in ("inputs", "instances"):
@@ -116,7 +116,7 @@ def _decode_json(body: bytes) -> np.ndarray:
                 "a JSON object body needs an 'inputs' or 'instances' member holding " + _SHAPE_HINT
             )
     if not isinstance(data, list):
-        raise InvalidInput(f"expected {_SHAPE_HINT}, got a JSON {_json_kind(data)}")
+        raise InvalidInput(f"expected {_SHAPE_HINT}, got a JSON {json_kind(data)}")
     # Fast path: numpy infers the shape and dtype in C. It turns JSON booleans into numbers
     # silently, so a body that may hold one is checked value by value first.
     if b"true" in body or b"false" in body:
@@ -143,7 +143,7 @@ def _check_json_rows(data: list[Any]) -> None:
         for i, row in enumerate(data):
             if not isinstance(row, list):
                 raise InvalidInput(
-                    f"row {i} is a JSON {_json_kind(row)}; expected every row to be a list "
+                    f"row {i} is a JSON {json_kind(row)}; expected every row to be a list "
                     "of numbers"
                 )
             if len(row) != width:
@@ -161,7 +161,7 @@ def _check_json_rows(data: list[Any]) -> None:
 def _check_number(value: Any, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(
-            f"value at {where} is a JSON {_json_kind(value)} ({_preview(value)}); expected a number"
+            f"value at {where} is a JSON {json_kind(value)} ({preview(value)}); expected a number"
         )
 
 
@@ -197,7 +197,7 @@ def _decode_csv(body: bytes) -> np.ndarray:
                     float(cell)
                 except ValueError:
                     raise InvalidInput(
-                        f"CSV value {_preview(cell)} at line {i + 1}, column {j + 1} is not a "
+                        f"CSV value {preview(cell)} at line {i + 1}, column {j + 1} is not a "
                         "number; expected numbers only, with no header line"
                     ) from None
         raise InvalidInput("expected CSV of numbers, one row per line") from None
@@ -233,7 +233,7 @@ def _decode_npy(body: bytes) -> np.ndarray:
     except InvalidInput:
         raise
     except Exception as exc:  # numpy's header parser raises many types on untrusted input
-        raise InvalidInput(f"the .npy header is invalid ({_short(exc)})") from None
+        raise InvalidInput(f"the .npy header is invalid ({short(exc)})") from None
     if dtype.hasobject or dtype.kind not in "iuf":
         raise InvalidInput(f".npy array has dtype {dtype.str!r}; expected integers or floats")
     # numpy's header parser takes any integers as the shape; reshape would read a negative one
@@ -254,7 +254,7 @@ def _decode_npy(body: bytes) -> np.ndarray:
             np.float64, order="C"
         )
     except ValueError as exc:  # an empty array whose other dimensions overflow numpy's index
-        raise InvalidInput(f".npy array of shape {shape} cannot be made ({_short(exc)})") from None
+        raise InvalidInput(f".npy array of shape {shape} cannot be made ({short(exc)})") from None
     return _as_rows(array)
 
 
@@ -270,17 +270,23 @@ def _as_rows(array: np.ndarray) -> np.ndarray:
         raise InvalidInput(f"the input has no values (shape {array.shape}); expected {_SHAPE_HINT}")
     if array.dtype != np.float64 or not array.flags.c_contiguous:
         array = np.ascontiguousarray(array, dtype=np.float64)
+    check_finite(array)
+    return array
+
+
+def check_finite(array: np.ndarray, where: str = "") -> None:
+    """Raise :class:`InvalidInput` naming the first NaN or infinity of the 2-D ``array`` (its
+    message starts with ``where``)."""
     finite = np.isfinite(array)
     if not finite.all():
         i, j = np.argwhere(~finite)[0]
         raise InvalidInput(
-            f"value {float(array[i, j])!r} at row {i}, column {j} is not finite; "
+            f"{where}value {float(array[i, j])!r} at row {i}, column {j} is not finite; "
             "expected finite numbers (no NaN or infinity)"
         )
-    return array
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -294,12 +300,12 @@ def _json_kind(value: Any) -> str:
     return "object"
 
 
-def _preview(value: Any, limit: int = 40) -> str:
+def preview(value: Any, limit: int = 40) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _short(exc: BaseException, limit: int = 120) -> str:
+def short(exc: BaseException, limit: int = 120) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

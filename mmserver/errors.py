@@ -10,6 +10,7 @@ in one place; nothing else picks status codes.
     MMServerError                       500 InternalFailure
     ├── InvalidInput                    400 ValidationError   bad body, features, name
     │   └── InvalidModelName            400 ValidationError
+    ├── ModelNotReady                   400 ValidationError   V2 model ready: not loaded
     ├── ModelNotFound                   404 ValidationError
     ├── NotFound                        404 ValidationError   unknown path
     ├── MethodNotAllowed                405
@@ -62,6 +63,14 @@ class InvalidInput(MMServerError):
 
 class InvalidModelName(InvalidInput):
     error_type = "InvalidModelName"
+
+
+class ModelNotReady(MMServerError):
+    """The Open Inference Protocol's model readiness: the model exists but is not loaded."""
+
+    status_code = 400
+    error_type = "ModelNotReady"
+    amzn_error_type = "ValidationError"
 
 
 class ModelNotFound(MMServerError):

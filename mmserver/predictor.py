@@ -42,16 +42,22 @@ _IMPORT_LOCK = threading.Lock()
 
 
 class Predictor(Protocol):
-    """A loaded model. ``predict`` takes a 2-D float64 batch and returns one output per row."""
+    """A loaded model. ``predict`` takes a 2-D float64 batch and returns one output per row.
+
+    ``outputs`` names what the model can answer, ``predict``'s answer first; ``output`` answers
+    the batch with one of them (the V2 API's requested outputs)."""
 
     n_features: int | None
+    outputs: tuple[str, ...]
 
     def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]: ...
+
+    def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]: ...
 
 
 def _n_features(model: Any) -> int | None:
     """``n_features_in_`` of the estimator, or of a pipeline's first step."""
-    for candidate in (model, _first_step(model)):
+    for candidate in (model, _step(model, 0)):
         if candidate is None:
             continue
         try:
@@ -63,10 +69,16 @@ def _n_features(model: Any) -> int | None:
     return None
 
 
-def _first_step(model: Any) -> Any:
+def _step(model: Any, index: int) -> Any:
+    """The estimator of a pipeline's step ``index`` (``None`` if ``model`` is no pipeline)."""
     steps = getattr(model, "steps", None)
-    if isinstance(steps, list) and steps and isinstance(steps[0], tuple) and len(steps[0]) == 2:
-        return steps[0][1]
+    if (
+        isinstance(steps, list)
+        and steps
+        and isinstance(steps[index], tuple)
+        and len(steps[index]) == 2
+    ):
+        return steps[index][1]
     return None
 
 
@@ -117,6 +129,12 @@ class EstimatorPredictor:
         self.method = method
         self.family = family
         self.n_features: int | None = _n_features(model)
+        others = [m for m in METHODS if m != method and callable(getattr(model, m, None))]
+        self.outputs: tuple[str, ...] = (method, *others)
+        final = _step(model, -1)
+        self.output_facts = [
+            _output_facts(model if final is None else final, m) for m in self.outputs
+        ]
         if not fast_path:
             self.plan = own_plan(fn, batch_rows, "option.fast_path=false")
         elif self.n_features is None:
@@ -129,8 +147,10 @@ class EstimatorPredictor:
             return
         # The chosen paths hold what they need (a converted model, a booster); the model object
         # (the estimator's own copy of its trees) can go, and the heap it leaves back to the
-        # system, so that the load's measured memory is what the model keeps.
+        # system, so that the load's measured memory is what the model keeps. Its other
+        # methods go with it: the model answers one output, ``method``'s.
         self.model = None
+        self.outputs, self.output_facts = (method,), self.output_facts[:1]
         _release_freed_memory()
 
     def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
@@ -145,6 +165,12 @@ class EstimatorPredictor:
         return {"family": self.family, "method": self.method, **self.plan.describe(),
                 "summary": self.plan.summary()}
 
+    def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]:
+        """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``."""
+        if name == self.method:
+            return self.predict(batch)
+        return _check_rows(getattr(self.model, name)(batch), batch)
+
 
 def _release_freed_memory() -> None:
     """glibc keeps freed small blocks (a tree's arrays are ~100 KB each) for reuse; give them
@@ -158,6 +184,8 @@ def _release_freed_memory() -> None:
 class CustomPredictor:
     """A handler from the model's own ``model.py``: ``predict(model, batch) -> rows``."""
 
+    outputs: tuple[str, ...] = ("predict",)
+
     def __init__(self, model: Any, fn: Callable[[Any, np.ndarray], Any]) -> None:
         self.model = model
         self.n_features: int | None = _n_features(model) if model is not None else None
@@ -165,6 +193,60 @@ class CustomPredictor:
 
     def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
         return _check_rows(self._fn(self.model, batch), batch)
+
+    def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]:
+        return self.predict(batch)
+
+
+def signature(predictor: Predictor) -> dict[str, Any]:
+    """What clients can know of a model without calling it: ``platform`` (the model's family:
+    ``sklearn``, ``xgboost``, ``lightgbm``; ``python`` for a custom handler), ``n_features`` (or
+    ``None``), and ``outputs``: per output its ``name``, the NumPy ``dtype`` string of its values
+    and its ``shape`` (-1 where unknown), from the estimator's fitted attributes at load; a
+    custom handler's output is listed by name only (``dtype`` and ``shape`` ``None``)."""
+    if not isinstance(predictor, EstimatorPredictor):
+        outputs = [{"name": name, "dtype": None, "shape": None} for name in predictor.outputs]
+        return {"platform": "python", "n_features": predictor.n_features, "outputs": outputs}
+    return {
+        "platform": predictor.family,
+        "n_features": predictor.n_features,
+        "outputs": predictor.output_facts,
+    }
+
+
+def _output_facts(estimator: Any, method: str) -> dict[str, Any]:
+    try:
+        return _facts(estimator, method)
+    except Exception:  # a fitted attribute of a foreign estimator may raise anything
+        return {"name": method, "dtype": None, "shape": None}
+
+
+def _facts(estimator: Any, method: str) -> dict[str, Any]:
+    """The dtype and shape of ``method``'s answer, from fitted attributes (no call)."""
+    classes = getattr(estimator, "classes_", None)
+    n_classes = len(classes) if isinstance(classes, np.ndarray) and classes.ndim == 1 else None
+    dtype, shape = "<f8", [-1, -1]
+    if method == "predict":
+        if n_classes is not None and classes is not None:
+            dtype, shape = classes.dtype.str, [-1]
+        else:
+            shape = [-1, width] if (width := _regression_width(estimator)) > 1 else [-1]
+    elif method == "predict_proba" and n_classes is not None:
+        shape = [-1, n_classes]
+    elif method == "decision_function" and n_classes is not None:
+        shape = [-1] if n_classes == 2 else [-1, n_classes]
+    return {"name": method, "dtype": dtype, "shape": shape}
+
+
+def _regression_width(estimator: Any) -> int:
+    """How many values a regressor predicts per row (1 unless it says more)."""
+    outputs = getattr(estimator, "n_outputs_", None)
+    if isinstance(outputs, int | np.integer) and not isinstance(outputs, bool):
+        return int(outputs)
+    coef = getattr(estimator, "coef_", None)
+    if isinstance(coef, np.ndarray) and coef.ndim == 2:
+        return int(coef.shape[0])
+    return 1
 
 
 def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:

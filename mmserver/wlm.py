@@ -97,6 +97,7 @@ class WorkLoadManager:
         self._sources: dict[str, str] = {}  # where each loaded model came from, for users
         self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
         self._holds: dict[str, float] = {}  # seconds a batch holds a backend, likewise
+        self._signatures: dict[str, dict[str, Any] | None] = {}  # of loaded models only
         self._reserved_bytes = 0
         self._reserved_count = 0
         #: Set when room may have been made: a load ended or a loaded model went idle.
@@ -337,6 +338,7 @@ class WorkLoadManager:
 
     def _on_first_load(self, pool: ModelPool, info: LoadInfo) -> None:
         self._measured[pool.name] = pool.copy_bytes
+        self._signatures[pool.name] = info.signature
 
     def _used_bytes(self) -> int:
         return sum(p.memory_bytes or self._measured.get(p.name, 0) for p in self._ready.values())
@@ -398,6 +400,7 @@ class WorkLoadManager:
         if pool.cost.hold is not None:
             self._holds[name] = pool.cost.hold
         self.metrics.forget_model(name)
+        self._signatures.pop(name, None)
         log.info("model %s unloaded: %s (%d loaded)", name, reason, len(self._ready))
 
     # Management -------------------------------------------------------------------------------
@@ -412,6 +415,17 @@ class WorkLoadManager:
         if name in self._failures:
             return ModelStatus.FAILED
         return ModelStatus.UNLOADED
+
+    def failure(self, name: str) -> str | None:
+        """Why the last load of ``name`` failed, while it counts as failed."""
+        failure = self._failures.get(name)
+        return failure.error.message if failure is not None else None
+
+    def signature(self, name: str) -> dict[str, Any] | None:
+        """What the load of model ``name`` told of it (:func:`mmserver.predictor.signature`);
+        ``None`` while it is not loaded into a backend (a model with ``minWorkers=0`` is
+        loaded there on its first request)."""
+        return self._signatures.get(name)
 
     async def list_models(self) -> list[dict[str, str]]:
         """Every model of the store and every registered one, sorted by name (the store is
@@ -492,6 +506,12 @@ class WorkLoadManager:
             self._forget(name)
             raise
         return name
+
+    async def load(self, name: str) -> None:
+        """Load a model of the store, or a registered one, now (management: no room is 507)."""
+        if not self.accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        await self._get_pool(name, management=True)
 
     async def _register_in_background(self, name: str) -> None:
         try:

@@ -3,6 +3,8 @@
 One request: read the body (bounded), check its content type, hand it to the WorkLoadManager, and
 send back the answer's body. The body is decoded, and the answer encoded, in the model's backend
 process (:func:`mmserver.batching.answer_batch`): the event loop only moves bytes.
+:func:`inference_handler` makes that handler for a protocol; the Open Inference Protocol's
+(:mod:`mmserver.api.v2`) is made by it too.
 
 Metrics: ``mmserver_requests_total{model,code}`` and ``mmserver_request_seconds{model}`` carry the
 model's name only once the WorkLoadManager has resolved the request to a model; a request that
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from aiohttp import hdrs, web
+from multidict import CIMultiDictProxy
 
 from mmserver.api import STATE, read_body
-from mmserver.api.middleware import answer_error, answer_unexpected
-from mmserver.codecs import make_request, response_type
+from mmserver.api.middleware import Handler, answer_error, answer_unexpected
+from mmserver.codecs import Request, make_request, response_type
 from mmserver.errors import (
     InvalidInput,
     InvalidModelName,
@@ -50,63 +54,94 @@ async def ping(request: web.Request) -> web.Response:
     return web.Response(status=503, body=_UNHEALTHY, content_type="application/json")
 
 
-async def infer(request: web.Request) -> web.Response:
-    """The four inference paths: ``POST /predictions/{model}`` (DJL), ``/models/{model}/invoke``
-    (SageMaker multi-model container), ``/invocations`` and ``/endpoints/{endpoint}/invocations``
-    (SageMaker, boto3).
+#: Where a protocol finds the model's name in a request (raising when it is missing), how it
+#: makes the :data:`~mmserver.codecs.Request` from the body and headers (checking only the
+#: headers), and how it answers with the body the model's backend encoded.
+ModelOf = Callable[[web.Request], str]
+MakeJob = Callable[[bytes, CIMultiDictProxy[str]], Request]
+Respond = Callable[[bytes, Request], web.Response]
 
-    On the last two the model comes from the ``X-Amzn-SageMaker-Target-Model`` header (boto3's
-    ``TargetModel``) or the ``model_name`` query parameter; the endpoint name is not used.
 
-    One handler, with no coroutine under it for a loaded model: this runs for every request."""
-    state = request.app[STATE]
-    start = time.perf_counter()
-    pool: ModelPool | None = None
-    pool_name = UNRESOLVED  # the label of a request that has no pool
-    code = 500
-    try:
-        headers = request.headers
-        name = (
-            request.match_info.get("model")
-            or headers.get(TARGET_MODEL)
-            or request.query.get("model_name")
-        )
-        if not name:
-            raise InvalidInput(
-                f"missing target model: set the {TARGET_MODEL} header (boto3: TargetModel=...) "
-                "or the model_name query parameter"
+def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) -> Handler:
+    """The handler of one protocol's inference paths: read the body (bounded), make the job,
+    find the model's pool (loading it if needed), queue the job, and answer.
+
+    One coroutine, with no coroutine under it for a loaded model: this runs for every request.
+    Errors are answered here, in the request's protocol (:func:`answer_error`)."""
+
+    async def infer(request: web.Request) -> web.Response:
+        state = request.app[STATE]
+        start = time.perf_counter()
+        pool: ModelPool | None = None
+        pool_name = UNRESOLVED  # the label of a request that has no pool
+        code = 500
+        try:
+            name = model_of(request)
+            body = await read_body(request, state.config.max_request_size)
+            job = make_job(body, request.headers)
+            wlm = state.wlm
+            pool = wlm.ready_pool(name)
+            if pool is None:
+                try:
+                    pool = await wlm.ensure_pool(name)
+                except MMServerError as error:
+                    if not isinstance(error, _UNRESOLVED_ERRORS):
+                        pool_name = _label(name)  # e.g. a model that failed to load
+                    raise
+            transport = request.transport
+            answer = await wlm.enqueue(
+                pool, job, client_gone=transport.is_closing if transport is not None else None
             )
-        body = await read_body(request, state.config.max_request_size)
-        job = make_request(body, headers.get(hdrs.CONTENT_TYPE), headers.get(hdrs.ACCEPT))
-        wlm = state.wlm
-        pool = wlm.ready_pool(name)
-        if pool is None:
-            try:
-                pool = await wlm.ensure_pool(name)
-            except MMServerError as error:
-                if not isinstance(error, _UNRESOLVED_ERRORS):
-                    pool_name = _label(name)  # e.g. a model that failed to load
-                raise
-        transport = request.transport
-        answer = await wlm.enqueue(
-            pool, job, client_gone=transport.is_closing if transport is not None else None
+            code = 200
+            pool.m_answered.inc()
+            pool.m_request_seconds.observe(time.perf_counter() - start)
+            return respond(answer, job)
+        except MMServerError as error:
+            code = error.status_code
+            return answer_error(request, error)
+        except asyncio.CancelledError:
+            code = 0  # the server is stopping or the client left: no answer, nothing to count
+            raise
+        except Exception:
+            return answer_unexpected(request)
+        finally:
+            if code != 200 and code:
+                label = pool.name if pool is not None else pool_name
+                state.observe_request(label, code, time.perf_counter() - start)
+
+    return infer
+
+
+def _target_model(request: web.Request) -> str:
+    """DJL and SageMaker: the model of ``/predictions/{model}`` and ``/models/{model}/invoke``;
+    on ``/invocations`` and ``/endpoints/{endpoint}/invocations``, the
+    ``X-Amzn-SageMaker-Target-Model`` header (boto3's ``TargetModel``) or the ``model_name``
+    query parameter (the endpoint name is not used)."""
+    name = (
+        request.match_info.get("model")
+        or request.headers.get(TARGET_MODEL)
+        or request.query.get("model_name")
+    )
+    if not name:
+        raise InvalidInput(
+            f"missing target model: set the {TARGET_MODEL} header (boto3: TargetModel=...) "
+            "or the model_name query parameter"
         )
-        code = 200
-        pool.m_answered.inc()
-        pool.m_request_seconds.observe(time.perf_counter() - start)
-        return web.Response(body=answer, headers={hdrs.CONTENT_TYPE: response_type(job[2])})
-    except MMServerError as error:
-        code = error.status_code
-        return answer_error(request, error)
-    except asyncio.CancelledError:
-        code = 0  # the server is stopping or the client left: no answer, nothing to count
-        raise
-    except Exception:
-        return answer_unexpected(request)
-    finally:
-        if code != 200 and code:
-            label = pool.name if pool is not None else pool_name
-            state.observe_request(label, code, time.perf_counter() - start)
+    return name
+
+
+def _make_job(body: bytes, headers: CIMultiDictProxy[str]) -> Request:
+    return make_request(body, headers.get(hdrs.CONTENT_TYPE), headers.get(hdrs.ACCEPT))
+
+
+def _respond(answer: bytes, job: Request) -> web.Response:
+    return web.Response(body=answer, headers={hdrs.CONTENT_TYPE: response_type(job[2])})
+
+
+#: The four inference paths of DJL and SageMaker: ``POST /predictions/{model}`` (DJL),
+#: ``/models/{model}/invoke`` (SageMaker multi-model container), ``/invocations`` and
+#: ``/endpoints/{endpoint}/invocations`` (SageMaker, boto3).
+infer = inference_handler(_target_model, _make_job, _respond)
 
 
 def _label(name: str) -> str:

@@ -77,7 +77,7 @@ async def describe_model(request: web.Request) -> web.Response:
 async def register_model(request: web.Request) -> web.Response:
     """``POST /models``: register (and by default load) a model; 200, or 202 if asynchronous."""
     authorize(request)
-    params = await _params(request)
+    params = await request_params(request)
     url = params.get("url")
     if not isinstance(url, str) or not url:
         raise InvalidInput("parameter 'url' is required: the model's folder or archive")
@@ -87,7 +87,7 @@ async def register_model(request: web.Request) -> web.Response:
             raise InvalidInput("parameter 'model_name' must be a string")
         name = normalize_name(name)
     overrides = _overrides(params, _REGISTER_PARAMS)
-    synchronous = _bool(params, "synchronous", default=True)
+    synchronous = bool_param(params, "synchronous", default=True)
     try:
         model = await request.app[STATE].wlm.register(
             url=url, name=name, overrides=overrides, synchronous=synchronous
@@ -103,7 +103,7 @@ async def rescale_model(request: web.Request) -> web.Response:
     """``PUT /models/{model}``: change workers and batching of a model live."""
     authorize(request)
     name = normalize_name(request.match_info["model"])
-    overrides = _overrides(await _params(request), _RESCALE_PARAMS)
+    overrides = _overrides(await request_params(request), _RESCALE_PARAMS)
     try:
         await request.app[STATE].wlm.rescale(name, overrides)
     except ConfigError as error:
@@ -132,7 +132,7 @@ async def metrics(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------------------------------------
 
 
-async def _params(request: web.Request) -> dict[str, Any]:
+async def request_params(request: web.Request) -> dict[str, Any]:
     """The query parameters, updated with those of a JSON or form body."""
     params: dict[str, Any] = dict(request.query)
     body = await read_body(request, request.app[STATE].config.max_request_size)
@@ -177,7 +177,7 @@ def _int(params: Mapping[str, Any], name: str) -> int:
     raise InvalidInput(f"parameter {name} must be an integer, got {_shown(value)}")
 
 
-def _bool(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
+def bool_param(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
     if name not in params:
         return default
     value = params[name]

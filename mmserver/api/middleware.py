@@ -1,6 +1,7 @@
 """Errors become HTTP responses here and nowhere else; and the management API's access rule.
 
-Every error answer has the JSON body ``{"code", "type", "message"}``, the status and headers its
+Every error answer has the JSON body ``{"code", "type", "message"}`` (on the Open Inference
+Protocol's paths, under ``/v2``, the protocol's ``{"error": message}``), the status and headers its
 :class:`~mmserver.errors.MMServerError` asks for, and an ``X-Request-Id`` header whose value also
 ends the message, so a client's report can be matched with the server's log line. On the SageMaker
 paths (``/invocations``, ``/endpoints/{endpoint}/invocations``, ``/models/{model}/invoke``) the
@@ -14,7 +15,8 @@ and a wrapper to every request, inference included): :func:`answers_errors` wrap
 handlers, the inference handler calls :func:`answer_error` itself, and :func:`unmatched`, the
 last route, answers any path or method no other route takes (404, or 405 with ``Allow``).
 
-Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``) pass
+Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``, and the V2
+repository's ``load`` and ``unload``) pass
 :func:`authorize`: when a ``management_token`` is configured, they need
 ``Authorization: Bearer <token>``; without one they are open only on a loopback address, or with
 ``insecure_management``. :func:`check_security` refuses to start a server that would expose them.
@@ -131,7 +133,7 @@ async def unmatched(request: web.Request) -> web.StreamResponse:
     raise NotFound(
         f"no such path: {request.method} {path}. The paths are /ping, /predictions/{{model}}, "
         "/invocations, /endpoints/{endpoint}/invocations, /models, /models/{model}, "
-        "/models/{model}/invoke and /metrics"
+        "/models/{model}/invoke, /metrics, and the Open Inference Protocol's under /v2"
     )
 
 
@@ -145,8 +147,13 @@ def error_response(
     """The HTTP answer for ``error`` to ``request``."""
     if request_id is None:
         request_id = request.app[STATE].request_ids.next()
-    body = error.to_dict()
-    body["message"] = f"{error.message} (request id {request_id})"
+    message = f"{error.message} (request id {request_id})"
+    body: dict[str, object]
+    if is_v2_request(request):
+        body = {"error": message}
+    else:
+        body = error.to_dict()
+        body["message"] = message
     headers = {REQUEST_ID: request_id}
     if extra_headers:
         headers.update(extra_headers)
@@ -165,6 +172,13 @@ def is_sagemaker_request(request: web.Request) -> bool:
     """Whether ``request`` was routed to one of the SageMaker inference paths."""
     resource = request.match_info.route.resource
     return resource is not None and resource.canonical in SAGEMAKER_PATHS
+
+
+def is_v2_request(request: web.Request) -> bool:
+    """Whether ``request`` is one of the Open Inference Protocol's (its path is under ``/v2``):
+    its errors have the protocol's body, ``{"error": message}``."""
+    path = request.path
+    return path.startswith("/v2/") or path == "/v2"
 
 
 def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
@@ -204,7 +218,8 @@ def check_security(config: ServerConfig) -> None:
         raise ConfigError(
             f"refusing to serve on {config.host}: a non-loopback address needs a management "
             "token (--management-token or MMSERVER_MANAGEMENT_TOKEN) for POST, PUT and DELETE "
-            "on /models; pass --insecure-management to serve it without one"
+            "on /models and the /v2/repository load and unload calls; pass "
+            "--insecure-management to serve it without one"
         )
 
 

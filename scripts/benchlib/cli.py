@@ -84,9 +84,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api",
-        choices=("djl", "sagemaker"),
+        choices=("djl", "sagemaker", "v2"),
         default="djl",
-        help="inference path: /predictions/NAME or /invocations (djl)",
+        help="inference path of the wrk loads: /predictions/NAME, /invocations or "
+        "/v2/models/NAME/infer (djl)",
     )
     parser.add_argument(
         "--quiet-wait",

@@ -1,4 +1,5 @@
-"""The HTTP floor: a bare aiohttp server on uvloop answering ``{"predictions": [2.0]}``.
+"""The HTTP floor: a bare aiohttp server on uvloop answering ``{"predictions": [2.0]}`` (and a
+fixed V2 answer on ``/v2/models/{model}/infer``).
 
 It serves mmserver's inference paths and reads each request's body, but decodes nothing and runs
 no model: the most any server built on aiohttp and uvloop can answer on this machine.
@@ -16,11 +17,20 @@ import uvloop
 from aiohttp import web
 
 ANSWER = b'{"predictions": [2.0]}'
+V2_ANSWER = (
+    b'{"model_name": "m", "model_version": "1", "outputs": [{"name": "predict", '
+    b'"datatype": "FP64", "shape": [1], "data": [2.0]}]}'
+)
 
 
 async def predict(request: web.Request) -> web.Response:
     await request.read()
     return web.Response(body=ANSWER, content_type="application/json")
+
+
+async def infer(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(body=V2_ANSWER, content_type="application/json")
 
 
 async def ping(_: web.Request) -> web.Response:
@@ -36,6 +46,7 @@ def make_app() -> web.Application:
             web.post("/invocations", predict),
             web.post("/endpoints/{endpoint}/invocations", predict),
             web.post("/models/{model}/invoke", predict),
+            web.post("/v2/models/{model}/infer", infer),
         ]
     )
     return app

@@ -9,9 +9,10 @@
 --   BENCH_HOT       share of the requests going to sklearn-0 in the hot pattern (default 0.9)
 --   BENCH_ZIPF_S    Zipf exponent; rank k (sklearn-(k-1)) has weight 1 / k^s (default 1.1)
 --   BENCH_API       djl: POST /predictions/NAME; sagemaker: POST /invocations with the
---                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz; mlserver: POST
---                   /v2/models/NAME/infer with a V2 tensor body (default djl)
---   BENCH_BODY      request body (default [[0.5]])
+--                   X-Amzn-SageMaker-Target-Model header naming NAME.tar.gz; v2 and
+--                   mlserver: POST /v2/models/NAME/infer (Open Inference Protocol) (default djl)
+--   BENCH_BODY      request body (default [[0.5]]; for v2 and mlserver, a V2 inference
+--                   request, which benchlib/wrk.py makes of the rows)
 --   BENCH_THREADS   wrk's -t, used to stagger the threads' schedules
 --   BENCH_THREAD_RATE  requests/s offered by each wrk thread; unset or 0 = closed loop
 --   BENCH_SEED      random seed (default 1)
@@ -56,9 +57,6 @@ local thread_rate = env_number("BENCH_THREAD_RATE", 0)
 local seed = env_number("BENCH_SEED", 1)
 
 -- The V2 (Open Inference Protocol) form of the default body's one row.
-local v2_body = '{"inputs": [{"name": "input-0", "shape": [1, 1], "datatype": "FP64", '
-    .. '"data": [0.5]}]}'
-
 -- Requests, built once: request() only picks one.
 local function build_request(name)
     if api == "sagemaker" then
@@ -67,9 +65,9 @@ local function build_request(name)
             ["X-Amzn-SageMaker-Target-Model"] = name .. ".tar.gz",
         }, body)
     end
-    if api == "mlserver" then
+    if api == "v2" or api == "mlserver" then
         return wrk.format("POST", "/v2/models/" .. name .. "/infer",
-            {["Content-Type"] = "application/json"}, v2_body)
+            {["Content-Type"] = "application/json"}, body)
     end
     return wrk.format("POST", "/predictions/" .. name, {["Content-Type"] = "application/json"}, body)
 end

@@ -45,7 +45,7 @@ class Load:
     models: int = 1000
     api: str = "djl"
     seed: int = 1
-    body: str = "[[0.5]]"
+    body: str = "[[0.5]]"  # rows; the v2 API sends them as a V2 inference request
 
 
 @dataclass
@@ -140,9 +140,21 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
         BENCH_THREADS=str(load.threads),
         BENCH_THREAD_RATE=f"{load.rate / load.threads:.6f}" if load.rate else "0",
         BENCH_SEED=str(load.seed),
-        BENCH_BODY=load.body,
+        BENCH_BODY=request_body(load.api, load.body),
     )
     return argv, env
+
+
+def request_body(api: str, rows: str) -> str:
+    """The body wrk sends for ``rows`` (a JSON list of rows): the rows themselves, or for the
+    ``v2`` and ``mlserver`` APIs an Open Inference Protocol request holding them as one FP64
+    tensor."""
+    if api not in ("v2", "mlserver"):
+        return rows
+    values = json.loads(rows)
+    tensor = {"name": "input-0", "shape": [len(values), len(values[0])], "datatype": "FP64",
+              "data": values}
+    return json.dumps({"inputs": [tensor]})
 
 
 def start(load: Load) -> subprocess.Popen[str]:

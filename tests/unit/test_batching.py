@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
 
 from mmserver import errors
-from mmserver.batching import Job, JobQueue, answer_batch, partition_live, split
-from mmserver.codecs import make_request
+from mmserver.batching import Answer, Job, JobQueue, answer_batch, partition_live, split
+from mmserver.codecs import Request, make_request
+from mmserver.v2codec import v2_request
 from tests.models import outputs, rows
 
 
@@ -124,3 +126,48 @@ def test_a_model_error_is_the_whole_batch_s() -> None:
 async def test_split_refuses_a_wrong_number_of_outputs() -> None:
     with pytest.raises(errors.ModelError, match="returned 2 outputs for 3 rows"):
         split([1, 2], [1, 2])
+
+
+def v2(values: list[list[float]], outputs: list[str] | None = None, id_: str = "") -> Request:
+    request: dict[str, object] = {
+        "id": id_,
+        "inputs": [{"name": "x", "shape": [len(values), len(values[0])], "datatype": "FP64",
+                    "data": values}],
+    }
+    if outputs is not None:
+        request["outputs"] = [{"name": name} for name in outputs]
+    return v2_request(json.dumps(request).encode(), None)
+
+
+def v2_outputs(answer: Answer) -> dict[str, list[object]]:
+    assert isinstance(answer, bytes)
+    return {o["name"]: o["data"] for o in json.loads(answer)["outputs"]}
+
+
+def test_v2_requests_share_a_call_per_output_and_get_theirs_back() -> None:
+    calls: list[tuple[str | None, list[list[float]]]] = []
+
+    def predict(batch: np.ndarray, output: str | None = None) -> np.ndarray:
+        calls.append((output, batch.tolist()))
+        return batch[:, 0] * (100 if output == "double" else 10)
+
+    answers = answer_batch(
+        [
+            v2([[1.0]], id_="a"),
+            rows([[2.0]]),
+            v2([[3.0], [4.0]], ["double", "predict"], id_="b"),
+            v2([[5.0]], ["nope"]),
+            v2([[6.0, 7.0]]),
+        ],
+        predict, 1, "m", ("predict", "double"),
+    )
+    assert sorted(calls, key=str) == sorted([
+        (None, [[2.0]]),  # the DJL request: a call of its own
+        (None, [[1.0], [3.0], [4.0]]),
+        ("double", [[3.0], [4.0]]),
+    ], key=str)
+    assert json.loads(answers[0])["id"] == "a" and v2_outputs(answers[0]) == {"predict": [10.0]}
+    assert outputs(answers[1]) == [20.0]
+    assert v2_outputs(answers[2]) == {"double": [300.0, 400.0], "predict": [30.0, 40.0]}
+    assert answers[3][0] == "InvalidInput" and "no output 'nope'" in answers[3][1]
+    assert answers[4] == ("InvalidInput", "model m expects 1 feature(s) per row, got 2")

@@ -14,7 +14,7 @@ import pytest
 
 from mmserver.config import ModelConfig, load_model_config, model_config_from_properties
 from mmserver.errors import ModelError, ModelLoadError
-from mmserver.predictor import EstimatorPredictor, load_predictor
+from mmserver.predictor import EstimatorPredictor, load_predictor, signature
 from tests.models import (
     make_classifier_dir,
     make_custom_handler_dir,
@@ -417,3 +417,42 @@ def test_a_loaded_linear_model_answers_through_the_product(tmp_path: Path) -> No
     out = predictor.predict(np.array([[0.5], [2.0]]))
     assert predictor.last_path == "linear"
     assert np.allclose(out, [2.0, 5.0], atol=0.05)
+
+
+# ------------------------------------------------------------------------------------------------
+# Outputs and signature (the V2 API's metadata and requested outputs)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_classifier_names_its_methods_as_outputs(tmp_path: Path) -> None:
+    folder = make_classifier_dir(tmp_path / "iris")
+    predictor = load_predictor(folder, load_model_config(folder, DEFAULTS))
+    assert predictor.outputs == ("predict_proba", "predict", "decision_function")
+    batch = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]])
+    assert np.asarray(predictor.output("predict", batch)).tolist() == [0, 2]
+    assert np.array_equal(predictor.output("predict_proba", batch), predictor.predict(batch))
+    assert signature(predictor) == {
+        "platform": "sklearn",
+        "n_features": 4,
+        "outputs": [
+            {"name": "predict_proba", "dtype": "<f8", "shape": [-1, 3]},
+            {"name": "predict", "dtype": "<i8", "shape": [-1]},
+            {"name": "decision_function", "dtype": "<f8", "shape": [-1, 3]},
+        ],
+    }
+
+
+def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Path) -> None:
+    linear = load_predictor(make_linear_model(tmp_path / "lin"), DEFAULTS)
+    assert signature(linear) == {
+        "platform": "sklearn", "n_features": 1,
+        "outputs": [{"name": "predict", "dtype": "<f8", "shape": [-1]}],
+    }
+    pipeline = load_predictor(make_pipeline_dir(tmp_path / "pipe"), DEFAULTS)
+    assert signature(pipeline)["outputs"] == [{"name": "predict", "dtype": "<f8", "shape": [-1]}]
+    custom = load_predictor(make_custom_handler_dir(tmp_path / "custom"), DEFAULTS)
+    assert custom.outputs == ("predict",)
+    assert signature(custom) == {
+        "platform": "python", "n_features": 1,
+        "outputs": [{"name": "predict", "dtype": None, "shape": None}],
+    }

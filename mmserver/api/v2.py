@@ -1,0 +1,236 @@
+"""The Open Inference Protocol (KServe V2, REST), beside the DJL and SageMaker paths.
+
+- health: ``GET /v2/health/live`` (200 while the process serves, draining included),
+  ``GET /v2/health/ready`` (200 while it accepts work, 503 once shutdown has begun),
+  ``GET /v2/models/{model}[/versions/{version}]/ready`` (200 when loaded, 400 when not, 404 for
+  a model the server does not know);
+- metadata: ``GET /v2`` (server) and ``GET /v2/models/{model}[/versions/{version}]`` (loads the
+  model if needed: its inputs and outputs are what its backend found in the estimator);
+- inference: ``POST /v2/models/{model}[/versions/{version}]/infer``, JSON tensors or Triton's
+  binary tensor data extension (:mod:`mmserver.v2codec`), through the same handler as the other
+  inference paths (:func:`mmserver.api.inference.inference_handler`): same queues, batching,
+  scaling and metrics, the body decoded in the backend;
+- Triton's model repository extension: ``POST /v2/repository/index``,
+  ``POST /v2/repository/models/{model}/load`` and ``.../unload``, over the WorkLoadManager, the
+  last two under the management access rule (:func:`~mmserver.api.middleware.authorize`).
+
+Every model has one version, ``1``. Errors have the protocol's body, ``{"error": message}``
+(:func:`~mmserver.api.middleware.error_response`), with the status of their class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from aiohttp import hdrs, web
+from multidict import CIMultiDictProxy
+
+from mmserver import __version__
+from mmserver.api import STATE
+from mmserver.api.inference import inference_handler
+from mmserver.api.management import bool_param, request_params
+from mmserver.api.middleware import answers_errors, authorize
+from mmserver.codecs import Request
+from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
+from mmserver.store import normalize_name
+from mmserver.v2codec import HEADER_LENGTH, VERSION, datatype_of, split_answer, v2_request
+from mmserver.wlm import ModelStatus
+
+SERVER_NAME = "mmserver"
+EXTENSIONS = ("binary_tensor_data", "model_repository")
+#: The name the metadata gives the model's input (any name is accepted).
+INPUT_NAME = "input-0"
+
+_JSON = "application/json"
+_BINARY = "application/octet-stream"
+
+# The repository index's states (Triton's names) for a model's status.
+_STATES = {
+    ModelStatus.READY: "READY",
+    ModelStatus.LOADING: "LOADING",
+    ModelStatus.UNLOADING: "UNLOADING",
+    ModelStatus.FAILED: "UNAVAILABLE",
+    ModelStatus.UNLOADED: "UNAVAILABLE",
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Health and metadata
+# ------------------------------------------------------------------------------------------------
+
+
+async def live(request: web.Request) -> web.Response:
+    """200 while the process serves, also while it drains (a liveness probe)."""
+    return web.Response()
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 while the server accepts work; 503 once shutdown has begun (a readiness probe)."""
+    return web.Response(status=200 if request.app[STATE].wlm.accepting else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+    )
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    """200 when the model is loaded; 400 saying why not (it loads on its first request, or on
+    a repository load); 404 for a model neither in the store nor registered."""
+    wlm = request.app[STATE].wlm
+    name = normalize_name(_model_of(request))
+    if not wlm.accepting:
+        raise ShuttingDown("the server is shutting down; its models take no new requests")
+    status = wlm.status(name)
+    if status is ModelStatus.READY:
+        return web.Response()
+    await wlm.describe(name)  # ModelNotFound (404) for a model the server does not know
+    reason = wlm.failure(name) if status is ModelStatus.FAILED else None
+    raise ModelNotReady(
+        f"model {name} is not ready: it is {status.value.lower()}"
+        + (f" ({reason})" if reason else "")
+        + f"; it loads on its first inference request or on POST /v2/repository/models/{name}/load"
+    )
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    """The model's name, version, platform, inputs and outputs; loads the model if needed."""
+    wlm = request.app[STATE].wlm
+    name = _model_of(request)
+    pool = wlm.ready_pool(name) or await wlm.ensure_pool(name)
+    return web.json_response(describe(pool.name, wlm.signature(pool.name)))
+
+
+def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
+    """V2 model metadata from a model's :func:`~mmserver.predictor.signature` (``None``: not
+    known yet, the model has not been loaded into a backend; no inputs nor outputs then)."""
+    metadata: dict[str, Any] = {"name": name, "versions": [VERSION], "platform": ""}
+    inputs: list[dict[str, Any]] = []
+    outputs: list[dict[str, Any]] = []
+    if signature is not None:
+        metadata["platform"] = signature["platform"]
+        width = signature["n_features"] or -1
+        inputs.append({"name": INPUT_NAME, "datatype": "FP64", "shape": [-1, width]})
+        for output in signature["outputs"]:
+            if output["dtype"] is not None:  # a custom handler's output: not known before
+                outputs.append({
+                    "name": output["name"],
+                    "datatype": datatype_of(np.dtype(output["dtype"])),
+                    "shape": output["shape"],
+                })
+    metadata["inputs"] = inputs
+    metadata["outputs"] = outputs
+    return metadata
+
+
+def _model_of(request: web.Request) -> str:
+    """The model named by the path; :class:`ModelNotFound` for a version other than ``1``."""
+    name = request.match_info["model"]
+    version = request.match_info.get("version")
+    if version is not None and version != VERSION:
+        raise ModelNotFound(
+            f"model {name} has one version, {VERSION}; there is no version {version[:40]!r}"
+        )
+    return name
+
+
+# ------------------------------------------------------------------------------------------------
+# Inference
+# ------------------------------------------------------------------------------------------------
+
+
+def _make_job(body: bytes, headers: CIMultiDictProxy[str]) -> Request:
+    return v2_request(body, headers.get(HEADER_LENGTH))
+
+
+def _respond(answer: bytes, job: Request) -> web.Response:
+    body, header_length = split_answer(answer)
+    if header_length is None:
+        return web.Response(body=body, headers={hdrs.CONTENT_TYPE: _JSON})
+    return web.Response(
+        body=body, headers={hdrs.CONTENT_TYPE: _BINARY, HEADER_LENGTH: str(header_length)}
+    )
+
+
+infer = inference_handler(_model_of, _make_job, _respond)
+
+
+# ------------------------------------------------------------------------------------------------
+# Model repository extension
+# ------------------------------------------------------------------------------------------------
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    """Every model of the store and every registered one, with its state; ``{"ready": true}``
+    in the body keeps the loaded ones only."""
+    only_ready = bool_param(await request_params(request), "ready", default=False)
+    wlm = request.app[STATE].wlm
+    index = []
+    for model in await wlm.list_models():
+        name = model["modelName"]
+        status = ModelStatus(model["status"])
+        if only_ready and status is not ModelStatus.READY:
+            continue
+        reason = ""
+        if status is ModelStatus.FAILED:
+            reason = wlm.failure(name) or "the last load failed"
+        elif status is ModelStatus.UNLOADED:
+            reason = "not loaded"
+        index.append({"name": name, "version": VERSION, "state": _STATES[status], "reason": reason})
+    return web.json_response(index)
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    """Load a model of the store (or a registered one) now; a loaded model stays as it is."""
+    authorize(request)
+    name = normalize_name(request.match_info["model"])
+    parameters = _parameters(await request_params(request))
+    for key in parameters:
+        if key == "config" or key.startswith("file:"):
+            raise InvalidInput(
+                f"load parameter {key!r} is not supported: a model's configuration is its "
+                "serving.properties, and its files come from the model store"
+            )
+    await request.app[STATE].wlm.load(name)
+    return web.Response()
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """Unload a model (a store model loads again on its next request); a model of the store
+    that is not loaded is left as it is."""
+    authorize(request)
+    name = normalize_name(request.match_info["model"])
+    parameters = _parameters(await request_params(request))
+    bool_param(parameters, "unload_dependents", default=False)  # checked; no model has any
+    wlm = request.app[STATE].wlm
+    try:
+        await wlm.unload(name)
+    except ModelNotFound:
+        await wlm.describe(name)  # ModelNotFound again for a model the server does not know
+    return web.Response()
+
+
+def _parameters(params: dict[str, Any]) -> dict[str, Any]:
+    parameters = params.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    return parameters
+
+
+#: Inference first: aiohttp tries the routes sharing a path prefix in this order.
+ROUTES = [
+    web.post("/v2/models/{model}/infer", infer),
+    web.post("/v2/models/{model}/versions/{version}/infer", infer),
+    web.get("/v2", answers_errors(server_metadata)),
+    web.get("/v2/health/live", live),
+    web.get("/v2/health/ready", ready),
+    web.get("/v2/models/{model}/ready", answers_errors(model_ready)),
+    web.get("/v2/models/{model}/versions/{version}/ready", answers_errors(model_ready)),
+    web.get("/v2/models/{model}", answers_errors(model_metadata)),
+    web.get("/v2/models/{model}/versions/{version}", answers_errors(model_metadata)),
+    web.post("/v2/repository/index", answers_errors(repository_index)),
+    web.post("/v2/repository/models/{model}/load", answers_errors(repository_load)),
+    web.post("/v2/repository/models/{model}/unload", answers_errors(repository_unload)),
+]

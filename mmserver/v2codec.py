@@ -1,0 +1,471 @@
+"""Open Inference Protocol (KServe V2) request bodies to rows, and outputs to V2 answers.
+
+Like :mod:`mmserver.codecs`, this runs where the model runs (a backend process): the frontend
+only checks the ``Inference-Header-Content-Length`` header (:func:`v2_request`) and queues the
+body as it came. :func:`decode_v2` turns a body into an :class:`InferRequest` (the rows, the id,
+the outputs asked for), :func:`encode_v2` turns the model's outputs into the answer.
+
+Inputs: each tensor has a ``name``, a ``shape``, a ``datatype`` and its values, as JSON
+``data`` (flat or nested, row-major) or, with Triton's binary tensor data extension, as
+``parameters.binary_data_size`` bytes after the JSON header (little-endian, row-major; a BOOL is
+one byte). Numeric datatypes are accepted (BOOL, INT8..INT64, UINT8..UINT64, FP16, FP32, FP64);
+the values are read as the declared datatype, then as float64. A tensor of shape ``[n, k]`` is
+``n`` rows of ``k`` features, one of shape ``[n]`` is ``n`` rows of one feature; several inputs
+are placed side by side, in order, as columns of the same rows.
+
+Outputs: the outputs a model has are named after the estimator's methods (``predict``,
+``predict_proba``, ``decision_function``, ``transform``), the one ``option.method`` names first;
+with no ``outputs`` in the request, that one is answered. A custom handler has one output,
+``predict``. An output is JSON ``data`` (flat, row-major) or binary data when the request asks
+(``binary_data`` on the output, or ``binary_data_output`` on the request); its datatype follows
+the values: FP64, INT64, BOOL, BYTES for strings...
+
+Anything else raises :class:`~mmserver.errors.InvalidInput` saying what was expected.
+
+An encoded answer travels back to the frontend as one ``bytes``: the JSON answer itself, or,
+when some outputs are binary, :data:`_BINARY` and the JSON header's length followed by the header
+and the binary data (:func:`split_answer` takes it apart again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmserver.codecs import Request, check_finite, json_kind, preview, short
+from mmserver.errors import InvalidInput, ModelError
+
+#: The kind (see :data:`mmserver.codecs.Request`) of a V2 request with a JSON body; with binary
+#: data the kind is ``"v2:<length of the JSON header>"``.
+V2 = "v2"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+#: Every model has one version.
+VERSION = "1"
+
+#: Numeric datatypes and how their binary data is laid out.
+NUMERIC: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+DATATYPES = (*NUMERIC, "BYTES", "BF16")
+
+_BINARY = b"\x00"
+_LENGTH = struct.Struct("!Q")
+_BYTES_LENGTH = struct.Struct("<I")
+_TENSOR_HINT = "an object with name, shape, datatype and data"
+
+
+def v2_request(body: bytes, header_length: str | None) -> Request:
+    """The :data:`Request` for a V2 body sent with this ``Inference-Header-Content-Length``
+    (``None`` when absent: the whole body is JSON). Raises :class:`InvalidInput` for a value
+    that is not a length within the body."""
+    if header_length is None:
+        return (body, V2, False)
+    text = header_length.strip()
+    if not text.isdigit() or not text.isascii():
+        raise InvalidInput(
+            f"{HEADER_LENGTH} is {header_length[:40]!r}; expected the length in bytes of the "
+            "JSON header at the start of the body"
+        )
+    length = int(text)
+    if length > len(body):
+        raise InvalidInput(
+            f"{HEADER_LENGTH} is {length} but the body has only {len(body)} bytes; it must be "
+            "the length of the JSON header at the start of the body"
+        )
+    return (body, f"{V2}:{length}", False)
+
+
+def is_v2(kind: str) -> bool:
+    """Whether a request of this kind is a V2 request (:func:`v2_request`)."""
+    return kind.startswith(V2)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded V2 request: its rows, its id, and the outputs to answer, in order, with
+    whether each goes as binary data."""
+
+    id: str | None
+    rows: np.ndarray
+    outputs: list[str]
+    binary: list[bool]
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding
+# ------------------------------------------------------------------------------------------------
+
+
+def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
+    """Decode a V2 request of ``kind`` for a model whose outputs are ``available`` (the first
+    is the default). Raises :class:`InvalidInput` saying what is wrong."""
+    _, _, length = kind.partition(":")
+    header_length = int(length) if length else len(body)
+    try:
+        data = json.loads(body[:header_length])
+    except (ValueError, RecursionError) as exc:
+        where = f"the first {header_length} bytes ({HEADER_LENGTH})" if length else "the body"
+        raise InvalidInput(
+            f"{where} must be the JSON inference request; it is not valid JSON ({short(exc)})"
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidInput(
+            f"the inference request is a JSON {json_kind(data)}; expected an object with "
+            "'inputs', a list of tensors"
+        )
+    request_id = data.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput(f"'id' is a JSON {json_kind(request_id)}; expected a string")
+    parameters = _parameters(data, "the request")
+    binary_default = _flag(parameters, "binary_data_output", "the request", default=False)
+    inputs = data.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidInput("the inference request needs 'inputs', a non-empty list of tensors")
+    binary = memoryview(body)[header_length:]
+    offset = 0
+    columns: list[tuple[str, np.ndarray]] = []
+    for index, tensor in enumerate(inputs):
+        name, array, offset = _input(tensor, index, binary, offset)
+        if columns and any(name == seen for seen, _ in columns):
+            raise InvalidInput(f"two inputs are named {name!r}; input names must be unique")
+        columns.append((name, array))
+    if offset != len(binary):
+        raise InvalidInput(
+            f"{len(binary)} bytes of binary data follow the JSON header, but the inputs' "
+            f"binary_data_size add up to {offset}"
+        )
+    outputs, binary_outputs = _outputs(data.get("outputs"), available, binary_default)
+    return InferRequest(request_id, _rows(columns), outputs, binary_outputs)
+
+
+def _input(
+    tensor: Any, index: int, binary: memoryview, offset: int
+) -> tuple[str, np.ndarray, int]:
+    """One input tensor: its name, its values as float64 in its shape, and the offset of the
+    next input's binary data."""
+    if not isinstance(tensor, dict):
+        raise InvalidInput(f"input {index} is a JSON {json_kind(tensor)}; expected {_TENSOR_HINT}")
+    name = tensor.get("name")
+    if not isinstance(name, str):
+        raise InvalidInput(f"input {index} needs a 'name' string; expected {_TENSOR_HINT}")
+    where = f"input {preview(name)}"
+    shape = tensor.get("shape")
+    if not (
+        isinstance(shape, list)
+        and all(type(dim) is int and dim >= 0 for dim in shape)
+    ):
+        raise InvalidInput(f"{where} needs 'shape', a list of non-negative integers")
+    datatype = tensor.get("datatype")
+    if not isinstance(datatype, str) or datatype not in NUMERIC:
+        if datatype in DATATYPES:
+            raise InvalidInput(
+                f"{where} has datatype {datatype}; the model takes numbers: send one of "
+                f"{', '.join(NUMERIC)}"
+            )
+        raise InvalidInput(
+            f"{where} has datatype {preview(datatype)}; expected one of {', '.join(DATATYPES)}"
+        )
+    dtype = NUMERIC[datatype]
+    parameters = _parameters(tensor, where)
+    for key in parameters:
+        if key.startswith("shared_memory"):
+            raise InvalidInput(
+                f"{where} names a shared memory region; the shared memory extension is not "
+                "supported: send the values as data or as binary data"
+            )
+    count = math.prod(shape)
+    size = parameters.get("binary_data_size")
+    if size is not None:
+        if type(size) is not int or size < 0:
+            raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
+        if "data" in tensor:
+            raise InvalidInput(f"{where} has both 'data' and binary_data_size; send one of them")
+        if size != count * dtype.itemsize:
+            raise InvalidInput(
+                f"{where} of shape {shape} and datatype {datatype} needs "
+                f"{count * dtype.itemsize} bytes of binary data; its binary_data_size is {size}"
+            )
+        if offset + size > len(binary):
+            raise InvalidInput(
+                f"{where} needs {size} bytes of binary data from byte {offset} after the JSON "
+                f"header, but only {len(binary)} bytes follow the header"
+            )
+        array = np.frombuffer(binary, dtype=dtype, count=count, offset=offset)
+        if datatype == "BOOL" and bool((array.view(np.uint8) > 1).any()):
+            raise InvalidInput(f"{where} is BOOL; its binary data must be bytes 0 or 1")
+        offset += size
+    elif "data" in tensor:
+        array = _json_data(tensor["data"], datatype, shape, where)
+    else:
+        raise InvalidInput(
+            f"{where} has no 'data' (nor parameters.binary_data_size for binary data)"
+        )
+    return name, array.astype(np.float64, copy=False).reshape(shape), offset
+
+
+def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
+    """JSON tensor data (flat or nested) as an array of ``datatype``."""
+    if not isinstance(data, list):
+        raise InvalidInput(f"{where}: 'data' is a JSON {json_kind(data)}; expected an array")
+    try:
+        array = np.array(data)
+    except (ValueError, TypeError, RecursionError):
+        raise InvalidInput(
+            f"{where}: 'data' is not a regular array (nested lists of different lengths?)"
+        ) from None
+    count = math.prod(shape)
+    if array.size != count:
+        raise InvalidInput(
+            f"{where} has shape {shape}, {count} value(s), but its data has {array.size}"
+        )
+    kind = array.dtype.kind
+    if count and kind not in "biuf":
+        bad = next((v for v in _leaves(data) if not _is_number(v)), None)
+        if bad is None:  # numbers, but an integer beyond 64 bits
+            raise InvalidInput(f"{where}: an integer is beyond 64 bits; datatype {datatype}")
+        raise InvalidInput(
+            f"{where}: value {preview(bad)} is not a number; datatype {datatype} takes "
+            + ("true or false" if datatype == "BOOL" else "numbers")
+        )
+    if datatype == "BOOL":
+        if count and kind != "b":
+            raise InvalidInput(f"{where} is BOOL; its data must be true or false")
+    elif datatype[0] in "IU":
+        info = np.iinfo(NUMERIC[datatype])
+        if kind == "f" or (count and (array.min() < info.min or array.max() > info.max)):
+            raise InvalidInput(
+                f"{where} is {datatype}; its data must be integers from {info.min} to "
+                f"{info.max}"
+            )
+    return array.astype(NUMERIC[datatype], copy=False)
+
+
+def _leaves(data: list[Any]) -> Iterator[Any]:
+    """The values of nested lists, depth first (without recursion: JSON may nest deeply)."""
+    stack = [iter(data)]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append(iter(item))
+        else:
+            yield item
+
+
+_END = object()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float)
+
+
+def _rows(columns: list[tuple[str, np.ndarray]]) -> np.ndarray:
+    """The inputs side by side: one row per first dimension, C-contiguous float64, finite."""
+    parts: list[np.ndarray] = []
+    first, count = "", 0
+    for name, array in columns:
+        if array.ndim not in (1, 2):
+            raise InvalidInput(
+                f"input {preview(name)} has shape {list(array.shape)}; expected [rows] (one "
+                "feature) or [rows, features]"
+            )
+        if not parts:
+            first, count = name, len(array)
+        elif len(array) != count:
+            raise InvalidInput(
+                f"inputs have different numbers of rows: {preview(first)} has {count}, "
+                f"{preview(name)} has {len(array)}; each input is one or more columns of the "
+                "same rows"
+            )
+        parts.append(array.reshape(-1, 1) if array.ndim == 1 else array)
+    rows = parts[0] if len(parts) == 1 else np.hstack(parts)
+    if rows.size == 0:
+        raise InvalidInput("the inputs hold no values; expected at least one row of features")
+    if not np.isfinite(rows).all():
+        for (name, _), part in zip(columns, parts, strict=True):
+            check_finite(part, f"input {preview(name)}: ")
+    return np.ascontiguousarray(rows, dtype=np.float64)
+
+
+def _outputs(
+    requested: Any, available: Sequence[str], binary_default: bool
+) -> tuple[list[str], list[bool]]:
+    if requested is None or requested == []:
+        return [available[0]], [binary_default]
+    if not isinstance(requested, list):
+        raise InvalidInput(
+            f"'outputs' is a JSON {json_kind(requested)}; expected a list of objects with a name"
+        )
+    names: list[str] = []
+    binary: list[bool] = []
+    for index, output in enumerate(requested):
+        name = output.get("name") if isinstance(output, dict) else None
+        if not isinstance(name, str):
+            raise InvalidInput(f"output {index} needs a 'name' string")
+        where = f"output {preview(name)}"
+        if name not in available:
+            raise InvalidInput(
+                f"the model has no output {preview(name)}; its outputs are "
+                f"{', '.join(available)}"
+            )
+        if name in names:
+            raise InvalidInput(f"{where} is asked for twice")
+        parameters = _parameters(output, where)
+        if "classification" in parameters:
+            raise InvalidInput(
+                f"{where}: the classification extension is not supported; ask for "
+                "predict_proba for the classes' probabilities"
+            )
+        names.append(name)
+        binary.append(_flag(parameters, "binary_data", where, default=binary_default))
+    return names, binary
+
+
+def _parameters(obj: dict[str, Any], where: str) -> Mapping[str, Any]:
+    parameters = obj.get("parameters")
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput(
+            f"{where}: 'parameters' is a JSON {json_kind(parameters)}; expected an object"
+        )
+    return parameters
+
+
+def _flag(parameters: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{where}: parameter {key} is {preview(value)}; expected true or false")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
+# Encoding
+# ------------------------------------------------------------------------------------------------
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    """The V2 datatype of values of ``dtype``: BYTES for strings and objects."""
+    return _DATATYPE_OF.get((dtype.kind, dtype.itemsize), "BYTES")
+
+
+_DATATYPE_OF = {(dtype.kind, dtype.itemsize): name for name, dtype in NUMERIC.items()}
+
+
+def encode_v2(request: InferRequest, results: Mapping[str, Any], model: str) -> bytes:
+    """The answer to ``request`` from model ``model``, whose outputs for the request's rows are
+    ``results`` (output name -> one item per row). Raises :class:`ModelError` for outputs that
+    are not a tensor."""
+    outputs: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, binary in zip(request.outputs, request.binary, strict=True):
+        array = _tensor(results[name], name)
+        datatype = datatype_of(array.dtype)
+        output: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            blob = _binary(array, datatype)
+            output["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            output["data"] = _json_values(array, datatype)
+        outputs.append(output)
+    answer: dict[str, Any] = {"model_name": model, "model_version": VERSION}
+    if request.id is not None:
+        answer["id"] = request.id
+    answer["outputs"] = outputs
+    try:
+        text = _ENCODER.encode(answer)
+    except ValueError:  # NaN or infinity: JSON has none, null stands for them
+        text = _ENCODER.encode(_plain(answer))
+    header = text.encode()
+    if not blobs:
+        return header
+    return b"".join((_BINARY, _LENGTH.pack(len(header)), header, *blobs))
+
+
+def split_answer(answer: bytes) -> tuple[bytes | memoryview, int | None]:
+    """An answer made by :func:`encode_v2`: the response body, and the length of its JSON
+    header when binary data follows it (``None``: the body is all JSON)."""
+    if answer[:1] != _BINARY:
+        return answer, None
+    start = 1 + _LENGTH.size
+    (length,) = _LENGTH.unpack_from(answer, 1)
+    return memoryview(answer)[start:], length
+
+
+def _tensor(values: Any, name: str) -> np.ndarray:
+    try:
+        array = np.asarray(values)
+    except ValueError:
+        array = None
+    if array is None or (array.dtype.kind == "O" and any(
+        isinstance(v, list | tuple | np.ndarray) for v in array.flat
+    )):
+        raise ModelError(
+            f"the model's {name} output is not a regular tensor (rows of different lengths?); "
+            "the V2 API answers tensors"
+        )
+    return array
+
+
+def _binary(array: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        parts = []
+        for item in array.flat:
+            data = _as_bytes(item)
+            parts.append(_BYTES_LENGTH.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    return np.ascontiguousarray(array, dtype=NUMERIC[datatype]).tobytes()
+
+
+def _json_values(array: np.ndarray, datatype: str) -> list[Any]:
+    if datatype == "BYTES":
+        return [_as_bytes(item).decode("utf-8", "replace") for item in array.flat]
+    values: list[Any] = array.ravel().tolist()
+    return values
+
+
+def _as_bytes(item: Any) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode()
+    if isinstance(item, dict):
+        return _ENCODER.encode(_plain(item)).encode()
+    if isinstance(item, np.generic):
+        return str(item.item()).encode()
+    return str(item).encode()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+_ENCODER = json.JSONEncoder(allow_nan=False, default=str)
