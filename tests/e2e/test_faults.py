@@ -132,7 +132,7 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
         for path in ("predictions", "invocations"):
             status, body, headers = await predict(session, server.url, "victim", 0.5, path)
             assert status == 500, body
-            assert body["type"] == "ModelLoadError"
+            assert body["type"] == "EngineException"
             assert "model victim" in body["message"]
             assert "victim.tar.gz cannot be unpacked" in body["message"]
             if path == "invocations":
@@ -216,7 +216,7 @@ async def test_full_queue_refuses_that_model_only_and_answers_what_it_queued(
             path = "predictions" if i % 2 else "invocations"
             status, body, headers = await predict(session, server.url, "gated", 9.0, path)
             assert status == 503, body
-            assert body["type"] == "QueueFull"
+            assert body["type"] == "WlmCapacityException"
             assert int(headers["Retry-After"]) >= 1
             if path == "invocations":
                 assert headers["x-amzn-ErrorType"] == "ServiceUnavailable"
@@ -394,7 +394,7 @@ async def test_sigterm_while_models_are_loading(tmp_path: Path) -> None:
         for result in loading_results:
             assert not isinstance(result, BaseException), result
             status, body, _ = result
-            assert status == 503 and body["type"] == "ShuttingDown", body
+            assert status == 503 and body["type"] == "WlmShutdownException", body
         for i, result in enumerate(running_results):
             assert not isinstance(result, BaseException), result
             assert result[:2] == (200, {"predictions": [2.0 * i]})
