@@ -76,8 +76,9 @@ async def predict(
 async def describe(session: aiohttp.ClientSession, url: str, name: str) -> dict[str, Any]:
     async with session.get(f"{url}/models/{name}") as response:
         assert response.status == 200
-        body: list[dict[str, Any]] = await response.json()
-        return body[0]
+        [workflow] = await response.json()
+        model: dict[str, Any] = workflow["models"][0]
+        return model
 
 
 def linear(x: float) -> Any:
@@ -269,7 +270,7 @@ async def test_backend_killed_while_loading_a_model_loads_it_again(tmp_path: Pat
         assert [(status, body) for status, body, _ in results] == [
             (200, {"predictions": [2.0 * i]}) for i in range(5)
         ]
-        assert (await describe(session, server.url, "slow-load"))["status"] == "READY"
+        assert (await describe(session, server.url, "slow-load"))["status"] == "Healthy"
         status, _, _ = await predict(session, server.url, "sklearn-0", 0.5)
         assert status == 200
         assert "loading it again" in server.log()
