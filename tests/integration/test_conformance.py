@@ -104,18 +104,22 @@ async def test_register_messages(server: Harness) -> None:
     )
 
 
+async def scale(server: Harness, name: str, low: int, high: int) -> None:
+    """``PUT /models/NAME?min_worker=LOW&max_worker=HIGH``, checking DJL's answer."""
+    params = {"min_worker": str(low), "max_worker": str(high)}
+    response = await server.client.put(f"/models/{name}", params=params)
+    assert response.status == 200
+    assert await response.json() == {
+        "status": f'Workflow "{name}" worker scaled. New Worker configuration '
+        f"min workers:{low} max workers:{high}"
+    }
+
+
 async def test_scale_message(server: Harness) -> None:
     """DJL: ``ManagementRequestHandler.handleScaleWorkflow`` answers ``Workflow "NAME" worker
     scaled. New Worker configuration min workers:MIN max workers:MAX``; asserted by
     ``ModelServerTest.testScaleModel`` (``min_worker=2&max_worker=4``)."""
-    response = await server.client.put(
-        "/models/sklearn-15", params={"min_worker": "1", "max_worker": "2"}
-    )
-    assert response.status == 200
-    assert await response.json() == {
-        "status": 'Workflow "sklearn-15" worker scaled. New Worker configuration '
-        "min workers:1 max workers:2"
-    }
+    await scale(server, "sklearn-15", 1, 2)
 
 
 async def test_unregister_message(server: Harness) -> None:
@@ -317,14 +321,7 @@ async def test_scale_to_no_worker_then_back(server: Harness) -> None:
     shutdown: NAME")``, a ``WlmException`` answered 503 (``ConfigManager.getWlmErrorHttpCode``);
     ``ModelServerTest.testServiceUnavailable`` asserts both."""
     assert (await server.post("/predictions/sklearn-23", "[[0.5]]")).status == 200
-    response = await server.client.put(
-        "/models/sklearn-23", params={"min_worker": "0", "max_worker": "0"}
-    )
-    assert response.status == 200
-    assert await response.json() == {
-        "status": 'Workflow "sklearn-23" worker scaled. New Worker configuration '
-        "min workers:0 max workers:0"
-    }
+    await scale(server, "sklearn-23", 0, 0)
     response = await server.post("/predictions/sklearn-23", "[[0.5]]")
     assert response.status == 503
     body = await error_of(response)
