@@ -71,13 +71,14 @@ class JobQueue:
         self.maxsize = maxsize
         self._items: collections.deque[Job] = collections.deque()
         self._closed = False
+        self._refusal: Callable[[], errors.MMServerError] = _unloading
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put(self, job: Job) -> None:
         if self._closed:
-            raise errors.ShuttingDown("the model is unloading; retry the request")
+            raise self._refusal()
         if len(self._items) >= self.maxsize:
             raise errors.QueueFull(
                 f"the model's queue is full ({self.maxsize} jobs waiting); retry later"
@@ -93,9 +94,15 @@ class JobQueue:
             return taken
         return [items.popleft() for _ in range(max(1, count))]
 
-    def close(self) -> None:
-        """Refuse new jobs (queued jobs can still be taken)."""
+    def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
+        """Refuse new jobs with the error ``refusal`` makes (by default, the model is
+        unloading); queued jobs can still be taken."""
         self._closed = True
+        self._refusal = refusal or _unloading
+
+    def reopen(self) -> None:
+        """Take new jobs again."""
+        self._closed = False
 
     @property
     def closed(self) -> bool:
@@ -109,6 +116,10 @@ class JobQueue:
 
     def oldest_enqueued_at(self) -> float | None:
         return self._items[0].enqueued_at if self._items else None
+
+
+def _unloading() -> errors.MMServerError:
+    return errors.ShuttingDown("the model is unloading; retry the request")
 
 
 def partition_live(batch: Sequence[Job], now: float) -> list[Job]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import javaproperties
+
 from mmserver.errors import ConfigError
 from mmserver.store import split_object_url
 
@@ -286,46 +288,36 @@ def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
 # Java-properties files
 # ------------------------------------------------------------------------------------------------
 
-_SEPARATOR = re.compile(r"(?<!\\)[=:]|(?<!\\)\s")
-
-
 def parse_properties(text: str) -> dict[str, str]:
-    """Parse Java-properties text: ``key=value``, ``key: value`` or ``key value`` lines,
-    ``#``/``!`` comments, backslash line continuations. Later keys win."""
-    result: dict[str, str] = {}
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i].lstrip()
-        i += 1
-        if not line or line[0] in "#!":
-            continue
-        while line.endswith("\\") and not line.endswith("\\\\"):
-            line = line[:-1]
-            if i < len(lines):
-                line += lines[i].lstrip()
-                i += 1
-        match = _SEPARATOR.search(line)
-        if match is None:
-            key, value = line, ""
-        else:
-            key = line[: match.start()]
-            value = line[match.end() :].lstrip()
-            if match.group().isspace() and value[:1] in ("=", ":"):
-                value = value[1:].lstrip()
-        key = key.replace("\\=", "=").replace("\\:", ":").replace("\\ ", " ").strip()
-        result[key] = value.strip()
-    return result
+    """Parse Java-properties text as ``java.util.Properties.load`` does: ``key=value``,
+    ``key: value`` or ``key value``; ``#``/``!`` comment lines; a line ending in an odd number of
+    backslashes continues on the next; the escapes ``\\t``, ``\\n``, ``\\f``, ``\\r``,
+    ``\\uXXXX`` and backslash before any other character (``\\#``, ``\\=``, ``\\\\``...).
+    A value keeps its trailing white space, as in Java (the server strips it when it reads a
+    number or a name). Later keys win. A malformed ``\\uXXXX`` raises :class:`ConfigError`."""
+    try:
+        return javaproperties.loads(text)
+    except javaproperties.InvalidUEscapeError as exc:
+        raise ConfigError(f"malformed \\uXXXX escape {exc.escape!r}") from None
 
 
 def read_properties(path: Path) -> dict[str, str]:
+    """The properties of the file ``path``, read as UTF-8, or as ISO-8859-1 (what
+    ``Properties.load(InputStream)`` reads) when it is not valid UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc}") from None
-    return parse_properties(text)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("iso-8859-1")
+    try:
+        return parse_properties(text)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc.message}") from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -377,7 +369,7 @@ class ModelConfig:
                 raise ConfigError(f"{_djl_key(name)}={value!r} must not be negative")
             if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic
                 raise ConfigError(f"{_djl_key(name)}={_short_number(value)} is too large")
-        for name in ("max_workers", "batch_size", "job_queue_size"):
+        for name in ("batch_size", "job_queue_size"):  # maxWorkers may be 0, as in DJL
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_djl_key(name)}={getattr(self, name)!r} must be >= 1")
         if self.required_memory_mb is not None and self.required_memory_mb < 0:

@@ -3,7 +3,9 @@
 Every failure a client can see is an :class:`MMServerError`. Each class carries its HTTP status,
 the ``x-amzn-ErrorType`` that the SageMaker paths send (so ``boto3`` raises the matching
 exception), and a message that says what went wrong and what to do. The HTTP layer converts them
-in one place; nothing else picks status codes.
+in one place; nothing else picks status codes. The ``type`` of an error body is the simple name of
+the Java exception DJL Serving answers the same failure with (:data:`DJL_TYPES`), so clients
+written against DJL read the same names.
 
 ::
 
@@ -27,7 +29,8 @@ in one place; nothing else picks status codes.
     ├── ServiceUnavailable              503 ServiceUnavailable
     │   ├── QueueFull                   503 (Retry-After)
     │   ├── NoCapacity                  503                   nothing evictable
-    │   └── ShuttingDown                503
+    │   ├── ShuttingDown                503
+    │   └── WorkersStopped              503                   the model's maxWorkers is 0
     ├── PredictTimeout                  504 ServiceUnavailable
     │   └── ClientGone                  504                   dropped before compute
     └── InsufficientMemory              507                   management load refused
@@ -40,7 +43,6 @@ class MMServerError(Exception):
     """Base of every error a client can see."""
 
     status_code: int = 500
-    error_type: str = "InternalFailure"
     amzn_error_type: str | None = "InternalFailure"
 
     def __init__(self, message: str) -> None:
@@ -51,67 +53,63 @@ class MMServerError(Exception):
         """Extra response headers this error asks for (besides the error type)."""
         return {}
 
+    @property
+    def error_type(self) -> str:
+        """The ``type`` of this error's body: DJL's Java exception for it (:data:`DJL_TYPES`)."""
+        return djl_type(type(self))
+
     def to_dict(self) -> dict[str, object]:
         return {"code": self.status_code, "type": self.error_type, "message": self.message}
 
 
 class InvalidInput(MMServerError):
     status_code = 400
-    error_type = "InvalidInput"
     amzn_error_type = "ValidationError"
 
 
 class InvalidModelName(InvalidInput):
-    error_type = "InvalidModelName"
+    """A model name that is not ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``."""
 
 
 class ModelNotReady(MMServerError):
     """The Open Inference Protocol's model readiness: the model exists but is not loaded."""
 
     status_code = 400
-    error_type = "ModelNotReady"
     amzn_error_type = "ValidationError"
 
 
 class ModelNotFound(MMServerError):
     status_code = 404
-    error_type = "ModelNotFound"
     amzn_error_type = "ValidationError"
 
 
 class NotFound(MMServerError):
     status_code = 404
-    error_type = "NotFound"
     amzn_error_type = "ValidationError"
 
 
 class MethodNotAllowed(MMServerError):
     status_code = 405
-    error_type = "MethodNotAllowed"
     amzn_error_type = None
 
 
 class ModelExists(MMServerError):
     status_code = 409
-    error_type = "ModelExists"
     amzn_error_type = None
 
 
 class RequestTooLarge(MMServerError):
     status_code = 413
-    error_type = "RequestTooLarge"
     amzn_error_type = "ValidationError"
 
 
 class UnsupportedMediaType(MMServerError):
     status_code = 415
-    error_type = "UnsupportedMediaType"
     amzn_error_type = "ValidationError"
 
 
 class Unauthorized(MMServerError):
     status_code = 401
-    error_type = "Unauthorized"
     amzn_error_type = None
 
     def headers(self) -> dict[str, str]:
@@ -120,50 +118,54 @@ class Unauthorized(MMServerError):
 
 class Forbidden(MMServerError):
     status_code = 403
-    error_type = "Forbidden"
     amzn_error_type = None
 
 
 class ModelError(MMServerError):
-    """The model's own code raised while predicting."""
+    """The model's own code raised while predicting.
+
+    Its body also has the members of the SageMaker Runtime API's ``ModelError`` shape that the
+    container's answer fills, ``OriginalStatusCode`` and ``OriginalMessage``: ``boto3`` puts them
+    in the ``response`` of the ``ModelError`` it raises."""
 
     status_code = 424
-    error_type = "ModelError"
     amzn_error_type = "ModelError"
+
+    def to_dict(self) -> dict[str, object]:
+        body = super().to_dict()
+        body["OriginalStatusCode"] = self.status_code
+        body["OriginalMessage"] = self.message
+        return body
 
 
 class ModelLoadError(MMServerError):
     """The model could not be loaded; the message says why."""
 
     status_code = 500
-    error_type = "ModelLoadError"
     amzn_error_type = "InternalFailure"
 
 
 class ConfigError(ModelLoadError):
     """A configuration value is invalid; the message names the file, the key and the value."""
 
-    error_type = "ConfigError"
 
 
 class UnsafeArchive(ModelLoadError):
-    error_type = "UnsafeArchive"
+    """An archive refused for a path, link, device file or size that is not safe."""
 
 
 class BackendDied(MMServerError):
     status_code = 500
-    error_type = "BackendDied"
     amzn_error_type = "InternalFailure"
 
 
 class ServiceUnavailable(MMServerError):
     status_code = 503
-    error_type = "ServiceUnavailable"
     amzn_error_type = "ServiceUnavailable"
 
 
 class QueueFull(ServiceUnavailable):
-    error_type = "QueueFull"
+    """The model's queue holds ``job_queue_size`` jobs."""
 
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
@@ -174,30 +176,74 @@ class QueueFull(ServiceUnavailable):
 
 
 class NoCapacity(ServiceUnavailable):
-    error_type = "NoCapacity"
+    """No loaded model can be evicted to make room for this one."""
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": "1"}
 
 
 class ShuttingDown(ServiceUnavailable):
-    error_type = "ShuttingDown"
+    """The server, or the model, is stopping."""
+
+
+class WorkersStopped(ServiceUnavailable):
+    """The model's ``maxWorkers`` is 0 (``PUT /models/NAME?max_worker=0``): it keeps no worker."""
 
 
 class PredictTimeout(MMServerError):
     status_code = 504
-    error_type = "PredictTimeout"
     amzn_error_type = "ServiceUnavailable"
 
 
 class ClientGone(PredictTimeout):
-    error_type = "ClientGone"
+    """The client left before its request was computed."""
 
 
 class InsufficientMemory(MMServerError):
     status_code = 507
-    error_type = "InsufficientMemory"
     amzn_error_type = None
+
+
+#: The simple name of the Java exception DJL Serving answers each failure with: the ``type`` of an
+#: error body (DJL's ``NettyUtils.sendError`` writes ``t.getClass().getSimpleName()``). A class
+#: not listed takes the name of its nearest listed base. Where DJL has no exception of its own
+#: for a failure, the name is the one DJL gives the nearest failure: ``BadRequestException``
+#: carries any 4xx (DJL's 409 is one), ``EngineException`` is a model its engine could not load
+#: or run.
+DJL_TYPES: dict[type[MMServerError], str] = {
+    MMServerError: "InternalServerException",
+    InvalidInput: "BadRequestException",
+    ModelNotReady: "WlmException",  # DJL: "Model is not ready"
+    ModelNotFound: "ModelNotFoundException",
+    NotFound: "ResourceNotFoundException",
+    MethodNotAllowed: "MethodNotAllowedException",
+    ModelExists: "BadRequestException",  # DJL: BadRequestException(409, "... already registered.")
+    RequestTooLarge: "BadRequestException",
+    UnsupportedMediaType: "BadRequestException",
+    Unauthorized: "BadRequestException",
+    Forbidden: "BadRequestException",
+    ModelError: "TranslateException",  # what DJL's predictor raises when the handler fails
+    ModelLoadError: "EngineException",  # DJL: "Failed to loaded model."
+    ConfigError: "IllegalConfigurationException",
+    UnsafeArchive: "MalformedModelException",
+    BackendDied: "EngineException",  # DJL: "Backend Python process is unrecoverable"
+    ServiceUnavailable: "ServiceUnavailableException",
+    QueueFull: "WlmCapacityException",  # DJL: "Worker queue capacity exceeded for model"
+    NoCapacity: "WlmOutOfMemoryException",  # DJL: "No enough memory to load the model."
+    ShuttingDown: "WlmShutdownException",
+    WorkersStopped: "WlmShutdownException",  # DJL: "All model workers has been shutdown"
+    PredictTimeout: "TimeoutException",  # the cause of DJL's predict timing out
+    InsufficientMemory: "WlmOutOfMemoryException",
+}
+
+
+def djl_type(cls: type[MMServerError]) -> str:
+    """DJL's Java exception name for errors of class ``cls`` (:data:`DJL_TYPES`)."""
+    for base in cls.__mro__:
+        name = DJL_TYPES.get(base)
+        if name is not None:
+            return name
+    return DJL_TYPES[MMServerError]
 
 
 def from_name(kind: str, message: str) -> MMServerError:

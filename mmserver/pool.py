@@ -95,6 +95,7 @@ class ModelPool:
         self.m_request_seconds = metrics.request_seconds.labels(name)
         self._stopped = False
         self._unloading = False  # set when stop() begins: workers leaving now are not scaling
+        self._refuse_if_stopped()
 
     # Requests ---------------------------------------------------------------------------------
 
@@ -374,10 +375,27 @@ class ModelPool:
 
     # Management -------------------------------------------------------------------------------
 
+    def _refuse_if_stopped(self) -> None:
+        """With ``maxWorkers`` 0 the model keeps no worker: its queue refuses new jobs, and
+        answers those it holds, with :class:`errors.WorkersStopped` (503), as DJL does."""
+        if self.config.max_workers > 0:
+            if self.queue.closed and not self._unloading:
+                self.queue.reopen()
+            return
+        message = (
+            f"model {self.name} has no workers: its maxWorkers is 0. Give it some with "
+            f"PUT /models/{self.name}?max_worker=N"
+        )
+        self.queue.close(lambda: errors.WorkersStopped(message))
+        for job in self.queue.drain():
+            job.fail(errors.WorkersStopped(message))
+
     async def rescale(self, config: ModelConfig) -> None:
-        """Apply new limits live: queued and running jobs are kept."""
+        """Apply new limits live: queued and running jobs are kept (with ``maxWorkers`` 0,
+        queued jobs are answered 503)."""
         self.config = config
         self.queue.maxsize = config.job_queue_size
+        self._refuse_if_stopped()
         started = [self._add_worker("minWorkers") for _ in range(workers_to_start(self.snapshot()))]
         # Idle workers above the new maxWorkers leave now; busy ones after their batch.
         excess = len(self.workers) - config.max_workers
@@ -448,15 +466,19 @@ class ModelPool:
         return [
             {
                 "id": w.id,
-                "startTime": datetime.datetime.fromtimestamp(
-                    w.start_time, datetime.UTC
-                ).isoformat(timespec="milliseconds"),
+                "startTime": _djl_date(w.start_time),
                 "status": w.state.value,
                 "backend": w.slot.index,
                 "lane": w.slot.lane.name,
             }
             for w in self.workers.values()
         ]
+
+
+def _djl_date(timestamp: float) -> str:
+    """A time as DJL writes its dates (``yyyy-MM-dd'T'HH:mm:ss.SSS'Z'``), in UTC."""
+    moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def _ms(seconds: float | None) -> float | None:

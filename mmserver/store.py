@@ -499,6 +499,30 @@ def _write(
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
 
+#: The extensions DJL Serving drops from an archive's name to name its model, in the order it
+#: tries them (``ai.djl.repository.FilenameUtils.getNamePart``; only ``.tar.gz`` in any case).
+_DJL_EXTENSIONS = (".tar.z", ".tgz", ".zip", ".tar", ".mar", ".gz", ".z")
+_NON_WORD = re.compile(r"\W", re.ASCII)
+
+
+def name_from_url(url: str) -> str:
+    """The name DJL Serving gives a model registered from ``url`` without ``model_name``
+    (``ModelInfo.inferModelNameFromUrl``): the last segment of the url's path, less its archive
+    extension unless the url ends with ``/``, with each character that is not an ASCII letter,
+    digit or ``_`` replaced by ``_`` (``my-model.tar.gz`` names ``my_model``)."""
+    path = unquote(urlsplit(url.strip()).path)
+    directory = path.endswith("/")
+    name = path.rstrip("/").rpartition("/")[2] if directory else path.rpartition("/")[2]
+    if not directory:
+        if name.lower().endswith(".tar.gz"):
+            name = name[: -len(".tar.gz")]
+        else:
+            for extension in _DJL_EXTENSIONS:
+                if name.endswith(extension):
+                    name = name[: -len(extension)]
+                    break
+    return _NON_WORD.sub("_", name)
+
 
 def resolve_model_url(url: str, allowed_roots: Sequence[Path]) -> Path:
     """The local path named by ``url`` (a path or a ``file://`` URL; relative paths are taken

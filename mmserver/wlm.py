@@ -98,6 +98,7 @@ class WorkLoadManager:
         self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
         self._holds: dict[str, float] = {}  # seconds a batch holds a backend, likewise
         self._signatures: dict[str, dict[str, Any] | None] = {}  # of loaded models only
+        self._startup: set[str] = set()  # named by load_models, until unregistered
         self._reserved_bytes = 0
         self._reserved_count = 0
         #: Set when room may have been made: a load ended or a loaded model went idle.
@@ -120,6 +121,7 @@ class WorkLoadManager:
             names = [n.strip() for n in wanted.split(",") if n.strip()]
         for name in names:
             try:
+                self._startup.add(normalize_name(name))
                 await self._get_pool(name)
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
@@ -438,8 +440,9 @@ class WorkLoadManager:
             for n, e in sorted(entries.items())
         ]
 
-    async def describe(self, name: str) -> list[dict[str, Any]]:
-        """DJL's describe shape: a list holding one object."""
+    async def describe(self, name: str) -> dict[str, Any]:
+        """The fields of DJL's ``DescribeWorkflowResponse.Model`` for model ``name``, and the
+        server's own (memory, cost, predict paths, the last load's error)."""
         name = normalize_name(name)
         pool = self._ready.get(name)
         entry = self._registered.get(name)
@@ -461,6 +464,7 @@ class WorkLoadManager:
             "queueSize": config.job_queue_size,
             "requestInQueue": len(pool.queue) if pool is not None else 0,
             "status": self.status(name).value,
+            "loadedAtStartup": name in self._startup,
             "workerGroups": [{
                 "device": {"deviceType": "cpu", "deviceId": -1},
                 "minWorkers": config.min_workers,
@@ -474,7 +478,7 @@ class WorkLoadManager:
         failure = self._failures.get(name)
         if failure is not None:
             result["error"] = failure.error.message
-        return [result]
+        return result
 
     async def register(
         self, *, url: str, name: str | None, overrides: dict[str, Any], synchronous: bool
@@ -528,8 +532,9 @@ class WorkLoadManager:
         except errors.ConfigError as exc:
             raise errors.InvalidInput(exc.message) from None
 
-    async def rescale(self, name: str, overrides: dict[str, Any]) -> None:
-        """Apply new worker and batching settings to a model, live; loads it if needed."""
+    async def rescale(self, name: str, overrides: dict[str, Any]) -> ModelConfig:
+        """Apply new worker and batching settings to a model, live (loading it if needed);
+        the model's configuration now."""
         name = normalize_name(name)
         self._check_overrides(overrides)
         pool = await self._get_pool(name, management=True)
@@ -540,6 +545,7 @@ class WorkLoadManager:
         self._overrides.setdefault(name, {}).update(overrides)
         await pool.rescale(config)
         log.info("model %s rescaled: %s", name, overrides)
+        return config
 
     async def unload(self, name: str) -> None:
         """Unload a model (answering what it has queued first) and forget its registration."""
@@ -555,6 +561,7 @@ class WorkLoadManager:
         self._forget(name)
 
     def _forget(self, name: str) -> None:
+        self._startup.discard(name)
         self._registered.pop(name, None)
         self._overrides.pop(name, None)
         self._urls.pop(name, None)

@@ -29,11 +29,15 @@ if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager
 
 
-class RequestIds:
-    """Request ids for error responses: a random per-process prefix and a counter.
+#: The header naming a request: every answer has it (as DJL Serving's do), with the client's own
+#: value when its request had one.
+REQUEST_ID = "X-Request-Id"
 
-    Made only when an error is answered, so the success path pays nothing for them.
-    """
+
+class RequestIds:
+    """Request ids for requests that came without one: a random per-process prefix and a counter
+    (a step of the counter and a short string per request; a UUID would cost several times
+    that)."""
 
     def __init__(self) -> None:
         self._prefix = secrets.token_hex(4)
@@ -59,6 +63,12 @@ class ApiState:
 
 
 STATE: web.AppKey[ApiState] = web.AppKey("mmserver_api_state", ApiState)
+
+
+def request_id(request: web.Request) -> str:
+    """The id of ``request``: its own ``X-Request-Id`` when the client sent one (DJL Serving
+    echoes it too), otherwise a new one."""
+    return request.headers.get(REQUEST_ID) or request.app[STATE].request_ids.next()
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

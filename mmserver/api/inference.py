@@ -21,7 +21,7 @@ from collections.abc import Callable
 from aiohttp import hdrs, web
 from multidict import CIMultiDictProxy
 
-from mmserver.api import STATE, read_body
+from mmserver.api import REQUEST_ID, STATE, read_body, request_id
 from mmserver.api.middleware import Handler, answer_error, answer_unexpected
 from mmserver.codecs import Request, make_request, response_type
 from mmserver.errors import (
@@ -42,16 +42,18 @@ _UNRESOLVED_ERRORS = (InvalidModelName, ModelNotFound, ShuttingDown)
 
 _HEALTHY = b'{"status": "Healthy"}'
 _UNHEALTHY = (
-    b'{"status": "Unhealthy", "code": 503, "type": "ShuttingDown", '
+    b'{"status": "Unhealthy", "code": 503, "type": "WlmShutdownException", '
     b'"message": "the server is shutting down and accepts no new requests"}'
 )
+_JSON = "application/json"
 
 
 async def ping(request: web.Request) -> web.Response:
     """200 ``{"status": "Healthy"}``; 503 once shutdown has begun."""
+    headers = {REQUEST_ID: request_id(request)}
     if request.app[STATE].wlm.accepting:
-        return web.Response(body=_HEALTHY, content_type="application/json")
-    return web.Response(status=503, body=_UNHEALTHY, content_type="application/json")
+        return web.Response(body=_HEALTHY, content_type=_JSON, headers=headers)
+    return web.Response(status=503, body=_UNHEALTHY, content_type=_JSON, headers=headers)
 
 
 #: Where a protocol finds the model's name in a request (raising when it is missing), how it
@@ -95,7 +97,11 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
             code = 200
             pool.m_answered.inc()
             pool.m_request_seconds.observe(time.perf_counter() - start)
-            return respond(answer, job)
+            response = respond(answer, job)
+            response.headers[REQUEST_ID] = (
+                request.headers.get(REQUEST_ID) or state.request_ids.next()
+            )
+            return response
         except MMServerError as error:
             code = error.status_code
             return answer_error(request, error)

@@ -4,7 +4,11 @@ Parameters come from the query string or from a JSON (or form) body; the body wi
 name a key. DJL's names are used: ``min_worker``, ``max_worker``, ``batch_size``,
 ``max_batch_delay`` (ms), ``max_idle_time`` (s), ``job_queue_size``, ``synchronous``. Unknown
 parameters (DJL's ``engine``, ``model_version`` ...) are ignored. A configuration the model cannot
-take (``min_worker`` above ``max_worker``, say) is answered 400.
+take (``min_worker`` above ``max_worker``, say) is answered 400. ``max_worker=0`` is taken, as
+DJL takes it: the model keeps no worker and its requests are answered 503 until it is given some.
+
+Answers are DJL Serving's (``ManagementRequestHandler``): the same status messages, and describe
+as DJL's ``DescribeWorkflowResponse``, a list of workflows each holding its models.
 
 ``GET /models`` pages through the models sorted by name: ``limit`` (1 to 100; larger values are
 capped at 100, as in DJL) and ``next_page_token``, which is the last name of the previous page,
@@ -26,8 +30,8 @@ from aiohttp import web
 from mmserver.api import STATE, read_body
 from mmserver.api.middleware import answers_errors, authorize
 from mmserver.codecs import media_type
-from mmserver.errors import ConfigError, InvalidInput
-from mmserver.store import normalize_name
+from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
+from mmserver.store import name_from_url, normalize_name
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_PAGE = 100
@@ -43,7 +47,10 @@ _REGISTER_PARAMS = {
 }
 _RESCALE_PARAMS = {key: value for key, value in _REGISTER_PARAMS.items() if key != "job_queue_size"}
 # Overrides that must be at least 1.
-_POSITIVE = ("max_workers", "batch_size", "job_queue_size")
+_POSITIVE = ("batch_size", "job_queue_size")
+
+# DJL's model status (WorkerPoolConfig.Status) for a status of the WorkLoadManager.
+_DJL_STATUS = {"LOADING": "PENDING"}
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 _TRUE = ("true", "1", "yes", "on")
@@ -61,7 +68,10 @@ async def list_models(request: web.Request) -> web.Response:
     token = query.get("next_page_token")
     if token:
         start = bisect.bisect_right(models, token, key=lambda m: m["modelName"])
-    page = models[start : start + limit]
+    page = [
+        {**m, "status": _DJL_STATUS.get(m["status"], m["status"])}
+        for m in models[start : start + limit]
+    ]
     body: dict[str, Any] = {"models": page}
     if start + limit < len(models):
         body["nextPageToken"] = page[-1]["modelName"]
@@ -69,9 +79,35 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def describe_model(request: web.Request) -> web.Response:
-    """``GET /models/{model}``: DJL's describe shape, a list with one object."""
+    """``GET /models/{model}``: DJL's ``DescribeWorkflowResponse[]``, one workflow (unversioned,
+    so it has no ``version``, as DJL leaves a null one out) holding the model."""
     name = normalize_name(request.match_info["model"])
-    return web.json_response(await request.app[STATE].wlm.describe(name))
+    model = await request.app[STATE].wlm.describe(name)
+    model["status"] = _describe_status(model)
+    return web.json_response([{"workflowName": name, "models": [model]}])
+
+
+def _name_from_url(url: str) -> str:
+    """DJL's name for a model registered from ``url`` without ``model_name``."""
+    name = name_from_url(url)
+    try:
+        return normalize_name(name)
+    except InvalidModelName:
+        raise InvalidInput(
+            f"the model name taken from url {url!r} is {name!r}, which is not a valid model "
+            "name; give one in model_name"
+        ) from None
+
+
+def _describe_status(model: Mapping[str, Any]) -> str:
+    """DJL's status of a described model: a loaded one is ``Healthy`` when it has at least its
+    ``minWorkers`` workers, ``Unhealthy`` otherwise; a loading one ``PENDING``."""
+    status: str = model["status"]
+    if status == "READY":
+        groups = model["workerGroups"]
+        workers = sum(len(g["workers"]) for g in groups)
+        return "Healthy" if workers >= sum(g["minWorkers"] for g in groups) else "Unhealthy"
+    return _DJL_STATUS.get(status, status)
 
 
 async def register_model(request: web.Request) -> web.Response:
@@ -82,10 +118,9 @@ async def register_model(request: web.Request) -> web.Response:
     if not isinstance(url, str) or not url:
         raise InvalidInput("parameter 'url' is required: the model's folder or archive")
     name = params.get("model_name")
-    if name is not None:
-        if not isinstance(name, str):
-            raise InvalidInput("parameter 'model_name' must be a string")
-        name = normalize_name(name)
+    if name is not None and not isinstance(name, str):
+        raise InvalidInput("parameter 'model_name' must be a string")
+    name = normalize_name(name) if name else _name_from_url(url)
     overrides = _overrides(params, _REGISTER_PARAMS)
     synchronous = bool_param(params, "synchronous", default=True)
     try:
@@ -95,8 +130,8 @@ async def register_model(request: web.Request) -> web.Response:
     except ConfigError as error:
         raise InvalidInput(error.message) from None
     if synchronous:
-        return web.json_response({"status": f'Model "{model}" registered'})
-    return web.json_response({"status": f'Model "{model}" registration scheduled'}, status=202)
+        return web.json_response({"status": f'Model "{model}" registered.'})
+    return web.json_response({"status": f'Model "{model}" registration scheduled.'}, status=202)
 
 
 async def rescale_model(request: web.Request) -> web.Response:
@@ -105,10 +140,13 @@ async def rescale_model(request: web.Request) -> web.Response:
     name = normalize_name(request.match_info["model"])
     overrides = _overrides(await request_params(request), _RESCALE_PARAMS)
     try:
-        await request.app[STATE].wlm.rescale(name, overrides)
+        config = await request.app[STATE].wlm.rescale(name, overrides)
     except ConfigError as error:
         raise InvalidInput(error.message) from None
-    return web.json_response({"status": f'Model "{name}" updated'})
+    return web.json_response({
+        "status": f'Workflow "{name}" worker scaled. New Worker configuration '
+        f"min workers:{config.min_workers} max workers:{config.max_workers}"
+    })
 
 
 async def unload_model(request: web.Request) -> web.Response:
@@ -116,7 +154,7 @@ async def unload_model(request: web.Request) -> web.Response:
     authorize(request)
     name = normalize_name(request.match_info["model"])
     await request.app[STATE].wlm.unload(name)
-    return web.json_response({"status": f'Model "{name}" unregistered'})
+    return web.json_response({"status": f'Model or workflow "{name}" unregistered'})
 
 
 async def metrics(request: web.Request) -> web.Response:

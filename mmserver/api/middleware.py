@@ -1,19 +1,22 @@
 """Errors become HTTP responses here and nowhere else; and the management API's access rule.
 
-Every error answer has the JSON body ``{"code", "type", "message"}`` (on the Open Inference
-Protocol's paths, under ``/v2``, the protocol's ``{"error": message}``), the status and headers its
-:class:`~mmserver.errors.MMServerError` asks for, and an ``X-Request-Id`` header whose value also
-ends the message, so a client's report can be matched with the server's log line. On the SageMaker
-paths (``/invocations``, ``/endpoints/{endpoint}/invocations``, ``/models/{model}/invoke``) the
-``x-amzn-ErrorType`` header names the error shape of the SageMaker Runtime API
-(``ValidationError``, ``ModelError``, ``ServiceUnavailable``, ``InternalFailure``), which botocore
-reads to raise the matching exception. Any other exception is logged with its traceback and
-answered 500 ``InternalFailure`` with a generic message: a traceback never reaches the client.
+Every error answer has the JSON body ``{"code", "type", "message"}`` (``type``: DJL Serving's
+Java exception name for the error, :data:`~mmserver.errors.DJL_TYPES`; on the Open Inference
+Protocol's paths, under ``/v2``, the protocol's ``{"error": message}``), the status and headers
+its :class:`~mmserver.errors.MMServerError` asks for, and the ``X-Request-Id`` header that every
+answer has (:func:`~mmserver.api.request_id`), whose value also ends the message, so a client's
+report can be matched with the server's log line. On the SageMaker paths (``/invocations``,
+``/endpoints/{endpoint}/invocations``, ``/models/{model}/invoke``) the ``x-amzn-ErrorType``
+header names the error shape of the SageMaker Runtime API (``ValidationError``, ``ModelError``,
+``ServiceUnavailable``, ``InternalFailure``), which botocore reads to raise the matching
+exception. Any other exception is logged with its traceback and answered 500 with a generic
+message: a traceback never reaches the client.
 
 The rule is applied per route, not as an aiohttp middleware (which would add two coroutine frames
 and a wrapper to every request, inference included): :func:`answers_errors` wraps the management
-handlers, the inference handler calls :func:`answer_error` itself, and :func:`unmatched`, the
-last route, answers any path or method no other route takes (404, or 405 with ``Allow``).
+handlers (and puts ``X-Request-Id`` on their answers), the inference handler calls
+:func:`answer_error` itself, and :func:`unmatched`, the last route, answers any path or method no
+other route takes (404, or 405 with ``Allow``).
 
 Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``, and the V2
 repository's ``load`` and ``unload``) pass
@@ -32,21 +35,22 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
-from mmserver.api import STATE
+from mmserver.api import REQUEST_ID, STATE, request_id
 from mmserver.config import ServerConfig
 from mmserver.errors import (
     ConfigError,
+    InvalidInput,
     MethodNotAllowed,
     MMServerError,
     NotFound,
     RequestTooLarge,
     Unauthorized,
+    djl_type,
 )
 
 log = logging.getLogger(__name__)
 
 AMZN_ERROR_TYPE = "x-amzn-ErrorType"
-REQUEST_ID = "X-Request-Id"
 
 #: The SageMaker paths: their errors carry ``x-amzn-ErrorType``.
 SAGEMAKER_PATHS = frozenset(
@@ -59,11 +63,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class HTTPError(MMServerError):
     """An error aiohttp raised itself, with no class of its own in the error tree."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status_code = status
-        self.error_type = reason.replace(" ", "").replace("-", "") or "HTTPError"
         self.amzn_error_type = "ValidationError" if status < 500 else "InternalFailure"
+
+    @property
+    def error_type(self) -> str:
+        return djl_type(InvalidInput if self.status_code < 500 else MMServerError)
 
 
 def answers_errors(handler: Handler) -> Handler:
@@ -72,7 +79,7 @@ def answers_errors(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def answering(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(request)
+            response = await handler(request)
         except MMServerError as error:
             return answer_error(request, error)
         except web.HTTPException as exc:
@@ -81,6 +88,9 @@ def answers_errors(handler: Handler) -> Handler:
             return error_response(request, _from_http(request, exc), _passed_headers(exc))
         except Exception:
             return answer_unexpected(request)
+        if REQUEST_ID not in response.headers:  # an error answered by the handler has one
+            response.headers[REQUEST_ID] = request_id(request)
+        return response
 
     return answering
 
@@ -103,15 +113,15 @@ def answer_error(request: web.Request, error: MMServerError) -> web.Response:
 def answer_unexpected(request: web.Request) -> web.Response:
     """The answer to ``request`` for an exception outside the error tree (call it from the
     ``except`` clause): logged with its traceback, answered 500 with a generic message."""
-    request_id = request.app[STATE].request_ids.next()
+    rid = request_id(request)
     log.exception(
         "unexpected error answering %s %s (request id %s)",
         request.method,
         _shown(request.path),
-        request_id,
+        rid,
     )
     failure = MMServerError("the server failed to answer this request; it has logged the cause")
-    return error_response(request, failure, request_id=request_id)
+    return error_response(request, failure, rid=rid)
 
 
 @answers_errors
@@ -142,19 +152,19 @@ def error_response(
     error: MMServerError,
     extra_headers: dict[str, str] | None = None,
     *,
-    request_id: str | None = None,
+    rid: str | None = None,
 ) -> web.Response:
     """The HTTP answer for ``error`` to ``request``."""
-    if request_id is None:
-        request_id = request.app[STATE].request_ids.next()
-    message = f"{error.message} (request id {request_id})"
+    if rid is None:
+        rid = request_id(request)
+    message = f"{error.message} (request id {rid})"
     body: dict[str, object]
     if is_v2_request(request):
         body = {"error": message}
     else:
         body = error.to_dict()
         body["message"] = message
-    headers = {REQUEST_ID: request_id}
+    headers = {REQUEST_ID: rid}
     if extra_headers:
         headers.update(extra_headers)
     headers.update(error.headers())
@@ -187,7 +197,7 @@ def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
             f"the request body is over the limit of {request.client_max_size} bytes "
             "(max_request_size)"
         )
-    return HTTPError(exc.status, exc.reason, exc.text or exc.reason)
+    return HTTPError(exc.status, exc.text or exc.reason)
 
 
 def _passed_headers(exc: web.HTTPException) -> dict[str, str]:

@@ -27,7 +27,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDictProxy
 
 from mmserver import __version__
-from mmserver.api import STATE
+from mmserver.api import REQUEST_ID, STATE, request_id
 from mmserver.api.inference import inference_handler
 from mmserver.api.management import bool_param, request_params
 from mmserver.api.middleware import answers_errors, authorize
@@ -62,12 +62,13 @@ _STATES = {
 
 async def live(request: web.Request) -> web.Response:
     """200 while the process serves, also while it drains (a liveness probe)."""
-    return web.Response()
+    return web.Response(headers={REQUEST_ID: request_id(request)})
 
 
 async def ready(request: web.Request) -> web.Response:
     """200 while the server accepts work; 503 once shutdown has begun (a readiness probe)."""
-    return web.Response(status=200 if request.app[STATE].wlm.accepting else 503)
+    status = 200 if request.app[STATE].wlm.accepting else 503
+    return web.Response(status=status, headers={REQUEST_ID: request_id(request)})
 
 
 async def server_metadata(request: web.Request) -> web.Response:

@@ -58,12 +58,16 @@ class Client:
         return status, seconds
 
     def describe(self, model: str) -> dict[str, Any] | None:
-        """``GET /models/{model}``'s first object, or None when it is not 200."""
+        """The model of ``GET /models/{model}`` (DJL's array of workflows, each holding its
+        models), or None when it is not 200."""
         status, data, _ = self.request("GET", f"/models/{model}")
         if status != 200:
             return None
         described = json.loads(data)
-        return described[0] if isinstance(described, list) and described else None
+        if not (isinstance(described, list) and described and described[0].get("models")):
+            return None
+        model_info: dict[str, Any] = described[0]["models"][0]
+        return model_info
 
     def close(self) -> None:
         if self._conn is not None:

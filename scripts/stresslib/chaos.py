@@ -161,7 +161,8 @@ async def _run(args: argparse.Namespace, server: proc.Server, rng: random.Random
         for model in models:
             await probes.learn(session, server.url, model)
             async with session.get(f"{server.url}/models/{model}") as response:
-                largest_batch = max(largest_batch, (await response.json())[0]["batchSize"])
+                [workflow] = await response.json()
+                largest_batch = max(largest_batch, workflow["models"][0]["batchSize"])
         print(f"server pid {server.pid} on {server.url}: {len(models)} models probed", flush=True)
         before_tree = await wait_for_tree(server, args.backend_processes, 30)
         before = proc.memory(server.pid)

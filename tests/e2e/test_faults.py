@@ -76,8 +76,9 @@ async def predict(
 async def describe(session: aiohttp.ClientSession, url: str, name: str) -> dict[str, Any]:
     async with session.get(f"{url}/models/{name}") as response:
         assert response.status == 200
-        body: list[dict[str, Any]] = await response.json()
-        return body[0]
+        [workflow] = await response.json()
+        model: dict[str, Any] = workflow["models"][0]
+        return model
 
 
 def linear(x: float) -> Any:
@@ -132,7 +133,7 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
         for path in ("predictions", "invocations"):
             status, body, headers = await predict(session, server.url, "victim", 0.5, path)
             assert status == 500, body
-            assert body["type"] == "ModelLoadError"
+            assert body["type"] == "EngineException"
             assert "model victim" in body["message"]
             assert "victim.tar.gz cannot be unpacked" in body["message"]
             if path == "invocations":
@@ -216,7 +217,7 @@ async def test_full_queue_refuses_that_model_only_and_answers_what_it_queued(
             path = "predictions" if i % 2 else "invocations"
             status, body, headers = await predict(session, server.url, "gated", 9.0, path)
             assert status == 503, body
-            assert body["type"] == "QueueFull"
+            assert body["type"] == "WlmCapacityException"
             assert int(headers["Retry-After"]) >= 1
             if path == "invocations":
                 assert headers["x-amzn-ErrorType"] == "ServiceUnavailable"
@@ -269,7 +270,7 @@ async def test_backend_killed_while_loading_a_model_loads_it_again(tmp_path: Pat
         assert [(status, body) for status, body, _ in results] == [
             (200, {"predictions": [2.0 * i]}) for i in range(5)
         ]
-        assert (await describe(session, server.url, "slow-load"))["status"] == "READY"
+        assert (await describe(session, server.url, "slow-load"))["status"] == "Healthy"
         status, _, _ = await predict(session, server.url, "sklearn-0", 0.5)
         assert status == 200
         assert "loading it again" in server.log()
@@ -394,7 +395,7 @@ async def test_sigterm_while_models_are_loading(tmp_path: Path) -> None:
         for result in loading_results:
             assert not isinstance(result, BaseException), result
             status, body, _ = result
-            assert status == 503 and body["type"] == "ShuttingDown", body
+            assert status == 503 and body["type"] == "WlmShutdownException", body
         for i, result in enumerate(running_results):
             assert not isinstance(result, BaseException), result
             assert result[:2] == (200, {"predictions": [2.0 * i]})

@@ -79,7 +79,7 @@ async def test_sigterm_under_load_answers_every_accepted_request(
             answered = 0
             for i, (status, body) in enumerate(results):  # type: ignore[misc]
                 if status == 503:
-                    assert body["type"] == "ShuttingDown"  # type: ignore[index]
+                    assert body["type"] == "WlmShutdownException"  # type: ignore[index]
                     continue
                 assert status == 200, body
                 assert body == {"predictions": [2.0 * i]}
@@ -92,7 +92,7 @@ async def test_sigterm_under_load_answers_every_accepted_request(
                     f"{server.url}/predictions/sklearn-0", json=[[0.5]]
                 ) as response:
                     assert response.status == 503
-                    assert (await response.json())["type"] == "ShuttingDown"
+                    assert (await response.json())["type"] == "WlmShutdownException"
             except aiohttp.ClientConnectionError:
                 pass
         assert await server.wait(35) == 0

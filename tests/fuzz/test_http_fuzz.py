@@ -135,5 +135,5 @@ async def test_a_doubled_archive_suffix_is_refused_and_loads_nothing(server: Har
     for name in ("sklearn-7.tar.gz.tar.gz", "sklearn-7.tgz.tar.gz", "sklearn-7.tar.gz.tgz"):
         response = await server.post(f"/predictions/{name}", "[[0.5]]")
         assert response.status == 400
-        assert (await error_of(response))["type"] == "InvalidModelName"
+        assert (await error_of(response))["type"] == "BadRequestException"
     assert server.wlm.loaded == ["sklearn-7"]

@@ -215,14 +215,28 @@ async def server(serve: Serve) -> Harness:
 
 
 async def error_of(response: ClientResponse) -> dict[str, Any]:
-    """The JSON error body, checked for its fixed shape and request id."""
+    """The JSON error body, checked for its fixed shape and request id (a 424 also has the
+    SageMaker ``ModelError`` members ``OriginalStatusCode`` and ``OriginalMessage``)."""
     assert response.content_type == "application/json"
     body: dict[str, Any] = json.loads(await response.read())
-    assert set(body) == {"code", "type", "message"}
-    assert body["code"] == response.status
     request_id = response.headers["X-Request-Id"]
     assert body["message"].endswith(f" (request id {request_id})")
+    if response.status == 424:
+        assert body.pop("OriginalStatusCode") == 424
+        assert body["message"] == f"{body.pop('OriginalMessage')} (request id {request_id})"
+    assert set(body) == {"code", "type", "message"}
+    assert body["code"] == response.status
     return body
+
+
+async def describe(harness: Harness, name: str) -> dict[str, Any]:
+    """The model of ``GET /models/{name}`` (DJL's describe: one workflow holding the model)."""
+    response = await harness.client.get(f"/models/{name}")
+    assert response.status == 200, await response.text()
+    [workflow] = await response.json()
+    [model] = workflow["models"]
+    assert isinstance(model, dict)
+    return model
 
 
 async def wait_until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:

@@ -52,9 +52,9 @@ async def check(
 )
 async def test_400_bad_body(server: Harness, body: bytes, content_type: str, message: str) -> None:
     response = await server.post("/invocations", body, content_type, **{TARGET: "sklearn-0"})
-    await check(response, 400, "InvalidInput", message, "ValidationError")
+    await check(response, 400, "BadRequestException", message, "ValidationError")
     response = await server.post("/predictions/sklearn-0", body, content_type)
-    await check(response, 400, "InvalidInput", message, None)
+    await check(response, 400, "BadRequestException", message, None)
 
 
 async def test_400_wrong_number_of_features(server: Harness) -> None:
@@ -62,22 +62,26 @@ async def test_400_wrong_number_of_features(server: Harness) -> None:
     await check(
         response,
         400,
-        "InvalidInput",
+        "BadRequestException",
         "model iris-classifier expects 4 feature(s) per row, got 2",
         "ValidationError",
     )
     response = await server.post("/predictions/sklearn-0", "[[1.0, 2.0, 3.0]]")
     await check(
-        response, 400, "InvalidInput", "model sklearn-0 expects 1 feature(s) per row, got 3", None
+        response,
+        400,
+        "BadRequestException",
+        "model sklearn-0 expects 1 feature(s) per row, got 3",
+        None,
     )
 
 
 @pytest.mark.parametrize("name", ["-starts-with-dash", "a" * 129, "sp ace", "bad%2Fslash", "é"])
 async def test_400_bad_model_name(server: Harness, name: str) -> None:
     response = await server.post(f"/models/{name}/invoke", "[[0.5]]")
-    await check(response, 400, "InvalidModelName", "invalid model name", "ValidationError")
+    await check(response, 400, "BadRequestException", "invalid model name", "ValidationError")
     response = await server.post("/invocations", "[[0.5]]", **{TARGET: name.replace("%2F", "/")})
-    await check(response, 400, "InvalidModelName", "invalid model name", "ValidationError")
+    await check(response, 400, "BadRequestException", "invalid model name", "ValidationError")
 
 
 @pytest.mark.parametrize("path", ["/invocations", "/endpoints/ep/invocations"])
@@ -86,7 +90,7 @@ async def test_400_missing_target_model(server: Harness, path: str) -> None:
     await check(
         response,
         400,
-        "InvalidInput",
+        "BadRequestException",
         "missing target model: set the X-Amzn-SageMaker-Target-Model header",
         "ValidationError",
     )
@@ -100,12 +104,18 @@ async def test_400_missing_target_model(server: Harness, path: str) -> None:
 async def test_404_unknown_model(server: Harness) -> None:
     response = await server.post("/endpoints/ep/invocations", "[[0.5]]", **{TARGET: "nope.tar.gz"})
     await check(
-        response, 404, "ModelNotFound", "model nope is not in the model store", "ValidationError"
+        response,
+        404,
+        "ModelNotFoundException",
+        "model nope is not in the model store",
+        "ValidationError",
     )
     response = await server.post("/predictions/nope", "[[0.5]]")
-    await check(response, 404, "ModelNotFound", "model nope is not in the model store", None)
+    await check(
+        response, 404, "ModelNotFoundException", "model nope is not in the model store", None
+    )
     response = await server.client.get("/models/nope")
-    await check(response, 404, "ModelNotFound", "nope", None)
+    await check(response, 404, "ModelNotFoundException", "nope", None)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +124,7 @@ async def test_404_unknown_model(server: Harness) -> None:
 )
 async def test_404_unknown_path(server: Harness, method: str, path: str) -> None:
     response = await server.client.request(method, path)
-    await check(response, 404, "NotFound", f"no such path: {method} {path}", None)
+    await check(response, 404, "ResourceNotFoundException", f"no such path: {method} {path}", None)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +141,11 @@ async def test_404_unknown_path(server: Harness, method: str, path: str) -> None
 async def test_405_wrong_method(server: Harness, method: str, path: str, allowed: str) -> None:
     response = await server.client.request(method, path)
     await check(
-        response, 405, "MethodNotAllowed", f"method {method} is not allowed on {path}", None
+        response,
+        405,
+        "MethodNotAllowedException",
+        f"method {method} is not allowed on {path}",
+        None,
     )
     assert sorted(response.headers["Allow"].split(",")) == allowed.split(",")
 
@@ -148,7 +162,7 @@ async def test_413_declared_length(serve: Serve) -> None:
     await check(
         response,
         413,
-        "RequestTooLarge",
+        "BadRequestException",
         f"the request body is {len(body)} bytes; the limit is 1024 bytes",
         "ValidationError",
     )
@@ -175,7 +189,7 @@ async def test_413_chunked_body_is_refused_before_its_end(serve: Serve) -> None:
         )
     finally:
         answered.set()
-    await check(response, 413, "RequestTooLarge", "the limit is 1024 bytes", "ValidationError")
+    await check(response, 413, "BadRequestException", "the limit is 1024 bytes", "ValidationError")
 
 
 @pytest.mark.parametrize("content_type", ["application/xml", "text/plain", "image/png"])
@@ -184,7 +198,7 @@ async def test_415_unsupported_content_type(server: Harness, content_type: str) 
     await check(
         response,
         415,
-        "UnsupportedMediaType",
+        "BadRequestException",
         f"content type {content_type!r} is not supported; send one of application/json, "
         "text/csv, application/x-npy",
         "ValidationError",
@@ -198,14 +212,18 @@ async def test_415_unsupported_content_type(server: Harness, content_type: str) 
 
 async def test_424_model_raised(server: Harness) -> None:
     response = await server.post("/models/raising-handler/invoke", "[[0.5]]")
-    await check(response, 424, "ModelError", "ValueError: feature 0 is out of range", "ModelError")
+    await check(
+        response, 424, "TranslateException", "ValueError: feature 0 is out of range", "ModelError"
+    )
     response = await server.post("/predictions/raising-handler", "[[0.5]]")
-    await check(response, 424, "ModelError", "ValueError: feature 0 is out of range", None)
+    await check(response, 424, "TranslateException", "ValueError: feature 0 is out of range", None)
 
 
 async def test_500_model_failed_to_load(server: Harness) -> None:
     response = await server.post("/invocations", "[[0.5]]", **{TARGET: "broken-model"})
-    await check(response, 500, "ModelLoadError", "model.joblib cannot be loaded", "InternalFailure")
+    await check(
+        response, 500, "EngineException", "model.joblib cannot be loaded", "InternalFailure"
+    )
     # The server keeps serving the other models.
     response = await server.post("/predictions/sklearn-0", "[[0.5]]")
     assert response.status == 200
@@ -214,7 +232,7 @@ async def test_500_model_failed_to_load(server: Harness) -> None:
 async def test_500_backend_died(serve: Serve) -> None:
     harness = await serve(backend_processes=1)
     response = await harness.post("/models/dying-handler/invoke", "[[0.5]]")
-    await check(response, 500, "BackendDied", "died", "InternalFailure")
+    await check(response, 500, "EngineException", "died", "InternalFailure")
     # The process is replaced: other models still answer.
     response = await harness.post("/models/sklearn-0/invoke", "[[0.5]]")
     assert response.status == 200
@@ -230,7 +248,7 @@ async def test_500_unexpected_exception_is_generic(serve: Serve) -> None:
     body = await check(
         response,
         500,
-        "InternalFailure",
+        "InternalServerException",
         "the server failed to answer this request; it has logged the cause",
         None,
     )
@@ -248,7 +266,7 @@ async def test_500_unexpected_exception_on_the_inference_path_is_generic(
     body = await check(
         response,
         500,
-        "InternalFailure",
+        "InternalServerException",
         "the server failed to answer this request; it has logged the cause",
         "InternalFailure",
     )
@@ -273,7 +291,7 @@ async def test_503_queue_full(server: Harness, gate: Gate) -> None:
     queued = asyncio.ensure_future(server.post("/models/gated-handler/invoke", "[[0.5]]"))
     await wait_until(lambda: queue_length(server, "gated-handler") == 1)
     response = await server.post("/models/gated-handler/invoke", "[[0.5]]")
-    await check(response, 503, "QueueFull", "", "ServiceUnavailable")
+    await check(response, 503, "WlmCapacityException", "", "ServiceUnavailable")
     assert int(response.headers["Retry-After"]) >= 1
     gate.open()
     for task in (running, queued):
@@ -287,14 +305,18 @@ async def test_503_nothing_evictable_and_507_for_management(serve: Serve, gate: 
     running = await hold_gate(harness, gate, "/predictions/gated-handler")
     response = await harness.post("/invocations", "[[0.5]]", **{TARGET: "sklearn-0"})
     await check(
-        response, 503, "NoCapacity", "no room to load model sklearn-0", "ServiceUnavailable"
+        response,
+        503,
+        "WlmOutOfMemoryException",
+        "no room to load model sklearn-0",
+        "ServiceUnavailable",
     )
     assert response.headers["Retry-After"] == "1"
 
     response = await harness.client.post(
         "/models", json={"url": "sklearn-5.tar.gz", "model_name": "another"}
     )
-    await check(response, 507, "InsufficientMemory", "no room to load model another", None)
+    await check(response, 507, "WlmOutOfMemoryException", "no room to load model another", None)
     gate.open()
     assert (await running).status == 200
     # Once the busy model is idle, it is evicted for the next one.
@@ -305,12 +327,12 @@ async def test_503_nothing_evictable_and_507_for_management(serve: Serve, gate: 
 async def test_503_shutting_down(server: Harness) -> None:
     server.wlm.begin_shutdown()
     response = await server.post("/invocations", "[[0.5]]", **{TARGET: "sklearn-0"})
-    await check(response, 503, "ShuttingDown", "shutting down", "ServiceUnavailable")
+    await check(response, 503, "WlmShutdownException", "shutting down", "ServiceUnavailable")
     response = await server.client.get("/ping")
     assert response.status == 503
     body = await response.json()
     assert body["status"] == "Unhealthy"
-    assert body["code"] == 503 and body["type"] == "ShuttingDown"
+    assert body["code"] == 503 and body["type"] == "WlmShutdownException"
 
 
 async def test_504_predict_timeout(serve: Serve, gate: Gate) -> None:
@@ -319,7 +341,7 @@ async def test_504_predict_timeout(serve: Serve, gate: Gate) -> None:
     await check(
         response,
         504,
-        "PredictTimeout",
+        "TimeoutException",
         "did not finish within option.predict_timeout",
         "ServiceUnavailable",
     )

@@ -194,7 +194,7 @@ async def test_body_of_exactly_the_limit_is_accepted(serve: object) -> None:
     assert response.status == 200
     response = await harness.post("/predictions/sklearn-0", body + b" ")
     assert response.status == 413
-    assert (await error_of(response))["type"] == "RequestTooLarge"
+    assert (await error_of(response))["type"] == "BadRequestException"
 
 
 async def test_head_ping(server: Harness) -> None:

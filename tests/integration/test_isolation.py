@@ -18,7 +18,7 @@ import pytest
 
 from mmserver.worker import WorkerState
 from tests.behaviour_models import make_spinning_dir
-from tests.integration.harness import Harness, Serve, wait_until
+from tests.integration.harness import Harness, Serve, describe, wait_until
 from tests.models import make_linked_store
 
 LIGHT_PROCESSES = 2
@@ -32,13 +32,6 @@ def store(tmp_path: Path) -> Path:
 async def answer(harness: Harness, model: str, x: float) -> Any:
     response = await harness.post(f"/predictions/{model}", json.dumps([[x]]))
     return response.status, json.loads(await response.read())
-
-
-async def described(harness: Harness, model: str) -> dict[str, Any]:
-    response = await harness.client.get(f"/models/{model}")
-    assert response.status == 200
-    body: list[dict[str, Any]] = json.loads(await response.read())
-    return body[0]
 
 
 def lanes_of(harness: Harness, model: str) -> list[str]:
@@ -92,7 +85,7 @@ async def test_light_models_are_answered_while_a_heavy_one_holds_every_heavy_bac
     gate.touch()
     assert [await task for task in held] == [(200, {"predictions": [60.0]})] * 6
 
-    info = await described(harness, "hog")
+    info = await describe(harness, "hog")
     assert info["lane"] == "heavy"
     assert {w["lane"] for w in info["workerGroups"][0]["workers"]} == {"heavy"}
     assert info["costPerBatchMillis"] >= 20.0
@@ -126,7 +119,7 @@ async def test_a_model_whose_cost_falls_moves_back_to_the_light_lane(
         if pool is not None and pool.lane == "light":
             break
     await settled_in(harness, "changing", "light")
-    assert (await described(harness, "changing"))["lane"] == "light"
+    assert (await describe(harness, "changing"))["lane"] == "light"
     assert await answer(harness, "changing", 1.0) == (200, {"predictions": [2.0]})
 
 
@@ -172,4 +165,4 @@ async def test_the_backend_is_shared_by_time_not_by_turns(
     last_cheap = len(order) - 1 - order[::-1].index("cheap")
     assert order[:last_cheap].count("costly") <= 2, order
     # Each cheap batch that waited counted the costly batch ahead of it.
-    assert (await described(harness, "cheap"))["batchesWaitedBehind"] >= 1
+    assert (await describe(harness, "cheap"))["batchesWaitedBehind"] >= 1

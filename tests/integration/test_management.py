@@ -4,20 +4,10 @@ register, rescale, unload."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.harness import STORE_COUNT, Harness, error_of, wait_until
-
-
-async def describe(harness: Harness, name: str) -> dict[str, Any]:
-    response = await harness.client.get(f"/models/{name}")
-    assert response.status == 200
-    body = await response.json()
-    assert isinstance(body, list) and len(body) == 1
-    result: dict[str, Any] = body[0]
-    return result
+from tests.integration.harness import STORE_COUNT, Harness, describe, error_of, wait_until
 
 
 async def names_listed(harness: Harness) -> set[str]:
@@ -101,7 +91,7 @@ async def test_list_bad_limit(server: Harness, limit: str, message: str) -> None
     response = await server.client.get("/models", params={"limit": limit})
     assert response.status == 400
     body = await error_of(response)
-    assert body["type"] == "InvalidInput"
+    assert body["type"] == "BadRequestException"
     assert body["message"].startswith(message)
 
 
@@ -131,7 +121,7 @@ async def test_describe_unloaded_and_loaded(server: Harness) -> None:
     assert (await server.post("/predictions/sklearn-20", "[[0.5]]")).status == 200
     after = await describe(server, "sklearn-20.tar.gz")
     assert after["modelName"] == "sklearn-20"
-    assert after["status"] == "READY"
+    assert after["status"] == "Healthy"
     assert after["batchSize"] == 32
     assert after["maxBatchDelayMillis"] == 0
     assert after["maxIdleSeconds"] == 60
@@ -155,7 +145,7 @@ async def test_describe_tuned_model_shows_its_properties(server: Harness) -> Non
 async def test_describe_bad_name(server: Harness) -> None:
     response = await server.client.get("/models/..hidden")
     assert response.status == 400
-    assert (await error_of(response))["type"] == "InvalidModelName"
+    assert (await error_of(response))["type"] == "BadRequestException"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,9 +167,9 @@ async def test_register_with_query_parameters(server: Harness, store_root: Path)
         },
     )
     assert response.status == 200
-    assert await response.json() == {"status": 'Model "registered-a" registered'}
+    assert await response.json() == {"status": 'Model "registered-a" registered.'}
     info = await describe(server, "registered-a")
-    assert info["status"] == "READY"
+    assert info["status"] == "Healthy"
     assert info["modelUrl"] == "sklearn-5.tar.gz"
     assert (info["batchSize"], info["maxBatchDelayMillis"], info["queueSize"]) == (4, 7, 50)
     assert (info["workerGroups"][0]["minWorkers"], info["workerGroups"][0]["maxWorkers"]) == (1, 1)
@@ -194,7 +184,7 @@ async def test_register_with_query_parameters(server: Harness, store_root: Path)
     )
     assert response.status == 409
     body = await error_of(response)
-    assert body["type"] == "ModelExists"
+    assert body["type"] == "BadRequestException"
     assert "registered-a" in body["message"]
 
 
@@ -203,7 +193,7 @@ async def test_register_sagemaker_json_body(server: Harness, store_root: Path) -
         "/models", json={"model_name": "from-sagemaker", "url": str(store_root / "custom-handler")}
     )
     assert response.status == 200
-    assert await response.json() == {"status": 'Model "from-sagemaker" registered'}
+    assert await response.json() == {"status": 'Model "from-sagemaker" registered.'}
     response = await server.post("/models/from-sagemaker/invoke", "[[0.5]]")
     assert response.status == 200
     assert (await response.json())["predictions"][0]["value"] == pytest.approx(2.0, abs=0.05)
@@ -215,8 +205,8 @@ async def test_register_json_body_values_and_name_from_url(server: Harness) -> N
         json={"url": "pipeline-scaler", "batch_size": 2, "synchronous": True},
     )
     assert response.status == 200
-    assert await response.json() == {"status": 'Model "pipeline-scaler" registered'}
-    assert (await describe(server, "pipeline-scaler"))["batchSize"] == 2
+    assert await response.json() == {"status": 'Model "pipeline_scaler" registered.'}
+    assert (await describe(server, "pipeline_scaler"))["batchSize"] == 2
 
 
 async def test_register_form_body(server: Harness) -> None:
@@ -224,7 +214,7 @@ async def test_register_form_body(server: Harness) -> None:
         "/models", data={"url": "sklearn-8.tar.gz", "model_name": "from-form"}
     )
     assert response.status == 200
-    assert await response.json() == {"status": 'Model "from-form" registered'}
+    assert await response.json() == {"status": 'Model "from-form" registered.'}
 
 
 async def test_register_asynchronously(server: Harness) -> None:
@@ -233,43 +223,32 @@ async def test_register_asynchronously(server: Harness) -> None:
         params={"url": "sklearn-9.tar.gz", "model_name": "later", "synchronous": "false"},
     )
     assert response.status == 202
-    assert await response.json() == {"status": 'Model "later" registration scheduled'}
+    assert await response.json() == {"status": 'Model "later" registration scheduled.'}
     await wait_until(lambda: server.wlm.status("later").value == "READY")
-    assert (await describe(server, "later"))["status"] == "READY"
+    assert (await describe(server, "later"))["status"] == "Healthy"
+
+
+BAD = "BadRequestException"  # DJL's type for a refused request, whatever its 4xx
+ONE = {"url": "sklearn-1.tar.gz"}
 
 
 @pytest.mark.parametrize(
     ("params", "status", "type_", "message"),
     [
-        ({}, 400, "InvalidInput", "parameter 'url' is required"),
-        ({"url": ""}, 400, "InvalidInput", "parameter 'url' is required"),
-        ({"url": "no-such-dir"}, 404, "ModelNotFound", ""),
-        ({"url": "/etc"}, 403, "Forbidden", ""),
-        ({"url": "../outside"}, 403, "Forbidden", ""),
-        ({"url": "http://example.com/model.tar.gz"}, 400, "InvalidInput", "scheme 'http'"),
-        ({"url": "sklearn-1.tar.gz", "model_name": "bad name"}, 400, "InvalidModelName", ""),
-        ({"url": "sklearn-1.tar.gz", "batch_size": "x"}, 400, "InvalidInput", "batch_size must"),
-        ({"url": "sklearn-1.tar.gz", "batch_size": "0"}, 400, "InvalidInput", "batch_size=0"),
-        ({"url": "sklearn-1.tar.gz", "max_idle_time": "-1"}, 400, "InvalidInput", "at least 0"),
-        (
-            {"url": "sklearn-1.tar.gz", "min_worker": "3", "max_worker": "2"},
-            400,
-            "InvalidInput",
-            "min_worker=3 is greater than max_worker=2",
-        ),
-        (
-            {"url": "sklearn-1.tar.gz", "min_worker": "5"},
-            400,
-            "InvalidInput",
-            "minWorkers=5 is greater than maxWorkers=2",
-        ),
-        (
-            {"url": "sklearn-1.tar.gz", "synchronous": "maybe"},
-            400,
-            "InvalidInput",
-            "synchronous must be true or false",
-        ),
-        ({"url": "broken-model"}, 500, "ModelLoadError", "model.joblib cannot be loaded"),
+        ({}, 400, BAD, "parameter 'url' is required"),
+        ({"url": ""}, 400, BAD, "parameter 'url' is required"),
+        ({"url": "no-such-dir"}, 404, "ModelNotFoundException", ""),
+        ({"url": "/etc"}, 403, BAD, ""),
+        ({"url": "../outside"}, 403, BAD, ""),
+        ({"url": "http://example.com/model.tar.gz"}, 400, BAD, "scheme 'http'"),
+        ({**ONE, "model_name": "bad name"}, 400, BAD, ""),
+        ({**ONE, "batch_size": "x"}, 400, BAD, "batch_size must"),
+        ({**ONE, "batch_size": "0"}, 400, BAD, "batch_size=0"),
+        ({**ONE, "max_idle_time": "-1"}, 400, BAD, "at least 0"),
+        ({**ONE, "min_worker": "3", "max_worker": "2"}, 400, BAD, "min_worker=3 is greater"),
+        ({**ONE, "min_worker": "5"}, 400, BAD, "minWorkers=5 is greater than maxWorkers=2"),
+        ({**ONE, "synchronous": "maybe"}, 400, BAD, "synchronous must be true or false"),
+        ({"url": "broken-model"}, 500, "EngineException", "model.joblib cannot be loaded"),
     ],
 )
 async def test_register_refused(
@@ -311,9 +290,12 @@ async def test_rescale(server: Harness) -> None:
         params={"min_worker": "2", "max_worker": "2", "batch_size": "3", "max_batch_delay": "9"},
     )
     assert response.status == 200
-    assert await response.json() == {"status": 'Model "sklearn-30" updated'}
+    assert await response.json() == {
+        "status": 'Workflow "sklearn-30" worker scaled. New Worker configuration '
+        "min workers:2 max workers:2"
+    }
     info = await describe(server, "sklearn-30")
-    assert info["status"] == "READY"
+    assert info["status"] == "Healthy"
     assert (info["batchSize"], info["maxBatchDelayMillis"]) == (3, 9)
     group = info["workerGroups"][0]
     assert (group["minWorkers"], group["maxWorkers"]) == (2, 2)
@@ -326,7 +308,7 @@ async def test_rescale(server: Harness) -> None:
     [
         ({"min_worker": "3", "max_worker": "1"}, 400, "min_worker=3 is greater than max_worker=1"),
         ({"min_worker": "5"}, 400, "minWorkers=5 is greater than maxWorkers=2"),
-        ({"max_worker": "0"}, 400, "max_worker=0 must be at least 1"),
+        ({"max_worker": "-1"}, 400, "max_worker=-1 must be at least 0"),
         ({"batch_size": "many"}, 400, "batch_size must be an integer, got 'many'"),
     ],
 )
@@ -336,27 +318,27 @@ async def test_rescale_refused(
     response = await server.client.put("/models/sklearn-31", params=params)
     assert response.status == status
     body = await error_of(response)
-    assert body["type"] == "InvalidInput"
+    assert body["type"] == "BadRequestException"
     assert message in body["message"]
 
 
 async def test_rescale_and_unload_unknown_model(server: Harness) -> None:
     response = await server.client.put("/models/ghost", params={"max_worker": "1"})
     assert response.status == 404
-    assert (await error_of(response))["type"] == "ModelNotFound"
+    assert (await error_of(response))["type"] == "ModelNotFoundException"
     response = await server.client.delete("/models/ghost")
     assert response.status == 404
-    assert (await error_of(response))["type"] == "ModelNotFound"
+    assert (await error_of(response))["type"] == "ModelNotFoundException"
 
 
 async def test_unload_then_load_again(server: Harness) -> None:
     assert (await server.post("/predictions/sklearn-40", "[[0.5]]")).status == 200
     response = await server.client.delete("/models/sklearn-40.tar.gz")
     assert response.status == 200
-    assert await response.json() == {"status": 'Model "sklearn-40" unregistered'}
+    assert await response.json() == {"status": 'Model or workflow "sklearn-40" unregistered'}
     assert (await describe(server, "sklearn-40"))["status"] == "UNLOADED"
     assert (await server.post("/predictions/sklearn-40", "[[0.5]]")).status == 200
-    assert (await describe(server, "sklearn-40"))["status"] == "READY"
+    assert (await describe(server, "sklearn-40"))["status"] == "Healthy"
 
 
 async def test_unload_registered_model_forgets_it(server: Harness) -> None:

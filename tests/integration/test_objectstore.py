@@ -209,11 +209,11 @@ async def test_http_api_over_the_object_store(s3: S3Server, tmp_path: Path) -> N
             response = await client.post("/predictions/absent", json=[[0.5]])
             assert response.status == 404
             error = await error_of(response)
-            assert error["type"] == "ModelNotFound" and STORE in error["message"]
+            assert error["type"] == "ModelNotFoundException" and STORE in error["message"]
 
             response = await client.post("/predictions/corrupt", json=[[0.5]])
             assert response.status == 500
-            assert (await error_of(response))["type"] == "ModelLoadError"
+            assert (await error_of(response))["type"] == "EngineException"
 
             response = await client.get("/models", params={"limit": "3"})
             assert response.status == 200

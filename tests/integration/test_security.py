@@ -32,7 +32,7 @@ async def test_token_is_required_when_configured(serve: Serve) -> None:
             response = await harness.client.request(method, path, headers=headers)
             assert response.status == 401, (method, headers)
             body = await error_of(response)
-            assert body["type"] == "Unauthorized"
+            assert body["type"] == "BadRequestException"
             assert "Authorization: Bearer <management token>" in body["message"]
             assert response.headers["WWW-Authenticate"].startswith("Bearer")
     good = {"Authorization": "Bearer s3cret-token"}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from sklearn.ensemble import RandomForestRegressor
 
-from tests.integration.harness import Harness, Serve, error_of
+from tests.integration.harness import Harness, Serve, describe, error_of
 from tests.models import tree_models
 
 xgboost = pytest.importorskip("xgboost")
@@ -151,7 +151,7 @@ async def test_every_family_answers_as_its_library_in_every_format(
     got: Any = [[float(v) for v in row] if want.dtype.kind == "f" else row for row in table]
     _same(np.asarray(got).reshape(want.shape), want)
 
-    described = (await (await trees.client.get(f"/models/{name}")).json())[0]
+    described = await describe(trees, name)
     assert described["family"] == family
     routes = described["predictPaths"]["routes"]
     assert routes[0]["fromRows"] == 1 and routes[-1]["toRows"] is None
@@ -176,7 +176,7 @@ async def test_batches_are_counted_per_path(trees: Harness) -> None:
     samples = await trees.samples()
     key = ("mmserver_model_path_batches_total", (("model", "forest"), ("path", "treelite")))
     assert samples[key] == 3
-    described = (await (await trees.client.get("/models/forest")).json())[0]
+    described = await describe(trees, "forest")
     assert described["predictPaths"]["batches"] == {"treelite": 3}
     measured = described["predictPaths"]["measuredMillis"]
     assert set(measured) == {"own", "treelite"}
@@ -192,7 +192,7 @@ async def _answers_as_its_own(
     response = await trees.post(f"/predictions/{name}", json.dumps(rows.tolist()))
     assert response.status == 200
     assert (await response.json())["predictions"] == refs[name](rows).tolist()
-    described = (await (await trees.client.get(f"/models/{name}")).json())[0]
+    described = await describe(trees, name)
     paths: dict[str, Any] = described["predictPaths"]
     return paths
 

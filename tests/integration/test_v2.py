@@ -172,7 +172,8 @@ async def test_unknown_models_versions_and_paths(server: Harness) -> None:
     response = await client.get("/v2/models/sklearn-0/infer")
     assert "method GET is not allowed" in await v2_error(response, 405)
     # Outside /v2, errors keep their own shape.
-    assert (await error_of(await client.get("/nothing-here")))["type"] == "NotFound"
+    outside = await error_of(await client.get("/nothing-here"))
+    assert outside["type"] == "ResourceNotFoundException"
 
 
 async def test_v2_requests_share_the_queue_batches_and_metrics(server: Harness) -> None:

@@ -55,6 +55,17 @@ async def test_a_closed_queue_refuses_new_jobs_and_still_gives_its_own() -> None
     assert queue.closed and queue.take(4) == [queued]
 
 
+async def test_a_queue_closed_with_a_reason_refuses_with_it_until_reopened() -> None:
+    queue = JobQueue(10)
+    queue.close(lambda: errors.WorkersStopped("model m has no workers"))
+    with pytest.raises(errors.WorkersStopped, match="model m has no workers"):
+        queue.put(job([[1.0]]))
+    assert len(queue) == 0
+    queue.reopen()
+    queue.put(job([[2.0]]))
+    assert not queue.closed and len(queue) == 1
+
+
 async def test_partition_answers_expired_and_gone_jobs() -> None:
     live = job([[1.0]])
     expired = job([[2.0]], deadline=5.0)

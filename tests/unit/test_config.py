@@ -215,7 +215,7 @@ def test_every_key_with_a_good_value(key: str, raw: str, field: str, value: obje
         ({"option.predict_timeout": "-1"}, "option.predict_timeout=-1.0 must not be negative"),
         ({"required_memory_mb": "-3"}, "required_memory_mb=-3.0 must not be negative"),
         ({"batch_size": "0"}, "batch_size=0 must be >= 1"),
-        ({"maxWorkers": "0"}, "maxWorkers=0 must be >= 1"),
+        ({"maxWorkers": "0"}, "minWorkers=1 is greater than maxWorkers=0"),
         ({"job_queue_size": "0"}, "job_queue_size=0 must be >= 1"),
         ({"minWorkers": "3", "maxWorkers": "2"}, "minWorkers=3 is greater than maxWorkers=2"),
         ({"minWorkers": "5"}, "minWorkers=5 is greater than maxWorkers=4"),
@@ -303,7 +303,7 @@ def test_java_properties_syntax() -> None:
         "minWorkers": "1",
         "maxWorkers": "4",
         "batch_size": "8",
-        "max_batch_delay": "5",
+        "max_batch_delay": "5   ",  # Java keeps a value's trailing white space
         "option.note": "first second third",
         "engine": "Python",
         "option.url": "http://x:1/a=b",
@@ -316,10 +316,15 @@ def test_later_keys_win_and_crlf_is_accepted() -> None:
     assert parse_properties("batch_size=1\r\nbatch_size=2\r\n") == {"batch_size": "2"}
 
 
-def test_reading_a_properties_file_that_is_not_text(tmp_path: Path) -> None:
+def test_a_properties_file_that_is_not_utf8_is_read_as_iso_8859_1(tmp_path: Path) -> None:
+    """``Properties.load(InputStream)``, which DJL calls, reads ISO-8859-1: every file reads."""
     path = tmp_path / "serving.properties"
-    path.write_bytes(b"\xff\xfe\x00bad")
-    with pytest.raises(ConfigError, match="cannot be read"):
+    path.write_bytes(b"note=caf\xe9\nbatch_size=2\n")
+    assert read_properties(path) == {"note": "caf\u00e9", "batch_size": "2"}
+    path.write_bytes("note=caf\u00e9\n".encode())
+    assert read_properties(path) == {"note": "caf\u00e9"}
+    path.write_bytes(b"bad=\\u12\n")
+    with pytest.raises(ConfigError, match=r"serving.properties: malformed \\uXXXX escape"):
         read_properties(path)
     (tmp_path / "model").mkdir()
     bad = tmp_path / "model" / "serving.properties"
