@@ -10,7 +10,9 @@ candidate paths of a model's method are built:
 - ``treelite``: the model converted to treelite and run by its GTIL interpreter, in this process
   (scikit-learn's forests, extra-trees, gradient boosting, histogram gradient boosting and
   isolation forest; XGBoost and LightGBM boosters), never compiled with a C toolchain;
-- ``native``: an XGBoost or LightGBM booster's own predict, without its wrapper's checks.
+- ``native``: an XGBoost or LightGBM booster's own predict, without its wrapper's checks;
+- ``numpy``: a scikit-learn random forest's or extra-trees' node tables walked by NumPy for all
+  trees and rows at once (:func:`mmserver.candidates.forest_walk`).
 
 For a pipeline whose last step has candidates, the steps before it transform the batch first.
 A candidate is kept only if it gives the own method's answers on probe rows (rows that straddle
@@ -32,12 +34,20 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.candidates import LINEAR, NATIVE, TREELITE, Fn, candidates, split_pipeline
+from mmserver.candidates import (
+    LINEAR,
+    NATIVE,
+    NUMPY,
+    TREELITE,
+    Fn,
+    candidates,
+    split_pipeline,
+)
 from mmserver.families import reason
 
 OWN = "own"
 #: Every path's name, in the order of preference among equals.
-PATHS = (LINEAR, NATIVE, TREELITE, OWN)
+PATHS = (LINEAR, NATIVE, NUMPY, TREELITE, OWN)
 
 _PROBE_ROWS = 64
 _RELATIVE = 1e-9

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mmserver.candidates import NATIVE, TREELITE
+from mmserver.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.config import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
 from mmserver.families import SKLEARN, find_model_file, inside, load_model, reason
@@ -143,7 +143,7 @@ class EstimatorPredictor:
             self.plan = plan_paths(model, method, fn, self.n_features, batch_rows)
         self._routes = self.plan.routes
         self.last_path = self._routes[0][1]
-        if not self.plan.uses <= {TREELITE, NATIVE}:
+        if not self.plan.uses <= {TREELITE, NATIVE, NUMPY}:
             return
         # The chosen paths hold what they need (a converted model, a booster); the model object
         # (the estimator's own copy of its trees) can go, and the heap it leaves back to the

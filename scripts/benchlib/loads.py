@@ -34,7 +34,7 @@ class Settings:
     quiet_wait_s: float = 0.0
 
 
-def _describe_run(name: str, load: wrk.Load, result: wrk.WrkResult) -> str:
+def describe_run(name: str, load: wrk.Load, result: wrk.WrkResult) -> str:
     errors = f", errors {result.errors}" if result.errors else ""
     cpu = result.cpu
     usage = (
@@ -214,7 +214,7 @@ def closed_loop(
         else:
             result = wrk.run(load, target.pid, settings.quiet_wait_s)
         out[pattern][name].append(result.to_json())
-        log(_describe_run(name, load, result))
+        log(describe_run(name, load, result))
     return out
 
 
@@ -240,7 +240,7 @@ def open_loop(
         result = wrk.run(load, target.pid, settings.quiet_wait_s)
         out[pattern][name].append(result.to_json())
         late = f"  late sends {result.late}/{result.sent}" if result.late else ""
-        log(_describe_run(name, load, result) + late)
+        log(describe_run(name, load, result) + late)
     return out
 
 
@@ -276,7 +276,7 @@ def batching(
             )
             result = wrk.run(load, server.pid, settings.quiet_wait_s)
             out[label].append(result.to_json())
-            log(_describe_run(label, load, result))
+            log(describe_run(label, load, result))
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from benchlib import servers, wrk
 from benchlib.client import Client
-from benchlib.loads import Log, Settings, _describe_run
+from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
 from benchlib.store import HEAVY_FEATURES, HEAVY_MODEL
 
@@ -82,7 +82,7 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
                 result = wrk.run(load, server.pid)
                 heavy_result = wrk.finish(beside, heavy)
                 out["heavy beside light"].append(heavy_result.to_json())
-                log(_describe_run("heavy", heavy, heavy_result))
+                log(describe_run("heavy", heavy, heavy_result))
             out[case].append(result.to_json())
-            log(_describe_run(case.split()[0], load, result) + f"  ({case})")
+            log(describe_run(case.split()[0], load, result) + f"  ({case})")
     return out

@@ -18,7 +18,7 @@ from typing import Any
 
 from benchlib import servers, wrk
 from benchlib.client import JSON_HEADERS, Client
-from benchlib.loads import Log, Settings, _describe_run
+from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
 
 FAMILIES = ("forest", "histgb", "xgboost", "lightgbm")
@@ -90,12 +90,37 @@ def _latencies(client: Client, model: str, body: bytes, count: int) -> list[floa
     return out
 
 
+#: The reference store's linear model, measured the same way: the server's own ceiling for
+#: one-row requests, which no model's predict path can pass.
+REFERENCE = "sklearn-0"
+
+
+def _closed_loop(server: Server, settings: Settings, log: Log, model: str, label: str,
+                 body: str) -> float:
+    rps = []
+    for r in range(settings.runs):
+        load = wrk.Load(
+            url=server.url, pattern="single", model=model,
+            duration_s=settings.duration_s, connections=settings.concurrency,
+            threads=settings.threads, api=settings.api, body=body, seed=r + 1,
+        )
+        result = wrk.run(load, server.pid, settings.quiet_wait_s)
+        log(describe_run(label, load, result))
+        rps.append(result.rps)
+    return statistics.median(rps)
+
+
 def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
-    """Latencies and closed-loop req/s per model; each model's chosen paths as described."""
+    """Latencies and closed-loop req/s per model; each model's chosen paths as described; the
+    reference model's closed-loop req/s."""
     one, batch = _body(1), _body(BATCH_ROWS)
     out: dict[str, Any] = {}
     client = Client(server.port, timeout=120.0)
     try:
+        _latencies(client, REFERENCE, b"[[0.5]]", 5)
+        out[REFERENCE] = {"rps": _closed_loop(
+            server, settings, log, REFERENCE, "reference", "[[0.5]]"
+        )}
         for family in FAMILIES:
             for variant in VARIANTS:
                 name = model_name(family, variant)
@@ -104,21 +129,13 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
                 singles = _latencies(client, name, one, ONE_ROW_REQUESTS)
                 batches = _latencies(client, name, batch, BATCH_REQUESTS)
                 described = client.describe(name) or {}
-                rps = []
-                for r in range(settings.runs):
-                    load = wrk.Load(
-                        url=server.url, pattern="single", model=name,
-                        duration_s=settings.duration_s, connections=settings.concurrency,
-                        threads=settings.threads, api=settings.api, body=one.decode(), seed=r + 1,
-                    )
-                    result = wrk.run(load, server.pid, settings.quiet_wait_s)
-                    log(_describe_run(f"{family}/{variant}", load, result))
-                    rps.append(result.rps)
+                rps = _closed_loop(server, settings, log, name, f"{family}/{variant}",
+                                   one.decode())
                 out[name] = {
                     "one_row_ms": statistics.median(singles),
                     "one_row_p99_ms": sorted(singles)[int(0.99 * (len(singles) - 1))],
                     "batch_ms": statistics.median(batches),
-                    "rps": statistics.median(rps),
+                    "rps": rps,
                     "paths": described.get("predictPaths"),
                 }
     finally:
@@ -149,6 +166,10 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"({chosen['rps'] / own['rps']:.1f} x)"
             f"  paths: {routes}; converted in {convert} ms"
         )
+    reference = section.get(REFERENCE)
+    if reference:
+        out.append(f"  {REFERENCE} (the reference LinearRegression, the server's ceiling for "
+                   f"one-row requests): {reference['rps']:7.0f} req/s")
     return out
 
 
@@ -160,12 +181,22 @@ def targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]
     own, chosen = (section.get(model_name("forest", v)) for v in VARIANTS)
     rows: list[tuple[str, str, bool | None]] = []
     if own and chosen:
-        ratio = chosen["rps"] / own["rps"]
-        rows.append(("trees: RandomForest-300 one-row req/s >= 20 x own predict",
+        # One client waiting for each answer (req/s = 1 / latency), and many connections, whose
+        # one-row requests the server batches.
+        ratio = own["one_row_ms"] / chosen["one_row_ms"]
+        rows.append(("trees: RandomForest-300 one-row req/s >= 20 x own predict, one client",
                      f"{ratio:.1f} x", ratio >= 20))
+        ratio = chosen["rps"] / own["rps"]
+        reference = section.get(REFERENCE)
+        ceiling = f" ({chosen['rps'] / reference['rps']:.0%} of {REFERENCE}'s)" if reference else ""
+        rows.append(("trees: RandomForest-300 one-row req/s >= 20 x own predict, closed loop",
+                     f"{ratio:.1f} x{ceiling}", ratio >= 20))
     slower = []
     for family in FAMILIES:
         o, c = (section.get(model_name(family, v)) for v in VARIANTS)
+        routes = (c or {}).get("paths") or {}
+        if {r["path"] for r in routes.get("routes", [])} == {"own"}:
+            continue  # the chosen path is the own predict: the two differ only by noise
         if o and c:
             for key in ("one_row_ms", "batch_ms"):
                 if c[key] > o[key] * 1.05:  # 5 %: the noise of a median of sequential requests

@@ -99,16 +99,16 @@ def _same(got: Any, want: Any) -> None:
 
 
 FAMILIES = [
-    ("forest", "sklearn", "treelite"),
-    ("forest-classifier", "sklearn", "treelite"),
-    ("forest-proba", "sklearn", "treelite"),
-    ("extra-trees", "sklearn", "treelite"),
+    ("forest", "sklearn", "numpy|treelite"),
+    ("forest-classifier", "sklearn", "numpy|treelite"),
+    ("forest-proba", "sklearn", "numpy|treelite"),
+    ("extra-trees", "sklearn", "numpy|treelite"),
     ("gradient-boosting", "sklearn", "treelite"),
     ("gb-classifier-proba", "sklearn", "treelite"),
     ("histgb", "sklearn", "treelite"),
     ("histgb-classifier", "sklearn", "treelite"),
     ("isolation-forest", "sklearn", "treelite"),
-    ("scaled-forest", "sklearn", "treelite"),
+    ("scaled-forest", "sklearn", "numpy|treelite"),
     ("xgb-regressor", "sklearn", None),
     ("xgb-classifier", "sklearn", None),
     ("xgb-classifier-proba", "sklearn", None),
@@ -158,7 +158,10 @@ async def test_every_family_answers_as_its_library_in_every_format(
     used = {r["path"] for r in routes}
     measured = described["predictPaths"]["measuredMillis"]
     if path:
-        assert used == {path}  # ten times faster than its own predict: chosen at every size
+        # Each is several times faster than the own predict: one of them, both verified, is
+        # chosen at every size (which one for which rows is for the timing to say).
+        expected = set(path.split("|"))
+        assert used <= expected and expected - {"own"} <= set(measured)
     elif path == "":
         assert used <= {*measured, "own"}
     else:
@@ -173,14 +176,17 @@ async def test_batches_are_counted_per_path(trees: Harness) -> None:
     for _ in range(3):
         response = await trees.post("/predictions/forest", json.dumps(_rows(1).tolist()))
         assert response.status == 200
-    samples = await trees.samples()
-    key = ("mmserver_model_path_batches_total", (("model", "forest"), ("path", "treelite")))
-    assert samples[key] == 3
     described = await describe(trees, "forest")
-    assert described["predictPaths"]["batches"] == {"treelite": 3}
+    one_row = described["predictPaths"]["routes"][0]["path"]
+    assert one_row in ("numpy", "treelite")
+    samples = await trees.samples()
+    key = ("mmserver_model_path_batches_total", (("model", "forest"), ("path", one_row)))
+    assert samples[key] == 3
+    assert described["predictPaths"]["batches"] == {one_row: 3}
     measured = described["predictPaths"]["measuredMillis"]
-    assert set(measured) == {"own", "treelite"}
-    assert measured["own"]["oneRow"] > 0 and measured["treelite"]["batch"] > 0
+    assert set(measured) == {"own", "numpy", "treelite"}
+    assert measured["own"]["oneRow"] > 0 and measured["numpy"]["batch"] > 0
+    assert measured["treelite"]["batch"] > 0
     assert described["predictPaths"]["conversionMillis"] > 0
 
 

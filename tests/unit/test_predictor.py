@@ -456,3 +456,70 @@ def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Pat
         "platform": "python", "n_features": 1,
         "outputs": [{"name": "predict", "dtype": None, "shape": None}],
     }
+
+
+# ------------------------------------------------------------------------------------------------
+# Random forests and extra-trees: the node tables walked by NumPy
+# ------------------------------------------------------------------------------------------------
+
+
+def _forest_cases() -> list[tuple[str, Any, str]]:
+    from sklearn import ensemble as e
+
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(300, 4))
+    y = X[:, 0] * 3 + np.sin(X[:, 1]) - X[:, 2] * X[:, 3]
+    labels = np.array(["low", "mid", "high"])[np.digitize(y, [-1.0, 1.0])]
+    return [
+        ("RandomForestRegressor", e.RandomForestRegressor(25, max_depth=9, random_state=0)
+         .fit(X, y), "predict"),
+        ("ExtraTreesRegressor, unbounded depth", e.ExtraTreesRegressor(15, random_state=0)
+         .fit(X, y), "predict"),
+        ("RandomForestClassifier, labels", e.RandomForestClassifier(20, random_state=0)
+         .fit(X, labels), "predict"),
+        ("ExtraTreesClassifier, probabilities", e.ExtraTreesClassifier(20, random_state=0)
+         .fit(X, labels), "predict_proba"),
+    ]
+
+
+@pytest.mark.parametrize("case", _forest_cases(), ids=lambda c: c[0])
+def test_the_forest_walk_answers_bit_for_bit_as_the_forest(case: tuple[str, Any, str]) -> None:
+    from mmserver.candidates import WALK_ROWS, forest_walk
+
+    _, model, method = case
+    built = forest_walk(model)
+    assert built is not None
+    _, scores, _ = built
+    rng = np.random.default_rng(5)
+    # Rows on and around the thresholds (where float32 and float64 comparisons part), and more
+    # rows than one walk takes at once.
+    thresholds = np.concatenate([t.tree_.threshold for t in model.estimators_])
+    picks = rng.choice(thresholds[thresholds != -2], (2 * WALK_ROWS + 3, 4))
+    batch = np.where(rng.random(picks.shape) < 0.5, picks, np.nextafter(picks, np.inf))
+    got = np.asarray(scores(batch))
+    if method == "predict" and hasattr(model, "classes_"):
+        got = model.classes_.take(np.argmax(got, axis=1))
+        assert got.tolist() == model.predict(batch).tolist()
+    else:
+        assert np.array_equal(got, getattr(model, method)(batch))
+    assert np.array_equal(np.asarray(scores(batch[:1])).ravel(),
+                          np.asarray(model.predict_proba(batch[:1]) if hasattr(model, "classes_")
+                                     else model.predict(batch[:1])).ravel())
+    predictor = EstimatorPredictor(model, method, "m")
+    assert "numpy" in predictor.plan.describe()["measuredMillis"]
+    assert np.array_equal(predictor.predict(batch), getattr(model, method)(batch))
+
+
+def test_the_forest_walk_refuses_what_it_does_not_compute() -> None:
+    from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
+
+    from mmserver.candidates import forest_walk
+
+    X = np.random.default_rng(2).normal(size=(60, 3))
+    two_outputs = RandomForestRegressor(5, random_state=0).fit(X, X[:, :2])
+    assert forest_walk(two_outputs) is None
+    assert forest_walk(GradientBoostingRegressor(n_estimators=5).fit(X, X[:, 0])) is None
+    built = forest_walk(RandomForestRegressor(5, random_state=0).fit(X, X[:, 0]))
+    assert built is not None
+    with pytest.raises(ValueError, match="expects rows of 3 features"):
+        built[1](np.zeros((2, 4)))
