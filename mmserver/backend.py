@@ -49,7 +49,7 @@ from mmserver.batching import Answer, answer_batch
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import Metrics
-from mmserver.scheduling import HEAVY, LIGHT, Cost, Lane, RunQueue, admits, lane_bounds
+from mmserver.scheduling import HEAVY, LIGHT, Cost, Lane, RunQueue, admits
 from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)
@@ -540,10 +540,6 @@ class ProcessSlot:
                 self._write(pending)
         self._pump()
 
-    @property
-    def started(self) -> bool:
-        return self._process is not None
-
     def _ensure_started(self) -> None:
         """Start the process on first use (the heavy lane's slots start when a model needs
         them); a start that failed is tried again on the next use."""
@@ -892,17 +888,12 @@ class ThreadSlot:
         self.index = index
         self.lane = lane
         self.bound_workers = 0
-        self.answered = 0
         self._models = _Models(time.thread_time)
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="mmserver-predict")
         self._lock = threading.Lock()
 
     def describe(self) -> str:
         return f"in-process backend {self.index}"
-
-    @property
-    def started(self) -> bool:
-        return True
 
     def ready(self, worker: Runnable) -> None:
         """``worker`` has a batch to run: threads run batches side by side, so it runs now."""
@@ -942,7 +933,6 @@ class ThreadSlot:
         pending.deadline_handle = loop.call_at(deadline, _time_out, pending)
 
         def finished(work: asyncio.Future[BatchResult]) -> None:
-            self.answered += 1
             if work.cancelled():
                 pending.fail(errors.ShuttingDown("the server is shutting down"))
             elif (error := work.exception()) is not None:
@@ -990,7 +980,9 @@ class BackendPool:
     ) -> None:
         self.slots: list[ProcessSlot | ThreadSlot]
         self.lanes = {LIGHT: Lane(LIGHT)}
-        self.heavy_batch_s = heavy_batch_ms / 1000.0
+        #: Above this many seconds a batch, a model moves to the heavy lane (0: no heavy lane;
+        #: see :func:`~mmserver.scheduling.lane_bounds`).
+        self.heavy_batch_s = 0.0
         if processes == 0:
             self.slots = [ThreadSlot(0, threads, self.lanes[LIGHT])]
             return
@@ -1000,6 +992,7 @@ class BackendPool:
             ProcessSlot(i, context, metrics, self.lanes[LIGHT]) for i in range(processes)
         ]
         if heavy_processes:
+            self.heavy_batch_s = heavy_batch_ms / 1000.0
             self.lanes[HEAVY] = heavy = Lane(HEAVY)
             self.slots += [
                 ProcessSlot(processes + i, context, metrics, heavy, heavy_nice, heavy_sched_idle)
@@ -1014,11 +1007,6 @@ class BackendPool:
 
     async def stop(self) -> None:
         await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
-
-    def lane_bounds(self, lane: str) -> tuple[float, float]:
-        """The range of seconds a batch may hold a process for a model to stay in ``lane``
-        (:func:`~mmserver.scheduling.lane_bounds`; any, when there is no heavy lane)."""
-        return lane_bounds(lane, self.heavy_batch_s if HEAVY in self.lanes else 0.0)
 
     def pick(self, taken: set[int], lane: str = LIGHT) -> ProcessSlot | ThreadSlot:
         """The slot in ``lane`` for a new worker of a model already bound to the slots in

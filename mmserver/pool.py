@@ -27,7 +27,7 @@ from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.metrics import CounterChild, Metrics
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
-from mmserver.scheduling import HEAVY, LIGHT, Cost
+from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for
 from mmserver.worker import Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,9 @@ class ModelPool:
         self.running = 0
         self.readied = 0
         self.cost = Cost(hold)
-        self.lane = LIGHT
+        self.lane = lane_for(LIGHT, hold, backend.heavy_batch_s)
         #: The seconds a batch may hold a process for the model to stay in its lane.
-        self._stay_low, self._stay_high = backend.lane_bounds(LIGHT)
-        if hold is not None and not self._stay_low <= hold <= self._stay_high:
-            self.lane = HEAVY
-            self._stay_low, self._stay_high = backend.lane_bounds(HEAVY)
+        self._stay_low, self._stay_high = lane_bounds(self.lane, backend.heavy_batch_s)
         self._next_id = 1
         self._loop = asyncio.get_running_loop()
         #: Idle workers, the most recently idle last: it is the one given the next batch, so
@@ -182,14 +179,14 @@ class ModelPool:
         cost.observe(cpu_seconds, wall_seconds, rows)
         self._m_cpu.value += cpu_seconds
         if not self._stay_low <= cost.estimate <= self._stay_high and not self._unloading:
-            self._move(HEAVY if cost.estimate > self._stay_high else LIGHT)
+            self._move(lane_for(self.lane, cost.estimate, self.backend.heavy_batch_s))
 
     def _move(self, lane: str) -> None:
         """Run in ``lane`` from now on: workers start there (at least one, at least
         ``minWorkers``; the scaling rule adds more as the queue asks), and those elsewhere leave
         once they are not running a batch or loading (:meth:`worker_idle`)."""
         old, self.lane = self.lane, lane
-        self._stay_low, self._stay_high = self.backend.lane_bounds(lane)
+        self._stay_low, self._stay_high = lane_bounds(lane, self.backend.heavy_batch_s)
         self._metrics.model_lane.remove(self.name, old)
         self._metrics.model_lane.labels(self.name, lane).set(1)
         log.info(
@@ -322,7 +319,7 @@ class ModelPool:
             # before its first batch runs there.
             self.cost.set_probe(probe)
             if not self._stay_low <= probe <= self._stay_high and not self._unloading:
-                self._move(HEAVY if probe > self._stay_high else LIGHT)
+                self._move(lane_for(self.lane, probe, self.backend.heavy_batch_s))
 
     def may_retire(self, worker: Worker, idle_seconds: float) -> bool:
         if self._stopped:

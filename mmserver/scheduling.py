@@ -158,8 +158,3 @@ class RunQueue(list[tuple[float, int, T]]):
     def pop_first(self) -> tuple[float, T]:
         tag, _, item = heapq.heappop(self)
         return tag, item
-
-    def take_all(self) -> list[T]:
-        items = [item for _, _, item in self]
-        self.clear()
-        return items

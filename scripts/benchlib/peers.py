@@ -23,18 +23,15 @@ import sklearn
 from proctools import HOST, free_port
 
 from benchlib.servers import Server
+from benchlib.store import bench_cache
 
 PEERS = ("mlserver",)
 MLSERVER_VERSION = "1.7.1"
 
 
-def _cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mmserver-bench"
-
-
 def ensure_mlserver_venv() -> Path:
     """The ``mlserver`` executable of its own virtual environment, made when missing."""
-    venv = _cache() / "mlserver-venv"
+    venv = bench_cache() / "mlserver-venv"
     exe = venv / "bin" / "mlserver"
     stamp = venv / ".mmserver-bench"
     want = f"mlserver=={MLSERVER_VERSION} scikit-learn=={sklearn.__version__}\n"

@@ -26,9 +26,13 @@ FOREST_PROPERTIES = {
 }
 
 
+def bench_cache() -> Path:
+    """The folder the bench keeps what it builds between runs (stores, a peer's venv)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mmserver-bench"
+
+
 def default_store() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "mmserver-bench" / "store-1000"
+    return bench_cache() / "store-1000"
 
 
 def ensure_reference(store: Path, count: int = 1000) -> None:

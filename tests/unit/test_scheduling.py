@@ -102,7 +102,7 @@ def test_run_queue_orders_by_tag_then_arrival() -> None:
     assert [queue.pop_first()[1] for _ in range(len(queue))] == ["first", "a", "b", "c"]
     assert not queue
     queue.push(1.0, "x")
-    assert queue.take_all() == ["x"] and not queue
+    assert queue.pop_first() == (1.0, "x") and not queue
 
 
 def _serve(costs: dict[str, float], batches: int) -> list[str]:
