@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver import errors
-from mmserver.backend import BackendPool, LoadInfo, LoadSpec, ProcessSlot, ThreadSlot
+from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.batching import Job, JobQueue
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
@@ -293,7 +293,7 @@ class ModelPool:
         worker.start()
         return worker
 
-    async def bind(self, slot: ProcessSlot | ThreadSlot) -> None:
+    async def bind(self, slot: Slot) -> None:
         """Make sure this model is loaded in ``slot`` (one load per slot, shared by workers)."""
         future = self._slot_loads.get(slot.index)
         if future is None:

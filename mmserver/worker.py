@@ -23,7 +23,7 @@ import time
 from typing import Protocol
 
 from mmserver import errors
-from mmserver.backend import BatchResult, ProcessSlot, ThreadSlot
+from mmserver.backend import BatchResult, Slot
 from mmserver.batching import Answer, Job, partition_live
 from mmserver.scheduling import Cost
 
@@ -48,7 +48,7 @@ class WorkerHost(Protocol):
     readied: int
     cost: Cost
 
-    async def bind(self, slot: ProcessSlot | ThreadSlot) -> None: ...
+    async def bind(self, slot: Slot) -> None: ...
     def take_batch(self) -> list[Job]: ...
     def waited(self, batches: int) -> None: ...
     def observe_cost(
@@ -62,7 +62,7 @@ class WorkerHost(Protocol):
 class Worker:
     """One worker of one model, bound to one backend slot."""
 
-    def __init__(self, host: WorkerHost, worker_id: int, slot: ProcessSlot | ThreadSlot) -> None:
+    def __init__(self, host: WorkerHost, worker_id: int, slot: Slot) -> None:
         self.host = host
         self.id = worker_id
         self.slot = slot

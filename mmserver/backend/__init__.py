@@ -1,0 +1,45 @@
+"""Backend processes: where models are loaded and predictions run, never on the event loop.
+
+The only package that touches :mod:`multiprocessing`. A :class:`BackendPool` owns a fixed number
+of *slots*; each slot is one long-lived process (:class:`ProcessSlot`) or, with
+``backend_processes = 0``, a thread pool inside the frontend (:class:`ThreadSlot`, for
+development and tests). Workers of the frontend are bound to a slot and send it batches.
+
+The parts:
+
+- :mod:`~mmserver.backend.wire`: the messages and their framing on the pipe;
+- :mod:`~mmserver.backend.child`: inside a backend process, the models and the message loop;
+- :mod:`~mmserver.backend.slot`: what both kinds of slot share (a message awaiting its reply);
+- :mod:`~mmserver.backend.process_slot`: the frontend's side of one process;
+- :mod:`~mmserver.backend.thread_slot`: the in-process slot;
+- :mod:`~mmserver.backend.placement`: the pool of slots, in their lanes, and where a worker goes.
+
+The process handles messages strictly in order and answers each one, so the frontend matches
+replies to requests by order: the oldest unanswered message is the one *running*; those after
+it are *waiting* (:func:`~mmserver.batching.answer_batch` runs in the process).
+
+Faults: when a process dies, the message it was running fails with :class:`BackendDied`; a new
+process is started, every model that was loaded in the slot is loaded again, and the waiting
+messages are sent to it in their original order. When a prediction passes its deadline while
+running, it is answered with :class:`PredictTimeout` and the process is replaced the same way, so
+no worker stays stuck behind it.
+"""
+
+from mmserver.backend.placement import PRELOAD, BackendPool, Slot
+from mmserver.backend.process_slot import ProcessSlot
+from mmserver.backend.slot import BatchCallback, Runnable
+from mmserver.backend.thread_slot import ThreadSlot
+from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
+
+__all__ = [
+    "PRELOAD",
+    "BackendPool",
+    "BatchCallback",
+    "BatchResult",
+    "LoadInfo",
+    "LoadSpec",
+    "ProcessSlot",
+    "Runnable",
+    "Slot",
+    "ThreadSlot",
+]

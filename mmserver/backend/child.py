@@ -1,0 +1,191 @@
+"""Inside a backend process: the models loaded there and the loop that answers the frontend's
+messages strictly in order (:func:`child_main`, the process's target)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import socket
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from mmserver import errors
+from mmserver.backend import wire
+from mmserver.backend.wire import BatchResult, FrameReader, LoadInfo, LoadSpec, frame, send_frame
+from mmserver.batching import answer_batch
+from mmserver.codecs import Request
+from mmserver.store import tree_size
+
+log = logging.getLogger(__name__)
+
+#: Batches longer than this (wall time) have their CPU time read from the CPU clock.
+_CPU_CLOCK_ABOVE_S = 0.0005
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Models:
+    """The models loaded in one slot, and the three operations on them (runs in the backend).
+
+    ``clock`` measures the CPU time of a long batch: the whole process's in a backend process
+    (a model may compute in threads of its own), the calling thread's in a thread slot."""
+
+    def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
+        self.predictors: dict[str, Any] = {}
+        self._clock = clock
+        self._long: set[str] = set()  # models whose last batch was long
+
+    def load(self, spec: LoadSpec) -> LoadInfo:
+        from mmserver.predictor import load_predictor, signature  # imported where they run
+
+        existing = self.predictors.get(spec.key)
+        if existing is not None:
+            return LoadInfo(0)
+        before = rss_bytes()
+        predictor = load_predictor(spec.model_dir, spec.config)
+        measured = max(0, rss_bytes() - before)
+        self.predictors[spec.key] = predictor
+        # A page-granular RSS delta of zero means "too small to see", not "free".
+        memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
+        describe = getattr(predictor, "describe", None)
+        return LoadInfo(
+            memory, self._probe(predictor), describe() if describe else None,
+            signature(predictor),
+        )
+
+    def _probe(self, predictor: Any) -> float | None:
+        """CPU seconds of predicting one row of zeros (the second of two calls: the first pays
+        for warming up), so that the frontend knows the model's cost before its first batch."""
+        from mmserver.predictor import EstimatorPredictor
+
+        width = getattr(predictor, "n_features", None)
+        if not isinstance(predictor, EstimatorPredictor) or not width:
+            return None  # a custom handler's predict may have effects of its own
+        row = np.zeros((1, width))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                predictor.predict(row)
+                started = self._clock()
+                predictor.predict(row)
+                return self._clock() - started
+        except Exception:
+            return None
+
+    def predict(self, key: str, requests: Sequence[Request]) -> BatchResult:
+        """The batch's answers, the CPU and wall seconds they took, and the rows predicted."""
+        name = key.split("#")[0]
+        predictor = self.predictors.get(key)
+        if predictor is None:
+            raise errors.BackendDied(f"model {name} is not loaded in this backend")
+        rows = 0
+
+        def predict(batch: np.ndarray, output: str | None = None) -> Any:
+            nonlocal rows
+            rows += len(batch)
+            return predictor.predict(batch) if output is None else predictor.output(output, batch)
+
+        # The CPU clock costs a system call, twice a batch: it is read for the models whose
+        # last batch was long; a short batch's CPU time is taken as its wall time.
+        timed = key in self._long
+        cpu = self._clock() if timed else 0.0
+        started = time.perf_counter()
+        try:
+            answers = answer_batch(
+                requests, predict, predictor.n_features, name, predictor.outputs
+            )
+        except errors.MMServerError:
+            raise
+        except Exception as exc:
+            raise errors.ModelError(f"{type(exc).__name__}: {exc}") from None
+        wall = time.perf_counter() - started
+        cpu = self._clock() - cpu if timed else wall
+        if wall > _CPU_CLOCK_ABOVE_S:
+            self._long.add(key)
+        elif timed:
+            self._long.discard(key)
+        return answers, cpu, wall, rows, getattr(predictor, "last_path", "own")
+
+    def unload(self, key: str) -> None:
+        self.predictors.pop(key, None)
+        self._long.discard(key)
+
+
+def child_main(
+    conn: multiprocessing.connection.Connection, index: int, nice: int, idle: bool
+) -> None:
+    """The backend process: answer each message in order until the frontend closes the pipe.
+    ``nice`` lowers its CPU priority and ``idle`` puts it under ``SCHED_IDLE`` (the heavy lane's
+    processes)."""
+    if nice:
+        os.nice(nice)
+    if idle:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError) as exc:  # not Linux: the nice value alone
+            log.warning("backend process %d: SCHED_IDLE is not available (%s)", index, exc)
+    # The frontend decides when we stop (it closes the pipe, or kills a stuck process), also
+    # when a stop signal reaches the whole process group: Ctrl-C, or systemd's default
+    # KillMode=control-group. Exiting here would fail the batches the frontend is draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Every request body is checked for NaN and infinity when it is decoded, so scikit-learn's
+    # own check (a fifth of a small predict's time) would only repeat it.
+    import sklearn
+
+    sklearn.set_config(assume_finite=True)
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    conn.close()
+    sock.setblocking(True)
+    reader = FrameReader(sock)
+    models = Models()
+    while True:
+        try:
+            data = reader.read()
+        except OSError:
+            return
+        if data is None:
+            return
+        message = pickle.loads(data)
+        del data
+        op = message[0]
+        reply: tuple[Any, ...]
+        try:
+            if op == wire.PREDICT:
+                reply = (wire.OK, models.predict(message[1], message[2]))
+            elif op == wire.LOAD:
+                reply = (wire.OK, models.load(message[1]))
+            elif op == wire.UNLOAD:
+                models.unload(message[1])
+                reply = (wire.OK, None)
+            else:
+                reply = (wire.OK, os.getpid())
+        except errors.MMServerError as exc:
+            reply = (wire.ERR, type(exc).__name__, exc.message)
+        except Exception as exc:
+            kind = "ModelLoadError" if op == wire.LOAD else "ModelError"
+            reply = (wire.ERR, kind, f"{type(exc).__name__}: {exc}")
+        del message
+        try:
+            parts = frame(reply)
+        except Exception as exc:
+            parts = frame(
+                (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}")
+            )
+        try:
+            send_frame(sock, parts)
+        except OSError:
+            return

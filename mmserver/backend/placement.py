@@ -1,0 +1,89 @@
+"""The backend slots of the server, in their lanes, and where a new worker goes."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+
+from mmserver.backend.process_slot import ProcessSlot
+from mmserver.backend.thread_slot import ThreadSlot
+from mmserver.metrics import Metrics
+from mmserver.scheduling import HEAVY, LIGHT, Lane
+
+#: A backend slot: one process, or a thread pool inside the frontend.
+Slot = ProcessSlot | ThreadSlot
+
+#: Imported once by the fork server and shared copy-on-write by every backend process, so a
+#: process starts (or is replaced) in milliseconds and a model's first load does not pay for
+#: importing the estimator families most stores use (the optional ones when installed: a module
+#: that cannot be imported is skipped).
+PRELOAD = (
+    "mmserver.backend", "mmserver.predictor", "joblib", "sklearn", "sklearn.linear_model",
+    "sklearn.pipeline", "sklearn.preprocessing", "sklearn.tree", "sklearn.ensemble",
+    "treelite", "treelite.sklearn", "treelite.gtil", "xgboost", "lightgbm",
+)
+
+
+class BackendPool:
+    """The backend slots of the server, in their lanes, and the choice of slot for a new worker.
+
+    ``processes`` slots make the light lane and start with the server; ``heavy_processes`` more,
+    at ``heavy_nice`` and (with ``heavy_sched_idle``) under ``SCHED_IDLE``, make the heavy lane
+    and start when a model first needs one. A model whose
+    batches take more than ``heavy_batch_ms`` of CPU belongs in the heavy lane
+    (:mod:`mmserver.scheduling`). With ``processes = 0`` there is one thread slot and one lane.
+    """
+
+    def __init__(
+        self,
+        processes: int,
+        metrics: Metrics,
+        threads: int = 8,
+        *,
+        heavy_processes: int = 0,
+        heavy_nice: int = 19,
+        heavy_sched_idle: bool = True,
+        heavy_batch_ms: float = 2.0,
+    ) -> None:
+        self.slots: list[Slot]
+        self.lanes = {LIGHT: Lane(LIGHT)}
+        #: Above this many seconds a batch, a model moves to the heavy lane (0: no heavy lane;
+        #: see :func:`~mmserver.scheduling.lane_bounds`).
+        self.heavy_batch_s = 0.0
+        if processes == 0:
+            self.slots = [ThreadSlot(0, threads, self.lanes[LIGHT])]
+            return
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(PRELOAD))
+        self.slots = [
+            ProcessSlot(i, context, metrics, self.lanes[LIGHT]) for i in range(processes)
+        ]
+        if heavy_processes:
+            self.heavy_batch_s = heavy_batch_ms / 1000.0
+            self.lanes[HEAVY] = heavy = Lane(HEAVY)
+            self.slots += [
+                ProcessSlot(processes + i, context, metrics, heavy, heavy_nice, heavy_sched_idle)
+                for i in range(heavy_processes)
+            ]
+
+    async def start(self) -> None:
+        """Start the light lane's processes (the heavy lane's start on first use)."""
+        await asyncio.gather(
+            *(slot.start() for slot in self.slots if slot.lane.name == LIGHT)
+        )
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
+
+    def pick(self, taken: set[int], lane: str = LIGHT) -> Slot:
+        """The slot in ``lane`` for a new worker of a model already bound to the slots in
+        ``taken``: one the model is not in if any, least-loaded (fewest bound workers) first,
+        lowest index on ties."""
+        slots = [s for s in self.slots if s.lane.name == lane] or self.slots
+        free = [s for s in slots if s.index not in taken]
+        candidates = free or slots
+        return min(candidates, key=lambda s: (s.bound_workers, s.index))
+
+    def pids(self) -> list[int]:
+        return [pid for s in self.slots if isinstance(s, ProcessSlot) and (pid := s.pid)]
+

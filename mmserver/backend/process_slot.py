@@ -1,0 +1,484 @@
+"""The frontend's side of one backend process (:class:`ProcessSlot`): writing messages, reading
+replies in order, scheduling batches into the pipe, and replacing the process when it dies or a
+prediction passes its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import multiprocessing
+import os
+import pickle
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+from mmserver import errors
+from mmserver.backend import wire
+from mmserver.backend.child import child_main
+from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
+from mmserver.backend.wire import LoadInfo, LoadSpec, frame, span
+from mmserver.codecs import Request
+from mmserver.metrics import Metrics
+from mmserver.scheduling import Lane, RunQueue, admits
+
+log = logging.getLogger(__name__)
+
+_START_TIMEOUT = 60.0
+#: How often a process slot checks the deadlines of the messages it holds.
+_WATCH_S = 0.05
+
+
+class _ReplyProtocol(asyncio.Protocol):
+    """Parses reply frames from a backend process and hands them to its slot in order."""
+
+    def __init__(self, slot: ProcessSlot) -> None:
+        self.slot = slot
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement the interface without subclassing asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        # Every whole frame read is parsed in place; the buffer is trimmed once, at the end.
+        offset = 0
+        try:
+            while (found := span(buf, offset)) is not None:
+                start, end = found
+                if len(buf) < end:
+                    return
+                with memoryview(buf) as view:
+                    reply = pickle.loads(view[start:end])
+                offset = end
+                self.slot._on_reply(reply)
+        finally:
+            del buf[:offset]
+            if offset:
+                self.slot._pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.slot._on_connection_lost(self)
+
+
+class ProcessSlot:
+    """One backend process, replaced when it dies. See the module docstring for the protocol.
+
+    While the process is starting (or a replacement is), new messages are *held* and written
+    once the models of the slot are loaded again, so they never reach a process that lacks their
+    model.
+
+    Batches are scheduled here, on the frontend: a worker with a batch to run waits in the
+    slot's run queue (:meth:`ready`), and the slot admits the next one in fair order whenever
+    its pipe holds little enough estimated work (:func:`~mmserver.scheduling.admits`).
+    """
+
+    def __init__(
+        self,
+        index: int,
+        context: multiprocessing.context.ForkServerContext,
+        metrics: Metrics,
+        lane: Lane,
+        nice: int = 0,
+        idle: bool = False,
+    ) -> None:
+        self.index = index
+        self.lane = lane
+        self.bound_workers = 0
+        #: Batches answered by this slot (a worker's wait is counted against it).
+        self.answered = 0
+        #: Batches admitted into this slot's pipe.
+        self.admitted = 0
+        self._nice = nice
+        self._idle_policy = idle
+        self._context = context
+        self._metrics = metrics
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._protocol: _ReplyProtocol | None = None
+        self._runq: RunQueue[Runnable] = RunQueue()
+        self._pump_handle: asyncio.Handle | None = None
+        self._pumping = False
+        self._inflight: collections.deque[Pending] = collections.deque()
+        #: Estimated seconds of the batches in the pipe, and how many messages there have
+        #: no estimate (loads, batches of models not measured yet).
+        self._pipe_cost = 0.0
+        self._pipe_unknown = 0
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._held: list[Pending] = []
+        self._crashed: list[Pending] = []
+        self._holding = True
+        # Frames written during one turn of the event loop go out in one system call.
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._loaded: dict[str, LoadSpec] = {}
+        self._restarting: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._restarts: collections.deque[float] = collections.deque(maxlen=5)
+        self._loop: asyncio.AbstractEventLoop  # the event loop the slot was started on
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def describe(self) -> str:
+        return f"backend process {self.index} (pid {self.pid})"
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the process; returns once it answered a ping. What was sent meanwhile (a slot
+        started on first use) is written then."""
+        try:
+            await self._spawn()
+        except BaseException as exc:
+            held, self._held = self._held, []
+            error = exc if isinstance(exc, errors.MMServerError) else errors.BackendDied(
+                f"{self.describe()} could not start: {exc}"
+            )
+            for pending in held:
+                pending.fail(error)
+            raise
+        self._holding = False
+        held, self._held = self._held, []
+        for pending in held:
+            if not pending.done():
+                self._write(pending)
+        self._pump()
+
+    def _ensure_started(self) -> None:
+        """Start the process on first use (the heavy lane's slots start when a model needs
+        them); a start that failed is tried again on the next use."""
+        if self._process is not None or self._stopping:
+            return
+        self._loop = asyncio.get_running_loop()
+        if self._starting is None or self._starting.done():
+            self._starting = self._loop.create_task(
+                self._start_once(), name=f"mmserver-backend-{self.index}-start"
+            )
+
+    async def _start_once(self) -> None:
+        try:
+            await self.start()
+        except Exception as exc:
+            log.error("%s could not start: %s", self.describe(), exc)
+
+    async def _spawn(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        parent, child = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=child_main, args=(child, self.index, self._nice, self._idle_policy),
+            name=f"mmserver-backend-{self.index}", daemon=True,
+        )
+        await loop.run_in_executor(None, process.start)
+        child.close()
+        sock = socket.socket(fileno=os.dup(parent.fileno()))
+        parent.close()
+        sock.setblocking(False)
+        self._process = process
+        _, protocol = await loop.create_unix_connection(lambda: _ReplyProtocol(self), sock=sock)
+        self._protocol = protocol
+        ping: asyncio.Future[Any] = loop.create_future()
+        self._write(Pending(wire.PING, frame((wire.PING,)), ping))
+        try:
+            await asyncio.wait_for(asyncio.shield(ping), _START_TIMEOUT)
+        except TimeoutError:
+            process.kill()
+            raise errors.BackendDied(
+                f"{self.describe()} did not answer within {_START_TIMEOUT:.0f} s of starting"
+            ) from None
+
+    async def stop(self) -> None:
+        """Close the pipe (the process exits after answering what it holds) and reap it."""
+        self._stopping = True
+        for task in (self._restarting, self._starting):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        for handle in (self._pump_handle, self._watchdog):
+            if handle is not None:
+                handle.cancel()
+        self._pump_handle = self._watchdog = None
+        if self._protocol is not None and self._protocol.transport is not None:
+            self._protocol.transport.close()
+        process = self._process
+        if process is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, process.join, 5.0)
+            if process.is_alive():
+                process.kill()
+                await loop.run_in_executor(None, process.join, 5.0)
+        shutting_down = errors.ShuttingDown("the server is shutting down")
+        for pending in [*self._crashed, *self._inflight, *self._held]:
+            pending.fail(shutting_down)
+        self._inflight.clear()
+        self._held.clear()
+        self._crashed.clear()
+
+    def kill(self) -> None:
+        """Kill the process now; it is replaced as if it had died."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+
+    # Operations -------------------------------------------------------------------------------
+
+    async def load(self, spec: LoadSpec) -> LoadInfo:
+        self._ensure_started()
+        self._loaded[spec.key] = spec
+        try:
+            info: LoadInfo = await self._send((wire.LOAD, spec), deadline=None)
+        except BaseException:
+            self._loaded.pop(spec.key, None)
+            raise
+        return info
+
+    # Scheduling -------------------------------------------------------------------------------
+
+    def ready(self, worker: Runnable) -> None:
+        """``worker`` has a batch to run here: it runs at once if the process is idle, otherwise
+        when its turn comes (:meth:`_pump`). Its batch is taken from its queue only then."""
+        worker.mark = self.answered
+        cost = worker.cost
+        tag = self.lane.tag(cost)
+        if not self._runq and not self._pumping and not self._holding and not self._stopping:
+            pipe = math.inf if self._pipe_unknown else self._pipe_cost
+            if admits(len(self._inflight), pipe, cost.estimate):
+                # Nobody waits and the pipe has room: it runs now, as the pump would run it.
+                if worker.begin(self.admitted - worker.mark):
+                    self.lane.charge(tag, cost)
+                return
+        self._runq.push(tag, worker)
+        if not self._inflight:
+            self._pump()
+        elif self._pump_handle is None and not self._pumping:
+            # Workers made ready in this turn of the event loop are ordered together.
+            self._pump_handle = self._loop.call_soon(self._pump)
+
+    def free(self) -> bool:
+        """Nothing running or waiting here."""
+        return not self._inflight and not self._runq and not self._holding
+
+    def _pump(self) -> None:
+        """Admit waiting workers' batches in fair order while the pipe has room; their frames go
+        out in one system call."""
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+            self._pump_handle = None
+        if self._holding or self._stopping or self._pumping:
+            return
+        runq, lane = self._runq, self.lane
+        self._pumping = True
+        try:
+            while runq:
+                tag, worker = runq.peek()
+                if not worker.waiting():
+                    runq.pop_first()  # it left, or was given its jobs elsewhere
+                    continue
+                cost = worker.cost
+                pipe = math.inf if self._pipe_unknown else self._pipe_cost
+                if not admits(len(self._inflight), pipe, cost.estimate):
+                    break
+                runq.pop_first()
+                # Every batch admitted since the worker's mark ran, or runs, before its own.
+                if worker.begin(self.admitted - worker.mark):
+                    lane.charge(tag, cost)
+        finally:
+            self._pumping = False
+        if self._out and self._flush_handle is None:
+            self._flush()
+
+    def send_batch(
+        self,
+        key: str,
+        requests: Sequence[Request],
+        deadline: float,
+        callback: BatchCallback,
+        estimate: float = math.inf,
+    ) -> None:
+        """Send a batch; ``callback`` gets its result (its answers and their CPU seconds) or its
+        error, from the event loop, as soon as they are known. ``estimate`` is its expected CPU
+        seconds, for admitting what follows. Raises :class:`errors.ShuttingDown` at once when
+        the slot is stopping."""
+        self.admitted += 1
+        message = (wire.PREDICT, key, requests)
+        self._enqueue(
+            Pending(wire.PREDICT, frame(message), callback=callback, cost=estimate), deadline
+        )
+
+    async def unload(self, key: str) -> None:
+        if self._loaded.pop(key, None) is None or self._stopping:
+            return
+        try:
+            await self._send((wire.UNLOAD, key), deadline=None, cost=0.0)
+        except errors.MMServerError:
+            pass  # a process that died holds nothing
+
+    def _send(
+        self, message: tuple[Any, ...], deadline: float | None, cost: float = math.inf
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._enqueue(Pending(message[0], frame(message), future, cost=cost), deadline)
+        return future
+
+    def _enqueue(self, pending: Pending, deadline: float | None) -> None:
+        if self._stopping:
+            raise errors.ShuttingDown("the server is shutting down")
+        if deadline is not None:
+            pending.deadline = deadline
+            if self._watchdog is None:
+                self._watchdog = self._loop.call_later(_WATCH_S, self._watch)
+        if self._holding:
+            self._held.append(pending)
+        else:
+            self._write(pending)
+
+    def _write(self, pending: Pending) -> None:
+        """Send ``pending``'s frame: at once if the process has nothing to do, else with the
+        other frames written in this turn of the event loop (one system call for all)."""
+        idle = not self._inflight
+        self._inflight.append(pending)
+        if pending.cost < math.inf:
+            self._pipe_cost += pending.cost
+        else:
+            self._pipe_unknown += 1
+        self._out.extend(pending.frame)
+        if self._flush_handle is None and not self._pumping:
+            if idle:
+                self._flush()
+            else:
+                self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        out, self._out = self._out, []
+        protocol = self._protocol
+        if protocol is not None and protocol.transport is not None and out:
+            protocol.transport.writelines(out)
+
+    # Replies and faults -----------------------------------------------------------------------
+
+    def _on_reply(self, reply: tuple[Any, ...]) -> None:
+        if not self._inflight:
+            log.error("%s answered a message it was not sent", self.describe())
+            return
+        inflight = self._inflight
+        pending = inflight.popleft()
+        if not inflight:
+            self._pipe_cost, self._pipe_unknown = 0.0, 0  # no drift from float sums
+        elif pending.cost < math.inf:
+            self._pipe_cost -= pending.cost
+        else:
+            self._pipe_unknown -= 1
+        if pending.op == wire.PREDICT:
+            self.answered += 1
+        if reply[0] == wire.OK:
+            pending.succeed(reply[1])
+        else:
+            pending.fail(errors.from_name(reply[1], reply[2]))
+
+    def _watch(self) -> None:
+        """Answer 504 every message whose deadline has passed; if the process is running one,
+        replace the process. Runs every ``_WATCH_S`` while any message has a deadline (one
+        timer per slot, not one per batch)."""
+        self._watchdog = None
+        now = self._loop.time()
+        waiting = False
+        for pending in (*self._inflight, *self._held):
+            if pending.done() or pending.deadline == math.inf:
+                continue
+            if pending.deadline > now:
+                waiting = True
+                continue
+            running = self._inflight[0] is pending if self._inflight else False
+            time_out(pending)
+            if running and not self._holding:
+                log.warning("%s: a prediction timed out; replacing the process", self.describe())
+                self.kill()
+        if waiting and not self._stopping:
+            self._watchdog = self._loop.call_later(_WATCH_S, self._watch)
+
+    def _on_connection_lost(self, protocol: _ReplyProtocol) -> None:
+        if protocol is not self._protocol:
+            return
+        self._protocol = None
+        # Unsent frames belong to messages now being failed or held for the replacement.
+        self._out.clear()
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._stopping:
+            return
+        self._holding = True
+        if self._inflight:
+            running = self._inflight.popleft()
+            if running.op == wire.PING:  # a replacement that died while starting
+                running.fail(errors.BackendDied(f"{self.describe()} died while starting"))
+            else:
+                self._crashed.append(running)
+        self._held[:0] = [p for p in self._inflight if not p.done()]
+        self._inflight.clear()
+        self._pipe_cost, self._pipe_unknown = 0.0, 0
+        if self._restarting is None:
+            self._restarting = asyncio.get_running_loop().create_task(
+                self._restart(), name=f"mmserver-backend-{self.index}-restart"
+            )
+
+    async def _restart(self) -> None:
+        """Replace a dead process: fail what it was running, reload its models, resend the rest."""
+        loop = asyncio.get_running_loop()
+        reloads: list[asyncio.Future[Any]] = []
+        while not self._stopping:
+            process = self._process
+            exit_code: int | None = None
+            if process is not None:
+                await loop.run_in_executor(None, process.join, 5.0)
+                exit_code = process.exitcode
+            described = f"backend process {self.index} (pid {self.pid}, exit code {exit_code})"
+            crashed, self._crashed = self._crashed, []
+            for pending in crashed:
+                pending.fail(errors.BackendDied(
+                    f"{described} died while running this request; it has been replaced, "
+                    "so the request can be retried"
+                ))
+            self._metrics.backend_restarts.inc()
+            log.warning(
+                "%s died; starting a replacement to reload %d model(s) and resend %d message(s)",
+                described, len(self._loaded), len(self._held),
+            )
+            now = time.monotonic()
+            self._restarts.append(now)
+            if len(self._restarts) == self._restarts.maxlen and now - self._restarts[0] < 10.0:
+                await asyncio.sleep(1.0)  # a crash loop: do not spin
+            try:
+                await self._spawn()
+            except errors.BackendDied:
+                continue  # the replacement died too; its ping is in _crashed
+            except Exception:
+                log.exception("could not start a replacement for %s", described)
+                await asyncio.sleep(1.0)
+                continue
+            reloads = [loop.create_future() for _ in self._loaded]
+            for spec, reload in zip(self._loaded.values(), reloads, strict=True):
+                self._write(Pending(wire.LOAD, frame((wire.LOAD, spec)), reload))
+            held, self._held = self._held, []
+            for pending in held:
+                if not pending.done():
+                    self._write(pending)
+            self._holding = False
+            self._pump()
+            log.info("backend process %d replaced by pid %s", self.index, self.pid)
+            break
+        self._restarting = None
+        for spec, result in zip(
+            list(self._loaded.values()),
+            await asyncio.gather(*reloads, return_exceptions=True),
+            strict=False,
+        ):
+            if isinstance(result, BaseException):
+                log.error("reloading %s into %s failed: %s", spec.key, self.describe(), result)
