@@ -1,0 +1,60 @@
+# The set-up every entry point of scripts/ shares; sourced (`. scripts/setup.sh`) from the
+# checkout's root, after `set -euo pipefail`:
+#   use_venv NAME [EXTRAS]  create .venv (Python >= 3.11; python3-venv with apt-get if needed)
+#                           and install the package with EXTRAS into it, again only when
+#                           pyproject.toml changed since NAME's last install;
+#   have PROGRAM            whether PROGRAM is installed (on PATH or in /usr/sbin);
+#   use_apt PROGRAM         install the Debian package PROGRAM with apt-get unless installed;
+#   run_module MODULE ARGS  run a tool of scripts/ (with scripts/ on PYTHONPATH) in .venv;
+#   die MESSAGE             print "scripts/NAME: MESSAGE" and exit 1.
+
+script="scripts/$(basename "$0")"
+
+die() { echo "$script: $*" >&2; exit 1; }
+
+find_python() {
+    local candidate
+    for candidate in python3.13 python3.12 python3.11 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+            "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+use_venv() {
+    local name=$1 extras=${2:-} python stamp want
+    if [ ! -x .venv/bin/python ]; then
+        python=$(find_python) ||
+            die "Python >= 3.11 is required (python3 is $(python3 -V 2>&1 || echo missing))"
+        if ! "$python" -m venv .venv; then
+            # Debian's python3 ships venv's ensurepip in a separate package.
+            rm -rf .venv
+            if command -v apt-get >/dev/null 2>&1; then
+                apt-get update -qq && apt-get install -y -qq python3-venv
+            fi
+            "$python" -m venv .venv || die "cannot create .venv (install python3-venv)"
+        fi
+    fi
+    stamp=.venv/.mmserver-$name
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+        .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
+        echo "$want" >"$stamp"
+    fi
+}
+
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+
+use_apt() {
+    have "$1" && return 0
+    command -v apt-get >/dev/null 2>&1 || { echo "$script: $1 is required (apt-get is not available)" >&2; return 1; }
+    echo "$script: installing $1 with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+}
+
+run_module() {
+    PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python -m "$@"
+}
