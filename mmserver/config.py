@@ -12,10 +12,13 @@ the global defaults; a management call overrides both through :meth:`ModelConfig
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import ipaddress
 import logging
 import os
 import re
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +53,23 @@ def available_memory_mb() -> int:
     except OSError:
         pass
     return 4096
+
+
+@functools.cache
+def resolves_to_loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback address (``False`` when it does
+    not resolve). Resolved once per name: the answer decides who may manage the server."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {str(info[4][0]) for info in infos}
+    try:
+        return bool(addresses) and all(
+            ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses
+        )
+    except ValueError:
+        return False
 
 
 def _opt(default: Any, help: str, *, flag_only: bool = False) -> Any:
@@ -104,6 +124,26 @@ class ServerConfig:
     max_memory_mb: int = _opt(0, "Memory budget for loaded models in MiB; 0 = 80% of available.")
     max_request_size: int = _opt(6 * 1024 * 1024, "Largest request body in bytes.")
     predict_timeout: float = _opt(60.0, "Default s a request may take before it is answered 504.")
+    keepalive_timeout: float = _opt(
+        75.0, "s an idle keep-alive connection stays open; longer than the 60 s idle timeout of "
+        "common load balancers, so that the balancer closes first (0 = close after each answer).",
+    )
+    header_timeout: float = _opt(
+        10.0, "s a client has to send a request's headers once it has begun (slow clients); the "
+        "connection is then answered 408 and closed.",
+    )
+    body_timeout: float = _opt(
+        60.0, "s a client has to send a request's body; it is then answered 408 and the "
+        "connection closed.",
+    )
+    send_timeout: float = _opt(
+        60.0, "s a client has to take an answer larger than the socket's buffer; the connection "
+        "is then dropped and the answer freed, so a client that never reads holds no memory.",
+    )
+    max_connections: int = _opt(
+        0, "Open HTTP connections at most; a connection past it is answered 503 and closed. "
+        "0 = the file-descriptor limit minus 256 (kept for backends, archives and scrapes).",
+    )
     management_token: str = _opt("", "Bearer token required by POST/PUT/DELETE on /models.")
     allowed_model_roots: str = _opt(
         "", "Comma-separated directories POST /models may load from; empty = the model store."
@@ -202,7 +242,9 @@ class ServerConfig:
 
     @property
     def is_loopback(self) -> bool:
-        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+        """Whether ``host`` resolves to loopback addresses only (a name is resolved: a name
+        that looks local may point elsewhere)."""
+        return resolves_to_loopback(self.host)
 
     def model_defaults(self) -> ModelConfig:
         """Per-model defaults taken from the global options."""

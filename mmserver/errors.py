@@ -17,6 +17,7 @@ written against DJL read the same names.
     ├── NotFound                        404 ValidationError   unknown path
     ├── MethodNotAllowed                405
     ├── ModelExists                     409
+    ├── RequestTimeout                  408 ValidationError   body not sent in time
     ├── RequestTooLarge                 413 ValidationError
     ├── UnsupportedMediaType            415 ValidationError
     ├── Unauthorized                    401
@@ -31,6 +32,7 @@ written against DJL read the same names.
     │   ├── NoCapacity                  503                   nothing evictable
     │   ├── ShuttingDown                503
     │   └── WorkersStopped              503                   the model's maxWorkers is 0
+    ├── ClientClosed                    499                   left while sending its request
     ├── PredictTimeout                  504 ServiceUnavailable
     │   └── ClientGone                  504                   dropped before compute
     └── InsufficientMemory              507                   management load refused
@@ -95,6 +97,21 @@ class MethodNotAllowed(MMServerError):
 
 class ModelExists(MMServerError):
     status_code = 409
+    amzn_error_type = None
+
+
+class RequestTimeout(MMServerError):
+    """The client did not send its request's body within ``body_timeout``."""
+
+    status_code = 408
+    amzn_error_type = "ValidationError"
+
+
+class ClientClosed(MMServerError):
+    """The client closed its connection while sending its request: nobody reads an answer,
+    and the request is counted under status 499 (as nginx counts it), not as a failure."""
+
+    status_code = 499
     amzn_error_type = None
 
 
@@ -218,6 +235,8 @@ DJL_TYPES: dict[type[MMServerError], str] = {
     NotFound: "ResourceNotFoundException",
     MethodNotAllowed: "MethodNotAllowedException",
     ModelExists: "BadRequestException",  # DJL: BadRequestException(409, "... already registered.")
+    RequestTimeout: "BadRequestException",
+    ClientClosed: "BadRequestException",
     RequestTooLarge: "BadRequestException",
     UnsupportedMediaType: "BadRequestException",
     Unauthorized: "BadRequestException",

@@ -23,6 +23,7 @@ import prometheus_client
 from aiohttp import web
 
 from mmserver import errors
+from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
@@ -42,7 +43,7 @@ class Server:
         # The ignore goes when WorkLoadManager takes a ModelSource (strict mypy flags it then).
         self.wlm = WorkLoadManager(config, self.store, self.metrics)
         self.app = build_app(config, self.wlm, self.metrics)
-        self._runner: web.AppRunner | None = None
+        self._runner: HttpRunner | None = None
         self.stopped = asyncio.Event()
 
     def _holds_files(self, name: str) -> bool:
@@ -51,7 +52,7 @@ class Server:
 
     async def start(self) -> None:
         await self.wlm.start()
-        self._runner = web.AppRunner(
+        self._runner = HttpRunner(
             self.app,
             access_log=log.getChild("access") if self.config.access_log else None,
             handle_signals=False,
@@ -63,8 +64,10 @@ class Server:
         )
         await site.start()
         log.info(
-            "mmserver listening on http://%s:%d (model store %s, %d backend process(es))",
+            "mmserver listening on http://%s:%d (model store %s, %d backend process(es), "
+            "at most %d connections)",
             self.config.host, self.config.port, self.store.root, self.config.backend_processes,
+            self._runner.policy.max_connections,
         )
 
     async def shutdown(self) -> None:

@@ -14,15 +14,16 @@ singletons.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 
 from mmserver.config import ServerConfig
-from mmserver.errors import RequestTooLarge
+from mmserver.errors import ClientClosed, RequestTimeout, RequestTooLarge
 from mmserver.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -71,12 +72,16 @@ def request_id(request: web.Request) -> str:
     return request.headers.get(REQUEST_ID) or request.app[STATE].request_ids.next()
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refused with :class:`RequestTooLarge` once it passes ``limit`` bytes.
+async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> bytes:
+    """The request body, refused with :class:`RequestTooLarge` once it passes ``limit`` bytes,
+    and with :class:`RequestTimeout` when it has not arrived whole within ``timeout`` seconds
+    (0: no limit). A client that closes its connection meanwhile raises :class:`ClientClosed`.
 
     A declared ``Content-Length`` over the limit is refused before anything is read; a chunked
     body is read incrementally and refused as soon as it passes the limit (aiohttp's
     ``client_max_size``, set to the same limit on the application). A limit of 0 means none.
+    Either refusal closes the connection once answered, unread (see
+    :mod:`mmserver.api.connections`).
     """
     length = request.content_length
     if length is not None and limit and length > limit:
@@ -87,9 +92,17 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if length is not None and payload.is_eof():
         return payload.read_nowait()  # all of it has arrived (the common case): no await
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout or None):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(None, limit) from None
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout:g} s (body_timeout)"
+        ) from None
+    except (ConnectionError, ClientPayloadError) as exc:
+        raise ClientClosed(f"the client closed its connection while sending the body: {exc}") \
+            from None
 
 
 def _too_large(length: int | None, limit: int) -> RequestTooLarge:

@@ -79,7 +79,8 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
         code = 500
         try:
             name = model_of(request)
-            body = await read_body(request, state.config.max_request_size)
+            config = state.config
+            body = await read_body(request, config.max_request_size, config.body_timeout)
             job = make_job(body, request.headers)
             wlm = state.wlm
             pool = wlm.ready_pool(name)

@@ -173,7 +173,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def request_params(request: web.Request) -> dict[str, Any]:
     """The query parameters, updated with those of a JSON or form body."""
     params: dict[str, Any] = dict(request.query)
-    body = await read_body(request, request.app[STATE].config.max_request_size)
+    config = request.app[STATE].config
+    body = await read_body(request, config.max_request_size, config.body_timeout)
     if not body.strip():
         return params
     kind = media_type(request.headers.get("Content-Type"))

@@ -245,9 +245,9 @@ def authorize(request: web.Request) -> None:
             "server has none configured"
         )
     scheme, _, credentials = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        credentials.strip().encode(), token.encode()
-    ):
+    # Header bytes that are not UTF-8 arrive as surrogates: they compare as their bytes.
+    offered = credentials.strip().encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered, token.encode()):
         raise Unauthorized(
             "this management call needs the header 'Authorization: Bearer <management token>'"
         )

@@ -25,6 +25,7 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
@@ -162,12 +163,13 @@ Serve = Callable[..., Awaitable[Harness]]
 
 
 class ServerLikeTestServer(TestServer):
-    """A TestServer run as ``mmserver.server`` runs the app: a handler is not cancelled when its
+    """A TestServer run as ``mmserver.server`` runs the app: its connection rules
+    (:class:`~mmserver.api.connections.HttpRunner`), and a handler is not cancelled when its
     client leaves (the WorkLoadManager's client-gone check drops the job instead)."""
 
     async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
         kwargs["handler_cancellation"] = False
-        return web.AppRunner(self.app, **kwargs)
+        return HttpRunner(self.app, **kwargs)
 
 
 @pytest.fixture

@@ -106,9 +106,9 @@ async def test_body_arriving_after_its_headers_is_read_whole(
     reading = asyncio.Event()
     read_whole = inference.read_body
 
-    async def read_body(request: web.Request, limit: int) -> bytes:
+    async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> bytes:
         reading.set()
-        return await read_whole(request, limit)
+        return await read_whole(request, limit, timeout)
 
     monkeypatch.setattr(inference, "read_body", read_body)
     host, port = server.client.host, server.client.port
