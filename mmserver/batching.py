@@ -85,14 +85,23 @@ class JobQueue:
             )
         self._items.append(job)
 
-    def take(self, count: int) -> list[Job]:
-        """Up to ``count`` jobs from the front of the queue (at least one if any is queued)."""
+    def take(self, count: int, max_bytes: int = 0) -> list[Job]:
+        """Up to ``count`` jobs from the front of the queue (at least one if any is queued),
+        holding at most ``max_bytes`` of request bodies (0: no limit) unless the first alone
+        holds more: it is then a batch of its own."""
         items = self._items
-        if len(items) <= count:
-            taken = list(items)
-            items.clear()
-            return taken
-        return [items.popleft() for _ in range(max(1, count))]
+        if not items:
+            return []
+        taken = [items.popleft()]
+        total = len(taken[0].request[0])
+        count = max(1, count)
+        while items and len(taken) < count:
+            size = len(items[0].request[0])
+            if max_bytes and total + size > max_bytes:
+                break
+            total += size
+            taken.append(items.popleft())
+        return taken
 
     def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
         """Refuse new jobs with the error ``refusal`` makes (by default, the model is

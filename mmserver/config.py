@@ -72,6 +72,10 @@ def resolves_to_loopback(host: str) -> bool:
         return False
 
 
+#: Workers one model may have per backend process (:attr:`ServerConfig.worker_limit`).
+WORKERS_PER_BACKEND = 16
+
+
 def _opt(default: Any, help: str, *, flag_only: bool = False) -> Any:
     return field(default=default, metadata={"help": help, "flag_only": flag_only})
 
@@ -117,6 +121,12 @@ class ServerConfig:
     )
     max_batch_delay: int = _opt(
         0, "Default ms a worker waits to fill a batch; 0 = never wait, take what is queued."
+    )
+    max_batch_bytes: int = _opt(
+        6 * 1024 * 1024,
+        "Default most request bytes in one batch (serving.properties max_batch_bytes): many "
+        "large requests are not one batch that outlasts predict_timeout; a request larger than "
+        "this is a batch of its own.",
     )
     max_idle_time: int = _opt(60, "Default s before a worker above minWorkers retires.")
     job_queue_size: int = _opt(1000, "Default capacity of a model's request queue.")
@@ -195,6 +205,9 @@ class ServerConfig:
                 split_object_url(self.store_url)
             except ConfigError as exc:
                 raise ConfigError(f"option model_store: {exc.message}") from None
+        too_many = self.check_workers(self.min_workers, self.max_workers)
+        if too_many is not None:
+            raise ConfigError(f"option {too_many}")
         try:
             self.model_defaults()  # every model starts from these: they must make a valid one
         except ConfigError as exc:
@@ -241,6 +254,26 @@ class ServerConfig:
         return self.max_memory_mb or int(available_memory_mb() * 0.8)
 
     @property
+    def worker_limit(self) -> int:
+        """The most workers one model may have: :data:`WORKERS_PER_BACKEND` per backend process
+        (at least 64). A process runs one batch at a time, so more workers only wait."""
+        slots = self.backend_processes + (self.heavy_processes if self.backend_processes else 0)
+        return max(64, WORKERS_PER_BACKEND * max(1, slots))
+
+    def check_workers(self, min_workers: int, max_workers: int) -> str | None:
+        """Why ``minWorkers``/``maxWorkers`` pass :attr:`worker_limit` (``None`` when they do
+        not)."""
+        limit = self.worker_limit
+        for key, value in (("minWorkers", min_workers), ("maxWorkers", max_workers)):
+            if value > limit:
+                return (
+                    f"{key}={value} is over the limit of {limit} workers per model "
+                    f"({WORKERS_PER_BACKEND} per backend process: a process runs one batch "
+                    "at a time, so more workers would only wait)"
+                )
+        return None
+
+    @property
     def is_loopback(self) -> bool:
         """Whether ``host`` resolves to loopback addresses only (a name is resolved: a name
         that looks local may point elsewhere)."""
@@ -253,6 +286,7 @@ class ServerConfig:
             max_workers=self.max_workers,
             batch_size=self.batch_size,
             max_batch_delay=self.max_batch_delay,
+            max_batch_bytes=self.max_batch_bytes,
             max_idle_time=self.max_idle_time,
             job_queue_size=self.job_queue_size,
             predict_timeout=self.predict_timeout,
@@ -383,6 +417,8 @@ class ModelConfig:
     max_workers: int = field(default_factory=cpu_count)
     batch_size: int = 32
     max_batch_delay: int = 0
+    #: Request bytes one batch may hold (a request larger than this is a batch alone).
+    max_batch_bytes: int = 6 * 1024 * 1024
     max_idle_time: int = 60
     job_queue_size: int = 1000
     required_memory_mb: float | None = None
@@ -405,13 +441,13 @@ class ModelConfig:
         """Raise :class:`ConfigError` saying which key and value are wrong; the caller adds
         where they came from (a file, an option, a request)."""
         for name in ("min_workers", "max_workers", "batch_size", "max_batch_delay",
-                     "max_idle_time", "job_queue_size", "predict_timeout"):
+                     "max_batch_bytes", "max_idle_time", "job_queue_size", "predict_timeout"):
             value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"{_djl_key(name)}={value!r} must not be negative")
             if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic
                 raise ConfigError(f"{_djl_key(name)}={_short_number(value)} is too large")
-        for name in ("batch_size", "job_queue_size"):  # maxWorkers may be 0, as in DJL
+        for name in ("batch_size", "job_queue_size", "max_batch_bytes"):  # maxWorkers may be 0
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_djl_key(name)}={getattr(self, name)!r} must be >= 1")
         if self.required_memory_mb is not None and self.required_memory_mb < 0:
@@ -466,6 +502,7 @@ _MODEL_KEYS: dict[str, tuple[str, type]] = {
     "batchSize": ("batch_size", int),
     "max_batch_delay": ("max_batch_delay", int),
     "maxBatchDelay": ("max_batch_delay", int),
+    "max_batch_bytes": ("max_batch_bytes", int),
     "max_idle_time": ("max_idle_time", int),
     "maxIdleTime": ("max_idle_time", int),
     "job_queue_size": ("job_queue_size", int),

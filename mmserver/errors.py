@@ -40,6 +40,9 @@ written against DJL read the same names.
 
 from __future__ import annotations
 
+#: The longest error message: every error body and the log lines that quote one stay bounded.
+MAX_MESSAGE = 4096
+
 
 class MMServerError(Exception):
     """Base of every error a client can see."""
@@ -48,6 +51,10 @@ class MMServerError(Exception):
     amzn_error_type: str | None = "InternalFailure"
 
     def __init__(self, message: str) -> None:
+        if len(message) > MAX_MESSAGE:
+            # A model's exception, an archive's member name: text from outside is bounded.
+            cut = MAX_MESSAGE - 60
+            message = f"{message[:cut]}... ({len(message)} characters, shortened)"
         super().__init__(message)
         self.message = message
 

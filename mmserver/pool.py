@@ -14,6 +14,7 @@ scaling check after an enqueue cannot interleave with another request's.
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime
 import logging
 from collections.abc import Callable
@@ -57,6 +58,8 @@ class ModelPool:
         self.backend = backend
         self.queue = JobQueue(config.job_queue_size)
         self.workers: dict[int, Worker] = {}
+        #: Workers per slot index (the slots the model is bound to).
+        self._per_slot: collections.Counter[int] = collections.Counter()
         self.copy_bytes = 0  # memory of one copy, known after the first load
         self.running = 0
         self.readied = 0
@@ -159,7 +162,8 @@ class ModelPool:
     def take_batch(self) -> list[Job]:
         """The jobs of a worker's next batch (none when nothing is queued)."""
         queue = self.queue
-        return queue.take(self.config.batch_size) if len(queue) else []
+        config = self.config
+        return queue.take(config.batch_size, config.max_batch_bytes) if len(queue) else []
 
     def waited(self, batches: int) -> None:
         self.cost.waited += batches
@@ -278,11 +282,11 @@ class ModelPool:
             await asyncio.gather(*(w.ready for w in started))
 
     def _add_worker(self, reason: str, *, scaling: bool = True) -> Worker:
-        taken = {w.slot.index for w in self.workers.values()}
-        slot = self.backend.pick(taken, self.lane)
+        slot = self.backend.pick(self._per_slot.keys(), self.lane)
         worker = Worker(self, self._next_id, slot)
         self._next_id += 1
         self.workers[worker.id] = worker
+        self._per_slot[slot.index] += 1
         slot.bound_workers += 1
         if scaling:
             self._m_scale_up.inc()
@@ -342,6 +346,9 @@ class ModelPool:
             self._idle.remove(worker)
         slot = worker.slot
         slot.bound_workers -= 1
+        self._per_slot[slot.index] -= 1
+        if not self._per_slot[slot.index]:
+            del self._per_slot[slot.index]
         if self._unloading:
             reason = "model unloading"
         elif slot.lane.name != self.lane:
@@ -355,7 +362,7 @@ class ModelPool:
             "model %s: worker %d on %s retired (%s; %d worker(s) left)",
             self.name, worker.id, slot.describe(), reason, len(self.workers),
         )
-        if not any(w.slot is slot for w in self.workers.values()):
+        if slot.index not in self._per_slot:
             if self._slot_loads.pop(slot.index, None) is not None:
                 asyncio.get_running_loop().create_task(
                     slot.unload(self.key), name=f"mmserver-unload-{self.name}"

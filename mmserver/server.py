@@ -95,7 +95,7 @@ def open_store(
     ``in_use(name)`` tells an object store's cache which models still need their files."""
     limit = config.max_archive_mb * 2**20
     if config.store_url is None:
-        return ModelStore(config.store_path, config.cache_path, limit)
+        return ModelStore(config.store_path, config.cache_path, limit, config.allowed_roots)
     # Imported here: boto3 takes a while to import and a local store does not need it.
     from mmserver.objectstore import ObjectStore
 

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 MAX_MEMBERS = 10_000
+#: The largest extended header (a GNU long name or link, a pax header) read from an archive:
+#: tarfile reads one whole into memory before any member check, so a small compressed archive
+#: could otherwise declare gigabytes of header. Real ones are a few hundred bytes.
+MAX_HEADER_BYTES = 64 * 1024
 _CHUNK = 1 << 20
 # A directory entry walk stops counting here: the size only feeds the memory estimate, and a
 # store folder with more files than this is not a model anyway.
@@ -170,11 +174,31 @@ class ModelStore:
     (callers run it in a thread) and is safe when several processes prepare the same archive.
     """
 
-    def __init__(self, root: Path, cache_dir: Path, max_unpacked_bytes: int) -> None:
+    def __init__(
+        self, root: Path, cache_dir: Path, max_unpacked_bytes: int,
+        allowed_roots: Sequence[Path] = (),
+    ) -> None:
         self.root = Path(root)
         self.cache_dir = Path(cache_dir)
         self.max_unpacked_bytes = max_unpacked_bytes
         self._cache_resolved = os.path.realpath(self.cache_dir)
+        #: Where an entry that is a symbolic link may lead: the store and the roots
+        #: ``POST /models`` may load from (one policy for both).
+        self._roots = tuple(os.path.realpath(r) for r in (self.root, *allowed_roots))
+
+    def _links_out(self, path: str) -> bool:
+        """Whether the entry at ``path`` is a symbolic link that resolves outside the store and
+        the allowed model roots."""
+        if not os.path.islink(path):
+            return False
+        real = os.path.realpath(path)
+        return not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self._roots)
+
+    def _refuse_link(self, name: str) -> Forbidden:
+        return Forbidden(
+            f"model {name}: its store entry is a symbolic link leading outside the model store "
+            "and allowed_model_roots; add its target's folder to allowed_model_roots to serve it"
+        )
 
     # Listing ------------------------------------------------------------------------------------
 
@@ -199,6 +223,8 @@ class ModelStore:
                 if item.name.startswith("."):
                     continue
                 try:
+                    if item.is_symlink() and self._links_out(item.path):
+                        continue
                     if item.is_dir():
                         if not is_model_name(item.name) or self._is_cache(item.path):
                             continue
@@ -228,6 +254,8 @@ class ModelStore:
         base = normalize_name(name)
         folder = self.root / base
         if folder.is_dir() and not self._is_cache(str(folder)):
+            if self._links_out(str(folder)):
+                raise self._refuse_link(base)
             size = _dir_size(folder)
             if size is not None:
                 return StoreEntry(base, folder, "directory", size)
@@ -238,6 +266,8 @@ class ModelStore:
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
+                if self._links_out(str(path)):
+                    raise self._refuse_link(base)
                 return StoreEntry(base, path, "archive", st.st_size)
         return None
 
@@ -369,10 +399,10 @@ def _member_path(member: tarfile.TarInfo, what: str) -> str:
     # A backslash is a separator to some packers; treat it as one so it cannot hide a "..".
     name = member.name.replace("\\", "/")
     if name.startswith("/"):
-        raise UnsafeArchive(f"{what}: member {member.name!r} has an absolute path")
+        raise UnsafeArchive(f"{what}: member {shown(member.name)} has an absolute path")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise UnsafeArchive(f"{what}: member {member.name!r} leaves the archive ('..')")
+        raise UnsafeArchive(f"{what}: member {shown(member.name)} leaves the archive ('..')")
     return "/".join(parts)
 
 
@@ -385,17 +415,17 @@ def _check_members(tar: tarfile.TarFile, limit: int, what: str) -> list[tarfile.
             raise UnsafeArchive(f"{what}: more than {MAX_MEMBERS} members")
         path = _member_path(member, what)
         if member.ischr() or member.isblk() or member.isfifo():
-            raise UnsafeArchive(f"{what}: member {member.name!r} is a device or fifo")
+            raise UnsafeArchive(f"{what}: member {shown(member.name)} is a device or fifo")
         if member.issym() or member.islnk():
             _link_source(member, path, what)  # refuses a link leaving the archive
         elif not (member.isreg() or member.isdir()):
-            raise UnsafeArchive(f"{what}: member {member.name!r} has an unsupported type")
+            raise UnsafeArchive(f"{what}: member {shown(member.name)} has an unsupported type")
         if member.isreg():
             declared += member.size
             if declared > limit:
                 raise UnsafeArchive(
                     f"{what}: unpacked size exceeds the limit of {limit} bytes "
-                    f"(at member {member.name!r}, {member.size} bytes)"
+                    f"(at member {shown(member.name)}, {member.size} bytes)"
                 )
         members.append(member)
     return members
@@ -408,32 +438,70 @@ def _link_source(member: tarfile.TarInfo, path: str, what: str) -> str:
     kind = "symbolic link" if member.issym() else "hard link"
     if target.startswith("/"):
         raise UnsafeArchive(
-            f"{what}: member {member.name!r} is a {kind} to {member.linkname!r} outside the archive"
+            f"{what}: member {shown(member.name)} is a {kind} to {shown(member.linkname)} "
+            "outside the archive"
         )
     # A symbolic link is relative to its folder; a hard link to the archive root.
     base = posixpath.dirname(path) if member.issym() else ""
     joined = posixpath.normpath(posixpath.join(base, target))
     if joined in (".", ""):
         raise UnsafeArchive(
-            f"{what}: member {member.name!r} is a {kind} to the archive's top folder"
+            f"{what}: member {shown(member.name)} is a {kind} to the archive's top folder"
         )
     if joined == ".." or joined.startswith("../"):
         raise UnsafeArchive(
-            f"{what}: member {member.name!r} is a {kind} to {member.linkname!r} outside the archive"
+            f"{what}: member {shown(member.name)} is a {kind} to {shown(member.linkname)} "
+            "outside the archive"
         )
     return joined
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member header that refuses an extended header (long name or link, pax) larger than
+    :data:`MAX_HEADER_BYTES` before tarfile reads it into memory."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED_HEADERS and self.size > MAX_HEADER_BYTES:
+            raise UnsafeArchive(
+                f"an extended header (long name or pax) of {self.size} bytes, over the limit "
+                f"of {MAX_HEADER_BYTES}"
+            )
+        member: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]
+        return member
+
+
+_EXTENDED_HEADERS = frozenset({
+    tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+})
+
+
+def shown(name: str, limit: int = 160) -> str:
+    """``name`` quoted, and shortened in the middle past ``limit`` characters (error messages
+    and log lines quote member names an archive chose)."""
+    text = repr(name)
+    if len(text) <= limit:
+        return text
+    half = (limit - 20) // 2
+    return f"{text[:half]}...({len(name)} characters)...{text[-half:]}"
 
 
 def _safe_extract(archive: Path, dest: Path, limit: int, name: str) -> None:
     what = f"model {name}: archive {archive.name}"
     try:
-        with tarfile.open(archive, "r:gz") as tar:
+        with tarfile.open(archive, "r:gz", tarinfo=_BoundedTarInfo) as tar:
             members = _check_members(tar, limit, what)
             _extract(tar, members, dest, limit, what)
+    except UnsafeArchive as exc:
+        if exc.message.startswith(what):
+            raise
+        raise UnsafeArchive(f"{what}: {exc.message}") from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         if isinstance(exc, FileNotFoundError) and exc.filename == str(archive):
-            raise ModelNotFound(f"model {name}: {archive} no longer exists") from None
-        raise ModelLoadError(f"{what} cannot be unpacked: {type(exc).__name__}: {exc}") from None
+            raise ModelNotFound(f"model {name}: {archive.name} no longer exists") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ModelLoadError(f"{what} cannot be unpacked: {type(exc).__name__}: {reason}") \
+            from None
 
 
 def _extract(
@@ -455,7 +523,7 @@ def _extract(
             source = files.get(_link_source(member, rel, what))
             if source is None:
                 raise UnsafeArchive(
-                    f"{what}: member {member.name!r} links to {member.linkname!r}, "
+                    f"{what}: member {shown(member.name)} links to {shown(member.linkname)}, "
                     "which is not a file earlier in the archive"
                 )
             with open(source, "rb") as src:
@@ -463,7 +531,7 @@ def _extract(
         else:
             src_obj = tar.extractfile(member)
             if src_obj is None:  # pragma: no cover - regular members always have data
-                raise UnsafeArchive(f"{what}: member {member.name!r} has no data")
+                raise UnsafeArchive(f"{what}: member {shown(member.name)} has no data")
             mode = 0o755 if member.mode & 0o111 else 0o644
             with src_obj:
                 written = _write(src_obj, out, written, limit, what, member, mode)
@@ -487,7 +555,7 @@ def _write(
             if written > limit:
                 raise UnsafeArchive(
                     f"{what}: unpacked size exceeds the limit of {limit} bytes "
-                    f"(while unpacking member {member.name!r})"
+                    f"(while unpacking member {shown(member.name)})"
                 )
             dst.write(chunk)
     return written

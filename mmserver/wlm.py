@@ -20,6 +20,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 #: Management overrides that may change on a loaded model (DJL's PUT /models/{model}).
 RESCALABLE = ("min_workers", "max_workers", "batch_size", "max_batch_delay", "max_idle_time",
               "job_queue_size")
+
+
+#: Threads unpacking archives (and reading serving.properties) for first loads.
+UNPACK_THREADS = 4
 
 
 class ModelStatus(enum.Enum):
@@ -85,6 +90,9 @@ class WorkLoadManager:
         self.room_wait_seconds = room_wait_seconds
         self._clock = clock
         self._defaults = config.model_defaults()
+        # Archives unpack in threads of their own: store look-ups, scrapes and the other
+        # blocking calls of the default pool never wait behind a slow archive.
+        self._unpacker = ThreadPoolExecutor(UNPACK_THREADS, thread_name_prefix="mmserver-unpack")
         self._budget_bytes = config.memory_budget_mb * 2**20
         #: Loaded models, least recently used first.
         self._ready: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
@@ -147,6 +155,7 @@ class WorkLoadManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.backend.stop()
+        self._unpacker.shutdown(wait=False, cancel_futures=True)
         self.refresh_metrics()
 
     # Requests ---------------------------------------------------------------------------------
@@ -258,7 +267,9 @@ class WorkLoadManager:
         started = time.perf_counter()
         entry = await self._find(name)
         try:
-            model_dir, config = await asyncio.to_thread(self._prepare, entry, name)
+            model_dir, config = await asyncio.get_running_loop().run_in_executor(
+                self._unpacker, self._prepare, entry, name
+            )
             need = self._estimate_bytes(name, entry, config)
             await self._make_room(name, need, management)  # reserves the room it made
             try:
@@ -331,6 +342,9 @@ class WorkLoadManager:
         overrides = self._overrides.get(name)
         if overrides:
             config = config.replace(**overrides)
+        too_many = self.config.check_workers(config.min_workers, config.max_workers)
+        if too_many is not None:
+            raise errors.ConfigError(f"model {name}: serving.properties: {too_many}")
         return model_dir, config
 
     def _estimate_bytes(self, name: str, entry: StoreEntry, config: ModelConfig) -> int:
@@ -531,6 +545,11 @@ class WorkLoadManager:
             self._defaults.replace(**overrides)
         except errors.ConfigError as exc:
             raise errors.InvalidInput(exc.message) from None
+        too_many = self.config.check_workers(
+            overrides.get("min_workers", 0), overrides.get("max_workers", 0)
+        )
+        if too_many is not None:
+            raise errors.InvalidInput(too_many)
 
     async def rescale(self, name: str, overrides: dict[str, Any]) -> ModelConfig:
         """Apply new worker and batching settings to a model, live (loading it if needed);

@@ -15,7 +15,9 @@ singletons.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import os
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -48,7 +50,7 @@ class RequestIds:
         return f"{self._prefix}-{next(self._counter):x}"
 
 
-@dataclass(slots=True)
+@dataclass
 class ApiState:
     """What the handlers use, stored on the application under :data:`STATE`."""
 
@@ -56,6 +58,22 @@ class ApiState:
     wlm: WorkLoadManager
     metrics: Metrics
     request_ids: RequestIds = field(default_factory=RequestIds)
+
+    @functools.cached_property
+    def _hidden_paths(self) -> tuple[str, ...]:
+        config = self.config
+        roots = {str(config.cache_path), *(str(r) for r in config.allowed_roots)}
+        if config.store_url is None:
+            roots |= {str(config.store_path), os.path.realpath(config.store_path)}
+        return tuple(sorted((r.rstrip("/") for r in roots if r.strip("/")), key=len, reverse=True))
+
+    def without_paths(self, text: str) -> str:
+        """``text`` with the server's own folders (the store, the cache, the allowed model
+        roots) cut from the paths in it: an answer names a model's files, not the machine's."""
+        for root in self._hidden_paths:
+            if root in text:
+                text = text.replace(root + "/", "").replace(root, "the model store")
+        return text
 
     def observe_request(self, model: str, code: int, seconds: float) -> None:
         """Count one answered inference request and its time in the server."""

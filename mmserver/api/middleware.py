@@ -157,13 +157,16 @@ def error_response(
     """The HTTP answer for ``error`` to ``request``."""
     if rid is None:
         rid = request_id(request)
-    message = f"{error.message} (request id {rid})"
+    without_paths = request.app[STATE].without_paths
+    message = f"{without_paths(error.message)} (request id {rid})"
     body: dict[str, object]
     if is_v2_request(request):
         body = {"error": message}
     else:
         body = error.to_dict()
         body["message"] = message
+        if "OriginalMessage" in body:
+            body["OriginalMessage"] = without_paths(error.message)
     headers = {REQUEST_ID: rid}
     if extra_headers:
         headers.update(extra_headers)

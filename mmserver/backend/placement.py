@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+from collections.abc import Collection
 
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.backend.thread_slot import ThreadSlot
@@ -75,7 +76,7 @@ class BackendPool:
     async def stop(self) -> None:
         await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
 
-    def pick(self, taken: set[int], lane: str = LIGHT) -> Slot:
+    def pick(self, taken: Collection[int], lane: str = LIGHT) -> Slot:
         """The slot in ``lane`` for a new worker of a model already bound to the slots in
         ``taken``: one the model is not in if any, least-loaded (fewest bound workers) first,
         lowest index on ties."""

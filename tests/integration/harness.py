@@ -192,7 +192,10 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
         settings.update(options)
         config = ServerConfig(**settings)
         metrics = Metrics()
-        store = ModelStore(config.store_path, config.cache_path, config.max_archive_mb * 2**20)
+        store = ModelStore(
+            config.store_path, config.cache_path, config.max_archive_mb * 2**20,
+            config.allowed_roots,
+        )
         wlm = WorkLoadManager(config, store, metrics, room_wait_seconds=room_wait_seconds)
         await wlm.start()
         app = build_app(config, wlm, metrics)

@@ -45,6 +45,20 @@ async def test_take_gives_up_to_count_jobs_in_order() -> None:
     assert queue.take(3) == [] and len(queue) == 0
 
 
+async def test_take_holds_at_most_max_bytes_and_a_large_request_goes_alone() -> None:
+    queue = JobQueue(20)
+    small = [job([[1.0]] * 10) for _ in range(3)]  # 10 rows: 51 bytes each
+    size = len(small[0].request[0])
+    large = job([[2.0]] * 1000)
+    for j in (*small, large, *small):
+        queue.put(j)
+    assert queue.take(16, max_bytes=2 * size) == small[:2]  # a third would pass the limit
+    assert queue.take(16, max_bytes=2 * size) == small[2:]  # the large one does not fit behind
+    assert queue.take(16, max_bytes=2 * size) == [large]  # alone, though over the limit
+    assert queue.take(16, max_bytes=2 * size) == small[:2]
+    assert queue.take(16, max_bytes=0) == small[2:] and len(queue) == 0  # 0: no limit
+
+
 async def test_a_closed_queue_refuses_new_jobs_and_still_gives_its_own() -> None:
     queue = JobQueue(10)
     queued = job([[1.0]])
