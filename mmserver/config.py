@@ -76,8 +76,8 @@ def resolves_to_loopback(host: str) -> bool:
 WORKERS_PER_BACKEND = 16
 
 
-def _opt(default: Any, help: str, *, flag_only: bool = False) -> Any:
-    return field(default=default, metadata={"help": help, "flag_only": flag_only})
+def _opt(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -179,8 +179,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-                raise ConfigError(f"option {f.name}={value!r}: must not be negative")
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if value != value:
+                    raise ConfigError(f"option {f.name}={value!r}: must be a number")
+                if value < 0:
+                    raise ConfigError(f"option {f.name}={value!r}: must not be negative")
         if self.min_workers > self.max_workers:
             raise ConfigError(
                 f"option min_workers={self.min_workers} is greater than "
@@ -443,6 +446,8 @@ class ModelConfig:
         for name in ("min_workers", "max_workers", "batch_size", "max_batch_delay",
                      "max_batch_bytes", "max_idle_time", "job_queue_size", "predict_timeout"):
             value = getattr(self, name)
+            if value != value:  # NaN
+                raise ConfigError(f"{_djl_key(name)}={value!r} is not a valid number")
             if value < 0:
                 raise ConfigError(f"{_djl_key(name)}={value!r} must not be negative")
             if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic

@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 SKLEARN, XGBOOST, LIGHTGBM = "sklearn", "xgboost", "lightgbm"
 PICKLES = ("model.joblib", "model.pkl")
-_PICKLE_SUFFIXES = (".joblib", ".pkl", ".pickle")
 _EXTRAS = {XGBOOST: "xgboost", LIGHTGBM: "lightgbm"}
 _HEAD = 4096
 
@@ -165,12 +164,21 @@ def load_model(found: ModelFile) -> Any:
 
 
 def wrap_booster(model: Any) -> Any:
-    """A bare XGBoost or LightGBM booster wrapped (unpickled ones too); anything else as is."""
+    """A bare XGBoost or LightGBM booster wrapped (unpickled ones too); a scikit-learn wrapper
+    of one set to predict on one thread (see :class:`XGBoostBooster`); anything else as is."""
     module = type(model).__module__.split(".")[0]
     if type(model).__name__ == "Booster" and module == XGBOOST:
         return XGBoostBooster(model)
     if type(model).__name__ == "Booster" and module == LIGHTGBM:
         return LightGBMBooster(model)
+    if module in (XGBOOST, LIGHTGBM) and hasattr(model, "set_params"):
+        # A wrapper keeps the thread count it was trained with (XGBoost's 0 is every core).
+        try:
+            model.set_params(n_jobs=1)
+            if module == XGBOOST:
+                model.get_booster().set_param({"nthread": 1})
+        except Exception as exc:  # a wrapper of another version: its own threads, but served
+            log.warning("%s model: could not set one thread: %s", module, reason(exc))
     return model
 
 

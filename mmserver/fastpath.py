@@ -51,6 +51,9 @@ PATHS = (LINEAR, NATIVE, NUMPY, TREELITE, OWN)
 
 _PROBE_ROWS = 64
 _RELATIVE = 1e-9
+#: The most rows a full batch is timed with: a larger ``batch_size`` takes the path chosen
+#: for this many rows.
+_TIMED_ROWS = 1024
 #: Timing repeats: at least 2, at most 7, until this many seconds were spent on one size.
 _TIME_BUDGET_S = 0.02
 
@@ -145,6 +148,7 @@ def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: in
     """Build, verify and time the candidate paths of ``model.<method>`` (``own``); the plan of
     which one each batch size takes."""
     started = time.perf_counter()
+    batch_rows = min(batch_rows, _TIMED_ROWS)  # past it, the full batch's path (see _routes)
     rejected: dict[str, str] = {}
     head, last = split_pipeline(model)
     made = candidates(last, method, head, rejected)
@@ -178,7 +182,10 @@ def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: in
         # and not worth the load time of measuring.
         return Plan([(math.inf, LINEAR, kept[1].fn)], batch_rows, rejected=rejected,
                     convert_s=convert_s)
-    _time_all(kept, probes, batch_rows)
+    try:
+        _time_all(kept, probes, batch_rows)
+    except Exception as exc:  # e.g. no memory for a huge batch: the own method, as any doubt
+        return own_plan(own, batch_rows, f"the paths could not be timed: {reason(exc)}")
     return Plan(
         _routes(kept, batch_rows), batch_rows,
         measured={c.name: (c.one_row_s, c.batch_s) for c in kept},

@@ -143,14 +143,13 @@ class EstimatorPredictor:
             self.plan = plan_paths(model, method, fn, self.n_features, batch_rows)
         self._routes = self.plan.routes
         self.last_path = self._routes[0][1]
-        if not self.plan.uses <= {TREELITE, NATIVE, NUMPY}:
+        if not self.plan.uses <= {TREELITE, NATIVE, NUMPY} or len(self.outputs) > 1:
             return
-        # The chosen paths hold what they need (a converted model, a booster); the model object
-        # (the estimator's own copy of its trees) can go, and the heap it leaves back to the
-        # system, so that the load's measured memory is what the model keeps. Its other
-        # methods go with it: the model answers one output, ``method``'s.
+        # The chosen paths hold what they need (a converted model, a booster), and the model
+        # answers no other output: the model object (the estimator's own copy of its trees)
+        # can go, and the heap it leaves back to the system, so that the load's measured memory
+        # is what the model keeps. (A classifier keeps it for its other methods' outputs.)
         self.model = None
-        self.outputs, self.output_facts = (method,), self.output_facts[:1]
         _release_freed_memory()
 
     def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:

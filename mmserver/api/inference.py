@@ -95,13 +95,13 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
             answer = await wlm.enqueue(
                 pool, job, client_gone=transport.is_closing if transport is not None else None
             )
-            code = 200
-            pool.m_answered.inc()
-            pool.m_request_seconds.observe(time.perf_counter() - start)
             response = respond(answer, job)
             response.headers[REQUEST_ID] = (
                 request.headers.get(REQUEST_ID) or state.request_ids.next()
             )
+            code = 200
+            pool.m_answered.inc()
+            pool.m_request_seconds.observe(time.perf_counter() - start)
             return response
         except MMServerError as error:
             code = error.status_code

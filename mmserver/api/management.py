@@ -30,7 +30,7 @@ from aiohttp import web
 from mmserver.api import STATE, read_body
 from mmserver.api.middleware import answers_errors, authorize
 from mmserver.codecs import media_type
-from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
+from mmserver.errors import InvalidInput, InvalidModelName
 from mmserver.store import name_from_url, normalize_name
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -123,12 +123,11 @@ async def register_model(request: web.Request) -> web.Response:
     name = normalize_name(name) if name else _name_from_url(url)
     overrides = _overrides(params, _REGISTER_PARAMS)
     synchronous = bool_param(params, "synchronous", default=True)
-    try:
-        model = await request.app[STATE].wlm.register(
-            url=url, name=name, overrides=overrides, synchronous=synchronous
-        )
-    except ConfigError as error:
-        raise InvalidInput(error.message) from None
+    # A bad parameter is a 400 (the WorkLoadManager checks them); a bad serving.properties
+    # fails the model's load, a 500, whichever call loads it.
+    model = await request.app[STATE].wlm.register(
+        url=url, name=name, overrides=overrides, synchronous=synchronous
+    )
     if synchronous:
         return web.json_response({"status": f'Model "{model}" registered.'})
     return web.json_response({"status": f'Model "{model}" registration scheduled.'}, status=202)
@@ -139,10 +138,7 @@ async def rescale_model(request: web.Request) -> web.Response:
     authorize(request)
     name = normalize_name(request.match_info["model"])
     overrides = _overrides(await request_params(request), _RESCALE_PARAMS)
-    try:
-        config = await request.app[STATE].wlm.rescale(name, overrides)
-    except ConfigError as error:
-        raise InvalidInput(error.message) from None
+    config = await request.app[STATE].wlm.rescale(name, overrides)
     return web.json_response({
         "status": f'Workflow "{name}" worker scaled. New Worker configuration '
         f"min workers:{config.min_workers} max workers:{config.max_workers}"

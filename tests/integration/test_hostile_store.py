@@ -200,3 +200,23 @@ async def test_error_bodies_name_the_model_and_its_files_not_the_servers_folders
         texts[name] = json.dumps(await error_of(response))
         assert str(tmp_path) not in texts[name] and f"model {name}" in texts[name]
     assert "'reads-a-file/missing.csv'" in texts["reads-a-file"]  # the file, from the store
+
+
+async def test_a_bad_serving_properties_fails_the_load_alike_on_every_path(
+    serve: Serve, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("bad-a", "bad-b"):
+        folder = make_linear_model(store / name)
+        (folder / "serving.properties").write_text("batch_size=many\n")
+    harness = await serve(model_store=str(store))
+    answers = [
+        await harness.client.post(f"/models?url={store / 'bad-a'}"),
+        await harness.post("/predictions/bad-b", "[[0.5]]"),
+    ]
+    for response in answers:
+        assert response.status == 500
+        body = await error_of(response)
+        assert body["type"] == "IllegalConfigurationException"
+        assert "batch_size='many' is not a valid integer" in body["message"]

@@ -331,3 +331,11 @@ def test_a_properties_file_that_is_not_utf8_is_read_as_iso_8859_1(tmp_path: Path
     bad.write_text("minWorkers:2\nmaxWorkers 1\n")
     with pytest.raises(ConfigError, match="minWorkers=2 is greater than maxWorkers=1"):
         load_model_config(bad.parent, BASE)
+
+
+@pytest.mark.parametrize("name", ["PREDICT_TIMEOUT", "DRAIN_TIMEOUT", "HEAVY_BATCH_MS"])
+def test_not_a_number_is_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="must be a number"):
+        ServerConfig.build(env={f"MMSERVER_{name}": "nan"})
+    with pytest.raises(ConfigError, match="is not a valid number"):
+        ModelConfig(predict_timeout=float("nan"))

@@ -107,3 +107,17 @@ def test_a_missing_package_names_what_to_install(
         "model.txt is a lightgbm model: the lightgbm package is not installed; install it with "
         "pip install 'mmserver[lightgbm]' (or pip install lightgbm)"
     )
+
+
+def test_a_pickled_wrapper_predicts_on_one_thread(tmp_path: Path) -> None:
+    import json
+
+    from mmserver.families import wrap_booster
+
+    X, y, _ = tree_models.data(200)
+    wrapper = xgboost.XGBRegressor(n_estimators=5).fit(X, y)  # nthread 0: every core
+    served = wrap_booster(wrapper)
+    config = json.loads(served.get_booster().save_config())
+    assert config["learner"]["generic_param"]["nthread"] == "1"
+    assert served.get_params()["n_jobs"] == 1
+    assert np.array_equal(served.predict(X), wrapper.predict(X))

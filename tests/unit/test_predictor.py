@@ -523,3 +523,20 @@ def test_the_forest_walk_refuses_what_it_does_not_compute() -> None:
     assert built is not None
     with pytest.raises(ValueError, match="expects rows of 3 features"):
         built[1](np.zeros((2, 4)))
+
+
+def test_a_classifier_on_a_fast_path_keeps_its_other_outputs() -> None:
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    X = np.random.default_rng(4).normal(size=(200, 3))
+    labels = (X[:, 0] > 0).astype(int)
+    forest = RandomForestClassifier(10, random_state=0).fit(X, labels)
+    predictor = EstimatorPredictor(forest, "predict", "m")
+    assert predictor.plan.uses <= {"numpy", "treelite"}
+    assert "predict_proba" in predictor.outputs
+    assert np.array_equal(predictor.output("predict_proba", X), forest.predict_proba(X))
+    assert np.array_equal(predictor.predict(X), forest.predict(X))
+    # A model with one output only drops the estimator once its trees are converted.
+    regressor = RandomForestRegressor(10, random_state=0).fit(X, X[:, 0])
+    lean = EstimatorPredictor(regressor, "predict", "m")
+    assert lean.outputs == ("predict",) and lean.model is None
