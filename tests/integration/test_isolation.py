@@ -136,9 +136,11 @@ async def test_a_heavy_model_remembered_after_eviction_starts_in_the_heavy_lane(
 async def test_the_backend_is_shared_by_time_not_by_turns(
     serve: Serve, store: Path, tmp_path: Path
 ) -> None:
-    """One backend process and one lane, two models with deep queues: the 5 ms model and the
+    """One backend process and one lane, two models with deep queues: the 40 ms model and the
     cheap one get a share of time each, so the cheap one's 30 batches all run before the
-    costly one's third (in arrival order or turn by turn, they would alternate)."""
+    costly one's third (in arrival order or turn by turn, they would alternate). The costly
+    model is costly enough that the cheap one's batches, even slowed by a busy machine, take
+    less time together than two of its batches."""
     log = tmp_path / "order"
     gate = tmp_path / "gate"
     gate.touch()
@@ -146,10 +148,10 @@ async def test_the_backend_is_shared_by_time_not_by_turns(
     make_spinning_dir(store / "cheap", log=log, maxWorkers=1, batch_size=1)
     harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
     for model in ("costly", "cheap"):  # loaded, their cost measured
-        assert (await answer(harness, model, 5.0 if model == "costly" else 0.0))[0] == 200
+        assert (await answer(harness, model, 40.0 if model == "costly" else 0.0))[0] == 200
     log.write_text("")
     gate.unlink()
-    costly = [asyncio.ensure_future(answer(harness, "costly", 5.0)) for _ in range(30)]
+    costly = [asyncio.ensure_future(answer(harness, "costly", 40.0)) for _ in range(30)]
     pool = harness.wlm.pool("costly")
     assert pool is not None
     await wait_until(lambda: pool.running == 1 and len(pool.queue) == 29)
@@ -158,7 +160,7 @@ async def test_the_backend_is_shared_by_time_not_by_turns(
     assert cheap_pool is not None
     await wait_until(lambda: cheap_pool.readied + cheap_pool.running + len(cheap_pool.queue) > 0)
     gate.touch()
-    assert [await t for t in costly] == [(200, {"predictions": [10.0]})] * 30
+    assert [await t for t in costly] == [(200, {"predictions": [80.0]})] * 30
     assert [await t for t in cheap] == [(200, {"predictions": [0.0]})] * 30
     order = log.read_text().split()
     assert sorted(order) == ["cheap"] * 30 + ["costly"] * 30
