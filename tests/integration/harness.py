@@ -254,6 +254,21 @@ async def wait_until(predicate: Callable[[], bool], seconds: float = 10.0) -> No
         await asyncio.sleep(0.005)
 
 
+def watch_body_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """An event set when an inference handler starts reading a request's body."""
+    from mmserver.api import inference
+
+    reading = asyncio.Event()
+    read_whole = inference.read_body
+
+    async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> bytes:
+        reading.set()
+        return await read_whole(request, limit, timeout)
+
+    monkeypatch.setattr(inference, "read_body", read_body)
+    return reading
+
+
 async def hold_gate(harness: Harness, gate: gate_module.Gate, path: str) -> asyncio.Task[Any]:
     """Send a request to a gated model and return once its prediction waits at the gate."""
     task = asyncio.ensure_future(harness.post(path, "[[0.5]]"))

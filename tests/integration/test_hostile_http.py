@@ -14,14 +14,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from mmserver.api import inference
 from mmserver.api.connections import HttpRunner
 from mmserver.api.middleware import check_security
 from mmserver.config import ServerConfig, resolves_to_loopback
 from mmserver.errors import ConfigError
-from tests.integration.harness import Harness, Serve, wait_until
+from tests.integration.harness import Harness, Serve, wait_until, watch_body_reads
 
 #: Long enough for any answer on a loaded machine; reached only when a test fails.
 SAFETY_S = 20.0
@@ -215,14 +213,7 @@ async def test_a_client_leaving_mid_upload_is_counted_499_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     harness = await serve()
-    reading = asyncio.Event()
-    read_whole = inference.read_body
-
-    async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> bytes:
-        reading.set()
-        return await read_whole(request, limit, timeout)
-
-    monkeypatch.setattr(inference, "read_body", read_body)
+    reading = watch_body_reads(monkeypatch)
     _, writer = await sockets.connect(harness)
     writer.write(_request("/predictions/sklearn-5", b"[[0.5]]" * 100)[:-300])
     await asyncio.wait_for(reading.wait(), SAFETY_S)

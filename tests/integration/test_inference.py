@@ -9,10 +9,8 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from aiohttp import web
 
-from mmserver.api import inference
-from tests.integration.harness import Harness, error_of
+from tests.integration.harness import Harness, error_of, watch_body_reads
 
 # The reference model is y = 2x + 1 (+ noise): about 2.0 at x = 0.5.
 AT_HALF = pytest.approx(2.0, abs=0.05)
@@ -103,14 +101,7 @@ async def test_body_arriving_after_its_headers_is_read_whole(
 ) -> None:
     """A Content-Length body whose second half comes in a later packet, after the handler has
     started: the handler waits for it (the usual body is whole by then and read at once)."""
-    reading = asyncio.Event()
-    read_whole = inference.read_body
-
-    async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> bytes:
-        reading.set()
-        return await read_whole(request, limit, timeout)
-
-    monkeypatch.setattr(inference, "read_body", read_body)
+    reading = watch_body_reads(monkeypatch)
     host, port = server.client.host, server.client.port
     reader, writer = await asyncio.open_connection(host, port)
     body = b"[[0.5], [1.0]]"
