@@ -119,7 +119,9 @@ def _decode_json(body: bytes) -> np.ndarray:
         raise InvalidInput(f"expected {_SHAPE_HINT}, got a JSON {json_kind(data)}")
     # Fast path: numpy infers the shape and dtype in C. It turns JSON booleans into numbers
     # silently, so a body that may hold one is checked value by value first.
-    if b"true" in body or b"false" in body:
+    if b"true" in body or b"false" in body or body[:2] in (b"\xff\xfe", b"\xfe\xff") or (
+        len(body) > 1 and 0 in body[:2]  # UTF-16 or UTF-32 without a BOM
+    ):
         _check_json_rows(data)
     try:
         array = np.array(data)

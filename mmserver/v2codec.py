@@ -141,8 +141,12 @@ def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
     binary = memoryview(body)[header_length:]
     offset = 0
     columns: list[tuple[str, np.ndarray]] = []
+    # A JSON true or false among numbers would become 1 or 0: looked for only when the text
+    # has one (JSON's literals are ASCII in every encoding json.loads reads but UTF-16/32).
+    head = body[:header_length]
+    booleans = b"true" in head or b"false" in head or head[:2] in (b"\xff\xfe", b"\xfe\xff")
     for index, tensor in enumerate(inputs):
-        name, array, offset = _input(tensor, index, binary, offset)
+        name, array, offset = _input(tensor, index, binary, offset, booleans)
         if columns and any(name == seen for seen, _ in columns):
             raise InvalidInput(f"two inputs are named {name!r}; input names must be unique")
         columns.append((name, array))
@@ -156,7 +160,7 @@ def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
 
 
 def _input(
-    tensor: Any, index: int, binary: memoryview, offset: int
+    tensor: Any, index: int, binary: memoryview, offset: int, booleans: bool = True
 ) -> tuple[str, np.ndarray, int]:
     """One input tensor: its name, its values as float64 in its shape, and the offset of the
     next input's binary data."""
@@ -212,7 +216,7 @@ def _input(
             raise InvalidInput(f"{where} is BOOL; its binary data must be bytes 0 or 1")
         offset += size
     elif "data" in tensor:
-        array = _json_data(tensor["data"], datatype, shape, where)
+        array = _json_data(tensor["data"], datatype, shape, where, booleans)
     else:
         raise InvalidInput(
             f"{where} has no 'data' (nor parameters.binary_data_size for binary data)"
@@ -220,8 +224,11 @@ def _input(
     return name, array.astype(np.float64, copy=False).reshape(shape), offset
 
 
-def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
-    """JSON tensor data (flat or nested) as an array of ``datatype``."""
+def _json_data(
+    data: Any, datatype: str, shape: list[int], where: str, booleans: bool = True
+) -> np.ndarray:
+    """JSON tensor data (flat or nested) as an array of ``datatype``; ``booleans``: whether
+    the data may hold a JSON true or false (which only a BOOL tensor takes)."""
     if not isinstance(data, list):
         raise InvalidInput(f"{where}: 'data' is a JSON {json_kind(data)}; expected an array")
     try:
@@ -247,6 +254,11 @@ def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
     if datatype == "BOOL":
         if count and kind != "b":
             raise InvalidInput(f"{where} is BOOL; its data must be true or false")
+    elif count and booleans and (kind == "b" or any(type(v) is bool for v in _leaves(data))):
+        raise InvalidInput(
+            f"{where} is {datatype}; its data holds a JSON true or false where numbers are "
+            "expected"
+        )
     elif datatype[0] in "IU":
         info = np.iinfo(NUMERIC[datatype])
         if kind == "f" or (count and (array.min() < info.min or array.max() > info.max)):

@@ -352,3 +352,10 @@ def test_encode_refuses_values_without_a_json_form() -> None:
 )
 def test_wants_csv(accept: str | None, csv: bool) -> None:
     assert wants_csv(accept) is csv
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-16-le", "utf-32"])
+def test_a_json_boolean_is_refused_in_any_encoding(encoding: str) -> None:
+    with pytest.raises(InvalidInput, match="is a JSON boolean"):
+        decode("[[true, 2.5]]".encode(encoding), "application/json")
+    assert decode("[[1.0, 2.5]]".encode(encoding), "application/json").tolist() == [[1.0, 2.5]]

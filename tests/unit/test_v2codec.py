@@ -222,3 +222,12 @@ def test_outputs_that_are_not_tensors_are_model_errors() -> None:
         encode_v2(request, {"predict": [[1, 2], [3]]}, "m")
     dicts = encode_v2(request, {"predict": [{"a": 1}, {"a": np.float64(2.0)}]}, "m")
     assert json.loads(dicts)["outputs"][0]["data"] == ['{"a": 1}', '{"a": 2.0}']
+
+
+@pytest.mark.parametrize(("data", "datatype"), [([True, 2.5], "FP64"), ([True, 2], "INT32"),
+                                                ([[False, True]], "FP32")])
+def test_a_json_boolean_in_a_numeric_tensor_is_refused(data: Any, datatype: str) -> None:
+    shape = [1, 2]
+    with pytest.raises(InvalidInput, match="holds a JSON true or false where numbers"):
+        decode({"inputs": [tensor(data, shape, datatype)]})
+    assert decode({"inputs": [tensor([1, 2], shape, datatype)]}).rows.tolist() == [[1.0, 2.0]]
