@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -135,6 +136,13 @@ class EstimatorPredictor:
         self.output_facts = [
             _output_facts(model if final is None else final, m) for m in self.outputs
         ]
+        if self.n_features and _is_booster(model if final is None else final):
+            # A booster's fitted attributes do not say its answer's type and shape: one call
+            # on two rows of zeros does (cheap for a booster).
+            self.output_facts = [
+                _called_facts(model, m, self.n_features) or facts
+                for m, facts in zip(self.outputs, self.output_facts, strict=True)
+            ]
         if not fast_path:
             self.plan = own_plan(fn, batch_rows, "option.fast_path=false")
         elif self.n_features is None:
@@ -235,6 +243,25 @@ def _facts(estimator: Any, method: str) -> dict[str, Any]:
     elif method == "decision_function" and n_classes is not None:
         shape = [-1] if n_classes == 2 else [-1, n_classes]
     return {"name": method, "dtype": dtype, "shape": shape}
+
+
+def _is_booster(estimator: Any) -> bool:
+    """An XGBoost or LightGBM model, bare or in its scikit-learn wrapper."""
+    from mmserver.families import LightGBMBooster, XGBoostBooster
+
+    return isinstance(estimator, XGBoostBooster | LightGBMBooster) or (
+        type(estimator).__module__.split(".")[0] in ("xgboost", "lightgbm")
+    )
+
+
+def _called_facts(model: Any, method: str, width: int) -> dict[str, Any] | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            answer = np.asarray(getattr(model, method)(np.zeros((2, width))))
+    except Exception:
+        return None
+    return {"name": method, "dtype": answer.dtype.str, "shape": [-1, *answer.shape[1:]]}
 
 
 def _regression_width(estimator: Any) -> int:

@@ -121,3 +121,15 @@ def test_a_pickled_wrapper_predicts_on_one_thread(tmp_path: Path) -> None:
     assert config["learner"]["generic_param"]["nthread"] == "1"
     assert served.get_params()["n_jobs"] == 1
     assert np.array_equal(served.predict(X), wrapper.predict(X))
+
+
+def test_a_boosters_signature_is_what_it_answers() -> None:
+    from mmserver.families import XGBoostBooster
+    from mmserver.predictor import signature
+
+    booster = XGBoostBooster(tree_models.xgboost_booster(objective="multi:softprob"))
+    predictor = EstimatorPredictor(booster, "predict", "m", family=XGBOOST)
+    [facts] = signature(predictor)["outputs"]
+    answer = predictor.predict(np.zeros((4, booster.n_features_in_)))
+    assert facts == {"name": "predict", "dtype": answer.dtype.str, "shape": [-1, 3]}
+    assert answer.dtype == np.float32 and answer.shape == (4, 3)
