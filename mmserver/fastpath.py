@@ -88,19 +88,23 @@ class Plan:
     def uses(self) -> set[str]:
         return {name for _, name, _ in self.routes}
 
+    def ranges(self) -> list[tuple[int, int | None, str]]:
+        """``(first rows, last rows or None for any more, path)`` of each route."""
+        out: list[tuple[int, int | None, str]] = []
+        first = 1
+        for last, name, _ in self.routes:
+            out.append((first, None if last == math.inf else int(last), name))
+            first = first if last == math.inf else int(last) + 1
+        return out
+
     def describe(self) -> dict[str, Any]:
         """What the describe call shows: the path of each range of batch rows and what every
         kept path cost at load (ms for one row and for ``batchRows`` rows)."""
-        first = 1
-        ranges = []
-        for last, name, _ in self.routes:
-            ranges.append({
-                "fromRows": first, "toRows": None if last == math.inf else int(last),
-                "path": name,
-            })
-            first = int(last) + 1 if last != math.inf else first
         return {
-            "routes": ranges,
+            "routes": [
+                {"fromRows": first, "toRows": last, "path": name}
+                for first, last, name in self.ranges()
+            ],
             "batchRows": self.batch_rows,
             "measuredMillis": {
                 name: {"oneRow": _ms(one), "batch": _ms(full)}
@@ -113,18 +117,15 @@ class Plan:
     def summary(self) -> str:
         """One line for the load log."""
         parts = []
-        first = 1
-        for last, name, _ in self.routes:
-            rows = f"{first}+" if last == math.inf else (
-                f"{first}" if last == first else f"{first}-{int(last)}"
-            )
+        for first, last, name in self.ranges():
+            rows = f"{first}+" if last is None else f"{first}" if last == first else \
+                f"{first}-{last}"
             one, full = self.measured.get(name, (None, None))
             cost = "" if one is None else (
                 f" ({one * 1000:.3f} ms at 1 row, {(full or 0) * 1000:.3f} ms at "
                 f"{self.batch_rows})"
             )
             parts.append(f"{rows} rows: {name}{cost}")
-            first = int(last) + 1 if last != math.inf else first
         own = self.measured.get(OWN)
         if own is not None and OWN not in self.uses and own[0] is not None:
             parts.append(
@@ -220,9 +221,8 @@ def _disagreement(fn: Fn, rows: np.ndarray, want: np.ndarray) -> str | None:
             got = np.asarray(fn(rows))
     except Exception as exc:
         return f"fails on probe rows: {reason(exc)}"
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"gives {got.dtype}{list(got.shape)} where the own method gives " \
-               f"{want.dtype}{list(want.shape)}"
+    if got.shape != want.shape:  # (the caller's candidates are cast to the own answer's type)
+        return f"gives shape {list(got.shape)} where the own method gives {list(want.shape)}"
     if np.array_equal(got, want):
         return None
     if want.dtype.kind != "f":
