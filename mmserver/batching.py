@@ -139,9 +139,11 @@ def partition_live(batch: Sequence[Job], now: float) -> list[Job]:
         if job.future.done():
             continue
         if job.deadline <= now:
-            job.fail(errors.PredictTimeout(
-                "the request waited longer than option.predict_timeout and was not computed"
-            ))
+            job.fail(
+                errors.PredictTimeout(
+                    "the request waited longer than option.predict_timeout and was not computed"
+                )
+            )
         elif job.client_gone is not None and job.client_gone():
             job.fail(errors.ClientGone("the client closed the connection before computing"))
         else:

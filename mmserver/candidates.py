@@ -160,8 +160,13 @@ def forest_walk(est: Any) -> tuple[str, Fn, None] | None:
         from sklearn import ensemble as e
     except ImportError:
         return None
-    if not isinstance(est, e.RandomForestRegressor | e.ExtraTreesRegressor
-                      | e.RandomForestClassifier | e.ExtraTreesClassifier):
+    if not isinstance(
+        est,
+        e.RandomForestRegressor
+        | e.ExtraTreesRegressor
+        | e.RandomForestClassifier
+        | e.ExtraTreesClassifier,
+    ):
         return None
     if getattr(est, "n_outputs_", None) != 1:
         return None
@@ -179,13 +184,13 @@ def forest_walk(est: Any) -> tuple[str, Fn, None] | None:
         left, right = tree.children_left, tree.children_right
         at = 2 * start
         # A leaf is its own child either way, so every walk can take the deepest tree's steps.
-        child[at:at + 2 * tree.node_count:2] = np.where(left < 0, own, left) + start
-        child[at + 1:at + 2 * tree.node_count:2] = np.where(right < 0, own, right) + start
+        child[at : at + 2 * tree.node_count : 2] = np.where(left < 0, own, left) + start
+        child[at + 1 : at + 2 * tree.node_count : 2] = np.where(right < 0, own, right) + start
     feature[feature < 0] = 0
     if classes is None:
         values = np.concatenate([t.value[:, 0, 0] for t in trees])
     else:
-        values = np.concatenate([t.value[:, 0, :int(classes)] for t in trees])
+        values = np.concatenate([t.value[:, 0, : int(classes)] for t in trees])
     roots = starts[np.newaxis, :]
     steps = max(int(t.max_depth) for t in trees)
     count = len(trees)
@@ -193,11 +198,12 @@ def forest_walk(est: Any) -> tuple[str, Fn, None] | None:
 
     def walk(batch: np.ndarray) -> np.ndarray:
         if batch.ndim != 2 or batch.shape[1] != width:
-            raise ValueError(f"X has shape {batch.shape}; the forest expects rows of {width} "
-                             "features")
+            raise ValueError(
+                f"X has shape {batch.shape}; the forest expects rows of {width} features"
+            )
         outputs = []
         for first in range(0, len(batch) or 1, WALK_ROWS):
-            rows = batch[first:first + WALK_ROWS]
+            rows = batch[first : first + WALK_ROWS]
             x = rows.astype(np.float32).astype(np.float64).ravel()
             base = (np.arange(len(rows), dtype=np.intp) * width)[:, np.newaxis]
             node = np.repeat(roots, len(rows), axis=0)
@@ -225,8 +231,14 @@ def _treelite_source(est: Any) -> tuple[str | None, str]:
         return "value", "sklearn-hist"
     if isinstance(est, e.IsolationForest):
         return "isolation", "sklearn-tree"
-    if isinstance(est, e.RandomForestRegressor | e.RandomForestClassifier | e.ExtraTreesRegressor
-                  | e.ExtraTreesClassifier | e.GradientBoostingRegressor):
+    if isinstance(
+        est,
+        e.RandomForestRegressor
+        | e.RandomForestClassifier
+        | e.ExtraTreesRegressor
+        | e.ExtraTreesClassifier
+        | e.GradientBoostingRegressor,
+    ):
         return "value", "sklearn-tree"
     return None, ""
 
@@ -274,6 +286,7 @@ def _finish(est: Any, method: str, kind: str, scores: Fn) -> Fn | None:
     if classes is None or not isinstance(classes, np.ndarray) or classes.ndim != 1:
         return scores if kind == "value" and method == "predict" else None
     if kind == "value":
+
         def proba(batch: np.ndarray) -> np.ndarray:
             out = np.asarray(scores(batch)).reshape(len(batch), -1)
             if out.shape[1] == 1 and len(classes) == 2:
@@ -292,10 +305,12 @@ def _finish(est: Any, method: str, kind: str, scores: Fn) -> Fn | None:
         if method == "decision_function":
             return margins
         if method == "predict":
+
             def labels(batch: np.ndarray) -> np.ndarray:
                 raw = margins(batch)
                 encoded = (
-                    ((raw >= 0) if at_zero else (raw > 0)).astype(int) if raw.ndim == 1
+                    ((raw >= 0) if at_zero else (raw > 0)).astype(int)
+                    if raw.ndim == 1
                     else np.argmax(raw, axis=1)
                 )
                 result: np.ndarray = classes.take(encoded)
@@ -306,6 +321,7 @@ def _finish(est: Any, method: str, kind: str, scores: Fn) -> Fn | None:
         def proba(batch: np.ndarray) -> np.ndarray:
             result: np.ndarray = loss.predict_proba(margins(batch))
             return result
+
     if method == "predict_proba":
         return proba
     if method == "predict":
@@ -356,4 +372,3 @@ def linear_product(model: Any) -> Fn | None:
         return product
 
     return predict
-

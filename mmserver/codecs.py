@@ -100,9 +100,7 @@ def _decode_json(body: bytes) -> np.ndarray:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
         if not body.strip():  # only now: a valid body is not copied to be checked for this
-            raise InvalidInput(
-                f"the request body is empty; expected JSON: {_SHAPE_HINT}"
-            ) from None
+            raise InvalidInput(f"the request body is empty; expected JSON: {_SHAPE_HINT}") from None
         raise InvalidInput(
             f"the body is not valid JSON ({short(exc)}); expected {_SHAPE_HINT}"
         ) from None
@@ -119,8 +117,13 @@ def _decode_json(body: bytes) -> np.ndarray:
         raise InvalidInput(f"expected {_SHAPE_HINT}, got a JSON {json_kind(data)}")
     # Fast path: numpy infers the shape and dtype in C. It turns JSON booleans into numbers
     # silently, so a body that may hold one is checked value by value first.
-    if b"true" in body or b"false" in body or body[:2] in (b"\xff\xfe", b"\xfe\xff") or (
-        len(body) > 1 and 0 in body[:2]  # UTF-16 or UTF-32 without a BOM
+    if (
+        b"true" in body
+        or b"false" in body
+        or body[:2] in (b"\xff\xfe", b"\xfe\xff")
+        or (
+            len(body) > 1 and 0 in body[:2]  # UTF-16 or UTF-32 without a BOM
+        )
     ):
         _check_json_rows(data)
     try:

@@ -173,7 +173,6 @@ class ConfigError(ModelLoadError):
     """A configuration value is invalid; the message names the file, the key and the value."""
 
 
-
 class UnsafeArchive(ModelLoadError):
     """An archive refused for a path, link, device file or size that is not safe."""
 

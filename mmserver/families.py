@@ -64,8 +64,10 @@ def find_model_file(model_dir: Path, config: ModelConfig) -> ModelFile | None:
     """The model's file: ``option.model_file`` if given, else the first family (in the order
     sklearn, xgboost, lightgbm, or only ``engine``'s) with a file in the folder."""
     engine = (config.engine or "").lower()
-    wanted = (engine,) if engine in (XGBOOST, LIGHTGBM) else (
-        (SKLEARN,) if engine else (SKLEARN, XGBOOST, LIGHTGBM)
+    wanted = (
+        (engine,)
+        if engine in (XGBOOST, LIGHTGBM)
+        else ((SKLEARN,) if engine else (SKLEARN, XGBOOST, LIGHTGBM))
     )
     if config.model_file is not None:
         path = inside(model_dir, config.model_file, "option.model_file")

@@ -118,12 +118,17 @@ class Plan:
         """One line for the load log."""
         parts = []
         for first, last, name in self.ranges():
-            rows = f"{first}+" if last is None else f"{first}" if last == first else \
-                f"{first}-{last}"
+            rows = (
+                f"{first}+" if last is None else f"{first}" if last == first else f"{first}-{last}"
+            )
             one, full = self.measured.get(name, (None, None))
-            cost = "" if one is None else (
-                f" ({one * 1000:.3f} ms at 1 row, {(full or 0) * 1000:.3f} ms at "
-                f"{self.batch_rows})"
+            cost = (
+                ""
+                if one is None
+                else (
+                    f" ({one * 1000:.3f} ms at 1 row, {(full or 0) * 1000:.3f} ms at "
+                    f"{self.batch_rows})"
+                )
             )
             parts.append(f"{rows} rows: {name}{cost}")
         own = self.measured.get(OWN)
@@ -181,16 +186,19 @@ def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: in
     if [c.name for c in kept] == [OWN, LINEAR]:
         # The product is what the own predict computes after its checks: faster at any size,
         # and not worth the load time of measuring.
-        return Plan([(math.inf, LINEAR, kept[1].fn)], batch_rows, rejected=rejected,
-                    convert_s=convert_s)
+        return Plan(
+            [(math.inf, LINEAR, kept[1].fn)], batch_rows, rejected=rejected, convert_s=convert_s
+        )
     try:
         _time_all(kept, probes, batch_rows)
     except Exception as exc:  # e.g. no memory for a huge batch: the own method, as any doubt
         return own_plan(own, batch_rows, f"the paths could not be timed: {reason(exc)}")
     return Plan(
-        _routes(kept, batch_rows), batch_rows,
+        _routes(kept, batch_rows),
+        batch_rows,
         measured={c.name: (c.one_row_s, c.batch_s) for c in kept},
-        rejected=rejected, convert_s=convert_s,
+        rejected=rejected,
+        convert_s=convert_s,
     )
 
 
@@ -291,14 +299,16 @@ def _probe_rows(n_features: int, tl_models: Sequence[Any], head: Any) -> np.ndar
             continue
         picks = rng.choice(values, _PROBE_ROWS)
         as32 = picks.astype(np.float32)
-        nudged = np.stack([
-            picks,
-            np.nextafter(picks, -np.inf),
-            np.nextafter(picks, np.inf),
-            as32.astype(np.float64),
-            np.nextafter(as32, np.float32(np.inf)).astype(np.float64),
-            np.nextafter(as32, np.float32(-np.inf)).astype(np.float64),
-        ])
+        nudged = np.stack(
+            [
+                picks,
+                np.nextafter(picks, -np.inf),
+                np.nextafter(picks, np.inf),
+                as32.astype(np.float64),
+                np.nextafter(as32, np.float32(np.inf)).astype(np.float64),
+                np.nextafter(as32, np.float32(-np.inf)).astype(np.float64),
+            ]
+        )
         rows[3:, j] = nudged[rng.integers(0, len(nudged), _PROBE_ROWS), np.arange(_PROBE_ROWS)][3:]
     if head is not None and any(len(v) for v in thresholds):
         try:

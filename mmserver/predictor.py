@@ -116,8 +116,14 @@ class EstimatorPredictor:
     paths are chosen, the model object itself is kept only if a chosen path calls it."""
 
     def __init__(
-        self, model: Any, method: str, name: str, *, family: str = SKLEARN,
-        fast_path: bool = True, batch_rows: int = 32,
+        self,
+        model: Any,
+        method: str,
+        name: str,
+        *,
+        family: str = SKLEARN,
+        fast_path: bool = True,
+        batch_rows: int = 32,
     ) -> None:
         fn = getattr(model, method, None)
         if not callable(fn):
@@ -169,8 +175,12 @@ class EstimatorPredictor:
 
     def describe(self) -> dict[str, Any]:
         """The family and the predict paths, for the load log and the describe call."""
-        return {"family": self.family, "method": self.method, **self.plan.describe(),
-                "summary": self.plan.summary()}
+        return {
+            "family": self.family,
+            "method": self.method,
+            **self.plan.describe(),
+            "summary": self.plan.summary(),
+        }
 
     def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]:
         """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``."""
@@ -298,13 +308,19 @@ def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
             f", and no {config.entry_point}"
         )
     return EstimatorPredictor(
-        load_model(found), config.method, model_dir.name, family=found.family,
-        fast_path=config.fast_path, batch_rows=config.batch_size,
+        load_model(found),
+        config.method,
+        model_dir.name,
+        family=found.family,
+        fast_path=config.fast_path,
+        batch_rows=config.batch_size,
     )
 
 
-_ALL = "model.joblib, model.pkl or a single *.joblib/*.pkl; xgboost-model, model.json, " \
+_ALL = (
+    "model.joblib, model.pkl or a single *.joblib/*.pkl; xgboost-model, model.json, "
     "model.ubj or a single *.ubj or XGBoost *.json; model.txt or a single LightGBM *.txt"
+)
 _WANTED = {
     "": _ALL,
     "python": "model.joblib, model.pkl or a single *.joblib/*.pkl",

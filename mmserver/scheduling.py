@@ -45,7 +45,14 @@ class Cost:
     next batch is expected to hold its process, infinite while nothing is known."""
 
     __slots__ = (
-        "batches", "cpu_seconds", "estimate", "hold", "per_batch", "per_row", "vfinish", "waited"
+        "batches",
+        "cpu_seconds",
+        "estimate",
+        "hold",
+        "per_batch",
+        "per_row",
+        "vfinish",
+        "waited",
     )
 
     def __init__(self, hold: float | None = None) -> None:

@@ -171,10 +171,7 @@ def _input(
         raise InvalidInput(f"input {index} needs a 'name' string; expected {_TENSOR_HINT}")
     where = f"input {preview(name)}"
     shape = tensor.get("shape")
-    if not (
-        isinstance(shape, list)
-        and all(type(dim) is int and dim >= 0 for dim in shape)
-    ):
+    if not (isinstance(shape, list) and all(type(dim) is int and dim >= 0 for dim in shape)):
         raise InvalidInput(f"{where} needs 'shape', a list of non-negative integers")
     datatype = tensor.get("datatype")
     if not isinstance(datatype, str) or datatype not in NUMERIC:
@@ -256,15 +253,13 @@ def _json_data(
             raise InvalidInput(f"{where} is BOOL; its data must be true or false")
     elif count and booleans and (kind == "b" or any(type(v) is bool for v in _leaves(data))):
         raise InvalidInput(
-            f"{where} is {datatype}; its data holds a JSON true or false where numbers are "
-            "expected"
+            f"{where} is {datatype}; its data holds a JSON true or false where numbers are expected"
         )
     elif datatype[0] in "IU":
         info = np.iinfo(NUMERIC[datatype])
         if kind == "f" or (count and (array.min() < info.min or array.max() > info.max)):
             raise InvalidInput(
-                f"{where} is {datatype}; its data must be integers from {info.min} to "
-                f"{info.max}"
+                f"{where} is {datatype}; its data must be integers from {info.min} to {info.max}"
             )
     return array.astype(NUMERIC[datatype], copy=False)
 
@@ -335,8 +330,7 @@ def _outputs(
         where = f"output {preview(name)}"
         if name not in available:
             raise InvalidInput(
-                f"the model has no output {preview(name)}; its outputs are "
-                f"{', '.join(available)}"
+                f"the model has no output {preview(name)}; its outputs are {', '.join(available)}"
             )
         if name in names:
             raise InvalidInput(f"{where} is asked for twice")
@@ -428,9 +422,10 @@ def _tensor(values: Any, name: str) -> np.ndarray:
         array = np.asarray(values)
     except ValueError:
         array = None
-    if array is None or (array.dtype.kind == "O" and any(
-        isinstance(v, list | tuple | np.ndarray) for v in array.flat
-    )):
+    if array is None or (
+        array.dtype.kind == "O"
+        and any(isinstance(v, list | tuple | np.ndarray) for v in array.flat)
+    ):
         raise ModelError(
             f"the model's {name} output is not a regular tensor (rows of different lengths?); "
             "the V2 API answers tensors"

@@ -148,9 +148,7 @@ class Worker:
                 requests, deadline = [live[0].request], live[0].deadline
             else:
                 requests, deadline = [j.request for j in live], max(j.deadline for j in live)
-            self.slot.send_batch(
-                host.key, requests, deadline, self._answered, host.cost.estimate
-            )
+            self.slot.send_batch(host.key, requests, deadline, self._answered, host.cost.estimate)
         except errors.MMServerError as exc:  # the slot is stopping
             host.running -= 1
             self._batch = []

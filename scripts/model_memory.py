@@ -60,16 +60,22 @@ async def measure(store: Path, models: int, processes: int) -> None:
         many = snapshot(wlm)
     finally:
         await wlm.stop(5.0)
-    print(f"{'process':>12} {'RSS 1 model':>12} {'RSS ' + str(models):>10} "
-          f"{'PSS 1 model':>12} {'PSS ' + str(models):>10} {'PSS per model':>14}")
+    print(
+        f"{'process':>12} {'RSS 1 model':>12} {'RSS ' + str(models):>10} "
+        f"{'PSS 1 model':>12} {'PSS ' + str(models):>10} {'PSS per model':>14}"
+    )
     for name in one:
         (rss1, pss1), (rssn, pssn) = one[name], many[name]
         per = (pssn - pss1) * 1024 / max(1, models - 1)
-        print(f"{name:>12} {rss1 / 1024:10.1f}MB {rssn / 1024:8.1f}MB "
-              f"{pss1 / 1024:10.1f}MB {pssn / 1024:8.1f}MB {per / 1024:11.1f} KB")
+        print(
+            f"{name:>12} {rss1 / 1024:10.1f}MB {rssn / 1024:8.1f}MB "
+            f"{pss1 / 1024:10.1f}MB {pssn / 1024:8.1f}MB {per / 1024:11.1f} KB"
+        )
     total = sum(p for _, p in many.values()) - sum(p for _, p in one.values())
-    print(f"all processes: {total / max(1, models - 1):.1f} KB PSS per loaded model "
-          "(the fork server, shared by the backends, is not included)")
+    print(
+        f"all processes: {total / max(1, models - 1):.1f} KB PSS per loaded model "
+        "(the fork server, shared by the backends, is not included)"
+    )
 
 
 def main() -> None:

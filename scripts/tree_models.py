@@ -65,7 +65,8 @@ def sklearn_models(small: bool = True) -> dict[str, tuple[Any, str]]:
     return {
         "forest": (forest(n), "predict"),
         "forest-classifier": (
-            e.RandomForestClassifier(n, max_depth=8, random_state=0).fit(X, labels), "predict"
+            e.RandomForestClassifier(n, max_depth=8, random_state=0).fit(X, labels),
+            "predict",
         ),
         "forest-proba": (
             e.RandomForestClassifier(n, max_depth=8, random_state=0).fit(X, labels),
@@ -74,11 +75,14 @@ def sklearn_models(small: bool = True) -> dict[str, tuple[Any, str]]:
         "extra-trees": (e.ExtraTreesRegressor(n, max_depth=8, random_state=0).fit(X, y), "predict"),
         "gradient-boosting": (e.GradientBoostingRegressor(n_estimators=n).fit(X, y), "predict"),
         "gb-classifier-proba": (
-            e.GradientBoostingClassifier(n_estimators=n).fit(X, c), "predict_proba"
+            e.GradientBoostingClassifier(n_estimators=n).fit(X, c),
+            "predict_proba",
         ),
         "histgb": (e.HistGradientBoostingRegressor(max_iter=n).fit(X, y), "predict"),
-        "histgb-classifier": (e.HistGradientBoostingClassifier(max_iter=n).fit(X, labels),
-                              "predict"),
+        "histgb-classifier": (
+            e.HistGradientBoostingClassifier(max_iter=n).fit(X, labels),
+            "predict",
+        ),
         "isolation-forest": (e.IsolationForest(n_estimators=n, random_state=0).fit(X), "predict"),
         "scaled-forest": (
             make_pipeline(StandardScaler(), e.ExtraTreesRegressor(n, random_state=0)).fit(X, y),
@@ -96,8 +100,11 @@ def xgboost_booster(trees: int = 20, objective: str = "reg:squarederror") -> Any
     import xgboost
 
     X, y, c = data()
-    target = c if objective.startswith("multi") else ((c > 0).astype(int)
-                                                      if objective.startswith("binary") else y)
+    target = (
+        c
+        if objective.startswith("multi")
+        else ((c > 0).astype(int) if objective.startswith("binary") else y)
+    )
     params: dict[str, Any] = {"objective": objective, "max_depth": 5, "nthread": 1}
     if objective.startswith("multi"):
         params["num_class"] = 3
@@ -120,12 +127,17 @@ def xgboost_wrappers(trees: int = 20) -> dict[str, tuple[Any, str]]:
 
     X, y, c = data()
     return {
-        "xgb-regressor": (xgboost.XGBRegressor(n_estimators=trees, max_depth=5).fit(X, y),
-                          "predict"),
-        "xgb-classifier": (xgboost.XGBClassifier(n_estimators=trees, max_depth=4).fit(X, c),
-                           "predict"),
+        "xgb-regressor": (
+            xgboost.XGBRegressor(n_estimators=trees, max_depth=5).fit(X, y),
+            "predict",
+        ),
+        "xgb-classifier": (
+            xgboost.XGBClassifier(n_estimators=trees, max_depth=4).fit(X, c),
+            "predict",
+        ),
         "xgb-classifier-proba": (
-            xgboost.XGBClassifier(n_estimators=trees, max_depth=4).fit(X, c), "predict_proba"
+            xgboost.XGBClassifier(n_estimators=trees, max_depth=4).fit(X, c),
+            "predict_proba",
         ),
     }
 
@@ -153,10 +165,12 @@ def lightgbm_wrappers(trees: int = 20) -> dict[str, tuple[Any, str]]:
     X, y, c = data()
     return {
         "lgbm-regressor": (
-            lightgbm.LGBMRegressor(n_estimators=trees, verbose=-1).fit(X, y), "predict"
+            lightgbm.LGBMRegressor(n_estimators=trees, verbose=-1).fit(X, y),
+            "predict",
         ),
         "lgbm-classifier-proba": (
-            lightgbm.LGBMClassifier(n_estimators=trees, verbose=-1).fit(X, c), "predict_proba"
+            lightgbm.LGBMClassifier(n_estimators=trees, verbose=-1).fit(X, c),
+            "predict_proba",
         ),
     }
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-GATED = '''\
+GATED = """\
 import time
 from pathlib import Path
 
@@ -30,9 +30,9 @@ def predict(gate, batch):
             break
         time.sleep(0.001)
     return [2.0 * float(row[0]) for row in batch]
-'''
+"""
 
-RECORDING = '''\
+RECORDING = """\
 from pathlib import Path
 
 
@@ -44,9 +44,9 @@ def predict(log, batch):
     with open(log, "a") as fh:
         fh.write(f"{len(batch)}\\n")
     return [2.0 * float(row[0]) for row in batch]
-'''
+"""
 
-RAISING = '''\
+RAISING = """\
 def load(model_dir, properties):
     return None
 
@@ -55,7 +55,7 @@ def predict(model, batch):
     if (batch < 0).any():
         raise ValueError("negative values are not allowed")
     return [2.0 * float(row[0]) for row in batch]
-'''
+"""
 
 
 def _write(folder: Path, code: str, properties: dict[str, object]) -> Path:
@@ -78,7 +78,7 @@ def make_raising_dir(folder: Path, **properties: object) -> Path:
     return _write(folder, RAISING, dict(properties))
 
 
-SLEEPING = '''\
+SLEEPING = """\
 import time
 
 
@@ -89,7 +89,7 @@ def load(model_dir, properties):
 def predict(seconds, batch):
     time.sleep(seconds)
     return [2.0 * float(row[0]) for row in batch]
-'''
+"""
 
 
 def make_sleeping_dir(folder: Path, seconds: float, **properties: object) -> Path:
@@ -97,7 +97,7 @@ def make_sleeping_dir(folder: Path, seconds: float, **properties: object) -> Pat
     return _write(folder, SLEEPING, {"seconds": seconds, **properties})
 
 
-EXITING = '''\
+EXITING = """\
 import os
 
 
@@ -109,7 +109,7 @@ def predict(model, batch):
     if (batch < 0).any():
         os._exit(3)  # the whole backend process goes, as on a crash in native code
     return [2.0 * float(row[0]) for row in batch]
-'''
+"""
 
 
 def make_exiting_dir(folder: Path, **properties: object) -> Path:
@@ -117,7 +117,7 @@ def make_exiting_dir(folder: Path, **properties: object) -> Path:
     return _write(folder, EXITING, dict(properties))
 
 
-SPINNING = '''\
+SPINNING = """\
 import time
 from pathlib import Path
 
@@ -141,7 +141,7 @@ def predict(model, batch):
         with open(log, "a") as fh:
             fh.write(name + "\\n")
     return [2.0 * float(row[0]) for row in batch]
-'''
+"""
 
 
 def make_spinning_dir(

@@ -119,8 +119,9 @@ async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> b
             f"the request body did not arrive within {timeout:g} s (body_timeout)"
         ) from None
     except (ConnectionError, ClientPayloadError) as exc:
-        raise ClientClosed(f"the client closed its connection while sending the body: {exc}") \
-            from None
+        raise ClientClosed(
+            f"the client closed its connection while sending the body: {exc}"
+        ) from None
 
 
 def _too_large(length: int | None, limit: int) -> RequestTooLarge:

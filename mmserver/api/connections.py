@@ -213,7 +213,9 @@ class _Connection(web_protocol.RequestHandler):
             except TimeoutError:
                 log.info(
                     "dropped a connection whose client did not take its %d-byte answer within "
-                    "%g s (send_timeout)", len(body), self._policy.send_timeout,
+                    "%g s (send_timeout)",
+                    len(body),
+                    self._policy.send_timeout,
                 )
                 if self.transport is not None:
                     self.transport.abort()

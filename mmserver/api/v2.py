@@ -116,11 +116,13 @@ def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
         inputs.append({"name": INPUT_NAME, "datatype": "FP64", "shape": [-1, width]})
         for output in signature["outputs"]:
             if output["dtype"] is not None:  # a custom handler's output: not known before
-                outputs.append({
-                    "name": output["name"],
-                    "datatype": datatype_of(np.dtype(output["dtype"])),
-                    "shape": output["shape"],
-                })
+                outputs.append(
+                    {
+                        "name": output["name"],
+                        "datatype": datatype_of(np.dtype(output["dtype"])),
+                        "shape": output["shape"],
+                    }
+                )
     metadata["inputs"] = inputs
     metadata["outputs"] = outputs
     return metadata

@@ -62,7 +62,9 @@ class Models:
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
         describe = getattr(predictor, "describe", None)
         return LoadInfo(
-            memory, self._probe(predictor), describe() if describe else None,
+            memory,
+            self._probe(predictor),
+            describe() if describe else None,
             signature(predictor),
         )
 
@@ -104,9 +106,7 @@ class Models:
         cpu = self._clock() if timed else 0.0
         started = time.perf_counter()
         try:
-            answers = answer_batch(
-                requests, predict, predictor.n_features, name, predictor.outputs
-            )
+            answers = answer_batch(requests, predict, predictor.n_features, name, predictor.outputs)
         except errors.MMServerError:
             raise
         except Exception as exc:

@@ -19,9 +19,20 @@ Slot = ProcessSlot | ThreadSlot
 #: importing the estimator families most stores use (the optional ones when installed: a module
 #: that cannot be imported is skipped).
 PRELOAD = (
-    "mmserver.backend", "mmserver.predictor", "joblib", "sklearn", "sklearn.linear_model",
-    "sklearn.pipeline", "sklearn.preprocessing", "sklearn.tree", "sklearn.ensemble",
-    "treelite", "treelite.sklearn", "treelite.gtil", "xgboost", "lightgbm",
+    "mmserver.backend",
+    "mmserver.predictor",
+    "joblib",
+    "sklearn",
+    "sklearn.linear_model",
+    "sklearn.pipeline",
+    "sklearn.preprocessing",
+    "sklearn.tree",
+    "sklearn.ensemble",
+    "treelite",
+    "treelite.sklearn",
+    "treelite.gtil",
+    "xgboost",
+    "lightgbm",
 )
 
 
@@ -56,9 +67,7 @@ class BackendPool:
             return
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(PRELOAD))
-        self.slots = [
-            ProcessSlot(i, context, metrics, self.lanes[LIGHT]) for i in range(processes)
-        ]
+        self.slots = [ProcessSlot(i, context, metrics, self.lanes[LIGHT]) for i in range(processes)]
         if heavy_processes:
             self.heavy_batch_s = heavy_batch_ms / 1000.0
             self.lanes[HEAVY] = heavy = Lane(HEAVY)
@@ -69,9 +78,7 @@ class BackendPool:
 
     async def start(self) -> None:
         """Start the light lane's processes (the heavy lane's start on first use)."""
-        await asyncio.gather(
-            *(slot.start() for slot in self.slots if slot.lane.name == LIGHT)
-        )
+        await asyncio.gather(*(slot.start() for slot in self.slots if slot.lane.name == LIGHT))
 
     async def stop(self) -> None:
         await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
@@ -87,4 +94,3 @@ class BackendPool:
 
     def pids(self) -> list[int]:
         return [pid for s in self.slots if isinstance(s, ProcessSlot) and (pid := s.pid)]
-

@@ -139,8 +139,10 @@ class ProcessSlot:
             await self._spawn()
         except BaseException as exc:
             held, self._held = self._held, []
-            error = exc if isinstance(exc, errors.MMServerError) else errors.BackendDied(
-                f"{self.describe()} could not start: {exc}"
+            error = (
+                exc
+                if isinstance(exc, errors.MMServerError)
+                else errors.BackendDied(f"{self.describe()} could not start: {exc}")
             )
             for pending in held:
                 pending.fail(error)
@@ -173,8 +175,10 @@ class ProcessSlot:
         loop = self._loop = asyncio.get_running_loop()
         parent, child = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=child_main, args=(child, self.index, self._nice, self._idle_policy),
-            name=f"mmserver-backend-{self.index}", daemon=True,
+            target=child_main,
+            args=(child, self.index, self._nice, self._idle_policy),
+            name=f"mmserver-backend-{self.index}",
+            daemon=True,
         )
         await loop.run_in_executor(None, process.start)
         child.close()
@@ -442,14 +446,18 @@ class ProcessSlot:
             described = f"backend process {self.index} (pid {self.pid}, exit code {exit_code})"
             crashed, self._crashed = self._crashed, []
             for pending in crashed:
-                pending.fail(errors.BackendDied(
-                    f"{described} died while running this request; it has been replaced, "
-                    "so the request can be retried"
-                ))
+                pending.fail(
+                    errors.BackendDied(
+                        f"{described} died while running this request; it has been replaced, "
+                        "so the request can be retried"
+                    )
+                )
             self._metrics.backend_restarts.inc()
             log.warning(
                 "%s died; starting a replacement to reload %d model(s) and resend %d message(s)",
-                described, len(self._loaded), len(self._held),
+                described,
+                len(self._loaded),
+                len(self._held),
             )
             now = time.monotonic()
             self._restarts.append(now)

@@ -39,7 +39,14 @@ class Pending:
     estimated seconds it holds the process (infinite when unknown, as for a load)."""
 
     __slots__ = (
-        "callback", "cost", "deadline", "deadline_handle", "finished", "frame", "future", "op"
+        "callback",
+        "cost",
+        "deadline",
+        "deadline_handle",
+        "finished",
+        "frame",
+        "future",
+        "op",
     )
 
     def __init__(

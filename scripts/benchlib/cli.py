@@ -26,7 +26,14 @@ from typing import Any
 from benchlib import loads, neighbour, peers, probes, report, servers, store, trees, wrk
 
 SECTIONS = (
-    "cold", "memory", "closed", "open", "scaling", "batching", "neighbour", "trees",
+    "cold",
+    "memory",
+    "closed",
+    "open",
+    "scaling",
+    "batching",
+    "neighbour",
+    "trees",
 )
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
@@ -238,14 +245,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
         server = servers.mmserver(
-            model_store, Path(tmp) / "cache", args.out / "server.log", args.server_arg,
+            model_store,
+            Path(tmp) / "cache",
+            args.out / "server.log",
+            args.server_arg,
             args.server_exe,
         )
         floor: servers.Server | None
         if needs_floor and args.baseline_exe is not None:
             floor = servers.mmserver(
-                model_store, Path(tmp) / "baseline-cache", args.out / "baseline.log",
-                args.server_arg, args.baseline_exe,
+                model_store,
+                Path(tmp) / "baseline-cache",
+                args.out / "baseline.log",
+                args.server_arg,
+                args.baseline_exe,
             )
         else:
             floor = servers.floor(args.out / "floor.log") if needs_floor else None

@@ -171,7 +171,12 @@ def _schedule(
 
 
 def _load(
-    target: Server, pattern: str, settings: Settings, run: int, *, connections: int,
+    target: Server,
+    pattern: str,
+    settings: Settings,
+    run: int,
+    *,
+    connections: int,
     rate: float = 0.0,
 ) -> wrk.Load:
     """The wrk load of one run (its seed follows from ``run``)."""

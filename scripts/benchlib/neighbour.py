@@ -31,15 +31,27 @@ CASES = ("light alone", "light beside heavy", "heavy alone")
 
 def _light(server: Server, settings: Settings, run: int) -> wrk.Load:
     return wrk.Load(
-        url=server.url, pattern="uniform", models=LIGHT_MODELS, duration_s=settings.duration_s,
-        connections=LIGHT_CONNECTIONS, threads=1, api=settings.api, seed=run + 1,
+        url=server.url,
+        pattern="uniform",
+        models=LIGHT_MODELS,
+        duration_s=settings.duration_s,
+        connections=LIGHT_CONNECTIONS,
+        threads=1,
+        api=settings.api,
+        seed=run + 1,
     )
 
 
 def _heavy(server: Server, settings: Settings, duration_s: float) -> wrk.Load:
     return wrk.Load(
-        url=server.url, pattern="single", model=HEAVY_MODEL, duration_s=duration_s,
-        connections=HEAVY_CONNECTIONS, threads=1, api=settings.api, body=HEAVY_BODY,
+        url=server.url,
+        pattern="single",
+        model=HEAVY_MODEL,
+        duration_s=duration_s,
+        connections=HEAVY_CONNECTIONS,
+        threads=1,
+        api=settings.api,
+        body=HEAVY_BODY,
     )
 
 
@@ -65,7 +77,7 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     out["heavy beside light"] = []
     for r in range(settings.runs):
         log(f"neighbour, run {r + 1}/{settings.runs}")
-        order = CASES[r % len(CASES):] + CASES[: r % len(CASES)]
+        order = CASES[r % len(CASES) :] + CASES[: r % len(CASES)]
         for case in order:
             servers.wait_quiet(settings.quiet_wait_s)
             if case == "light alone":

@@ -40,10 +40,16 @@ def ensure_mlserver_venv() -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     subprocess.run(
         [
-            str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
             "--disable-pip-version-check",
-            f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}",
-            "uvloop<0.22", f"scikit-learn=={sklearn.__version__}",
+            f"mlserver=={MLSERVER_VERSION}",
+            f"mlserver-sklearn=={MLSERVER_VERSION}",
+            "uvloop<0.22",
+            f"scikit-learn=={sklearn.__version__}",
         ],
         check=True,
         timeout=1800,
@@ -73,8 +79,12 @@ def mlserver_repository(store: Path, root: Path, port: int, count: int = 1000) -
         (folder / "model-settings.json").write_text(json.dumps(settings))
     model.unlink()
     server = {
-        "host": HOST, "http_port": port, "grpc_port": free_port(), "metrics_port": free_port(),
-        "parallel_workers": 0, "debug": False,
+        "host": HOST,
+        "http_port": port,
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "parallel_workers": 0,
+        "debug": False,
     }
     (root / "settings.json").write_text(json.dumps(server))
     return root
@@ -86,6 +96,11 @@ def mlserver(store: Path, tmp: Path, log: Path) -> Server:
     port = free_port()
     repository = mlserver_repository(store, tmp / "mlserver-repository", port)
     return Server(
-        "mlserver", [str(exe), "start", str(repository)], port, log, cwd=tmp,
-        health="/v2/health/ready", api="mlserver",
+        "mlserver",
+        [str(exe), "start", str(repository)],
+        port,
+        log,
+        cwd=tmp,
+        health="/v2/health/ready",
+        api="mlserver",
     )

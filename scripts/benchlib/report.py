@@ -218,8 +218,10 @@ def _neighbour_targets(section: dict[str, Any] | None) -> list[tuple[str, str, b
         return [(p99_label, "-", None), (rps_label, "-", None)]
     p99_alone, p99_beside = alone["p99_ms"], beside["p99_ms"]
     p99_ok = (
-        p99_alone is not None and p99_beside is not None
-        and p99_beside <= 2 * p99_alone and p99_beside <= P99_TARGET_MS
+        p99_alone is not None
+        and p99_beside is not None
+        and p99_beside <= 2 * p99_alone
+        and p99_beside <= P99_TARGET_MS
     )
     share = beside["rps"] / alone["rps"] if alone["rps"] and beside["rps"] else None
     errors = alone["error_count"] + beside["error_count"]

@@ -36,9 +36,14 @@ def tree_memory(pid: int) -> list[ProcessMemory]:
     for each in [pid, *descendants(pid)]:
         try:
             name = Path(f"/proc/{each}/comm").read_text().strip()
-            out.append(ProcessMemory(
-                each, name, proc_kb(each, "status", "VmRSS"), proc_kb(each, "smaps_rollup", "Pss")
-            ))
+            out.append(
+                ProcessMemory(
+                    each,
+                    name,
+                    proc_kb(each, "status", "VmRSS"),
+                    proc_kb(each, "smaps_rollup", "Pss"),
+                )
+            )
         except OSError:
             continue  # exited meanwhile
     return out
@@ -139,7 +144,10 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             cwd=self.cwd,
         )
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -98,9 +98,9 @@ def ensure_heavy(store: Path) -> None:
     rng = np.random.default_rng(7)
     x = rng.uniform(-1.0, 1.0, size=(20000, HEAVY_FEATURES))
     y = np.sin(3 * x).sum(axis=1) + rng.normal(0.0, 0.1, size=len(x))
-    forest = RandomForestRegressor(
-        n_estimators=300, max_depth=14, random_state=7, n_jobs=-1
-    ).fit(x, y)
+    forest = RandomForestRegressor(n_estimators=300, max_depth=14, random_state=7, n_jobs=-1).fit(
+        x, y
+    )
     forest.n_jobs = None  # predict in one thread, as a served model usually does
     folder.mkdir(parents=True, exist_ok=True)
     joblib.dump(forest, folder / "model.joblib")

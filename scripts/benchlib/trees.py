@@ -95,14 +95,21 @@ def _latencies(client: Client, model: str, body: bytes, count: int) -> list[floa
 REFERENCE = "sklearn-0"
 
 
-def _closed_loop(server: Server, settings: Settings, log: Log, model: str, label: str,
-                 body: str) -> float:
+def _closed_loop(
+    server: Server, settings: Settings, log: Log, model: str, label: str, body: str
+) -> float:
     rps = []
     for r in range(settings.runs):
         load = wrk.Load(
-            url=server.url, pattern="single", model=model,
-            duration_s=settings.duration_s, connections=settings.concurrency,
-            threads=settings.threads, api=settings.api, body=body, seed=r + 1,
+            url=server.url,
+            pattern="single",
+            model=model,
+            duration_s=settings.duration_s,
+            connections=settings.concurrency,
+            threads=settings.threads,
+            api=settings.api,
+            body=body,
+            seed=r + 1,
         )
         result = wrk.run(load, server.pid, settings.quiet_wait_s)
         log(describe_run(label, load, result))
@@ -118,9 +125,9 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     client = Client(server.port, timeout=120.0)
     try:
         _latencies(client, REFERENCE, b"[[0.5]]", 5)
-        out[REFERENCE] = {"rps": _closed_loop(
-            server, settings, log, REFERENCE, "reference", "[[0.5]]"
-        )}
+        out[REFERENCE] = {
+            "rps": _closed_loop(server, settings, log, REFERENCE, "reference", "[[0.5]]")
+        }
         for family in FAMILIES:
             for variant in VARIANTS:
                 name = model_name(family, variant)
@@ -129,8 +136,7 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
                 singles = _latencies(client, name, one, ONE_ROW_REQUESTS)
                 batches = _latencies(client, name, batch, BATCH_REQUESTS)
                 described = client.describe(name) or {}
-                rps = _closed_loop(server, settings, log, name, f"{family}/{variant}",
-                                   one.decode())
+                rps = _closed_loop(server, settings, log, name, f"{family}/{variant}", one.decode())
                 out[name] = {
                     "one_row_ms": statistics.median(singles),
                     "one_row_p99_ms": sorted(singles)[int(0.99 * (len(singles) - 1))],
@@ -168,8 +174,10 @@ def lines(section: dict[str, Any]) -> list[str]:
         )
     reference = section.get(REFERENCE)
     if reference:
-        out.append(f"  {REFERENCE} (the reference LinearRegression, the server's ceiling for "
-                   f"one-row requests): {reference['rps']:7.0f} req/s")
+        out.append(
+            f"  {REFERENCE} (the reference LinearRegression, the server's ceiling for "
+            f"one-row requests): {reference['rps']:7.0f} req/s"
+        )
     return out
 
 
@@ -184,13 +192,23 @@ def targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]
         # One client waiting for each answer (req/s = 1 / latency), and many connections, whose
         # one-row requests the server batches.
         ratio = own["one_row_ms"] / chosen["one_row_ms"]
-        rows.append(("trees: RandomForest-300 one-row req/s >= 20 x own predict, one client",
-                     f"{ratio:.1f} x", ratio >= 20))
+        rows.append(
+            (
+                "trees: RandomForest-300 one-row req/s >= 20 x own predict, one client",
+                f"{ratio:.1f} x",
+                ratio >= 20,
+            )
+        )
         ratio = chosen["rps"] / own["rps"]
         reference = section.get(REFERENCE)
         ceiling = f" ({chosen['rps'] / reference['rps']:.0%} of {REFERENCE}'s)" if reference else ""
-        rows.append(("trees: RandomForest-300 one-row req/s >= 20 x own predict, closed loop",
-                     f"{ratio:.1f} x{ceiling}", ratio >= 20))
+        rows.append(
+            (
+                "trees: RandomForest-300 one-row req/s >= 20 x own predict, closed loop",
+                f"{ratio:.1f} x{ceiling}",
+                ratio >= 20,
+            )
+        )
     slower = []
     for family in FAMILIES:
         o, c = (section.get(model_name(family, v)) for v in VARIANTS)
@@ -201,6 +219,11 @@ def targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]
             for key in ("one_row_ms", "batch_ms"):
                 if c[key] > o[key] * 1.05:  # 5 %: the noise of a median of sequential requests
                     slower.append(f"{family} {key}")
-    rows.append(("trees: no family slower than its own predict (1 row, 32 rows)",
-                 ", ".join(slower) or "none slower", not slower))
+    rows.append(
+        (
+            "trees: no family slower than its own predict (1 row, 32 rows)",
+            ", ".join(slower) or "none slower",
+            not slower,
+        )
+    )
     return rows

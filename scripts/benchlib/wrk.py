@@ -152,8 +152,12 @@ def request_body(api: str, rows: str) -> str:
     if api not in ("v2", "mlserver"):
         return rows
     values = json.loads(rows)
-    tensor = {"name": "input-0", "shape": [len(values), len(values[0])], "datatype": "FP64",
-              "data": values}
+    tensor = {
+        "name": "input-0",
+        "shape": [len(values), len(values[0])],
+        "datatype": "FP64",
+        "data": values,
+    }
     return json.dumps({"inputs": [tensor]})
 
 

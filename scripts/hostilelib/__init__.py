@@ -10,8 +10,9 @@ did, in a line. Every case is bounded in connections (``--connections``) and sec
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -23,4 +24,4 @@ class Verdict:
 @dataclass(frozen=True)
 class Case:
     description: str
-    run: Callable[[argparse.Namespace], Awaitable[Verdict]]
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Verdict]]

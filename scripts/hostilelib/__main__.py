@@ -28,10 +28,15 @@ def main() -> int:
     parser.add_argument("cases", nargs="*", metavar="CASE", help="cases to run (default: all)")
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the server (loopback)")
     parser.add_argument("--store", default="", help="the server's store folder (archive cases)")
-    parser.add_argument("--connections", type=int, default=300, help="most connections a case "
-                        "opens (default 300)")
-    parser.add_argument("--seconds", type=float, default=30.0, help="most seconds a case waits "
-                        "for one answer (default 30)")
+    parser.add_argument(
+        "--connections", type=int, default=300, help="most connections a case opens (default 300)"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=30.0,
+        help="most seconds a case waits for one answer (default 30)",
+    )
     parser.add_argument("--list", action="store_true", help="name the cases and stop")
     args = parser.parse_args()
     if args.list:

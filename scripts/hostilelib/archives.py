@@ -17,15 +17,16 @@ from hostilelib import Case, Verdict
 from hostilelib.http import ping
 
 
-async def _call(args: argparse.Namespace, method: str, path: str, body: bytes = b"") -> tuple[
-    int, bytes, float
-]:
+async def _call(
+    args: argparse.Namespace, method: str, path: str, body: bytes = b""
+) -> tuple[int, bytes, float]:
     url = urlsplit(args.url)
     started = time.monotonic()
     reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
     writer.write(
         f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
     )
     try:
         answer = await asyncio.wait_for(reader.read(), args.seconds)
@@ -47,8 +48,9 @@ SKIPPED = Verdict(True, "skipped: this case writes into the server's store (--st
 
 def _header_bomb(path: Path, pax: bool) -> None:
     raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w",
-                      format=tarfile.PAX_FORMAT if pax else tarfile.GNU_FORMAT) as tar:
+    with tarfile.open(
+        fileobj=raw, mode="w", format=tarfile.PAX_FORMAT if pax else tarfile.GNU_FORMAT
+    ) as tar:
         info = tarfile.TarInfo("model.joblib" if pax else "x" * 300_000_000)
         if pax:
             info.pax_headers = {"comment": "y" * 300_000_000}
@@ -102,8 +104,9 @@ async def huge_error(args: argparse.Namespace) -> Verdict:
         for item in folder.iterdir():
             item.unlink()
         folder.rmdir()
-    return Verdict(status == 424 and len(body) < 16384,
-                   f"answered {status} with a {len(body)}-byte body")
+    return Verdict(
+        status == 424 and len(body) < 16384, f"answered {status} with a {len(body)}-byte body"
+    )
 
 
 async def billion_workers(args: argparse.Namespace) -> Verdict:

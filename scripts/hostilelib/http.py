@@ -42,9 +42,7 @@ async def ping(args: argparse.Namespace) -> tuple[int, float]:
     return status, time.monotonic() - started
 
 
-async def _status_then_close(
-    reader: asyncio.StreamReader, seconds: float
-) -> tuple[int, bool]:
+async def _status_then_close(reader: asyncio.StreamReader, seconds: float) -> tuple[int, bool]:
     """The status of the answer read, and whether the server then closed the connection."""
     try:
         answer = await asyncio.wait_for(reader.read(), seconds)
@@ -129,8 +127,11 @@ async def never_read(args: argparse.Namespace) -> Verdict:
         except (ConnectionError, TimeoutError):
             pass
         head, _, answer = bytes(received).partition(b"\r\n\r\n")
-        length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:")]
+        length = [
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ]
         dropped += not length or len(answer) < length[0]  # (or not even begun)
     for _, writer in opened:
         writer.transport.abort()
@@ -186,8 +187,13 @@ async def garbage(args: argparse.Namespace) -> Verdict:
         writer.close()
         head, _, body = answer.partition(b"\r\n\r\n")
         json_body = b"application/json" in head and body.startswith(b"{")
-        shapes.add((head.split(b"\r\n", 1)[0].decode("latin-1"), json_body,
-                    b"aiohttp" in head or b"Python" in head))
+        shapes.add(
+            (
+                head.split(b"\r\n", 1)[0].decode("latin-1"),
+                json_body,
+                b"aiohttp" in head or b"Python" in head,
+            )
+        )
     status, _ = await ping(args)
     good = all(js and not leaks for _, js, leaks in shapes) and status == 200
     return Verdict(good, f"answers {sorted(shapes)}; /ping {status}")

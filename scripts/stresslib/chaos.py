@@ -49,19 +49,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="scripts/chaos", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
     parser.add_argument("--kills", type=int, default=10, help="backend processes to kill (1-500)")
-    parser.add_argument("--interval", type=float, nargs=2, default=(0.2, 1.5),
-                        metavar=("MIN", "MAX"), help="random seconds between two kills")
-    parser.add_argument("--models", type=int, default=40,
-                        help="sklearn-N archives in the generated store (plus 4 examples)")
-    parser.add_argument("--max-loaded-models", type=int, default=24,
-                        help="loaded-model budget of the server (below the store: churn)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        nargs=2,
+        default=(0.2, 1.5),
+        metavar=("MIN", "MAX"),
+        help="random seconds between two kills",
+    )
+    parser.add_argument(
+        "--models",
+        type=int,
+        default=40,
+        help="sklearn-N archives in the generated store (plus 4 examples)",
+    )
+    parser.add_argument(
+        "--max-loaded-models",
+        type=int,
+        default=24,
+        help="loaded-model budget of the server (below the store: churn)",
+    )
     parser.add_argument("--backend-processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
-    parser.add_argument("--rss-margin", type=float, default=0.25,
-                        help="allowed RSS growth after recovery, as a fraction")
+    parser.add_argument(
+        "--rss-margin",
+        type=float,
+        default=0.25,
+        help="allowed RSS growth after recovery, as a fraction",
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the store and the server log (default: a temp folder)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the store and the server log (default: a temp folder)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.kills <= 500:
         parser.error("--kills must be between 1 and 500")
@@ -95,8 +117,10 @@ async def wait_for_tree(server: proc.Server, backends: int, timeout: float) -> p
     while True:
         current = proc.tree(server.pid)
         settled = (
-            len(current.backends) == backends and not current.others
-            and current.fork_server is not None and current.resource_tracker is not None
+            len(current.backends) == backends
+            and not current.others
+            and current.fork_server is not None
+            and current.resource_tracker is not None
         )
         if settled or time.monotonic() > give_up:
             return current
@@ -104,7 +128,10 @@ async def wait_for_tree(server: proc.Server, backends: int, timeout: float) -> p
 
 
 async def killer(
-    server: proc.Server, kills: int, interval: tuple[float, float], rng: random.Random,
+    server: proc.Server,
+    kills: int,
+    interval: tuple[float, float],
+    rng: random.Random,
     killed: list[tuple[float, int]],
 ) -> None:
     for _ in range(kills):
@@ -134,9 +161,12 @@ async def chaos(args: argparse.Namespace, out: Path, started: list[proc.Server])
     print(f"store: {store} ({args.models} archives + examples)", flush=True)
     proc.generate_store(store, args.models)
     server = proc.Server(
-        store, out / "server.log",
-        "--backend-processes", str(args.backend_processes),
-        "--max-loaded-models", str(args.max_loaded_models),
+        store,
+        out / "server.log",
+        "--backend-processes",
+        str(args.backend_processes),
+        "--max-loaded-models",
+        str(args.max_loaded_models),
     )
     started.append(server)
     server.start()
@@ -169,18 +199,29 @@ async def _run(args: argparse.Namespace, server: proc.Server, rng: random.Random
         restarts_before = (await load.metrics(session, server.url)).get(
             "mmserver_backend_restarts_total", 0.0
         )
-    print(f"before: {before_tree.count} processes, RSS {before.rss_mb:.0f} MiB, "
-          f"PSS {before.pss_mb:.0f} MiB", flush=True)
+    print(
+        f"before: {before_tree.count} processes, RSS {before.rss_mb:.0f} MiB, "
+        f"PSS {before.pss_mb:.0f} MiB",
+        flush=True,
+    )
 
     record = load.Record()
     killed: list[tuple[float, int]] = []
     stop = asyncio.Event()
     started = time.monotonic()
     bound = started + args.kills * (args.interval[1] + 10) + 30
-    load_task = asyncio.ensure_future(load.run_load(
-        server.url, lambda: rng.choice(models), probes, record,
-        concurrency=args.concurrency, until=bound, max_requests=10_000_000, stop=stop,
-    ))
+    load_task = asyncio.ensure_future(
+        load.run_load(
+            server.url,
+            lambda: rng.choice(models),
+            probes,
+            record,
+            concurrency=args.concurrency,
+            until=bound,
+            max_requests=10_000_000,
+            stop=stop,
+        )
+    )
     try:
         await killer(server, args.kills, tuple(args.interval), rng, killed)
         await asyncio.sleep(2.0)  # load goes on a moment after the last kill
@@ -191,8 +232,7 @@ async def _run(args: argparse.Namespace, server: proc.Server, rng: random.Random
 
     counts = record.by_status()
     total = sum(counts.values())
-    print(f"\nchaos: {len(killed)} backend processes killed in {seconds:.1f} s, "
-          f"{total} requests")
+    print(f"\nchaos: {len(killed)} backend processes killed in {seconds:.1f} s, {total} requests")
     for key, count in sorted(counts.items(), key=lambda kv: -kv[1]):
         print(f"  {key:<28} {count:>8}  ({100 * count / max(1, total):.2f} %)")
     failed = {k: v for k, v in counts.items() if k != "200"}
@@ -200,47 +240,70 @@ async def _run(args: argparse.Namespace, server: proc.Server, rng: random.Random
     wrong = sum(1 for o in record.outcomes if o.wrong)
     died = failed.get("500 BackendDied", 0)
     others = {k: v for k, v in failed.items() if k != "500 BackendDied"}
-    checks.append(Check("every request got an HTTP answer", unanswered == 0,
-                        f"{unanswered} without an answer"))
+    checks.append(
+        Check(
+            "every request got an HTTP answer", unanswered == 0, f"{unanswered} without an answer"
+        )
+    )
     for o in [o for o in record.outcomes if o.wrong][:5]:
         print(f"  wrong answer from {o.model}: {o.answer!r}, expected {probes.answers[o.model]!r}")
     checks.append(Check("every 200 is the model's right answer", wrong == 0, f"{wrong} wrong"))
     checks.append(Check("every failure is 500 BackendDied", not others, f"others: {others}"))
-    checks.append(Check(
-        "at most one batch failed per kill", died <= len(killed) * largest_batch,
-        f"{died} BackendDied for {len(killed)} kills, batches of up to {largest_batch}",
-    ))
+    checks.append(
+        Check(
+            "at most one batch failed per kill",
+            died <= len(killed) * largest_batch,
+            f"{died} BackendDied for {len(killed)} kills, batches of up to {largest_batch}",
+        )
+    )
 
     # Recovery.
     after_tree = await wait_for_tree(server, args.backend_processes, 30)
-    checks.append(Check(
-        "process count back to frontend + fork server + resource tracker + backends",
-        after_tree.count == expected_count and len(after_tree.backends) == args.backend_processes,
-        f"{after_tree.count} processes ({len(after_tree.backends)} backends), "
-        f"expected {expected_count}",
-    ))
+    checks.append(
+        Check(
+            "process count back to frontend + fork server + resource tracker + backends",
+            after_tree.count == expected_count
+            and len(after_tree.backends) == args.backend_processes,
+            f"{after_tree.count} processes ({len(after_tree.backends)} backends), "
+            f"expected {expected_count}",
+        )
+    )
     async with aiohttp.ClientSession() as session:
         restarts = (await load.metrics(session, server.url)).get(
             "mmserver_backend_restarts_total", 0.0
         ) - restarts_before
-        checks.append(Check("one backend restart per kill", restarts == len(killed),
-                            f"{restarts:.0f} restarts for {len(killed)} kills"))
+        checks.append(
+            Check(
+                "one backend restart per kill",
+                restarts == len(killed),
+                f"{restarts:.0f} restarts for {len(killed)} kills",
+            )
+        )
         bad: list[str] = []
         for model in models:
             outcome = await load.one(session, server.url, model, probes, 30)
             if outcome.status != 200 or outcome.wrong:
                 bad.append(f"{model}: {outcome.status} {outcome.error}")
-        checks.append(Check("every model answers correctly after the chaos", not bad,
-                            f"{len(models) - len(bad)}/{len(models)} right; {bad[:3]}"))
+        checks.append(
+            Check(
+                "every model answers correctly after the chaos",
+                not bad,
+                f"{len(models) - len(bad)}/{len(models)} right; {bad[:3]}",
+            )
+        )
     after = proc.memory(server.pid)
     ratio = after.rss_mb / before.rss_mb if before.rss_mb else float("inf")
-    print(f"after: {after_tree.count} processes, RSS {after.rss_mb:.0f} MiB, "
-          f"PSS {after.pss_mb:.0f} MiB (RSS x{ratio:.2f} of before)")
-    checks.append(Check(
-        f"RSS back within {100 * args.rss_margin:.0f} % of before",
-        after.rss_mb <= before.rss_mb * (1 + args.rss_margin),
-        f"{before.rss_mb:.0f} MiB before, {after.rss_mb:.0f} MiB after",
-    ))
+    print(
+        f"after: {after_tree.count} processes, RSS {after.rss_mb:.0f} MiB, "
+        f"PSS {after.pss_mb:.0f} MiB (RSS x{ratio:.2f} of before)"
+    )
+    checks.append(
+        Check(
+            f"RSS back within {100 * args.rss_margin:.0f} % of before",
+            after.rss_mb <= before.rss_mb * (1 + args.rss_margin),
+            f"{before.rss_mb:.0f} MiB before, {after.rss_mb:.0f} MiB after",
+        )
+    )
     return checks
 
 

@@ -113,7 +113,9 @@ async def one(
     start = time.monotonic()
     try:
         async with session.post(
-            f"{url}/predictions/{model}", data=probes.body(model), headers=JSON,
+            f"{url}/predictions/{model}",
+            data=probes.body(model),
+            headers=JSON,
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             raw = await response.read()

@@ -38,8 +38,11 @@ class Tree:
 
     @property
     def count(self) -> int:
-        return 1 + len(self.backends) + len(self.others) + sum(
-            1 for p in (self.fork_server, self.resource_tracker) if p is not None
+        return (
+            1
+            + len(self.backends)
+            + len(self.others)
+            + sum(1 for p in (self.fork_server, self.resource_tracker) if p is not None)
         )
 
     @property
@@ -83,7 +86,10 @@ def memory(frontend: int) -> Memory:
     pss = sum(proc_kb(p, "smaps_rollup", "Pss") for p in pids)
     backends = tree(frontend).backends
     return Memory(
-        rss / 1024, pss / 1024, len(pids), proc_kb(frontend, "status", "VmRSS") / 1024,
+        rss / 1024,
+        pss / 1024,
+        len(pids),
+        proc_kb(frontend, "status", "VmRSS") / 1024,
         sum(proc_kb(p, "status", "VmRSS") for p in backends) / 1024,
     )
 
@@ -112,9 +118,23 @@ class Server:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("MMSERVER_PORT", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mmserver", "serve", "--model-store", str(self.store),
-             "--host", HOST, "--port", str(self.port), *self.args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+            [
+                sys.executable,
+                "-m",
+                "mmserver",
+                "serve",
+                "--model-store",
+                str(self.store),
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                *self.args,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
             start_new_session=True,
         )
         give_up = time.monotonic() + ready_timeout
@@ -180,7 +200,13 @@ def interrupt_on_sigterm() -> None:
 def generate_store(out: Path, count: int) -> None:
     """The reference store (``count`` archives and the examples); nothing to do if current."""
     subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "generate_store.py"), "--out", str(out),
-         "--count", str(count)],
+        [
+            sys.executable,
+            str(REPO / "scripts" / "generate_store.py"),
+            "--out",
+            str(out),
+            "--count",
+            str(count),
+        ],
         check=True,
     )

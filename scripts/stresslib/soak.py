@@ -59,22 +59,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/soak", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
-    parser.add_argument("--duration", type=float, default=600.0,
-                        help=f"seconds of load (default 600, at most {MAX_DURATION})")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=600.0,
+        help=f"seconds of load (default 600, at most {MAX_DURATION})",
+    )
     parser.add_argument("--period", type=float, default=60.0, help="seconds per report line")
     parser.add_argument("--count", type=int, default=1000, help="sklearn-N archives in the store")
-    parser.add_argument("--store", type=Path, default=proc.REPO / ".cache" / "soak-store",
-                        help="where the store is generated (kept between runs)")
-    parser.add_argument("--max-loaded-models", type=int, default=300,
-                        help="loaded-model budget of the server (below the working set)")
-    parser.add_argument("--backend-processes", type=int, default=None,
-                        help="backend processes (default: the server's, one per core)")
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=proc.REPO / ".cache" / "soak-store",
+        help="where the store is generated (kept between runs)",
+    )
+    parser.add_argument(
+        "--max-loaded-models",
+        type=int,
+        default=300,
+        help="loaded-model budget of the server (below the working set)",
+    )
+    parser.add_argument(
+        "--backend-processes",
+        type=int,
+        default=None,
+        help="backend processes (default: the server's, one per core)",
+    )
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
-    parser.add_argument("--rss-margin", type=float, default=0.10,
-                        help="allowed RSS change from the second period to the last")
+    parser.add_argument(
+        "--rss-margin",
+        type=float,
+        default=0.10,
+        help="allowed RSS change from the second period to the last",
+    )
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the server log and report.json (default: a temp one)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the server log and report.json (default: a temp one)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.duration <= MAX_DURATION or not 1 <= args.period <= args.duration:
         parser.error(f"need 1 <= --period <= --duration <= {MAX_DURATION}")
@@ -113,14 +137,18 @@ class Mix:
 
 def row(p: Period) -> str:
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(p.errors.items())) or "none"
-    return (f"{p.index:>4} {p.requests:>9} {p.requests / p.seconds:>7.0f} {p.p99_ms:>8.1f} "
-            f"{p.rss_mb:>8.0f} {p.pss_mb:>8.0f} {p.frontend_mb:>6.0f} {p.backends_mb:>6.0f} "
-            f"{p.processes:>5} {p.loaded:>6} {p.loads:>7} "
-            f"{p.unloads:>7} {p.restarts:>4}  {errors}")
+    return (
+        f"{p.index:>4} {p.requests:>9} {p.requests / p.seconds:>7.0f} {p.p99_ms:>8.1f} "
+        f"{p.rss_mb:>8.0f} {p.pss_mb:>8.0f} {p.frontend_mb:>6.0f} {p.backends_mb:>6.0f} "
+        f"{p.processes:>5} {p.loaded:>6} {p.loads:>7} "
+        f"{p.unloads:>7} {p.restarts:>4}  {errors}"
+    )
 
 
-HEADER = ("   #  requests   req/s  p99 ms   RSS MiB  PSS MiB  front backnd procs loaded   loads "
-          "unloads rest  errors")
+HEADER = (
+    "   #  requests   req/s  p99 ms   RSS MiB  PSS MiB  front backnd procs loaded   loads "
+    "unloads rest  errors"
+)
 
 
 async def soak(
@@ -151,8 +179,11 @@ async def soak(
 
 
 async def _run(
-    args: argparse.Namespace, server: proc.Server, rng: random.Random,
-    periods: list[Period], problems: list[str],
+    args: argparse.Namespace,
+    server: proc.Server,
+    rng: random.Random,
+    periods: list[Period],
+    problems: list[str],
 ) -> None:
     names = [f"sklearn-{i}" for i in range(args.count)]
     probes = load.Probes()
@@ -166,10 +197,17 @@ async def _run(
     record = load.Record()
     start = time.monotonic()
     end = start + args.duration
-    load_task = asyncio.ensure_future(load.run_load(
-        server.url, mix, probes, record, concurrency=args.concurrency, until=end,
-        max_requests=1_000_000_000,
-    ))
+    load_task = asyncio.ensure_future(
+        load.run_load(
+            server.url,
+            mix,
+            probes,
+            record,
+            concurrency=args.concurrency,
+            until=end,
+            max_requests=1_000_000_000,
+        )
+    )
     print(HEADER, flush=True)
     previous: dict[str, float] = {}
     async with aiohttp.ClientSession() as session:
@@ -227,9 +265,11 @@ def verdict(periods: list[Period], margin: float) -> list[str]:
     base = periods[1] if len(periods) > 1 else periods[0]
     last = periods[-1]
     change = last.rss_mb / base.rss_mb - 1 if base.rss_mb else float("inf")
-    print(f"memory: RSS {base.rss_mb:.0f} MiB in period {base.index}, {last.rss_mb:.0f} MiB in "
-          f"period {last.index} ({100 * change:+.1f} %); PSS {base.pss_mb:.0f} -> "
-          f"{last.pss_mb:.0f} MiB")
+    print(
+        f"memory: RSS {base.rss_mb:.0f} MiB in period {base.index}, {last.rss_mb:.0f} MiB in "
+        f"period {last.index} ({100 * change:+.1f} %); PSS {base.pss_mb:.0f} -> "
+        f"{last.pss_mb:.0f} MiB"
+    )
     if abs(change) > margin:
         problems.append(
             f"memory not flat: RSS changed {100 * change:+.1f} % from period {base.index} to "

@@ -81,9 +81,21 @@ class ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("MMSERVER_PORT", None)
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mmserver", "serve",
-            "--model-store", str(self.store), "--host", "127.0.0.1", "--port", str(self.port),
-            *self.args, stdout=log, stderr=log, cwd=ROOT, env=env,
+            sys.executable,
+            "-m",
+            "mmserver",
+            "serve",
+            "--model-store",
+            str(self.store),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+            stdout=log,
+            stderr=log,
+            cwd=ROOT,
+            env=env,
             start_new_session=self.new_session,
         )
         await self.wait_ready()

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
 
 #: A model whose load announces itself (writing its process id to a file) and then waits until
 #: its gate file exists: a test holds the load in a backend process for as long as it likes.
-SLOW_LOAD = '''\
+SLOW_LOAD = """\
 import os
 import time
 from pathlib import Path
@@ -45,7 +45,7 @@ def load(model_dir, properties):
 
 def predict(model, batch):
     return [2.0 * float(row[0]) for row in batch]
-'''
+"""
 
 
 def make_slow_load_dir(folder: Path, started: Path, gate: Path) -> Path:
@@ -99,9 +99,10 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
     archive = make_linear_archive(store / "victim.tar.gz")
     make_linear_archive(store / "bystander.tar.gz")
     good = archive.read_bytes()
-    async with ServerProcess(
-        store, tmp_path / "server.log", "--backend-processes", "2"
-    ) as server, aiohttp.ClientSession() as session:
+    async with (
+        ServerProcess(store, tmp_path / "server.log", "--backend-processes", "2") as server,
+        aiohttp.ClientSession() as session,
+    ):
         for name in ("victim", "bystander"):
             status, body, _ = await predict(session, server.url, name, 0.5)
             assert status == 200 and body["predictions"][0] == pytest.approx(2.0, abs=0.05)
@@ -190,9 +191,10 @@ async def test_full_queue_refuses_that_model_only_and_answers_what_it_queued(
     make_gated_dir(
         store / "gated", gate, minWorkers=1, maxWorkers=1, batch_size=1, job_queue_size=2
     )
-    async with ServerProcess(
-        store, tmp_path / "server.log", "--backend-processes", "3"
-    ) as server, aiohttp.ClientSession() as session:
+    async with (
+        ServerProcess(store, tmp_path / "server.log", "--backend-processes", "3") as server,
+        aiohttp.ClientSession() as session,
+    ):
         gate.touch()
         for name in (*others, "gated"):  # loaded, each on its own backend process
             status, _, _ = await predict(session, server.url, name, 0.5)
@@ -208,8 +210,9 @@ async def test_full_queue_refuses_that_model_only_and_answers_what_it_queued(
             return described["requestInQueue"] == queued and len(busy) == 1
 
         await until(lambda: state(0), 10, "gated model running one request")
-        held += [asyncio.ensure_future(predict(session, server.url, "gated", float(i)))
-                 for i in (1, 2)]
+        held += [
+            asyncio.ensure_future(predict(session, server.url, "gated", float(i))) for i in (1, 2)
+        ]
         await until(lambda: state(2), 10, "gated model running one request with two queued")
 
         # Refused at once, on every path, with Retry-After; the other models keep answering.
@@ -250,11 +253,14 @@ async def test_backend_killed_while_loading_a_model_loads_it_again(tmp_path: Pat
     started, gate = tmp_path / "started", tmp_path / "gate"
     make_slow_load_dir(store / "slow-load", started, gate)
     make_linear_archive(store / "sklearn-0.tar.gz")
-    async with ServerProcess(
-        store, tmp_path / "server.log", "--backend-processes", "2"
-    ) as server, aiohttp.ClientSession() as session:
-        waiting = [asyncio.ensure_future(predict(session, server.url, "slow-load", float(i)))
-                   for i in range(5)]
+    async with (
+        ServerProcess(store, tmp_path / "server.log", "--backend-processes", "2") as server,
+        aiohttp.ClientSession() as session,
+    ):
+        waiting = [
+            asyncio.ensure_future(predict(session, server.url, "slow-load", float(i)))
+            for i in range(5)
+        ]
 
         async def loading() -> bool:
             return started.is_file() and started.read_text() != ""
@@ -369,15 +375,21 @@ async def test_sigterm_while_models_are_loading(tmp_path: Path) -> None:
     started, gate = tmp_path / "started", tmp_path / "gate"
     make_slow_load_dir(store / "slow-load", started, gate)
     make_sleeping_dir(store / "slow", 0.05, maxWorkers=1)
-    async with ServerProcess(
-        store, tmp_path / "server.log", "--backend-processes", "2", "--drain-timeout", "10"
-    ) as server, aiohttp.ClientSession() as session:
+    async with (
+        ServerProcess(
+            store, tmp_path / "server.log", "--backend-processes", "2", "--drain-timeout", "10"
+        ) as server,
+        aiohttp.ClientSession() as session,
+    ):
         status, _, _ = await predict(session, server.url, "slow", 1.0)
         assert status == 200
-        waiting = [asyncio.ensure_future(predict(session, server.url, "slow-load", float(i)))
-                   for i in range(10)]
-        running = [asyncio.ensure_future(predict(session, server.url, "slow", float(i)))
-                   for i in range(10)]
+        waiting = [
+            asyncio.ensure_future(predict(session, server.url, "slow-load", float(i)))
+            for i in range(10)
+        ]
+        running = [
+            asyncio.ensure_future(predict(session, server.url, "slow", float(i))) for i in range(10)
+        ]
 
         async def loading() -> bool:
             return started.is_file()
@@ -419,9 +431,12 @@ async def test_churn_under_concurrent_load_keeps_the_server_responsive(tmp_path:
     models = [f"sklearn-{i}" for i in range(40)]
     for name in models[1:]:
         os.link(archive, store / f"{name}.tar.gz")
-    async with ServerProcess(
-        store, tmp_path / "server.log", "--backend-processes", "2", "--max-loaded-models", "20"
-    ) as server, aiohttp.ClientSession() as session:
+    async with (
+        ServerProcess(
+            store, tmp_path / "server.log", "--backend-processes", "2", "--max-loaded-models", "20"
+        ) as server,
+        aiohttp.ClientSession() as session,
+    ):
         loop = asyncio.get_running_loop()
         until_time = loop.time() + 3.0
         statuses: dict[int, int] = {}
@@ -442,7 +457,8 @@ async def test_churn_under_concurrent_load_keeps_the_server_responsive(tmp_path:
         async with session.get(f"{server.url}/metrics") as response:
             text = await response.text()
         evictions = sum(
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
             if line.startswith("mmserver_model_evictions_total{")
         )
         assert evictions > 20  # the load did churn

@@ -88,9 +88,10 @@ async def test_sigterm_under_load_answers_every_accepted_request(
 
             # A new connection after the signal is refused (or answered 503 while draining).
             try:
-                async with aiohttp.ClientSession() as fresh, fresh.post(
-                    f"{server.url}/predictions/sklearn-0", json=[[0.5]]
-                ) as response:
+                async with (
+                    aiohttp.ClientSession() as fresh,
+                    fresh.post(f"{server.url}/predictions/sklearn-0", json=[[0.5]]) as response,
+                ):
                     assert response.status == 503
                     assert (await response.json())["type"] == "WlmShutdownException"
             except aiohttp.ClientConnectionError:

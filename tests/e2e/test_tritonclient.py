@@ -53,20 +53,22 @@ def scenario(url: str) -> None:
     try:
         assert client.is_server_live() and client.is_server_ready()
         assert client.get_server_metadata()["extensions"] == [
-            "binary_tensor_data", "model_repository"
+            "binary_tensor_data",
+            "model_repository",
         ]
         assert not client.is_model_ready("sklearn-1")
 
         # The reference model, binary input and output (tritonclient's default).
-        result = client.infer("sklearn-1", [fp64_input(np.array([[0.5], [1.0]]))],
-                              request_id="r-1")
+        result = client.infer("sklearn-1", [fp64_input(np.array([[0.5], [1.0]]))], request_id="r-1")
         assert result.get_response()["id"] == "r-1"
         assert result.as_numpy("predict") == pytest.approx([2.0, 3.0], abs=0.05)
         assert client.is_model_ready("sklearn-1")
 
         # JSON input and output, on a version path.
         result = client.infer(
-            "sklearn-1", [fp64_input(np.array([[0.5]]), binary=False)], model_version="1",
+            "sklearn-1",
+            [fp64_input(np.array([[0.5]]), binary=False)],
+            model_version="1",
             outputs=[triton.InferRequestedOutput("predict", binary_data=False)],
         )
         assert result.get_response()["outputs"][0]["data"] == pytest.approx([2.0], abs=0.05)
@@ -74,13 +76,19 @@ def scenario(url: str) -> None:
         # A classifier: the metadata, then both outputs, one binary and one JSON.
         metadata = client.get_model_metadata("iris-classifier")
         assert [o["name"] for o in metadata["outputs"]] == [
-            "predict_proba", "predict", "decision_function"
+            "predict_proba",
+            "predict",
+            "decision_function",
         ]
         assert metadata["inputs"] == [{"name": "input-0", "datatype": "FP64", "shape": [-1, 4]}]
-        result = client.infer("iris-classifier", [fp64_input(IRIS)], outputs=[
-            triton.InferRequestedOutput("predict"),
-            triton.InferRequestedOutput("predict_proba", binary_data=False),
-        ])
+        result = client.infer(
+            "iris-classifier",
+            [fp64_input(IRIS)],
+            outputs=[
+                triton.InferRequestedOutput("predict"),
+                triton.InferRequestedOutput("predict_proba", binary_data=False),
+            ],
+        )
         assert result.as_numpy("predict").tolist() == [0, 2]
         probabilities = result.as_numpy("predict_proba")
         assert probabilities.shape == (2, 3) and probabilities.argmax(axis=1).tolist() == [0, 2]
@@ -92,8 +100,9 @@ def scenario(url: str) -> None:
         assert result.as_numpy("predict").tolist() == [b"setosa", b"virginica"]
 
         # gzip-compressed requests are read too.
-        result = client.infer("sklearn-2", [fp64_input(np.array([[0.5]]))],
-                              request_compression_algorithm="gzip")
+        result = client.infer(
+            "sklearn-2", [fp64_input(np.array([[0.5]]))], request_compression_algorithm="gzip"
+        )
         assert result.as_numpy("predict") == pytest.approx([2.0], abs=0.05)
 
         # The model repository.
@@ -111,15 +120,30 @@ def errors(url: str) -> None:
     """Errors reach the user as InferenceServerException with the server's status and message."""
     client = triton.InferenceServerClient(url)
     cases: list[tuple[Callable[[], Any], str, str]] = [
-        (lambda: client.infer("iris-classifier", [fp64_input(IRIS)],
-                              outputs=[triton.InferRequestedOutput("label")]),
-         "400", "the model has no output 'label'; its outputs are predict_proba"),
-        (lambda: client.infer("iris-classifier", [fp64_input(np.array([[1.0, 2.0]]))]),
-         "400", "model iris-classifier expects 4 feature(s) per row, got 2"),
-        (lambda: client.infer("no-such-model", [fp64_input(np.array([[1.0]]))]),
-         "404", "model no-such-model is not in the model store"),
-        (lambda: client.infer("sklearn-1", [fp64_input(np.array([[1.0]]))], model_version="2"),
-         "404", "model sklearn-1 has one version, 1; there is no version '2'"),
+        (
+            lambda: client.infer(
+                "iris-classifier",
+                [fp64_input(IRIS)],
+                outputs=[triton.InferRequestedOutput("label")],
+            ),
+            "400",
+            "the model has no output 'label'; its outputs are predict_proba",
+        ),
+        (
+            lambda: client.infer("iris-classifier", [fp64_input(np.array([[1.0, 2.0]]))]),
+            "400",
+            "model iris-classifier expects 4 feature(s) per row, got 2",
+        ),
+        (
+            lambda: client.infer("no-such-model", [fp64_input(np.array([[1.0]]))]),
+            "404",
+            "model no-such-model is not in the model store",
+        ),
+        (
+            lambda: client.infer("sklearn-1", [fp64_input(np.array([[1.0]]))], model_version="2"),
+            "404",
+            "model sklearn-1 has one version, 1; there is no version '2'",
+        ),
         (lambda: client.get_model_metadata("no-such-model"), "404", "is not in the model store"),
         (lambda: client.load_model("no-such-model"), "404", "is not in the model store"),
     ]

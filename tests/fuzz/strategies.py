@@ -125,9 +125,9 @@ csv_cells = st.one_of(
     st.text(max_size=5),
 )
 
-csv_bodies = st.lists(
-    st.lists(csv_cells, min_size=1, max_size=4), min_size=0, max_size=5
-).map(lambda rows: "\n".join(",".join(cells) for cells in rows))
+csv_bodies = st.lists(st.lists(csv_cells, min_size=1, max_size=4), min_size=0, max_size=5).map(
+    lambda rows: "\n".join(",".join(cells) for cells in rows)
+)
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -85,7 +85,8 @@ def test_csv_bodies(text: str, newline: str, trailing: bool) -> None:
         return
     # Accepted: the same numbers Python's csv and float() read, line by line.
     lines = [
-        r for r in csv.reader(io.StringIO(body.decode("utf-8-sig")))
+        r
+        for r in csv.reader(io.StringIO(body.decode("utf-8-sig")))
         if len(r) > 1 or (r and r[0].strip())
     ]
     assert rows.tolist() == [[float(c) for c in r] for r in lines]
@@ -94,8 +95,13 @@ def test_csv_bodies(text: str, newline: str, trailing: bool) -> None:
 @FAST
 @given(
     hnp.arrays(
-        st.one_of(hnp.integer_dtypes(), hnp.unsigned_integer_dtypes(), hnp.floating_dtypes(),
-                  hnp.boolean_dtypes(), hnp.complex_number_dtypes()),
+        st.one_of(
+            hnp.integer_dtypes(),
+            hnp.unsigned_integer_dtypes(),
+            hnp.floating_dtypes(),
+            hnp.boolean_dtypes(),
+            hnp.complex_number_dtypes(),
+        ),
         hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
     ),
     st.booleans(),
@@ -128,7 +134,9 @@ def test_npy_arrays(array: np.ndarray, fortran: bool) -> None:
     b"\x01\x00",
 )
 def test_npy_headers_that_lie(header: str, data: bytes, version: bytes) -> None:
-    body = npy_with_header(header, data) if version == b"\x01\x00" else (
-        b"\x93NUMPY" + version + npy_with_header(header, data)[8:]
+    body = (
+        npy_with_header(header, data)
+        if version == b"\x01\x00"
+        else (b"\x93NUMPY" + version + npy_with_header(header, data)[8:])
     )
     decoded_or_refused(body, "application/x-npy")

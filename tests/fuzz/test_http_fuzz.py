@@ -35,8 +35,14 @@ DOCUMENTED = {200, 400, 404, 405, 413, 415, 424}
 LIMIT = 4096  # max_request_size of the fuzzed server, so that 413 is reached too
 
 GOOD_NAMES = (
-    "sklearn-0", "sklearn-1.tar.gz", "sklearn-999.tgz", "iris-classifier", "pipeline-scaler",
-    "tuned-linear", "custom-handler", "raising-handler",
+    "sklearn-0",
+    "sklearn-1.tar.gz",
+    "sklearn-999.tgz",
+    "iris-classifier",
+    "pipeline-scaler",
+    "tuned-linear",
+    "custom-handler",
+    "raising-handler",
 )
 #: Models of the session store that must not be called here: one ends its process (the backend
 #: runs in threads of this one), one waits at a gate, one is broken on purpose (500 by design).
@@ -63,7 +69,8 @@ bodies = st.one_of(
     ),
 )
 accepts = st.one_of(
-    st.none(), st.sampled_from(["text/csv", "application/json", "*/*", "text/csv;q=0"]),
+    st.none(),
+    st.sampled_from(["text/csv", "application/json", "*/*", "text/csv;q=0"]),
     header_text,
 )
 paths = st.sampled_from(["predictions", "invoke", "invocations", "endpoint", "query"])
@@ -97,11 +104,18 @@ async def fuzzed(serve: Serve) -> Harness:
 @given(path=paths, name=names, body=bodies, content_type=content_types, accept=accepts)
 @example(path="predictions", name="sklearn-0", body=b"[[0.5]]", content_type=None, accept=None)
 @example(
-    path="invocations", name="sklearn-0", body=b"\x93NUMPY\x01\x00",
-    content_type="application/x-npy", accept=None,
+    path="invocations",
+    name="sklearn-0",
+    body=b"\x93NUMPY\x01\x00",
+    content_type="application/x-npy",
+    accept=None,
 )
 async def test_inference_paths_answer_within_the_documented_set(
-    fuzzed: Harness, path: str, name: str, body: bytes, content_type: str | None,
+    fuzzed: Harness,
+    path: str,
+    name: str,
+    body: bytes,
+    content_type: str | None,
     accept: str | None,
 ) -> None:
     assume(_usable(name))
@@ -119,7 +133,9 @@ async def test_inference_paths_answer_within_the_documented_set(
         assert isinstance(error["type"], str) and error["type"]
         if path != "predictions" and response.status not in (404, 405):  # a SageMaker route
             assert response.headers["x-amzn-ErrorType"] in (
-                "ValidationError", "ModelError", "ServiceUnavailable"
+                "ValidationError",
+                "ModelError",
+                "ServiceUnavailable",
             )
         return
     assert response.content_type in ("application/json", "text/csv")

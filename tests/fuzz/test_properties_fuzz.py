@@ -24,10 +24,23 @@ WHERE = "/store/m/serving.properties"
 DEFAULTS = ModelConfig(max_workers=4)
 
 KNOWN_KEYS = (
-    "minWorkers", "maxWorkers", "cpu.minWorkers", "cpu.maxWorkers", "batch_size", "batchSize",
-    "max_batch_delay", "maxBatchDelay", "max_idle_time", "maxIdleTime", "job_queue_size",
-    "required_memory_mb", "option.predict_timeout", "engine", "option.method",
-    "option.entryPoint", "option.handler",
+    "minWorkers",
+    "maxWorkers",
+    "cpu.minWorkers",
+    "cpu.maxWorkers",
+    "batch_size",
+    "batchSize",
+    "max_batch_delay",
+    "maxBatchDelay",
+    "max_idle_time",
+    "maxIdleTime",
+    "job_queue_size",
+    "required_memory_mb",
+    "option.predict_timeout",
+    "engine",
+    "option.method",
+    "option.entryPoint",
+    "option.handler",
 )
 
 keys = st.one_of(st.sampled_from(KNOWN_KEYS), st.text(max_size=12))
@@ -35,10 +48,27 @@ values = st.one_of(
     st.integers(min_value=-5, max_value=10).map(str),
     st.integers().map(str),
     st.floats().map(repr),
-    st.sampled_from([
-        "", " 3 ", "inf", "-inf", "nan", "1e400", "1" + "0" * 400, "1" * 5000, "0x10", "1_000",
-        "\uff11\uff12", "2.0", "python", "SKLearn", "predict_proba", "fit", *METHODS,
-    ]),
+    st.sampled_from(
+        [
+            "",
+            " 3 ",
+            "inf",
+            "-inf",
+            "nan",
+            "1e400",
+            "1" + "0" * 400,
+            "1" * 5000,
+            "0x10",
+            "1_000",
+            "\uff11\uff12",
+            "2.0",
+            "python",
+            "SKLearn",
+            "predict_proba",
+            "fit",
+            *METHODS,
+        ]
+    ),
     st.text(max_size=12),
 )
 
@@ -57,8 +87,15 @@ def assert_usable(config: ModelConfig) -> None:
     assert config.batch_size >= 1 and config.job_queue_size >= 1
     assert config.max_batch_delay >= 0 and config.max_idle_time >= 0
     assert config.predict_timeout >= 0
-    for name in ("min_workers", "max_workers", "batch_size", "max_batch_delay",
-                 "max_idle_time", "job_queue_size", "predict_timeout"):
+    for name in (
+        "min_workers",
+        "max_workers",
+        "batch_size",
+        "max_batch_delay",
+        "max_idle_time",
+        "job_queue_size",
+        "predict_timeout",
+    ):
         assert _fits_a_float(getattr(config, name)), name
     assert config.batch_delay_s >= 0
     if config.required_memory_mb is not None:
@@ -88,7 +125,8 @@ def test_any_text_parses(text: str) -> None:
 
 plain_keys = st.text(
     st.characters(whitelist_categories=("L", "N"), whitelist_characters="._-"),
-    min_size=1, max_size=12,
+    min_size=1,
+    max_size=12,
 )
 plain_values = st.text(
     st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Zs"), blacklist_characters="\\"),
@@ -137,12 +175,18 @@ def test_any_file(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None
     assert_usable(config)
 
 
-
-
 @FAST
 @given(
-    st.sampled_from(["max_batch_delay", "max_idle_time", "batch_size", "job_queue_size",
-                     "min_workers", "max_workers"]),
+    st.sampled_from(
+        [
+            "max_batch_delay",
+            "max_idle_time",
+            "batch_size",
+            "job_queue_size",
+            "min_workers",
+            "max_workers",
+        ]
+    ),
     st.one_of(st.integers(), st.sampled_from(["1" + "0" * 400, "1" * 4000, "x", "", "-0"])),
 )
 def test_global_model_defaults(option: str, value: int | str) -> None:

@@ -39,7 +39,8 @@ def decoded_or_refused(body: bytes, header_length: str | None) -> InferRequest |
 
 
 header_lengths = st.one_of(
-    st.none(), st.integers(min_value=0, max_value=400).map(str),
+    st.none(),
+    st.integers(min_value=0, max_value=400).map(str),
     st.sampled_from(["", "-1", " 12", "1e3", "\uff10", "99999999999999999999"]),
 )
 shapes = st.lists(st.integers(min_value=-1, max_value=4), max_size=3)
@@ -58,8 +59,11 @@ def tensors(draw: st.DrawFn) -> tuple[dict[str, Any], bytes]:
     """An input tensor, well formed or not, and the binary data it brings (if any)."""
     shape = draw(shapes)
     datatype = draw(datatypes)
-    tensor: dict[str, Any] = {"name": draw(st.sampled_from(["x", "y", "z"])), "shape": shape,
-                              "datatype": datatype}
+    tensor: dict[str, Any] = {
+        "name": draw(st.sampled_from(["x", "y", "z"])),
+        "shape": shape,
+        "datatype": datatype,
+    }
     if draw(st.booleans()):
         tensor["data"] = draw(tensor_data)
         return tensor, b""
@@ -77,15 +81,21 @@ def requests(draw: st.DrawFn) -> tuple[bytes, str | None]:
     drawn = draw(st.lists(tensors(), min_size=0, max_size=3))
     header: dict[str, Any] = {"inputs": [t for t, _ in drawn]}
     if draw(st.booleans()):
-        header["outputs"] = draw(st.lists(
-            st.fixed_dictionaries(
-                {"name": st.sampled_from([*OUTPUTS, "label"])},
-                optional={"parameters": st.dictionaries(
-                    st.sampled_from(["binary_data", "classification"]), json_values, max_size=2
-                )},
-            ),
-            max_size=3,
-        ))
+        header["outputs"] = draw(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"name": st.sampled_from([*OUTPUTS, "label"])},
+                    optional={
+                        "parameters": st.dictionaries(
+                            st.sampled_from(["binary_data", "classification"]),
+                            json_values,
+                            max_size=2,
+                        )
+                    },
+                ),
+                max_size=3,
+            )
+        )
     if draw(st.booleans()):
         header["parameters"] = {"binary_data_output": draw(st.one_of(st.booleans(), json_values))}
     if draw(st.booleans()):
@@ -113,8 +123,11 @@ def test_perturbed_requests(request: tuple[bytes, str | None]) -> None:
 
 
 @FAST
-@given(st.lists(st.lists(st.floats(-1e6, 1e6), min_size=3, max_size=3), min_size=1, max_size=5),
-       st.sampled_from(["FP64", "FP32", "INT64"]), st.booleans())
+@given(
+    st.lists(st.lists(st.floats(-1e6, 1e6), min_size=3, max_size=3), min_size=1, max_size=5),
+    st.sampled_from(["FP64", "FP32", "INT64"]),
+    st.booleans(),
+)
 def test_well_formed_requests_decode_to_their_values(
     rows: list[list[float]], datatype: str, binary: bool
 ) -> None:

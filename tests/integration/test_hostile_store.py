@@ -91,9 +91,7 @@ async def test_error_texts_are_bounded_and_member_names_shortened(
     await _ok(harness)
 
 
-async def test_worker_counts_are_capped_with_a_clear_refusal(
-    serve: Serve, tmp_path: Path
-) -> None:
+async def test_worker_counts_are_capped_with_a_clear_refusal(serve: Serve, tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
     make_linear_archive(store / "sklearn-1.tar.gz")

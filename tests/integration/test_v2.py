@@ -18,8 +18,10 @@ X = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
 def infer_body(
     values: Any, shape: list[int], datatype: str = "FP64", **extra: Any
 ) -> dict[str, Any]:
-    return {"inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": values}],
-            **extra}
+    return {
+        "inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": values}],
+        **extra,
+    }
 
 
 async def v2_error(response: ClientResponse, status: int) -> str:
@@ -69,7 +71,8 @@ async def test_model_ready_follows_the_model_s_status(server: Harness) -> None:
 async def test_server_and_model_metadata(server: Harness) -> None:
     response = await server.client.get("/v2")
     assert await response.json() == {
-        "name": "mmserver", "version": "0.1.0",
+        "name": "mmserver",
+        "version": "0.1.0",
         "extensions": ["binary_tensor_data", "model_repository"],
     }
     response = await server.client.get("/v2/models/iris-classifier/versions/1")
@@ -92,14 +95,15 @@ async def test_infer_with_json_tensors_answers_as_the_djl_path(server: Harness) 
     djl = await server.post("/predictions/pipeline-scaler", "[[1, 1, 1], [1, 0, 0]]")
     expected = (await djl.json())["predictions"]
     body = infer_body([1, 1, 1, 1, 0, 0], [2, 3], "INT32", id="req-7")
-    for path in ("/v2/models/pipeline-scaler/infer",
-                 "/v2/models/pipeline-scaler/versions/1/infer"):
+    for path in ("/v2/models/pipeline-scaler/infer", "/v2/models/pipeline-scaler/versions/1/infer"):
         response = await server.client.post(path, json=body)
         assert response.status == 200
         assert response.headers["Content-Type"] == "application/json"
         assert "Inference-Header-Content-Length" not in response.headers
         assert await response.json() == {
-            "model_name": "pipeline-scaler", "model_version": "1", "id": "req-7",
+            "model_name": "pipeline-scaler",
+            "model_version": "1",
+            "id": "req-7",
             "outputs": [{"name": "predict", "datatype": "FP64", "shape": [2], "data": expected}],
         }
 
@@ -117,13 +121,23 @@ async def test_a_classifier_answers_the_outputs_asked_for(server: Harness) -> No
 
 async def test_binary_tensors_in_and_out(server: Harness) -> None:
     x = np.array(X, dtype=np.float32)
-    header = json.dumps({
-        "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes}}],
-        "parameters": {"binary_data_output": True},
-    }).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [2, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
     response = await server.post(
-        "/v2/models/iris-classifier/infer", header + x.tobytes(), "application/octet-stream",
+        "/v2/models/iris-classifier/infer",
+        header + x.tobytes(),
+        "application/octet-stream",
         **{"Inference-Header-Content-Length": str(len(header))},
     )
     assert response.status == 200
@@ -131,8 +145,14 @@ async def test_binary_tensors_in_and_out(server: Harness) -> None:
     length = int(response.headers["Inference-Header-Content-Length"])
     raw = await response.read()
     answer = json.loads(raw[:length])
-    assert answer["outputs"] == [{"name": "predict_proba", "datatype": "FP64", "shape": [2, 3],
-                                  "parameters": {"binary_data_size": 48}}]
+    assert answer["outputs"] == [
+        {
+            "name": "predict_proba",
+            "datatype": "FP64",
+            "shape": [2, 3],
+            "parameters": {"binary_data_size": 48},
+        }
+    ]
     probabilities = np.frombuffer(raw[length:], "<f8").reshape(2, 3)
     assert probabilities.argmax(axis=1).tolist() == [0, 2]
 
@@ -142,12 +162,21 @@ async def test_binary_tensors_in_and_out(server: Harness) -> None:
     [
         (infer_body(X, [2, 4], "BYTES"), {}, "has datatype BYTES; the model takes numbers"),
         (infer_body(X, [4, 4]), {}, "has shape [4, 4], 16 value(s), but its data has 8"),
-        (infer_body(X, [2, 4], outputs=[{"name": "label"}]), {},
-         "the model has no output 'label'; its outputs are predict_proba, predict"),
-        (infer_body([[1.0, 2.0]], [1, 2]), {},
-         "model iris-classifier expects 4 feature(s) per row, got 2"),
-        (infer_body(X, [2, 4]), {"Inference-Header-Content-Length": "100000"},
-         "Inference-Header-Content-Length is 100000 but the body has only"),
+        (
+            infer_body(X, [2, 4], outputs=[{"name": "label"}]),
+            {},
+            "the model has no output 'label'; its outputs are predict_proba, predict",
+        ),
+        (
+            infer_body([[1.0, 2.0]], [1, 2]),
+            {},
+            "model iris-classifier expects 4 feature(s) per row, got 2",
+        ),
+        (
+            infer_body(X, [2, 4]),
+            {"Inference-Header-Content-Length": "100000"},
+            "Inference-Header-Content-Length is 100000 but the body has only",
+        ),
         ("{not json", {}, "the body must be the JSON inference request; it is not valid JSON"),
     ],
 )
@@ -178,8 +207,9 @@ async def test_unknown_models_versions_and_paths(server: Harness) -> None:
 
 async def test_v2_requests_share_the_queue_batches_and_metrics(server: Harness) -> None:
     for values in ([0.5], [1.0]):
-        response = await server.client.post("/v2/models/sklearn-2/infer",
-                                            json=infer_body(values, [1]))
+        response = await server.client.post(
+            "/v2/models/sklearn-2/infer", json=infer_body(values, [1])
+        )
         assert response.status == 200
     assert (await server.post("/predictions/sklearn-2", "[[0.5]]")).status == 200
     samples = await server.samples()
@@ -193,8 +223,12 @@ async def test_repository_index_load_and_unload(server: Harness) -> None:
     response = await client.post("/v2/repository/index")
     index = {m["name"]: m for m in await response.json()}
     assert len(index) > 1000
-    assert index["sklearn-9"] == {"name": "sklearn-9", "version": "1", "state": "UNAVAILABLE",
-                                  "reason": "not loaded"}
+    assert index["sklearn-9"] == {
+        "name": "sklearn-9",
+        "version": "1",
+        "state": "UNAVAILABLE",
+        "reason": "not loaded",
+    }
     response = await client.post("/v2/repository/models/sklearn-9/load")
     assert response.status == 200
     assert server.wlm.status("sklearn-9").value == "READY"
@@ -202,8 +236,9 @@ async def test_repository_index_load_and_unload(server: Harness) -> None:
     assert await response.json() == [
         {"name": "sklearn-9", "version": "1", "state": "READY", "reason": ""}
     ]
-    response = await client.post("/v2/repository/models/sklearn-9/unload",
-                                 json={"parameters": {"unload_dependents": False}})
+    response = await client.post(
+        "/v2/repository/models/sklearn-9/unload", json={"parameters": {"unload_dependents": False}}
+    )
     assert response.status == 200
     await wait_until(lambda: server.wlm.status("sklearn-9").value == "UNLOADED")
     # Unloading a model of the store that is not loaded leaves it as it is.
@@ -214,8 +249,9 @@ async def test_repository_index_load_and_unload(server: Harness) -> None:
     assert "is not in the model store" in await v2_error(
         await client.post("/v2/repository/models/no-such-model/load"), 404
     )
-    response = await client.post("/v2/repository/models/sklearn-9/load",
-                                 json={"parameters": {"config": "{}"}})
+    response = await client.post(
+        "/v2/repository/models/sklearn-9/load", json={"parameters": {"config": "{}"}}
+    )
     assert "load parameter 'config' is not supported" in await v2_error(response, 400)
     response = await client.post("/v2/repository/models/broken-model/load")
     assert "model broken-model failed to load" in await v2_error(response, 500)

@@ -38,7 +38,9 @@ async def running(store: Path, **options: Any) -> AsyncIterator[WorkLoadManager]
     room_wait = options.pop("room_wait_seconds", 5.0)
     config = ServerConfig(model_store=str(store), **options)
     wlm = WorkLoadManager(
-        config, ModelStore(config.store_path, config.cache_path, 2**30), Metrics(),
+        config,
+        ModelStore(config.store_path, config.cache_path, 2**30),
+        Metrics(),
         room_wait_seconds=room_wait,
     )
     await wlm.start()
@@ -92,8 +94,7 @@ async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_pat
         gate.unlink()
         pool = wlm.pool("slow")
         assert pool is not None and len(pool.workers) == 1
-        tasks = [asyncio.ensure_future(wlm.infer("slow", rows([[float(i)]])))
-                 for i in range(12)]
+        tasks = [asyncio.ensure_future(wlm.infer("slow", rows([[float(i)]]))) for i in range(12)]
         await asyncio.sleep(0)  # every request is queued in this turn
         assert len(pool.workers) == 3
         await wait_until(lambda: pool.running == 3)
@@ -125,8 +126,9 @@ async def test_batching_merges_concurrent_requests_into_one_call(
     async with running(store, backend_processes=0) as wlm:
         await wlm.infer("batched", X)  # loads; a batch of one after the delay
         log.unlink()
-        inputs = [[[float(i)], [float(i) + 0.5]] for i in range(4)] + [[[float(10 + i)]]
-                                                                       for i in range(4)]
+        inputs = [[[float(i)], [float(i) + 0.5]] for i in range(4)] + [
+            [[float(10 + i)]] for i in range(4)
+        ]
         results = await asyncio.gather(*(wlm.infer("batched", rows(x)) for x in inputs))
         assert log.read_text().split() == ["12"]  # 8 requests, 12 rows, one predict call
         for x, result in zip(inputs, results, strict=True):
@@ -144,8 +146,9 @@ async def test_max_loaded_models_is_kept_with_100_models_in_turn(store: Path) ->
                 assert len(wlm.loaded) <= 20
         assert len(wlm.loaded) == 20
         assert wlm.loaded == [f"sklearn-{i}" for i in range(80, 100)]  # most recent, in order
-        evictions = sum(sample(wlm, "mmserver_model_evictions_total", model=f"sklearn-{i}")
-                        for i in range(100))
+        evictions = sum(
+            sample(wlm, "mmserver_model_evictions_total", model=f"sklearn-{i}") for i in range(100)
+        )
         assert evictions == 180
 
 
@@ -159,8 +162,9 @@ async def test_concurrent_loads_past_the_limit_all_answer(store: Path) -> None:
 async def test_a_model_under_load_is_never_evicted(store: Path, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     make_gated_dir(store / "busy", gate)
-    async with running(store, backend_processes=0, max_loaded_models=2,
-                       room_wait_seconds=0.2) as wlm:
+    async with running(
+        store, backend_processes=0, max_loaded_models=2, room_wait_seconds=0.2
+    ) as wlm:
         running_request = asyncio.ensure_future(wlm.infer("busy", X))
         await wait_until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
         await wlm.infer("sklearn-1", X)
@@ -181,8 +185,9 @@ async def test_a_model_under_load_is_never_evicted(store: Path, tmp_path: Path) 
 async def test_nothing_evictable_answers_503(store: Path, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     make_gated_dir(store / "busy", gate)
-    async with running(store, backend_processes=0, max_loaded_models=1,
-                       room_wait_seconds=0.1) as wlm:
+    async with running(
+        store, backend_processes=0, max_loaded_models=1, room_wait_seconds=0.1
+    ) as wlm:
         held = asyncio.ensure_future(wlm.infer("busy", X))
         await wait_until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
         with pytest.raises(errors.NoCapacity) as info:
@@ -342,8 +347,9 @@ async def test_stop_answers_every_accepted_request(store: Path, tmp_path: Path) 
     make_recording_dir(store / "steady", log, maxWorkers=2)
     async with running(store, backend_processes=2) as wlm:
         await wlm.infer("steady", X)
-        accepted = [asyncio.ensure_future(wlm.infer("steady", rows([[float(i)]])))
-                    for i in range(300)]
+        accepted = [
+            asyncio.ensure_future(wlm.infer("steady", rows([[float(i)]]))) for i in range(300)
+        ]
         await asyncio.sleep(0)
         await wlm.stop(10.0)
         results = await asyncio.gather(*accepted, return_exceptions=True)

@@ -15,11 +15,11 @@ from mmserver.v2codec import v2_request
 from tests.models import outputs, rows
 
 
-def job(values: list[list[float]], enqueued_at: float = 0.0, deadline: float = 1e9,
-        gone: bool = False) -> Job:
+def job(
+    values: list[list[float]], enqueued_at: float = 0.0, deadline: float = 1e9, gone: bool = False
+) -> Job:
     future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    return Job(rows(values), future, enqueued_at, deadline,
-               (lambda: True) if gone else None)
+    return Job(rows(values), future, enqueued_at, deadline, (lambda: True) if gone else None)
 
 
 async def test_full_queue_refuses_at_once() -> None:
@@ -120,7 +120,9 @@ def test_a_bad_request_is_answered_alone_and_its_batch_goes_on() -> None:
             rows([[1.0, 2.0, 3.0]]),
             make_request(b"3,4\n", "text/csv", "text/csv"),
         ],
-        predict, 2, "pair",
+        predict,
+        2,
+        "pair",
     )
     assert outputs(answers[0]) == [3.0]
     assert answers[1][0] == "InvalidInput" and "not valid JSON" in answers[1][1]
@@ -156,8 +158,14 @@ async def test_split_refuses_a_wrong_number_of_outputs() -> None:
 def v2(values: list[list[float]], outputs: list[str] | None = None, id_: str = "") -> Request:
     request: dict[str, object] = {
         "id": id_,
-        "inputs": [{"name": "x", "shape": [len(values), len(values[0])], "datatype": "FP64",
-                    "data": values}],
+        "inputs": [
+            {
+                "name": "x",
+                "shape": [len(values), len(values[0])],
+                "datatype": "FP64",
+                "data": values,
+            }
+        ],
     }
     if outputs is not None:
         request["outputs"] = [{"name": name} for name in outputs]
@@ -184,13 +192,19 @@ def test_v2_requests_share_a_call_per_output_and_get_theirs_back() -> None:
             v2([[5.0]], ["nope"]),
             v2([[6.0, 7.0]]),
         ],
-        predict, 1, "m", ("predict", "double"),
+        predict,
+        1,
+        "m",
+        ("predict", "double"),
     )
-    assert sorted(calls, key=str) == sorted([
-        (None, [[2.0]]),  # the DJL request: a call of its own
-        (None, [[1.0], [3.0], [4.0]]),
-        ("double", [[3.0], [4.0]]),
-    ], key=str)
+    assert sorted(calls, key=str) == sorted(
+        [
+            (None, [[2.0]]),  # the DJL request: a call of its own
+            (None, [[1.0], [3.0], [4.0]]),
+            ("double", [[3.0], [4.0]]),
+        ],
+        key=str,
+    )
     assert json.loads(answers[0])["id"] == "a" and v2_outputs(answers[0]) == {"predict": [10.0]}
     assert outputs(answers[1]) == [20.0]
     assert v2_outputs(answers[2]) == {"double": [300.0, 400.0], "predict": [30.0, 40.0]}

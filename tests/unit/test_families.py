@@ -29,8 +29,11 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
     booster = tree_models.xgboost_booster()
     out = {
-        "json": root / "json", "ubj": root / "ubj", "sagemaker": root / "sagemaker",
-        "lightgbm": root / "lightgbm", "mixed": root / "mixed",
+        "json": root / "json",
+        "ubj": root / "ubj",
+        "sagemaker": root / "sagemaker",
+        "lightgbm": root / "lightgbm",
+        "mixed": root / "mixed",
     }
     for kind in ("json", "ubj", "sagemaker"):
         tree_models.write_xgboost(out[kind], booster, kind)
@@ -87,8 +90,9 @@ def test_bad_model_files_say_what_is_wrong(tmp_path: Path, folders: dict[str, Pa
     with pytest.raises(
         ModelLoadError, match=r"notes\.txt cannot be loaded as a lightgbm model: LightGBMError"
     ):
-        load_predictor(folders["mixed"], config_for({"option.model_file": "notes.txt",
-                                                     "engine": "LightGBM"}))
+        load_predictor(
+            folders["mixed"], config_for({"option.model_file": "notes.txt", "engine": "LightGBM"})
+        )
     with pytest.raises(
         ModelLoadError, match=r"has no predict_proba; option\.method must be one of: predict"
     ):

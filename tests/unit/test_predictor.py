@@ -445,7 +445,8 @@ def test_a_classifier_names_its_methods_as_outputs(tmp_path: Path) -> None:
 def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Path) -> None:
     linear = load_predictor(make_linear_model(tmp_path / "lin"), DEFAULTS)
     assert signature(linear) == {
-        "platform": "sklearn", "n_features": 1,
+        "platform": "sklearn",
+        "n_features": 1,
         "outputs": [{"name": "predict", "dtype": "<f8", "shape": [-1]}],
     }
     pipeline = load_predictor(make_pipeline_dir(tmp_path / "pipe"), DEFAULTS)
@@ -453,7 +454,8 @@ def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Pat
     custom = load_predictor(make_custom_handler_dir(tmp_path / "custom"), DEFAULTS)
     assert custom.outputs == ("predict",)
     assert signature(custom) == {
-        "platform": "python", "n_features": 1,
+        "platform": "python",
+        "n_features": 1,
         "outputs": [{"name": "predict", "dtype": None, "shape": None}],
     }
 
@@ -471,14 +473,26 @@ def _forest_cases() -> list[tuple[str, Any, str]]:
     y = X[:, 0] * 3 + np.sin(X[:, 1]) - X[:, 2] * X[:, 3]
     labels = np.array(["low", "mid", "high"])[np.digitize(y, [-1.0, 1.0])]
     return [
-        ("RandomForestRegressor", e.RandomForestRegressor(25, max_depth=9, random_state=0)
-         .fit(X, y), "predict"),
-        ("ExtraTreesRegressor, unbounded depth", e.ExtraTreesRegressor(15, random_state=0)
-         .fit(X, y), "predict"),
-        ("RandomForestClassifier, labels", e.RandomForestClassifier(20, random_state=0)
-         .fit(X, labels), "predict"),
-        ("ExtraTreesClassifier, probabilities", e.ExtraTreesClassifier(20, random_state=0)
-         .fit(X, labels), "predict_proba"),
+        (
+            "RandomForestRegressor",
+            e.RandomForestRegressor(25, max_depth=9, random_state=0).fit(X, y),
+            "predict",
+        ),
+        (
+            "ExtraTreesRegressor, unbounded depth",
+            e.ExtraTreesRegressor(15, random_state=0).fit(X, y),
+            "predict",
+        ),
+        (
+            "RandomForestClassifier, labels",
+            e.RandomForestClassifier(20, random_state=0).fit(X, labels),
+            "predict",
+        ),
+        (
+            "ExtraTreesClassifier, probabilities",
+            e.ExtraTreesClassifier(20, random_state=0).fit(X, labels),
+            "predict_proba",
+        ),
     ]
 
 
@@ -502,9 +516,14 @@ def test_the_forest_walk_answers_bit_for_bit_as_the_forest(case: tuple[str, Any,
         assert got.tolist() == model.predict(batch).tolist()
     else:
         assert np.array_equal(got, getattr(model, method)(batch))
-    assert np.array_equal(np.asarray(scores(batch[:1])).ravel(),
-                          np.asarray(model.predict_proba(batch[:1]) if hasattr(model, "classes_")
-                                     else model.predict(batch[:1])).ravel())
+    assert np.array_equal(
+        np.asarray(scores(batch[:1])).ravel(),
+        np.asarray(
+            model.predict_proba(batch[:1])
+            if hasattr(model, "classes_")
+            else model.predict(batch[:1])
+        ).ravel(),
+    )
     predictor = EstimatorPredictor(model, method, "m")
     assert "numpy" in predictor.plan.describe()["measuredMillis"]
     assert np.array_equal(predictor.predict(batch), getattr(model, method)(batch))

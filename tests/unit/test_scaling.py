@@ -10,11 +10,11 @@ from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, wor
 @pytest.mark.parametrize(
     ("workers", "queued", "min_w", "max_w", "batch", "expected"),
     [
-        (0, 1, 0, 4, 1, True),    # scale-to-zero: the first request starts a worker
-        (0, 0, 0, 4, 1, True),    # no worker at all: always add one
-        (1, 1, 1, 4, 1, False),   # queue not past 2 x batch
-        (1, 2, 1, 4, 1, False),   # exactly 2 x batch: not past it
-        (1, 3, 1, 4, 1, True),    # past 2 x batch
+        (0, 1, 0, 4, 1, True),  # scale-to-zero: the first request starts a worker
+        (0, 0, 0, 4, 1, True),  # no worker at all: always add one
+        (1, 1, 1, 4, 1, False),  # queue not past 2 x batch
+        (1, 2, 1, 4, 1, False),  # exactly 2 x batch: not past it
+        (1, 3, 1, 4, 1, True),  # past 2 x batch
         (3, 3, 1, 4, 1, True),
         (4, 100, 1, 4, 1, False),  # at maxWorkers: never more
         (5, 100, 1, 4, 1, False),  # above (rescaled down): never more
@@ -32,12 +32,12 @@ def test_add_worker_table(
 @pytest.mark.parametrize(
     ("workers", "min_w", "max_w", "idle", "max_idle", "expected"),
     [
-        (2, 1, 4, 60.0, 60, True),   # above min, idle long enough
+        (2, 1, 4, 60.0, 60, True),  # above min, idle long enough
         (2, 1, 4, 59.9, 60, False),  # not idle long enough
-        (1, 1, 4, 1e9, 60, False),   # at min: stays
-        (1, 0, 4, 60.0, 60, True),   # scale-to-zero: the last worker goes too
+        (1, 1, 4, 1e9, 60, False),  # at min: stays
+        (1, 0, 4, 60.0, 60, True),  # scale-to-zero: the last worker goes too
         (0, 0, 4, 60.0, 60, False),
-        (5, 1, 4, 0.0, 60, True),    # above a lowered max: goes at once
+        (5, 1, 4, 0.0, 60, True),  # above a lowered max: goes at once
     ],
 )
 def test_retire_table(

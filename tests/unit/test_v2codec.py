@@ -37,8 +37,12 @@ def binary_request(
     """A body with every input as binary data, as tritonclient sends it, and its kind."""
     header = {
         "inputs": [
-            {"name": n, "shape": list(a.shape), "datatype": d,
-             "parameters": {"binary_data_size": a.nbytes}}
+            {
+                "name": n,
+                "shape": list(a.shape),
+                "datatype": d,
+                "parameters": {"binary_data_size": a.nbytes},
+            }
             for n, a, d in inputs
         ],
         **(extra or {}),
@@ -66,11 +70,15 @@ def test_json_tensors_flat_or_nested_are_rows() -> None:
 
 
 def test_one_dimensional_inputs_are_columns_side_by_side() -> None:
-    request = decode({"inputs": [
-        tensor([1, 2], [2], "INT32", "a"),
-        tensor([[10, 11], [20, 21]], [2, 2], "FP32", "b"),
-        tensor([True, False], [2], "BOOL", "c"),
-    ]})
+    request = decode(
+        {
+            "inputs": [
+                tensor([1, 2], [2], "INT32", "a"),
+                tensor([[10, 11], [20, 21]], [2, 2], "FP32", "b"),
+                tensor([True, False], [2], "BOOL", "c"),
+            ]
+        }
+    )
     assert request.rows.tolist() == [[1, 10, 11, 1], [2, 20, 21, 0]]
 
 
@@ -84,9 +92,13 @@ def test_binary_tensors_follow_the_json_header() -> None:
     flags = np.array([True, False])
     body, kind = binary_request(
         [("x", x, "FP32"), ("f", flags, "BOOL")],
-        {"parameters": {"binary_data_output": True}, "outputs": [
-            {"name": "predict", "parameters": {"binary_data": False}}, {"name": "predict_proba"}
-        ]},
+        {
+            "parameters": {"binary_data_output": True},
+            "outputs": [
+                {"name": "predict", "parameters": {"binary_data": False}},
+                {"name": "predict_proba"},
+            ],
+        },
     )
     assert is_v2(kind) and kind.startswith("v2:")
     request = decode_v2(body, kind, OUTPUTS)
@@ -97,42 +109,66 @@ def test_binary_tensors_follow_the_json_header() -> None:
 @pytest.mark.parametrize(
     ("request_", "expected"),
     [
-        ({"inputs": [tensor([1, 2, 3], [2, 2])]},
-         "has shape [2, 2], 4 value(s), but its data has 3"),
+        (
+            {"inputs": [tensor([1, 2, 3], [2, 2])]},
+            "has shape [2, 2], 4 value(s), but its data has 3",
+        ),
         ({"inputs": [tensor([1], [1], "BYTES")]}, "has datatype BYTES; the model takes numbers"),
         ({"inputs": [tensor([1], [1], "FLOAT")]}, "datatype 'FLOAT'; expected one of BOOL"),
         ({"inputs": [tensor([1.5], [1], "INT64")]}, "is INT64; its data must be integers from"),
-        ({"inputs": [tensor([300], [1], "UINT8")]},
-         "is UINT8; its data must be integers from 0 to 255"),
+        (
+            {"inputs": [tensor([300], [1], "UINT8")]},
+            "is UINT8; its data must be integers from 0 to 255",
+        ),
         ({"inputs": [tensor([1], [1], "BOOL")]}, "is BOOL; its data must be true or false"),
         ({"inputs": [tensor(["a"], [1])]}, "value 'a' is not a number; datatype FP64"),
         ({"inputs": [tensor([[1, 2], [3]], [3])]}, "not a regular array"),
-        ({"inputs": [tensor([-1, 2**63], [2], "INT64")]},
-         "must be integers from -9223372036854775808"),
+        (
+            {"inputs": [tensor([-1, 2**63], [2], "INT64")]},
+            "must be integers from -9223372036854775808",
+        ),
         ({"inputs": [tensor([2**64], [1])]}, "an integer is beyond 64 bits; datatype FP64"),
         ({"inputs": [tensor([1], [1, 1, 1])]}, "expected [rows] (one feature) or [rows, features]"),
-        ({"inputs": [tensor([1, 2], [2], name="a"), tensor([1], [1], name="b")]},
-         "'a' has 2, 'b' has 1"),
+        (
+            {"inputs": [tensor([1, 2], [2], name="a"), tensor([1], [1], name="b")]},
+            "'a' has 2, 'b' has 1",
+        ),
         ({"inputs": [tensor([1], [1]), tensor([2], [1])]}, "two inputs are named 'x'"),
         ({"inputs": [tensor([], [0, 2])]}, "the inputs hold no values"),
         ({"inputs": []}, "needs 'inputs', a non-empty list of tensors"),
-        ({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP64", "data": [1]}]},
-         "needs 'shape', a list of non-negative integers"),
+        (
+            {"inputs": [{"name": "x", "shape": [-1], "datatype": "FP64", "data": [1]}]},
+            "needs 'shape', a list of non-negative integers",
+        ),
         ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP64"}]}, "has no 'data'"),
-        ({"inputs": [{"name": "x", "shape": [1], "datatype": ["FP64"], "data": [1]}]},
-         "expected one of BOOL"),
-        ({"inputs": [tensor([1], [1])], "outputs": [{"name": "score"}]},
-         "the model has no output 'score'; its outputs are predict_proba, predict"),
-        ({"inputs": [tensor([1], [1])], "outputs": [{"name": "predict"}, {"name": "predict"}]},
-         "output 'predict' is asked for twice"),
-        ({"inputs": [tensor([1], [1])],
-          "outputs": [{"name": "predict", "parameters": {"classification": 2}}]},
-         "the classification extension is not supported"),
-        ({"inputs": [tensor([1], [1])], "parameters": {"binary_data_output": "yes"}},
-         "parameter binary_data_output is 'yes'; expected true or false"),
+        (
+            {"inputs": [{"name": "x", "shape": [1], "datatype": ["FP64"], "data": [1]}]},
+            "expected one of BOOL",
+        ),
+        (
+            {"inputs": [tensor([1], [1])], "outputs": [{"name": "score"}]},
+            "the model has no output 'score'; its outputs are predict_proba, predict",
+        ),
+        (
+            {"inputs": [tensor([1], [1])], "outputs": [{"name": "predict"}, {"name": "predict"}]},
+            "output 'predict' is asked for twice",
+        ),
+        (
+            {
+                "inputs": [tensor([1], [1])],
+                "outputs": [{"name": "predict", "parameters": {"classification": 2}}],
+            },
+            "the classification extension is not supported",
+        ),
+        (
+            {"inputs": [tensor([1], [1])], "parameters": {"binary_data_output": "yes"}},
+            "parameter binary_data_output is 'yes'; expected true or false",
+        ),
         ({"inputs": [tensor([1], [1])], "id": 7}, "'id' is a JSON number; expected a string"),
-        ({"inputs": [{**tensor([1], [1]), "parameters": {"shared_memory_region": "r"}}]},
-         "the shared memory extension is not supported"),
+        (
+            {"inputs": [{**tensor([1], [1]), "parameters": {"shared_memory_region": "r"}}]},
+            "the shared memory extension is not supported",
+        ),
     ],
 )
 def test_bad_requests_say_what_is_wrong(request_: dict[str, Any], expected: str) -> None:
@@ -183,18 +219,26 @@ def test_json_answers_carry_name_version_id_and_tensors() -> None:
     request = InferRequest("r1", np.zeros((2, 1)), ["predict", "predict_proba"], [False, False])
     answer = encode_v2(
         request,
-        {"predict": np.array(["setosa", "virginica"]),
-         "predict_proba": np.array([[0.25, float("nan")], [1.0, 0.0]])},
+        {
+            "predict": np.array(["setosa", "virginica"]),
+            "predict_proba": np.array([[0.25, float("nan")], [1.0, 0.0]]),
+        },
         "iris",
     )
     body, header_length = split_answer(answer)
     assert header_length is None
     assert json.loads(body) == {
-        "model_name": "iris", "model_version": "1", "id": "r1",
+        "model_name": "iris",
+        "model_version": "1",
+        "id": "r1",
         "outputs": [
             {"name": "predict", "datatype": "BYTES", "shape": [2], "data": ["setosa", "virginica"]},
-            {"name": "predict_proba", "datatype": "FP64", "shape": [2, 2],
-             "data": [0.25, None, 1.0, 0.0]},
+            {
+                "name": "predict_proba",
+                "datatype": "FP64",
+                "shape": [2, 2],
+                "data": [0.25, None, 1.0, 0.0],
+            },
         ],
     }
 
@@ -224,8 +268,9 @@ def test_outputs_that_are_not_tensors_are_model_errors() -> None:
     assert json.loads(dicts)["outputs"][0]["data"] == ['{"a": 1}', '{"a": 2.0}']
 
 
-@pytest.mark.parametrize(("data", "datatype"), [([True, 2.5], "FP64"), ([True, 2], "INT32"),
-                                                ([[False, True]], "FP32")])
+@pytest.mark.parametrize(
+    ("data", "datatype"), [([True, 2.5], "FP64"), ([True, 2], "INT32"), ([[False, True]], "FP32")]
+)
 def test_a_json_boolean_in_a_numeric_tensor_is_refused(data: Any, datatype: str) -> None:
     shape = [1, 2]
     with pytest.raises(InvalidInput, match="holds a JSON true or false where numbers"):
