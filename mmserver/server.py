@@ -63,10 +63,12 @@ class Server:
             self._runner, self.config.host, self.config.port, backlog=1024, reuse_address=True
         )
         await site.start()
+        config = self.config
         log.info(
-            "mmserver listening on http://%s:%d (model store %s, %d backend process(es), "
-            "at most %d connections)",
-            self.config.host, self.config.port, self.store.root, self.config.backend_processes,
+            "mmserver listening on http://%s:%d (model store %s, %d backend process(es) from "
+            "%s, memory budget %d MiB from %s, at most %d connections)",
+            config.host, config.port, self.store.root, config.backend_processes,
+            config.backend_processes_source(), self.wlm.budget.value, self.wlm.budget.source,
             self._runner.policy.max_connections,
         )
 

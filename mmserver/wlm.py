@@ -18,13 +18,14 @@ import asyncio
 import collections
 import enum
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmserver import errors
+from mmserver import capacity, errors
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig, load_model_config
@@ -85,7 +86,10 @@ class WorkLoadManager:
         self.room_wait_seconds = room_wait_seconds
         self._clock = clock
         self._defaults = config.model_defaults()
-        self._budget_bytes = config.memory_budget_mb * 2**20
+        #: The memory budget of loaded models (MiB) and where it came from; measured again
+        #: once the backend processes run (:meth:`start`).
+        self.budget = config.memory_budget(capacity.rss_bytes([os.getpid()]))
+        self._budget_bytes = self.budget.value * 2**20
         #: Loaded models, least recently used first.
         self._ready: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
         self._loading: dict[str, asyncio.Task[ModelPool]] = {}
@@ -111,6 +115,11 @@ class WorkLoadManager:
     async def start(self) -> None:
         """Start the backend processes, then load the models named by ``load_models``."""
         await self.backend.start()
+        if not self.config.max_memory_mb:
+            # What the server holds before any model: the frontend and its backend processes.
+            own = capacity.rss_bytes([os.getpid(), *self.backend.pids()])
+            self.budget = self.config.memory_budget(own)
+            self._budget_bytes = self.budget.value * 2**20
         self.accepting = True
         wanted = self.config.load_models.strip()
         if wanted.upper() == "NONE" or not wanted:

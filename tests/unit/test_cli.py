@@ -31,7 +31,7 @@ def test_serve_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -
         assert env + ")" in words, env
         first_words = str(field.metadata["help"]).split()[:2]
         assert " ".join(first_words) in " ".join(text.split()), field.name
-    assert "80% of available" in " ".join(text.split())
+    assert "80% of the container's memory limit" in " ".join(text.split())
 
 
 def test_python_dash_m_works() -> None:
