@@ -152,6 +152,10 @@ class ServerConfig:
         "", "Where archives are unpacked; empty = <model_store>/.mmserver-cache, or for an "
         "s3:// store ~/.cache/mmserver/<bucket>/<prefix hash>."
     )
+    store_index_max_age: float = _opt(
+        10.0, "s the listing of an s3:// store is kept before it is read again (a local store "
+        "is read again when its directory changes); a request's lookup is never cached.",
+    )
     max_archive_mb: int = _opt(
         1024, "Largest size of one model archive, unpacked (and downloaded), in MiB."
     )

@@ -15,6 +15,7 @@ comes ``load_retry_seconds`` later, not on every request of a storm.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import enum
 import logging
@@ -33,6 +34,7 @@ from mmserver.eviction import Candidate, choose_victims
 from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
+from mmserver.storeindex import StoreIndex, suffix_of
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,8 @@ class WorkLoadManager:
         self._room_changed = asyncio.Event()
         self._generation = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The store's names, for listing (:mod:`mmserver.storeindex`).
+        self.index = StoreIndex(store, max_age_s=config.store_index_max_age)
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -125,7 +129,7 @@ class WorkLoadManager:
         if wanted.upper() == "NONE" or not wanted:
             return
         if wanted.upper() == "ALL":
-            names = [e.name for e in await asyncio.to_thread(self.store.list)]
+            names = [m["modelName"] for m in await self.list_models()]
         else:
             names = [n.strip() for n in wanted.split(",") if n.strip()]
         for name in names:
@@ -155,6 +159,7 @@ class WorkLoadManager:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.index.stop()
         await self.backend.stop()
         self.refresh_metrics()
 
@@ -254,13 +259,19 @@ class WorkLoadManager:
         """The store entry of ``name`` (a file-system or object-store lookup, in a thread), or
         :class:`errors.ModelNotFound`. Not remembered as a failure: an entry added to the store
         is found on its next request."""
-        entry = self._registered.get(name) or await asyncio.to_thread(self.store.find, name)
+        entry = self._registered.get(name) or await self._lookup(name)
         if entry is None:
             raise errors.ModelNotFound(
                 f"model {name} is not in the model store ({self.store.root}) and is not "
                 f"registered; add {name}.tar.gz (or a folder {name}/) to the store, or register "
                 "it with POST /models"
             )
+        return entry
+
+    async def _lookup(self, name: str) -> StoreEntry | None:
+        """The store's entry of ``name`` now (in a thread); the answer goes into the index."""
+        entry = await asyncio.to_thread(self.store.find, name)
+        self.index.note(name, None if entry is None else entry_suffix(entry))
         return entry
 
     async def _load(self, name: str, management: bool) -> ModelPool:
@@ -438,16 +449,38 @@ class WorkLoadManager:
         loaded there on its first request)."""
         return self._signatures.get(name)
 
-    async def list_models(self) -> list[dict[str, str]]:
-        """Every model of the store and every registered one, sorted by name (the store is
-        listed in a thread: it may be a large directory or an object store)."""
-        entries = {e.name: e for e in await asyncio.to_thread(self.store.list)}
-        entries.update(self._registered)
+    async def list_page(
+        self, after: str | None, limit: int
+    ) -> tuple[list[dict[str, str]], bool]:
+        """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
+        by name, and whether more follow. From the store index: O(log n + limit)."""
+        stored, more = await self.index.page(after, limit)
+        registered = self._registered
+        if registered:
+            names = sorted(registered)
+            start = bisect.bisect_right(names, after) if after else 0
+            extra = [(n, registered[n].url) for n in names[start : start + limit]]
+            more = more or start + limit < len(names)
+            merged = dict(stored)
+            merged.update(extra)
+            rows = sorted(merged.items())
+            more = more or len(rows) > limit
+            stored = rows[:limit]
         return [
-            {"modelName": n, "modelUrl": self._urls.get(n, e.url),
-             "status": self.status(n).value}
-            for n, e in sorted(entries.items())
-        ]
+            {"modelName": n, "modelUrl": self._urls.get(n, url), "status": self.status(n).value}
+            for n, url in stored
+        ], more
+
+    async def list_models(self) -> list[dict[str, str]]:
+        """Every model of the store and every registered one, sorted by name."""
+        models: list[dict[str, str]] = []
+        after: str | None = None
+        while True:
+            page, more = await self.list_page(after, 10_000)
+            models += page
+            if not more or not page:
+                return models
+            after = page[-1]["modelName"]
 
     async def describe(self, name: str) -> dict[str, Any]:
         """The fields of DJL's ``DescribeWorkflowResponse.Model`` for model ``name``, and the
@@ -456,7 +489,7 @@ class WorkLoadManager:
         pool = self._ready.get(name)
         entry = self._registered.get(name)
         if pool is None and entry is None:
-            entry = await asyncio.to_thread(self.store.find, name)
+            entry = await self._lookup(name)
             if entry is None:
                 raise errors.ModelNotFound(f"model {name} is not in the store nor registered")
         config = pool.config if pool is not None else self._defaults.replace(
@@ -595,3 +628,8 @@ class WorkLoadManager:
 
     def pool(self, name: str) -> ModelPool | None:
         return self._ready.get(name)
+
+
+def entry_suffix(entry: StoreEntry) -> str:
+    """The suffix of a store entry's file name (``""`` for a folder, else the archive's)."""
+    return suffix_of(entry.url.rsplit("/", 1)[-1], entry.name)
