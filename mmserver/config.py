@@ -30,6 +30,7 @@ import javaproperties
 from mmserver import capacity
 from mmserver.capacity import Limit
 from mmserver.errors import ConfigError
+from mmserver.metrics import MODEL_LABEL_CHOICES
 from mmserver.store import split_object_url
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,12 @@ class ServerConfig:
     insecure_management: bool = _opt(
         False, "Allow an open management API on a non-loopback address without a token."
     )
+    metrics_model_label: str = _opt(
+        "requests",
+        "Which metric families carry the model label, for each loaded model: all (about 65 "
+        "series a model), requests (mmserver_requests_total only, one series a status code) "
+        "or none; the others count every model together.",
+    )
     access_log: bool = _opt(False, "Log one line per request (off: it costs on the hot path).")
     log_level: str = _opt("INFO", "Logging level.")
 
@@ -186,6 +193,11 @@ class ServerConfig:
             raise ConfigError(f"option heavy_nice={self.heavy_nice}: must be between 1 and 19")
         if not 0 < self.port < 65536:
             raise ConfigError(f"option port={self.port}: must be between 1 and 65535")
+        if self.metrics_model_label not in MODEL_LABEL_CHOICES:
+            raise ConfigError(
+                f"option metrics_model_label={self.metrics_model_label!r}: must be one of "
+                f"{', '.join(MODEL_LABEL_CHOICES)}"
+            )
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise ConfigError(f"option log_level={self.log_level!r}: not a logging level")
         scheme = _URL_SCHEME.match(self.model_store.strip())

@@ -38,7 +38,7 @@ class Server:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = Metrics(model_label=config.metrics_model_label)
         self.store = open_store(config, in_use=self._holds_files)
         # The ignore goes when WorkLoadManager takes a ModelSource (strict mypy flags it then).
         self.wlm = WorkLoadManager(config, self.store, self.metrics)

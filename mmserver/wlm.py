@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachetools import LRUCache
+
 from mmserver import capacity, errors
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.codecs import Request
@@ -41,6 +43,12 @@ log = logging.getLogger(__name__)
 #: Management overrides that may change on a loaded model (DJL's PUT /models/{model}).
 RESCALABLE = ("min_workers", "max_workers", "batch_size", "max_batch_delay", "max_idle_time",
               "job_queue_size")
+
+
+#: Failed loads remembered at most (each answers its model's requests until its retry time).
+MAX_FAILURES = 1000
+#: Models whose measured size and cost are remembered after they unload, at most.
+MAX_REMEMBERED = 10_000
 
 
 class ModelStatus(enum.Enum):
@@ -96,13 +104,16 @@ class WorkLoadManager:
         self._ready: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
         self._loading: dict[str, asyncio.Task[ModelPool]] = {}
         self._unloading: dict[str, asyncio.Task[None]] = {}
-        self._failures: dict[str, _Failure] = {}
+        #: Why loads failed, for the retry delay and describe; bounded (MAX_FAILURES).
+        self._failures: collections.OrderedDict[str, _Failure] = collections.OrderedDict()
         self._registered: dict[str, StoreEntry] = {}
         self._overrides: dict[str, dict[str, Any]] = {}
         self._urls: dict[str, str] = {}  # as given to POST /models
         self._sources: dict[str, str] = {}  # where each loaded model came from, for users
-        self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
-        self._holds: dict[str, float] = {}  # seconds a batch holds a backend, likewise
+        # Bytes of one copy, and seconds a batch holds a backend, remembered across evictions
+        # for the next load's estimate and lane; bounded, least recently loaded forgotten.
+        self._measured: LRUCache[str, int] = LRUCache(MAX_REMEMBERED)
+        self._holds: LRUCache[str, float] = LRUCache(MAX_REMEMBERED)
         self._signatures: dict[str, dict[str, Any] | None] = {}  # of loaded models only
         self._startup: set[str] = set()  # named by load_models, until unregistered
         self._reserved_bytes = 0
@@ -276,6 +287,30 @@ class WorkLoadManager:
 
     async def _load(self, name: str, management: bool) -> ModelPool:
         started = time.perf_counter()
+        self.metrics.open_model(name)
+        try:
+            return await self._load_model(name, management, started)
+        except BaseException:
+            self._release_series(name)
+            raise
+
+    def _release_series(self, name: str) -> None:
+        """Remove the metric series of ``name`` unless it is loaded or its failure is still
+        remembered (then its requests count under its name)."""
+        if name not in self._ready and name not in self._failures:
+            self.metrics.forget_model(name)
+
+    def _remember_failure(self, name: str, error: errors.MMServerError) -> None:
+        """Remember why ``name`` failed to load (bounded: the oldest failure is forgotten
+        first, with its series)."""
+        failures = self._failures
+        failures.pop(name, None)
+        failures[name] = _Failure(error, self._clock())
+        while len(failures) > MAX_FAILURES:
+            oldest, _ = failures.popitem(last=False)
+            self._release_series(oldest)
+
+    async def _load_model(self, name: str, management: bool, started: float) -> ModelPool:
         entry = await self._find(name)
         try:
             model_dir, config = await asyncio.to_thread(self._prepare, entry, name)
@@ -292,7 +327,7 @@ class WorkLoadManager:
                 raise  # the model is fine; the server is full or stopping
             if isinstance(exc, errors.ModelLoadError) and not exc.message.startswith("model "):
                 exc = type(exc)(f"model {name} failed to load: {exc.message}")
-            self._failures[name] = _Failure(exc, self._clock())
+            self._remember_failure(name, exc)
             log.error("%s", exc.message)
             raise exc from None
         except asyncio.CancelledError:
@@ -301,14 +336,14 @@ class WorkLoadManager:
             error = errors.ModelLoadError(
                 f"model {name} failed to load: {type(exc).__name__}: {exc}"
             )
-            self._failures[name] = _Failure(error, self._clock())
+            self._remember_failure(name, error)
             log.exception("model %s failed to load", name)
             raise error from None
         self._failures.pop(name, None)
         self._sources[name] = entry.url
         self._ready[name] = pool
         seconds = time.perf_counter() - started
-        self.metrics.model_loads.labels(name).inc()
+        self.metrics.model_loads.inc()
         self.metrics.model_load_seconds.observe(seconds)
         self.metrics.models_loaded.set(len(self._ready))
         paths = pool.paths
@@ -403,7 +438,7 @@ class WorkLoadManager:
             raise errors.NoCapacity(message + "; retry later")
         for victim in victims:
             await self._unload(victim, reason=f"evicted (least recently used) to load {name}")
-            self.metrics.model_evictions.labels(victim).inc()
+            self.metrics.model_evictions.inc()
 
     async def _unload(self, name: str, reason: str, drain_timeout: float | None = None) -> None:
         pool = self._ready.pop(name, None)
@@ -421,8 +456,9 @@ class WorkLoadManager:
                 del self._unloading[name]
         if pool.cost.hold is not None:
             self._holds[name] = pool.cost.hold
-        self.metrics.forget_model(name)
+        self._sources.pop(name, None)
         self._signatures.pop(name, None)
+        self._release_series(name)
         log.info("model %s unloaded: %s (%d loaded)", name, reason, len(self._ready))
 
     # Management -------------------------------------------------------------------------------
@@ -607,7 +643,8 @@ class WorkLoadManager:
         self._registered.pop(name, None)
         self._overrides.pop(name, None)
         self._urls.pop(name, None)
-        self._failures.pop(name, None)
+        if self._failures.pop(name, None) is not None:
+            self._release_series(name)
 
     # Metrics ----------------------------------------------------------------------------------
 
@@ -615,9 +652,22 @@ class WorkLoadManager:
         """Set the gauges from the current state (called before a scrape; free on the hot
         path)."""
         m = self.metrics
-        for name, pool in self._ready.items():
-            m.queue_length.labels(name).set(len(pool.queue))
-            m.workers.labels(name).set(len(pool.workers))
+        if m.workers.labelled:
+            for name, pool in self._ready.items():
+                m.queue_length.labels(name).set(len(pool.queue))
+                m.workers.labels(name).set(len(pool.workers))
+                m.model_lane.labels(name, pool.lane).set(1)
+        else:
+            lanes = dict.fromkeys(self.backend.lanes, 0)
+            queued = workers = 0
+            for pool in self._ready.values():
+                queued += len(pool.queue)
+                workers += len(pool.workers)
+                lanes[pool.lane] = lanes.get(pool.lane, 0) + 1
+            m.queue_length.set(queued)
+            m.workers.set(workers)
+            for lane, count in lanes.items():
+                m.model_lane.labels("", lane).set(count)
         m.models_loaded.set(len(self._ready))
         m.model_memory_bytes.set(self._used_bytes())
 
