@@ -134,7 +134,9 @@ def test_every_flag_reaches_the_config() -> None:
             argv += [flag, "1.5"]
             expected[field.name] = 1.5
         else:
-            value = "DEBUG" if field.name == "log_level" else f"/x/{field.name}"
+            value = {"log_level": "DEBUG", "metrics_model_label": "none"}.get(
+                field.name, f"/x/{field.name}"
+            )
             argv += [flag, value]
             expected[field.name] = value
     config = build_config(argv, {})
