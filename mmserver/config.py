@@ -27,7 +27,10 @@ from typing import Any
 
 import javaproperties
 
+from mmserver import capacity
+from mmserver.capacity import Limit
 from mmserver.errors import ConfigError
+from mmserver.metrics import MODEL_LABEL_CHOICES
 from mmserver.store import split_object_url
 
 log = logging.getLogger(__name__)
@@ -36,23 +39,15 @@ ENV_PREFIX = "MMSERVER_"
 PROPERTIES_FILE = "serving.properties"
 
 
+@functools.cache
+def default_cpus() -> Limit:
+    """The CPUs the server is sized by when not told: the container's CPU quota, capped by the
+    affinity mask (:func:`mmserver.capacity.cpus`), read once."""
+    return capacity.cpus()
+
+
 def cpu_count() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def available_memory_mb() -> int:
-    """Memory available to new allocations now (``MemAvailable``), in MiB."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return 4096
+    return default_cpus().value
 
 
 @functools.cache
@@ -93,7 +88,10 @@ class ServerConfig:
     port: int = _opt(8080, "Port to bind (inference, management, health and metrics).")
     load_models: str = _opt("NONE", "Models to load at start: ALL, NONE or a comma-separated list.")
     backend_processes: int = _opt(
-        cpu_count(), "Backend processes running predictions; 0 runs them in threads (development)."
+        cpu_count(),
+        "Backend processes running predictions; 0 runs them in threads (development). The "
+        "default is the CPUs the container may use: its cgroup CPU quota (cpu.max), capped by "
+        "the CPU affinity mask.",
     )
     heavy_processes: int = _opt(
         cpu_count(),
@@ -131,7 +129,10 @@ class ServerConfig:
     max_idle_time: int = _opt(60, "Default s before a worker above minWorkers retires.")
     job_queue_size: int = _opt(1000, "Default capacity of a model's request queue.")
     max_loaded_models: int = _opt(0, "Most models loaded at once; 0 = no limit but memory.")
-    max_memory_mb: int = _opt(0, "Memory budget for loaded models in MiB; 0 = 80% of available.")
+    max_memory_mb: int = _opt(
+        0, "Memory budget for loaded models in MiB; 0 = 80% of the container's memory limit "
+        "(cgroup memory.max) less what the server uses, or of the available memory without one.",
+    )
     max_request_size: int = _opt(6 * 1024 * 1024, "Largest request body in bytes.")
     predict_timeout: float = _opt(60.0, "Default s a request may take before it is answered 504.")
     keepalive_timeout: float = _opt(
@@ -162,6 +163,10 @@ class ServerConfig:
         "", "Where archives are unpacked; empty = <model_store>/.mmserver-cache, or for an "
         "s3:// store ~/.cache/mmserver/<bucket>/<prefix hash>."
     )
+    store_index_max_age: float = _opt(
+        10.0, "s the listing of an s3:// store is kept before it is read again (a local store "
+        "is read again when its directory changes); a request's lookup is never cached.",
+    )
     max_archive_mb: int = _opt(
         1024, "Largest size of one model archive, unpacked (and downloaded), in MiB."
     )
@@ -172,6 +177,12 @@ class ServerConfig:
     drain_timeout: float = _opt(30.0, "s SIGTERM waits for accepted requests before stopping.")
     insecure_management: bool = _opt(
         False, "Allow an open management API on a non-loopback address without a token."
+    )
+    metrics_model_label: str = _opt(
+        "requests",
+        "Which metric families carry the model label, for each loaded model: all (about 65 "
+        "series a model), requests (mmserver_requests_total only, one series a status code) "
+        "or none; the others count every model together.",
     )
     access_log: bool = _opt(False, "Log one line per request (off: it costs on the hot path).")
     log_level: str = _opt("INFO", "Logging level.")
@@ -195,6 +206,11 @@ class ServerConfig:
             raise ConfigError(f"option heavy_nice={self.heavy_nice}: must be between 1 and 19")
         if not 0 < self.port < 65536:
             raise ConfigError(f"option port={self.port}: must be between 1 and 65535")
+        if self.metrics_model_label not in MODEL_LABEL_CHOICES:
+            raise ConfigError(
+                f"option metrics_model_label={self.metrics_model_label!r}: must be one of "
+                f"{', '.join(MODEL_LABEL_CHOICES)}"
+            )
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise ConfigError(f"option log_level={self.log_level!r}: not a logging level")
         scheme = _URL_SCHEME.match(self.model_store.strip())
@@ -252,9 +268,20 @@ class ServerConfig:
             return () if self.store_url is not None else (self.store_path,)
         return tuple(Path(r).expanduser().resolve() for r in roots)
 
-    @property
-    def memory_budget_mb(self) -> int:
-        return self.max_memory_mb or int(available_memory_mb() * 0.8)
+    def memory_budget(self, own_bytes: int) -> Limit:
+        """The memory budget for loaded models, in MiB, and where it came from: the option, or
+        80 % of the container's memory limit (or of the host's available memory) less
+        ``own_bytes``, what the server's processes hold already."""
+        if self.max_memory_mb:
+            return Limit(self.max_memory_mb, "option max_memory_mb")
+        return capacity.memory_budget(own_bytes)
+
+    def backend_processes_source(self) -> str:
+        """Where ``backend_processes`` came from, for the log line at start."""
+        detected = default_cpus()
+        if self.backend_processes == detected.value:
+            return detected.source
+        return "option backend_processes"
 
     @property
     def worker_limit(self) -> int:

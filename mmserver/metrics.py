@@ -1,8 +1,11 @@
 """Prometheus metrics, on a registry passed in (never the process-global one).
 
 Names and labels are fixed by the design (§10). Labels are ``model`` (plus ``code`` and
-``direction`` where stated); never a request id, so the series count stays bounded by the number
-of models.
+``direction`` where stated); never a request id. A model has series of its own only while it is
+loaded (or its failed load is remembered), and only in the families that the
+``metrics_model_label`` option gives the label (:class:`Metrics`), so the series are bounded by
+the loaded models, not by the store; the other families count every model together, and each
+histogram always has its server-wide series.
 
 A server with 1,000 loaded models exposes ~60,000 series. prometheus-client spends ~8 µs per
 series on a scrape (collecting sample objects, then formatting them), which is ~0.5 s of CPU on a
@@ -29,6 +32,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 # Latency buckets from 0.5 ms to 60 s (an ad bidder's budget is 20 ms, SageMaker's limit 60 s),
 # few enough that a scrape of 1,000 models stays small: every bucket is a series per model.
@@ -107,17 +111,37 @@ Child = TypeVar("Child", CounterChild, GaugeChild, HistogramChild)
 class _Family(Generic[Child]):
     """A metric family: one child per combination of label values. With no label names it has
     a single child, created at once (Prometheus users expect unlabelled series from the start).
+
+    A *per-model* family (``models`` given) takes the model's name as its first label value.
+    With ``labelled`` false it drops that label: every model counts in one series per
+    combination of the other labels. With it, a model has series only while it is in
+    ``models`` (the live models :class:`Metrics` keeps): a child asked for another name is
+    detached (counted nowhere), and :meth:`forget` removes a model's series.
     """
 
     kind = ""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        models: set[str] | None = None,
+        labelled: bool = True,
+    ) -> None:
         self.name = name
         self.documentation = documentation
-        self.labelnames = tuple(labelnames)
+        self.per_model = models is not None
+        self.labelled = labelled or not self.per_model
+        self._drop = 1 if self.per_model and not self.labelled else 0
+        self.labelnames = tuple(labelnames)[self._drop :]
+        self._models: set[str] = models if models is not None else set()
         self._children: dict[tuple[str, ...], Child] = {}
         # The rendered ``{label="value",...}`` text of each series, made once.
         self._label_text: dict[tuple[str, ...], str] = {}
+        #: The label values of each model's series (labelled per-model families).
+        self._by_model: dict[str, list[tuple[str, ...]]] = {}
         if not self.labelnames:
             self.labels()
 
@@ -125,10 +149,16 @@ class _Family(Generic[Child]):
         raise NotImplementedError
 
     def labels(self, *values: str) -> Child:
+        if self._drop:
+            values = values[1:]
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+            if self.per_model and self.labelled:
+                if values[0] not in self._models:
+                    return self._new_child()  # not a live model: no series of its own
+                self._by_model.setdefault(values[0], []).append(values)
             child = self._children[values] = self._new_child()
             pairs = ",".join(
                 f'{n}="{_escape(v)}"' for n, v in zip(self.labelnames, values, strict=True)
@@ -137,8 +167,28 @@ class _Family(Generic[Child]):
         return child
 
     def remove(self, *values: str) -> None:
-        self._children.pop(values, None)
+        if self._drop:
+            values = values[1:]
+        self._removed(self._children.pop(values, None))
         self._label_text.pop(values, None)
+        if self.per_model and self.labelled and values:
+            keys = self._by_model.get(values[0])
+            if keys is not None and values in keys:
+                keys.remove(values)
+                if not keys:
+                    del self._by_model[values[0]]
+
+    def forget(self, model: str) -> None:
+        """Remove every series of ``model`` (a labelled per-model family)."""
+        for values in self._by_model.pop(model, ()):
+            self._removed(self._children.pop(values, None))
+            self._label_text.pop(values, None)
+
+    def _removed(self, child: Child | None) -> None:
+        """A series left the family (a histogram keeps its counts in the server's total)."""
+
+    def __len__(self) -> int:
+        return len(self._children)
 
     def series(self) -> list[tuple[tuple[str, ...], str, Child]]:
         """A snapshot of the series (safe to take from another thread: one C-level copy)."""
@@ -204,16 +254,46 @@ class HistogramFamily(_Family[HistogramChild]):
         documentation: str,
         labelnames: Sequence[str],
         buckets: tuple[float, ...],
+        *,
+        models: set[str] | None = None,
+        labelled: bool = True,
     ) -> None:
         self.buckets = buckets
         self._le = [_number(b) for b in buckets] + ["+Inf"]
-        super().__init__(name, documentation, labelnames)
+        #: The counts of the models' series removed so far (labelled per-model families).
+        self._retired = HistogramChild(buckets)
+        super().__init__(name, documentation, labelnames, models=models, labelled=labelled)
 
     def _new_child(self) -> HistogramChild:
         return HistogramChild(self.buckets)
 
+    def _removed(self, child: HistogramChild | None) -> None:
+        if child is not None:
+            retired = self._retired
+            for i, count in enumerate(child.counts):
+                retired.counts[i] += count
+            retired.sum += child.sum
+
     def observe(self, value: float) -> None:
         self.labels().observe(value)
+
+    def total(self, series: list[tuple[tuple[str, ...], str, HistogramChild]]) -> HistogramChild:
+        """The server's histogram: the removed series' counts plus the live ones'."""
+        total = HistogramChild(self.buckets)
+        total.counts = list(self._retired.counts)
+        total.sum = self._retired.sum
+        for _, _, child in series:
+            for i, count in enumerate(child.counts):
+                total.counts[i] += count
+            total.sum += child.sum
+        return total
+
+    def series(self) -> list[tuple[tuple[str, ...], str, HistogramChild]]:
+        """The series, led by the server's total when the family is labelled per model."""
+        series = super().series()
+        if self.per_model and self.labelled:
+            series.insert(0, ((), "", self.total(series)))
+        return series
 
     def render(self, out: list[str]) -> None:
         name = self.name
@@ -231,11 +311,19 @@ class HistogramFamily(_Family[HistogramChild]):
             )
 
     def to_metric(self) -> Metric:
-        metric = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        metric = HistogramMetricFamily(self.name, self.documentation)
         for values, _, child in self.series():
             counts, total = child.cumulative()
             buckets = [(le, float(c)) for le, c in zip(self._le, counts, strict=True)]
-            metric.add_metric(list(values), buckets, total)
+            labels = dict(zip(self.labelnames, values, strict=False))
+            metric.samples += [
+                *(
+                    Sample(f"{self.name}_bucket", {**labels, "le": le}, value)
+                    for le, value in buckets
+                ),
+                Sample(f"{self.name}_count", labels, buckets[-1][1]),
+                Sample(f"{self.name}_sum", labels, total),
+            ]
         return metric
 
 
@@ -248,49 +336,82 @@ class _Collector(Collector):
             yield family.to_metric()
 
 
-class Metrics:
-    """Every metric family of the server; registered on ``registry`` through one collector."""
+#: The choices of the ``metrics_model_label`` option: which per-model families carry the
+#: ``model`` label.
+MODEL_LABEL_CHOICES = ("all", "requests", "none")
+#: The model label of what did not reach a model (an unknown name, a refused request).
+UNRESOLVED = "-"
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+class Metrics:
+    """Every metric family of the server; registered on ``registry`` through one collector.
+
+    ``model_label`` chooses which per-model families carry the ``model`` label: ``all`` of
+    them, only ``mmserver_requests_total`` (``requests``), or ``none``; the others count every
+    model in one series. A model has labelled series only between :meth:`open_model` and
+    :meth:`forget_model` (the WorkLoadManager opens them when a load begins and forgets them
+    at unload), so the series are bounded by the models loaded, not by the store.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, model_label: str = "all"
+    ) -> None:
+        if model_label not in MODEL_LABEL_CHOICES:
+            raise ValueError(
+                f"model_label={model_label!r} must be one of {', '.join(MODEL_LABEL_CHOICES)}"
+            )
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.model_label = model_label
+        self._live: set[str] = {UNRESOLVED}
+        every = model_label == "all"
+        live = self._live
         self.requests = CounterFamily(
-            "mmserver_requests", "Requests answered, by model and status code.", ["model", "code"]
+            "mmserver_requests", "Requests answered, by model and status code.", ["model", "code"],
+            models=live, labelled=model_label != "none",
         )
         self.request_seconds = HistogramFamily(
             "mmserver_request_seconds",
             "Time in the server, request read to response.",
             ["model"],
             _LATENCY,
+            models=live, labelled=every,
         )
         self.queue_wait_seconds = HistogramFamily(
             "mmserver_queue_wait_seconds",
             "Time a job waited in its model's queue.",
             ["model"],
             _LATENCY,
+            models=live, labelled=every,
         )
         self.batch_size = HistogramFamily(
-            "mmserver_batch_size", "Jobs per predict call.", ["model"], _BATCH
+            "mmserver_batch_size", "Jobs per predict call.", ["model"], _BATCH,
+            models=live, labelled=every,
         )
         self.predict_seconds = HistogramFamily(
             "mmserver_predict_seconds",
             "Time of one batch in the backend, send to answer.",
             ["model"],
             _LATENCY,
+            models=live, labelled=every,
         )
         self.queue_length = GaugeFamily(
-            "mmserver_queue_length", "Jobs waiting in a model's queue.", ["model"]
+            "mmserver_queue_length", "Jobs waiting in a model's queue.", ["model"],
+            models=live, labelled=every,
         )
-        self.workers = GaugeFamily("mmserver_workers", "Workers of a model.", ["model"])
+        self.workers = GaugeFamily(
+            "mmserver_workers", "Workers of a model.", ["model"], models=live, labelled=every
+        )
         self.worker_scale = CounterFamily(
-            "mmserver_worker_scale", "Worker scale events.", ["model", "direction"]
+            "mmserver_worker_scale", "Worker scale events.", ["model", "direction"],
+            models=live, labelled=every,
         )
         self.models_loaded = GaugeFamily("mmserver_models_loaded", "Models loaded now.")
         self.model_memory_bytes = GaugeFamily(
             "mmserver_model_memory_bytes", "Memory accounted to loaded models."
         )
-        self.model_loads = CounterFamily("mmserver_model_loads", "Model loads.", ["model"])
+        self.model_loads = CounterFamily("mmserver_model_loads", "Model loads.")
         self.model_evictions = CounterFamily(
-            "mmserver_model_evictions", "Models unloaded to make room.", ["model"]
+            "mmserver_model_evictions", "Models unloaded to make room."
         )
         self.model_load_seconds = HistogramFamily(
             "mmserver_model_load_seconds", "Time to load a model.", (), _LOAD
@@ -302,34 +423,56 @@ class Metrics:
             "mmserver_model_cpu_seconds",
             "CPU seconds the model's batches took in the backends.",
             ["model"],
+            models=live, labelled=every,
         )
         self.model_waited_batches = CounterFamily(
             "mmserver_model_waited_batches",
             "Batches of other models that ran on a backend while one of this model's waited.",
             ["model"],
+            models=live, labelled=every,
         )
         self.model_path_batches = CounterFamily(
             "mmserver_model_path_batches",
             "Batches of the model by the predict path they took (own, linear, treelite, "
             "native).",
             ["model", "path"],
+            models=live, labelled=every,
         )
         self.model_lane = GaugeFamily(
             "mmserver_model_lane",
-            "1 on the lane (light or heavy) the loaded model's batches run in.",
+            "1 on the lane (light or heavy) the loaded model's batches run in; without the "
+            "model label, the loaded models in each lane.",
             ["model", "lane"],
+            models=live, labelled=every,
         )
         self._families: list[_Family[Any]] = [
             value for value in vars(self).values() if isinstance(value, _Family)
         ]
+        self._per_model = [f for f in self._families if f.per_model and f.labelled]
         self.registry.register(_Collector(self._families))
 
+    def open_model(self, model: str) -> None:
+        """Let ``model`` have series of its own (a load of it begins)."""
+        self._live.add(model)
+
     def forget_model(self, model: str) -> None:
-        """Drop a model's gauges when it unloads (counters and histograms keep their history)."""
-        self.queue_length.remove(model)
-        self.workers.remove(model)
-        for lane in ("light", "heavy"):
-            self.model_lane.remove(model, lane)
+        """Remove every series of ``model`` (it was unloaded, or its failed load is no longer
+        remembered); what it counted stays in the server's histograms."""
+        if model == UNRESOLVED:
+            return
+        self._live.discard(model)
+        for family in self._per_model:
+            family.forget(model)
+
+    def model_series(self) -> int:
+        """Children labelled with a model name, over every family (a histogram counts once;
+        for tests and the bench)."""
+        return sum(len(f) for f in self._per_model)
+
+    @property
+    def live_models(self) -> int:
+        """Models that may have series now (the unresolved label not counted)."""
+        return len(self._live) - 1
 
     def render(self) -> bytes:
         """The text exposition (version 0.0.4). CPU work proportional to the series: call it in

@@ -34,7 +34,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -202,6 +202,32 @@ class ObjectStore:
         except (BotoCoreError, ClientError) as exc:
             raise self._store_error(exc) from None
         return [entries[name] for name in sorted(entries)]
+
+    def scan(self) -> Sequence[tuple[str, str]]:
+        """``(name, suffix)`` of every model, sorted by name, for the store index: the object
+        listing, page by page, as :meth:`list` reads it."""
+        found: dict[str, str] = {}
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"
+            )
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    filename = obj["Key"][len(self.prefix) :]
+                    name = archive_name(filename)
+                    if name is None or found.get(name) == ".tar.gz":
+                        continue
+                    found[name] = filename[len(name) :]
+        except (BotoCoreError, ClientError) as exc:
+            raise self._store_error(exc) from None
+        return sorted(found.items())
+
+    def version(self) -> tuple[Hashable, float] | None:
+        """``None``: an object listing has no cheap token of change; the index ages out."""
+        return None
+
+    def url_of(self, name: str, suffix: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{name}{suffix}"
 
     def find(self, name: str) -> StoreEntry | None:
         """The current version of model ``name`` (one HeadObject per archive suffix), or

@@ -89,7 +89,6 @@ class ModelPool:
         self._m_paths: dict[str, CounterChild] = {}
         #: The family and predict paths the model's first load reported (None: custom handler).
         self.paths: dict[str, Any] | None = None
-        metrics.model_lane.labels(name, self.lane).set(1)
         #: The series of this model's answered requests, counted by the HTTP layer.
         self.m_answered = metrics.requests.labels(name, "200")
         self.m_request_seconds = metrics.request_seconds.labels(name)
@@ -191,8 +190,7 @@ class ModelPool:
         once they are not running a batch or loading (:meth:`worker_idle`)."""
         old, self.lane = self.lane, lane
         self._stay_low, self._stay_high = lane_bounds(lane, self.backend.heavy_batch_s)
-        self._metrics.model_lane.remove(self.name, old)
-        self._metrics.model_lane.labels(self.name, lane).set(1)
+        self._metrics.model_lane.remove(self.name, old)  # the scrape sets the new one
         log.info(
             "model %s: moves to the %s lane (its batches hold a backend %.3f ms)",
             self.name, lane, (self.cost.hold or 0.0) * 1000,

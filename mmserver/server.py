@@ -38,7 +38,7 @@ class Server:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = Metrics(model_label=config.metrics_model_label)
         self.store = open_store(config, in_use=self._holds_files)
         # The ignore goes when WorkLoadManager takes a ModelSource (strict mypy flags it then).
         self.wlm = WorkLoadManager(config, self.store, self.metrics)
@@ -63,10 +63,12 @@ class Server:
             self._runner, self.config.host, self.config.port, backlog=1024, reuse_address=True
         )
         await site.start()
+        config = self.config
         log.info(
-            "mmserver listening on http://%s:%d (model store %s, %d backend process(es), "
-            "at most %d connections)",
-            self.config.host, self.config.port, self.store.root, self.config.backend_processes,
+            "mmserver listening on http://%s:%d (model store %s, %d backend process(es) from "
+            "%s, memory budget %d MiB from %s, at most %d connections)",
+            config.host, config.port, self.store.root, config.backend_processes,
+            config.backend_processes_source(), self.wlm.budget.value, self.wlm.budget.source,
             self._runner.policy.max_connections,
         )
 

@@ -22,7 +22,7 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol
@@ -120,6 +120,19 @@ class ModelSource(Protocol):
         """The current entry of model ``name`` (``NAME`` or ``NAME.tar.gz``), or ``None``."""
         ...
 
+    def scan(self) -> Sequence[tuple[str, str]]:
+        """``(name, suffix)`` of every model, sorted by name, for the store index
+        (:class:`mmserver.storeindex.IndexSource`)."""
+        ...
+
+    def version(self) -> tuple[Hashable, float] | None:
+        """A token that changes when the listing may have, and when; ``None``: no such token."""
+        ...
+
+    def url_of(self, name: str, suffix: str) -> str:
+        """The url of the entry ``name + suffix``, as :attr:`StoreEntry.url` shows it."""
+        ...
+
     def entry_for_path(self, path: Path, name: str) -> StoreEntry:
         """An entry for a model registered from a local path inside the allowed roots."""
         ...
@@ -182,6 +195,7 @@ class ModelStore:
         self.cache_dir = Path(cache_dir)
         self.max_unpacked_bytes = max_unpacked_bytes
         self._cache_resolved = os.path.realpath(self.cache_dir)
+        self._root_text = str(self.root)
         #: Where an entry that is a symbolic link may lead: the store and the roots
         #: ``POST /models`` may load from (one policy for both).
         self._roots = tuple(os.path.realpath(r) for r in (self.root, *allowed_roots))
@@ -248,6 +262,20 @@ class ModelStore:
         merged = {**archives, **dirs}
         return [merged[name] for name in sorted(merged)]
 
+    def scan(self) -> Sequence[tuple[str, str]]:
+        """``(name, suffix)`` of every model, sorted by name, for the store index
+        (:mod:`mmserver.storeindex`): the rules of :meth:`list` without measuring sizes (a
+        folder counts once a file is found in it)."""
+        return scan_directory(self.root, self._is_cache, self._links_out)
+
+    def version(self) -> tuple[Hashable, float] | None:
+        """The store directory's modification time (it changes when an entry is added, removed
+        or renamed), and that time on the wall clock."""
+        return directory_version(self.root)
+
+    def url_of(self, name: str, suffix: str) -> str:
+        return os.path.join(self._root_text, name + suffix)
+
     def find(self, name: str) -> StoreEntry | None:
         """The entry for ``name`` (``sklearn-7`` or ``sklearn-7.tar.gz``), looked up now, so an
         entry added while the server runs is found. Raises :class:`InvalidModelName`."""
@@ -299,6 +327,73 @@ class ModelStore:
             return
         for path in paths:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def scan_directory(
+    root: Path, is_cache: Callable[[str], bool], links_out: Callable[[str], bool] | None = None
+) -> list[tuple[str, str]]:
+    """``(name, suffix)`` of the models in the directory ``root``, sorted by name: folders
+    holding a file (``suffix`` ``""``; not hidden, not the cache, not a link ``links_out``
+    refuses) win over archives, and ``.tar.gz`` over ``.tgz``. One ``scandir`` of ``root``; a
+    folder is opened only to find its first file."""
+    found: dict[str, str] = {}
+    try:
+        scan = os.scandir(root)
+    except FileNotFoundError:
+        return []
+    with scan:
+        for item in scan:
+            filename = item.name
+            if filename.startswith("."):
+                continue
+            try:
+                if links_out is not None and item.is_symlink() and links_out(item.path):
+                    continue
+                if item.is_dir():
+                    if is_model_name(filename) and not is_cache(item.path) and _has_file(
+                        item.path
+                    ):
+                        found[filename] = ""
+                elif item.is_file():
+                    name = archive_name(filename)
+                    if name is None or found.get(name) in ("", ".tar.gz"):
+                        continue
+                    found[name] = filename[len(name) :]
+            except OSError:
+                continue  # removed while listing
+    return sorted(found.items())
+
+
+def directory_version(root: Path) -> tuple[Hashable, float] | None:
+    """``root``'s identity and modification time, and that time in seconds; a missing
+    directory has a version too (it changes when the directory is made)."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return (None, 0.0)
+    return ((st.st_dev, st.st_ino, st.st_mtime_ns), st.st_mtime)
+
+
+def _has_file(path: str) -> bool:
+    """Whether the folder ``path`` holds a regular file (links not followed), looking no
+    further than the first one and at most ``_MAX_DIR_FILES`` folders."""
+    stack = [path]
+    seen = 0
+    while stack and seen < _MAX_DIR_FILES:
+        seen += 1
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        if entry.is_file(follow_symlinks=False):
+                            return True
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return False
 
 
 def local_entry(path: Path, name: str) -> StoreEntry:

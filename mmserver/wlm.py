@@ -15,9 +15,11 @@ comes ``load_retry_seconds`` later, not on every request of a storm.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import enum
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmserver import errors
+from cachetools import LRUCache
+
+from mmserver import capacity, errors
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig, load_model_config
@@ -33,6 +37,7 @@ from mmserver.eviction import Candidate, choose_victims
 from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
+from mmserver.storeindex import StoreIndex, suffix_of
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,10 @@ RESCALABLE = ("min_workers", "max_workers", "batch_size", "max_batch_delay", "ma
 
 #: Threads unpacking archives (and reading serving.properties) for first loads.
 UNPACK_THREADS = 4
+#: Failed loads remembered at most (each answers its model's requests until its retry time).
+MAX_FAILURES = 1000
+#: Models whose measured size and cost are remembered after they unload, at most.
+MAX_REMEMBERED = 10_000
 
 
 class ModelStatus(enum.Enum):
@@ -93,18 +102,24 @@ class WorkLoadManager:
         # Archives unpack in threads of their own: store look-ups, scrapes and the other
         # blocking calls of the default pool never wait behind a slow archive.
         self._unpacker = ThreadPoolExecutor(UNPACK_THREADS, thread_name_prefix="mmserver-unpack")
-        self._budget_bytes = config.memory_budget_mb * 2**20
+        #: The memory budget of loaded models (MiB) and where it came from; measured again
+        #: once the backend processes run (:meth:`start`).
+        self.budget = config.memory_budget(capacity.rss_bytes([os.getpid()]))
+        self._budget_bytes = self.budget.value * 2**20
         #: Loaded models, least recently used first.
         self._ready: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
         self._loading: dict[str, asyncio.Task[ModelPool]] = {}
         self._unloading: dict[str, asyncio.Task[None]] = {}
-        self._failures: dict[str, _Failure] = {}
+        #: Why loads failed, for the retry delay and describe; bounded (MAX_FAILURES).
+        self._failures: collections.OrderedDict[str, _Failure] = collections.OrderedDict()
         self._registered: dict[str, StoreEntry] = {}
         self._overrides: dict[str, dict[str, Any]] = {}
         self._urls: dict[str, str] = {}  # as given to POST /models
         self._sources: dict[str, str] = {}  # where each loaded model came from, for users
-        self._measured: dict[str, int] = {}  # bytes of one copy, remembered across evictions
-        self._holds: dict[str, float] = {}  # seconds a batch holds a backend, likewise
+        # Bytes of one copy, and seconds a batch holds a backend, remembered across evictions
+        # for the next load's estimate and lane; bounded, least recently loaded forgotten.
+        self._measured: LRUCache[str, int] = LRUCache(MAX_REMEMBERED)
+        self._holds: LRUCache[str, float] = LRUCache(MAX_REMEMBERED)
         self._signatures: dict[str, dict[str, Any] | None] = {}  # of loaded models only
         self._startup: set[str] = set()  # named by load_models, until unregistered
         self._reserved_bytes = 0
@@ -113,18 +128,25 @@ class WorkLoadManager:
         self._room_changed = asyncio.Event()
         self._generation = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The store's names, for listing (:mod:`mmserver.storeindex`).
+        self.index = StoreIndex(store, max_age_s=config.store_index_max_age)
 
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the backend processes, then load the models named by ``load_models``."""
         await self.backend.start()
+        if not self.config.max_memory_mb:
+            # What the server holds before any model: the frontend and its backend processes.
+            own = capacity.rss_bytes([os.getpid(), *self.backend.pids()])
+            self.budget = self.config.memory_budget(own)
+            self._budget_bytes = self.budget.value * 2**20
         self.accepting = True
         wanted = self.config.load_models.strip()
         if wanted.upper() == "NONE" or not wanted:
             return
         if wanted.upper() == "ALL":
-            names = [e.name for e in await asyncio.to_thread(self.store.list)]
+            names = [m["modelName"] for m in await self.list_models()]
         else:
             names = [n.strip() for n in wanted.split(",") if n.strip()]
         for name in names:
@@ -154,6 +176,7 @@ class WorkLoadManager:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.index.stop()
         await self.backend.stop()
         self._unpacker.shutdown(wait=False, cancel_futures=True)
         self.refresh_metrics()
@@ -254,7 +277,7 @@ class WorkLoadManager:
         """The store entry of ``name`` (a file-system or object-store lookup, in a thread), or
         :class:`errors.ModelNotFound`. Not remembered as a failure: an entry added to the store
         is found on its next request."""
-        entry = self._registered.get(name) or await asyncio.to_thread(self.store.find, name)
+        entry = self._registered.get(name) or await self._lookup(name)
         if entry is None:
             raise errors.ModelNotFound(
                 f"model {name} is not in the model store ({self.store.root}) and is not "
@@ -263,8 +286,38 @@ class WorkLoadManager:
             )
         return entry
 
+    async def _lookup(self, name: str) -> StoreEntry | None:
+        """The store's entry of ``name`` now (in a thread); the answer goes into the index."""
+        entry = await asyncio.to_thread(self.store.find, name)
+        self.index.note(name, None if entry is None else entry_suffix(entry))
+        return entry
+
     async def _load(self, name: str, management: bool) -> ModelPool:
         started = time.perf_counter()
+        self.metrics.open_model(name)
+        try:
+            return await self._load_model(name, management, started)
+        except BaseException:
+            self._release_series(name)
+            raise
+
+    def _release_series(self, name: str) -> None:
+        """Remove the metric series of ``name`` unless it is loaded or its failure is still
+        remembered (then its requests count under its name)."""
+        if name not in self._ready and name not in self._failures:
+            self.metrics.forget_model(name)
+
+    def _remember_failure(self, name: str, error: errors.MMServerError) -> None:
+        """Remember why ``name`` failed to load (bounded: the oldest failure is forgotten
+        first, with its series)."""
+        failures = self._failures
+        failures.pop(name, None)
+        failures[name] = _Failure(error, self._clock())
+        while len(failures) > MAX_FAILURES:
+            oldest, _ = failures.popitem(last=False)
+            self._release_series(oldest)
+
+    async def _load_model(self, name: str, management: bool, started: float) -> ModelPool:
         entry = await self._find(name)
         try:
             model_dir, config = await asyncio.get_running_loop().run_in_executor(
@@ -283,7 +336,7 @@ class WorkLoadManager:
                 raise  # the model is fine; the server is full or stopping
             if isinstance(exc, errors.ModelLoadError) and not exc.message.startswith("model "):
                 exc = type(exc)(f"model {name} failed to load: {exc.message}")
-            self._failures[name] = _Failure(exc, self._clock())
+            self._remember_failure(name, exc)
             log.error("%s", exc.message)
             raise exc from None
         except asyncio.CancelledError:
@@ -292,14 +345,14 @@ class WorkLoadManager:
             error = errors.ModelLoadError(
                 f"model {name} failed to load: {type(exc).__name__}: {exc}"
             )
-            self._failures[name] = _Failure(error, self._clock())
+            self._remember_failure(name, error)
             log.exception("model %s failed to load", name)
             raise error from None
         self._failures.pop(name, None)
         self._sources[name] = entry.url
         self._ready[name] = pool
         seconds = time.perf_counter() - started
-        self.metrics.model_loads.labels(name).inc()
+        self.metrics.model_loads.inc()
         self.metrics.model_load_seconds.observe(seconds)
         self.metrics.models_loaded.set(len(self._ready))
         paths = pool.paths
@@ -397,7 +450,7 @@ class WorkLoadManager:
             raise errors.NoCapacity(message + "; retry later")
         for victim in victims:
             await self._unload(victim, reason=f"evicted (least recently used) to load {name}")
-            self.metrics.model_evictions.labels(victim).inc()
+            self.metrics.model_evictions.inc()
 
     async def _unload(self, name: str, reason: str, drain_timeout: float | None = None) -> None:
         pool = self._ready.pop(name, None)
@@ -415,8 +468,9 @@ class WorkLoadManager:
                 del self._unloading[name]
         if pool.cost.hold is not None:
             self._holds[name] = pool.cost.hold
-        self.metrics.forget_model(name)
+        self._sources.pop(name, None)
         self._signatures.pop(name, None)
+        self._release_series(name)
         log.info("model %s unloaded: %s (%d loaded)", name, reason, len(self._ready))
 
     # Management -------------------------------------------------------------------------------
@@ -443,16 +497,38 @@ class WorkLoadManager:
         loaded there on its first request)."""
         return self._signatures.get(name)
 
-    async def list_models(self) -> list[dict[str, str]]:
-        """Every model of the store and every registered one, sorted by name (the store is
-        listed in a thread: it may be a large directory or an object store)."""
-        entries = {e.name: e for e in await asyncio.to_thread(self.store.list)}
-        entries.update(self._registered)
+    async def list_page(
+        self, after: str | None, limit: int
+    ) -> tuple[list[dict[str, str]], bool]:
+        """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
+        by name, and whether more follow. From the store index: O(log n + limit)."""
+        stored, more = await self.index.page(after, limit)
+        registered = self._registered
+        if registered:
+            names = sorted(registered)
+            start = bisect.bisect_right(names, after) if after else 0
+            extra = [(n, registered[n].url) for n in names[start : start + limit]]
+            more = more or start + limit < len(names)
+            merged = dict(stored)
+            merged.update(extra)
+            rows = sorted(merged.items())
+            more = more or len(rows) > limit
+            stored = rows[:limit]
         return [
-            {"modelName": n, "modelUrl": self._urls.get(n, e.url),
-             "status": self.status(n).value}
-            for n, e in sorted(entries.items())
-        ]
+            {"modelName": n, "modelUrl": self._urls.get(n, url), "status": self.status(n).value}
+            for n, url in stored
+        ], more
+
+    async def list_models(self) -> list[dict[str, str]]:
+        """Every model of the store and every registered one, sorted by name."""
+        models: list[dict[str, str]] = []
+        after: str | None = None
+        while True:
+            page, more = await self.list_page(after, 10_000)
+            models += page
+            if not more or not page:
+                return models
+            after = page[-1]["modelName"]
 
     async def describe(self, name: str) -> dict[str, Any]:
         """The fields of DJL's ``DescribeWorkflowResponse.Model`` for model ``name``, and the
@@ -461,7 +537,7 @@ class WorkLoadManager:
         pool = self._ready.get(name)
         entry = self._registered.get(name)
         if pool is None and entry is None:
-            entry = await asyncio.to_thread(self.store.find, name)
+            entry = await self._lookup(name)
             if entry is None:
                 raise errors.ModelNotFound(f"model {name} is not in the store nor registered")
         config = pool.config if pool is not None else self._defaults.replace(
@@ -584,7 +660,8 @@ class WorkLoadManager:
         self._registered.pop(name, None)
         self._overrides.pop(name, None)
         self._urls.pop(name, None)
-        self._failures.pop(name, None)
+        if self._failures.pop(name, None) is not None:
+            self._release_series(name)
 
     # Metrics ----------------------------------------------------------------------------------
 
@@ -592,9 +669,22 @@ class WorkLoadManager:
         """Set the gauges from the current state (called before a scrape; free on the hot
         path)."""
         m = self.metrics
-        for name, pool in self._ready.items():
-            m.queue_length.labels(name).set(len(pool.queue))
-            m.workers.labels(name).set(len(pool.workers))
+        if m.workers.labelled:
+            for name, pool in self._ready.items():
+                m.queue_length.labels(name).set(len(pool.queue))
+                m.workers.labels(name).set(len(pool.workers))
+                m.model_lane.labels(name, pool.lane).set(1)
+        else:
+            lanes = dict.fromkeys(self.backend.lanes, 0)
+            queued = workers = 0
+            for pool in self._ready.values():
+                queued += len(pool.queue)
+                workers += len(pool.workers)
+                lanes[pool.lane] = lanes.get(pool.lane, 0) + 1
+            m.queue_length.set(queued)
+            m.workers.set(workers)
+            for lane, count in lanes.items():
+                m.model_lane.labels("", lane).set(count)
         m.models_loaded.set(len(self._ready))
         m.model_memory_bytes.set(self._used_bytes())
 
@@ -605,3 +695,8 @@ class WorkLoadManager:
 
     def pool(self, name: str) -> ModelPool | None:
         return self._ready.get(name)
+
+
+def entry_suffix(entry: StoreEntry) -> str:
+    """The suffix of a store entry's file name (``""`` for a folder, else the archive's)."""
+    return suffix_of(entry.url.rsplit("/", 1)[-1], entry.name)

@@ -18,7 +18,6 @@ so pages stay consistent while models come and go.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import json
 import re
 from collections.abc import Mapping
@@ -63,18 +62,13 @@ async def list_models(request: web.Request) -> web.Response:
     limit = min(_int(query, "limit") if "limit" in query else MAX_PAGE, MAX_PAGE)
     if limit < 1:
         raise InvalidInput(f"parameter limit={limit} must be between 1 and {MAX_PAGE}")
-    models = await request.app[STATE].wlm.list_models()
-    start = 0
-    token = query.get("next_page_token")
-    if token:
-        start = bisect.bisect_right(models, token, key=lambda m: m["modelName"])
-    page = [
-        {**m, "status": _DJL_STATUS.get(m["status"], m["status"])}
-        for m in models[start : start + limit]
-    ]
-    body: dict[str, Any] = {"models": page}
-    if start + limit < len(models):
-        body["nextPageToken"] = page[-1]["modelName"]
+    token = query.get("next_page_token") or None
+    models, more = await request.app[STATE].wlm.list_page(token, limit)
+    for model in models:
+        model["status"] = _DJL_STATUS.get(model["status"], model["status"])
+    body: dict[str, Any] = {"models": models}
+    if more and models:
+        body["nextPageToken"] = models[-1]["modelName"]
     return web.json_response(body)
 
 

@@ -459,7 +459,10 @@ async def test_churn_under_concurrent_load_keeps_the_server_responsive(tmp_path:
         evictions = sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith("mmserver_model_evictions_total{")
+            # one series over every model (with or without labels)
+            if line.startswith(
+                ("mmserver_model_evictions_total{", "mmserver_model_evictions_total ")
+            )
         )
         assert evictions > 20  # the load did churn
         assert "Traceback" not in server.log()

@@ -38,7 +38,7 @@ async def queued(session: aiohttp.ClientSession, url: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("mmserver_queue_length{")
+        if line.startswith(("mmserver_queue_length{", "mmserver_queue_length "))
     )
 
 

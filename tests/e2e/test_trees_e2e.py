@@ -47,7 +47,8 @@ async def test_tree_families_answer_as_their_libraries_from_backend_processes(
         "lgbm": lgbm.predict(X),
     }
     async with ServerProcess(
-        store, tmp_path / "server.log", "--backend-processes", "2"
+        store, tmp_path / "server.log", "--backend-processes", "2",
+        "--metrics-model-label", "all",
     ) as server, aiohttp.ClientSession() as session:
         # Concurrent first requests: each model loads in a backend process and answers there.
         answers = await asyncio.gather(*(

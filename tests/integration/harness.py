@@ -191,7 +191,7 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
         }
         settings.update(options)
         config = ServerConfig(**settings)
-        metrics = Metrics()
+        metrics = Metrics(model_label=config.metrics_model_label)
         store = ModelStore(
             config.store_path, config.cache_path, config.max_archive_mb * 2**20,
             config.allowed_roots,

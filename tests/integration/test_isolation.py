@@ -60,7 +60,8 @@ async def test_light_models_are_answered_while_a_heavy_one_holds_every_heavy_bac
     gate.touch()
     make_spinning_dir(store / "hog", gate=gate, maxWorkers=2, batch_size=1)
     harness = await serve(
-        model_store=str(store), backend_processes=LIGHT_PROCESSES, heavy_processes=2
+        model_store=str(store), backend_processes=LIGHT_PROCESSES, heavy_processes=2,
+        metrics_model_label="all",
     )
     # Its first batch takes 30 ms of CPU: the model moves to the heavy lane.
     assert await answer(harness, "hog", 30.0) == (200, {"predictions": [60.0]})

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.gate import Gate
-from tests.integration.harness import Harness, hold_gate
+from tests.integration.harness import Harness, Serve, hold_gate
 
 FAMILIES = {
     "mmserver_requests": "counter",
@@ -30,6 +31,12 @@ FAMILIES = {
     "mmserver_model_lane": "gauge",
     "mmserver_model_path_batches": "counter",
 }
+
+
+@pytest.fixture
+async def server(serve: Serve) -> Harness:
+    """A server whose every per-model family carries the model label."""
+    return await serve(metrics_model_label="all")
 
 
 def requests(model: str, code: int) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -75,7 +82,7 @@ async def test_request_counters_and_latency_move(server: Harness) -> None:
     assert after[labelled("mmserver_predict_seconds_count", "sklearn-1")] == 5.0
     assert after[labelled("mmserver_queue_wait_seconds_count", "sklearn-1")] == 5.0
     assert after[labelled("mmserver_batch_size_count", "sklearn-1")] == 5.0
-    assert after[labelled("mmserver_model_loads_total", "sklearn-1")] == 1.0
+    assert after[("mmserver_model_loads_total", ())] == 1.0
     assert after[labelled("mmserver_workers", "sklearn-1")] == 1.0
     assert after[labelled("mmserver_queue_length", "sklearn-1")] == 0.0
     assert after[("mmserver_models_loaded", ())] == 1.0
@@ -90,8 +97,59 @@ async def test_models_loaded_and_unloads_move(server: Harness) -> None:
     assert (await server.client.delete("/models/sklearn-2")).status == 200
     after = await server.samples()
     assert after[("mmserver_models_loaded", ())] == 2.0
-    assert labelled("mmserver_workers", "sklearn-2") not in after
-    assert after[labelled("mmserver_model_loads_total", "sklearn-2")] == 1.0
+    assert after[("mmserver_model_loads_total", ())] == 3.0
+    # The unloaded model's series are gone; what it counted stays in the server's histograms.
+    assert "sklearn-2" not in {dict(labels).get("model") for _, labels in after}
+    assert {dict(labels).get("model") for _, labels in after} == {
+        None, "sklearn-3", "iris-classifier"
+    }
+    assert after[("mmserver_request_seconds_count", ())] == 3.0
+    assert after[("mmserver_predict_seconds_count", ())] == 3.0
+
+
+async def test_series_of_evicted_models_are_removed(serve: Serve) -> None:
+    server = await serve(metrics_model_label="all", max_loaded_models=2)
+    for i in range(6):
+        assert (await server.post(f"/predictions/sklearn-{10 + i}", "[[0.5]]")).status == 200
+    samples = await server.samples()
+    assert {dict(labels).get("model") for _, labels in samples} == {
+        None, "sklearn-14", "sklearn-15"
+    }
+    assert samples[("mmserver_model_evictions_total", ())] == 4.0
+    assert samples[("mmserver_request_seconds_count", ())] == 6.0
+    assert server.metrics.model_series() == 2 * 13  # 13 labelled children a loaded model
+
+
+@pytest.mark.parametrize(
+    ("option", "families"),
+    [
+        ("requests", {"mmserver_requests_total"}),
+        ("none", set()),
+    ],
+)
+async def test_the_option_chooses_the_labelled_families(
+    serve: Serve, option: str, families: set[str]
+) -> None:
+    server = await serve(metrics_model_label=option)
+    for _ in range(2):
+        assert (await server.post("/predictions/sklearn-5", "[[0.5]]")).status == 200
+    assert (await server.post("/predictions/sklearn-5", "[[1, 2]]")).status == 400
+    samples = await server.samples()
+    with_model = {name for name, labels in samples if dict(labels).get("model") == "sklearn-5"}
+    assert with_model == families
+    if option == "requests":
+        assert samples[requests("sklearn-5", 200)] == 2.0
+        assert samples[requests("sklearn-5", 400)] == 1.0
+    else:
+        assert samples[("mmserver_requests_total", (("code", "200"),))] == 2.0
+    assert samples[("mmserver_request_seconds_count", ())] == 3.0
+    assert samples[("mmserver_predict_seconds_count", ())] == 3.0
+    assert samples[("mmserver_workers", ())] == 1.0
+    assert samples[("mmserver_model_lane", (("lane", "light"),))] == 1.0
+    assert (await server.client.delete("/models/sklearn-5")).status == 200
+    samples = await server.samples()
+    assert not [name for name, labels in samples if dict(labels).get("model") == "sklearn-5"]
+    assert samples[("mmserver_workers", ())] == 0.0
 
 
 async def test_unresolved_requests_share_one_series(server: Harness) -> None:

@@ -221,6 +221,47 @@ async def test_http_api_over_the_object_store(s3: S3Server, tmp_path: Path) -> N
             assert [m["modelName"] for m in listed["models"]] == ["corrupt", "huge", "sklearn-0"]
 
 
+async def test_listing_pages_come_from_one_listing_of_the_bucket(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    async with serving(tmp_path / "cache") as server:
+        lists = Requests(store_of(server).client, "ListObjectsV2")
+        async with TestClient(ServerLikeTestServer(server.app, host="127.0.0.1")) as client:
+            names: list[str] = []
+            params = {"limit": "100"}
+            while True:
+                response = await client.get("/models", params=params)
+                assert response.status == 200
+                body = await response.json()
+                names += [m["modelName"] for m in body["models"]]
+                if "nextPageToken" not in body:
+                    break
+                params = {"limit": "100", "next_page_token": body["nextPageToken"]}
+        assert names == sorted([f"sklearn-{i}" for i in range(COUNT)] + list(EXTRA_ARCHIVES))
+        assert lists.count() == 2  # one scan of 1,004 objects, for all eleven pages
+
+
+async def test_objects_added_and_removed_are_listed_after_a_lookup(
+    s3: S3Server, tmp_path: Path, put: Any
+) -> None:
+    client = s3.client()
+    put("fresh/a.tar.gz", reference_archive())
+    async with serving(tmp_path / "cache", f"s3://{BUCKET}/fresh", store_index_max_age=3600) \
+            as server:
+        lists = Requests(store_of(server).client, "ListObjectsV2")
+        assert [m["modelName"] for m in await server.wlm.list_models()] == ["a"]
+        put("fresh/b.tgz", reference_archive())
+        assert value(await server.wlm.infer("b", X)) == pytest.approx(REFERENCE, abs=0.05)
+        client.delete_object(Bucket=BUCKET, Key="fresh/a.tar.gz")
+        with pytest.raises(errors.ModelNotFound):
+            await server.wlm.infer("a", X)
+        models = await server.wlm.list_models()
+        assert [(m["modelName"], m["modelUrl"]) for m in models] == [
+            ("b", f"s3://{BUCKET}/fresh/b.tgz")
+        ]
+        assert lists.count() == 1
+
+
 # ------------------------------------------------------------------------------------------------
 # Downloading once
 # ------------------------------------------------------------------------------------------------

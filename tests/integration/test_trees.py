@@ -75,7 +75,7 @@ def tree_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 
 @pytest.fixture
 async def trees(serve: Serve, tree_store: tuple[Path, dict[str, Reference]]) -> Harness:
-    return await serve(model_store=str(tree_store[0]))
+    return await serve(model_store=str(tree_store[0]), metrics_model_label="all")
 
 
 def _rows(count: int, seed: int = 5) -> np.ndarray:

@@ -205,7 +205,8 @@ async def test_unknown_models_versions_and_paths(server: Harness) -> None:
     assert outside["type"] == "ResourceNotFoundException"
 
 
-async def test_v2_requests_share_the_queue_batches_and_metrics(server: Harness) -> None:
+async def test_v2_requests_share_the_queue_batches_and_metrics(serve: Serve) -> None:
+    server = await serve(metrics_model_label="all")  # per-model series of every family
     for values in ([0.5], [1.0]):
         response = await server.client.post(
             "/v2/models/sklearn-2/infer", json=infer_body(values, [1])

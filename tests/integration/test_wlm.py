@@ -64,7 +64,7 @@ async def test_lazy_load_answers_and_loads_once(store: Path) -> None:
     async with running(store, backend_processes=0) as wlm:
         results = await asyncio.gather(*(wlm.infer("sklearn-3", X) for _ in range(20)))
         assert all(value(r) == pytest.approx(2.0, abs=0.05) for r in results)
-        assert sample(wlm, "mmserver_model_loads_total", model="sklearn-3") == 1
+        assert sample(wlm, "mmserver_model_loads_total") == 1  # counted over every model
         # The archive name is the same model (SageMaker's TargetModel).
         assert value(await wlm.infer("sklearn-3.tar.gz", X)) == pytest.approx(2.0, abs=0.05)
         assert wlm.loaded == ["sklearn-3"]
@@ -146,10 +146,7 @@ async def test_max_loaded_models_is_kept_with_100_models_in_turn(store: Path) ->
                 assert len(wlm.loaded) <= 20
         assert len(wlm.loaded) == 20
         assert wlm.loaded == [f"sklearn-{i}" for i in range(80, 100)]  # most recent, in order
-        evictions = sum(
-            sample(wlm, "mmserver_model_evictions_total", model=f"sklearn-{i}") for i in range(100)
-        )
-        assert evictions == 180
+        assert sample(wlm, "mmserver_model_evictions_total") == 180  # over every model
 
 
 async def test_concurrent_loads_past_the_limit_all_answer(store: Path) -> None:

@@ -31,7 +31,7 @@ def test_serve_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -
         assert env + ")" in words, env
         first_words = str(field.metadata["help"]).split()[:2]
         assert " ".join(first_words) in " ".join(text.split()), field.name
-    assert "80% of available" in " ".join(text.split())
+    assert "80% of the container's memory limit" in " ".join(text.split())
 
 
 def test_python_dash_m_works() -> None:
@@ -134,7 +134,9 @@ def test_every_flag_reaches_the_config() -> None:
             argv += [flag, "1.5"]
             expected[field.name] = 1.5
         else:
-            value = "DEBUG" if field.name == "log_level" else f"/x/{field.name}"
+            value = {"log_level": "DEBUG", "metrics_model_label": "none"}.get(
+                field.name, f"/x/{field.name}"
+            )
             argv += [flag, value]
             expected[field.name] = value
     config = build_config(argv, {})

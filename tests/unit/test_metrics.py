@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmserver.metrics import Metrics
+from mmserver.metrics import MODEL_LABEL_CHOICES, Metrics
 
 
 def samples(text: str) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
@@ -16,10 +17,11 @@ def samples(text: str) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
     )
 
 
-def filled() -> Metrics:
-    m = Metrics()
+def filled(model_label: str = "all") -> Metrics:
+    m = Metrics(model_label=model_label)
     for i in range(50):
         model = f"sklearn-{i}"
+        m.open_model(model)
         m.requests.labels(model, "200").inc(i + 1)
         m.requests.labels(model, "503").inc()
         m.request_seconds.labels(model).observe(0.003 * i)
@@ -30,8 +32,11 @@ def filled() -> Metrics:
         m.workers.labels(model).set(2)
         m.worker_scale.labels(model, "up").inc(2)
         m.worker_scale.labels(model, "down").inc()
-        m.model_loads.labels(model).inc()
-        m.model_evictions.labels(model).inc()
+        m.model_path_batches.labels(model, "linear").inc()
+        m.model_cpu_seconds.labels(model).inc(0.01)
+        m.model_waited_batches.labels(model).inc()
+        m.model_lane.labels(model, "light").set(1)
+        m.model_loads.inc()
     m.models_loaded.set(50)
     m.model_memory_bytes.set(123456789)
     m.model_load_seconds.observe(0.02)
@@ -39,8 +44,10 @@ def filled() -> Metrics:
     return m
 
 
-def test_render_matches_prometheus_client() -> None:
-    m = filled()
+@pytest.mark.parametrize("model_label", MODEL_LABEL_CHOICES)
+def test_render_matches_prometheus_client(model_label: str) -> None:
+    m = filled(model_label)
+    m.forget_model("sklearn-7")
     ours = m.render().decode()
     assert samples(ours) == samples(generate_latest(m.registry).decode())
     assert "# TYPE mmserver_requests_total counter" in ours
@@ -62,6 +69,7 @@ def test_every_family_of_the_design_is_exposed() -> None:
 
 def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
     m = Metrics()
+    m.open_model("a")
     child = m.batch_size.labels("a")
     for value in (1, 2, 3, 200):
         child.observe(value)
@@ -81,15 +89,77 @@ def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
 
 def test_label_values_are_escaped() -> None:
     m = Metrics()
+    m.open_model('we"ird\\name\n')
     m.requests.labels('we"ird\\name\n', "200").inc()
     (sample,) = [s for f in text_string_to_metric_families(m.render().decode())
                  for s in f.samples if s.name == "mmserver_requests_total"]
     assert sample.labels["model"] == 'we"ird\\name\n'
 
 
-def test_forget_model_drops_its_gauges_only() -> None:
+def test_forget_model_removes_every_series_of_the_model() -> None:
     m = filled()
+    before = m.model_series()
     m.forget_model("sklearn-3")
     text = m.render().decode()
-    assert 'mmserver_workers{model="sklearn-3"}' not in text
-    assert 'mmserver_model_loads_total{model="sklearn-3"} 1.0' in text
+    assert 'model="sklearn-3"' not in text
+    assert 'model="sklearn-4"' in text
+    assert m.model_series() == before - before // 50
+    # Its requests stay in the server's histogram: 50 observations, one per model.
+    assert m.registry.get_sample_value("mmserver_request_seconds_count") == 50
+    for i in range(50):
+        m.forget_model(f"sklearn-{i}")
+    assert m.model_series() == 0 and m.live_models == 0
+    assert m.registry.get_sample_value("mmserver_request_seconds_count") == 50
+    assert m.registry.get_sample_value("mmserver_batch_size_count") == 50
+
+
+def test_a_model_that_is_not_open_has_no_series() -> None:
+    m = Metrics()
+    m.requests.labels("never-loaded", "500").inc()
+    m.request_seconds.labels("never-loaded").observe(0.1)
+    assert m.model_series() == 0
+    assert "never-loaded" not in m.render().decode()
+    m.requests.labels("-", "404").inc()  # what reached no model has its series always
+    assert m.registry.get_sample_value("mmserver_requests_total", {"model": "-", "code": "404"})
+
+
+@pytest.mark.parametrize(
+    ("model_label", "labelled"),
+    [
+        ("all", {"mmserver_requests", "mmserver_request_seconds", "mmserver_queue_wait_seconds",
+                 "mmserver_batch_size", "mmserver_predict_seconds", "mmserver_queue_length",
+                 "mmserver_workers", "mmserver_worker_scale", "mmserver_model_cpu_seconds",
+                 "mmserver_model_waited_batches", "mmserver_model_path_batches",
+                 "mmserver_model_lane"}),
+        ("requests", {"mmserver_requests"}),
+        ("none", set()),
+    ],
+)
+def test_the_option_chooses_the_families_with_a_model_label(
+    model_label: str, labelled: set[str]
+) -> None:
+    m = filled(model_label)
+    families = list(text_string_to_metric_families(m.render().decode()))
+    with_model = {f.name for f in families if any("model" in s.labels for s in f.samples)}
+    assert with_model == labelled
+    assert {f.name for f in families} == {f.name for f in text_string_to_metric_families(
+        Metrics().render().decode())}
+    # Per model: 2 request counters (codes 200 and 503) and, with all, 3 latency histograms
+    # of 15 samples, the batch size's 11, 2 scale counters and 6 single series.
+    per_model = {"all": 2 + 3 * 15 + 11 + 2 + 6, "requests": 2, "none": 0}[model_label]
+    samples = [s for f in families for s in f.samples if s.labels.get("model", "-") != "-"]
+    assert len(samples) == 50 * per_model
+    assert m.model_series() == 50 * {"all": 14, "requests": 2, "none": 0}[model_label]
+    # Server-wide histograms are always there, unlabelled, counting every model.
+    for name in ("mmserver_request_seconds", "mmserver_queue_wait_seconds",
+                 "mmserver_batch_size", "mmserver_predict_seconds"):
+        assert m.registry.get_sample_value(f"{name}_count") == 50, name
+    assert m.registry.get_sample_value("mmserver_model_loads_total") == 50
+    if model_label == "none":
+        assert m.registry.get_sample_value("mmserver_requests_total", {"code": "503"}) == 50
+        assert m.registry.get_sample_value("mmserver_workers") == 2
+
+
+def test_an_unknown_choice_is_refused() -> None:
+    with pytest.raises(ValueError, match="model_label='some' must be one of all, requests, none"):
+        Metrics(model_label="some")
