@@ -117,8 +117,10 @@ def cgroup_cpus(root: Path = ROOT) -> Limit | None:
                 except ValueError:
                     continue
                 if quota > 0 and period > 0 and (best is None or quota / period < best[0]):
-                    best = (quota / period, f"cgroup v1 cpu.cfs_quota_us {quota} / "
-                            f"cpu.cfs_period_us {period}")
+                    best = (
+                        quota / period,
+                        f"cgroup v1 cpu.cfs_quota_us {quota} / cpu.cfs_period_us {period}",
+                    )
     if best is None:
         return None
     return Limit(max(1, math.ceil(best[0] - 1e-9)), best[1])
@@ -187,12 +189,15 @@ def memory_budget(own_bytes: int, root: Path = ROOT, share: float = 0.8) -> Limi
         room = max(0, limit.value - own_bytes)
         if available is None or room <= available:
             mb = int(room * share) // 2**20
-            return Limit(mb, f"{share:.0%} of {limit.source} less {own_bytes // 2**20} MiB "
-                         "used by the server")
+            return Limit(
+                mb,
+                f"{share:.0%} of {limit.source} less {own_bytes // 2**20} MiB used by the server",
+            )
     if available is None:
         return Limit(_DEFAULT_MEMORY_MB, "built-in default (no cgroup limit, no /proc/meminfo)")
-    return Limit(int(available * share) // 2**20,
-                 f"{share:.0%} of MemAvailable {available // 2**20} MiB")
+    return Limit(
+        int(available * share) // 2**20, f"{share:.0%} of MemAvailable {available // 2**20} MiB"
+    )
 
 
 def rss_bytes(pids: list[int], root: Path = ROOT) -> int:

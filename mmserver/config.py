@@ -130,29 +130,35 @@ class ServerConfig:
     job_queue_size: int = _opt(1000, "Default capacity of a model's request queue.")
     max_loaded_models: int = _opt(0, "Most models loaded at once; 0 = no limit but memory.")
     max_memory_mb: int = _opt(
-        0, "Memory budget for loaded models in MiB; 0 = 80% of the container's memory limit "
+        0,
+        "Memory budget for loaded models in MiB; 0 = 80% of the container's memory limit "
         "(cgroup memory.max) less what the server uses, or of the available memory without one.",
     )
     max_request_size: int = _opt(6 * 1024 * 1024, "Largest request body in bytes.")
     predict_timeout: float = _opt(60.0, "Default s a request may take before it is answered 504.")
     keepalive_timeout: float = _opt(
-        75.0, "s an idle keep-alive connection stays open; longer than the 60 s idle timeout of "
+        75.0,
+        "s an idle keep-alive connection stays open; longer than the 60 s idle timeout of "
         "common load balancers, so that the balancer closes first (0 = close after each answer).",
     )
     header_timeout: float = _opt(
-        10.0, "s a client has to send a request's headers once it has begun (slow clients); the "
+        10.0,
+        "s a client has to send a request's headers once it has begun (slow clients); the "
         "connection is then answered 408 and closed.",
     )
     body_timeout: float = _opt(
-        60.0, "s a client has to send a request's body; it is then answered 408 and the "
+        60.0,
+        "s a client has to send a request's body; it is then answered 408 and the "
         "connection closed.",
     )
     send_timeout: float = _opt(
-        60.0, "s a client has to take an answer larger than the socket's buffer; the connection "
+        60.0,
+        "s a client has to take an answer larger than the socket's buffer; the connection "
         "is then dropped and the answer freed, so a client that never reads holds no memory.",
     )
     max_connections: int = _opt(
-        0, "Open HTTP connections at most; a connection past it is answered 503 and closed. "
+        0,
+        "Open HTTP connections at most; a connection past it is answered 503 and closed. "
         "0 = the file-descriptor limit minus 256 (kept for backends, archives and scrapes).",
     )
     management_token: str = _opt("", "Bearer token required by POST/PUT/DELETE on /models.")
@@ -160,19 +166,22 @@ class ServerConfig:
         "", "Comma-separated directories POST /models may load from; empty = the model store."
     )
     cache_dir: str = _opt(
-        "", "Where archives are unpacked; empty = <model_store>/.mmserver-cache, or for an "
-        "s3:// store ~/.cache/mmserver/<bucket>/<prefix hash>."
+        "",
+        "Where archives are unpacked; empty = <model_store>/.mmserver-cache, or for an "
+        "s3:// store ~/.cache/mmserver/<bucket>/<prefix hash>.",
     )
     store_index_max_age: float = _opt(
-        10.0, "s the listing of an s3:// store is kept before it is read again (a local store "
+        10.0,
+        "s the listing of an s3:// store is kept before it is read again (a local store "
         "is read again when its directory changes); a request's lookup is never cached.",
     )
     max_archive_mb: int = _opt(
         1024, "Largest size of one model archive, unpacked (and downloaded), in MiB."
     )
     max_cache_mb: int = _opt(
-        0, "Disk budget of the cache of an s3:// store in MiB, least recently used models "
-        "removed first; 0 = no limit."
+        0,
+        "Disk budget of the cache of an s3:// store in MiB, least recently used models "
+        "removed first; 0 = no limit.",
     )
     drain_timeout: float = _opt(30.0, "s SIGTERM waits for accepted requests before stopping.")
     insecure_management: bool = _opt(
@@ -384,15 +393,14 @@ def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
         if kind is float:
             return float(text)
     except ValueError:
-        raise ConfigError(
-            f"{where}: value {raw!r} is not a valid {kind.__name__}"
-        ) from None
+        raise ConfigError(f"{where}: value {raw!r} is not a valid {kind.__name__}") from None
     return text
 
 
 # ------------------------------------------------------------------------------------------------
 # Java-properties files
 # ------------------------------------------------------------------------------------------------
+
 
 def parse_properties(text: str) -> dict[str, str]:
     """Parse Java-properties text as ``java.util.Properties.load`` does: ``key=value``,
@@ -470,8 +478,16 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` saying which key and value are wrong; the caller adds
         where they came from (a file, an option, a request)."""
-        for name in ("min_workers", "max_workers", "batch_size", "max_batch_delay",
-                     "max_batch_bytes", "max_idle_time", "job_queue_size", "predict_timeout"):
+        for name in (
+            "min_workers",
+            "max_workers",
+            "batch_size",
+            "max_batch_delay",
+            "max_batch_bytes",
+            "max_idle_time",
+            "job_queue_size",
+            "predict_timeout",
+        ):
             value = getattr(self, name)
             if value != value:  # NaN
                 raise ConfigError(f"{_djl_key(name)}={value!r} is not a valid number")
@@ -488,18 +504,14 @@ class ModelConfig:
             )
         if self.required_memory_mb is not None and not self.required_memory_mb * 2**20 <= _LARGEST:
             raise ConfigError(
-                f"required_memory_mb={self.required_memory_mb!r} must be a finite number "
-                "of MiB"
+                f"required_memory_mb={self.required_memory_mb!r} must be a finite number of MiB"
             )
         if self.min_workers > self.max_workers:
             raise ConfigError(
-                f"minWorkers={self.min_workers} is greater than "
-                f"maxWorkers={self.max_workers}"
+                f"minWorkers={self.min_workers} is greater than maxWorkers={self.max_workers}"
             )
         if self.method not in METHODS:
-            raise ConfigError(
-                f"option.method={self.method!r} is not one of {', '.join(METHODS)}"
-            )
+            raise ConfigError(f"option.method={self.method!r} is not one of {', '.join(METHODS)}")
         if self.engine is not None and self.engine.lower() not in ENGINES:
             raise ConfigError(
                 f"engine={self.engine!r} must be one of Python, sklearn, XGBoost, LightGBM"
@@ -549,8 +561,16 @@ _MODEL_KEYS: dict[str, tuple[str, type]] = {
 }
 
 
-_BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
-             "on": True, "off": False}
+_BOOLEANS = {
+    "true": True,
+    "false": False,
+    "1": True,
+    "0": False,
+    "yes": True,
+    "no": False,
+    "on": True,
+    "off": False,
+}
 
 
 def _djl_key(name: str) -> str:

@@ -353,9 +353,7 @@ class Metrics:
     at unload), so the series are bounded by the models loaded, not by the store.
     """
 
-    def __init__(
-        self, registry: CollectorRegistry | None = None, model_label: str = "all"
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, model_label: str = "all") -> None:
         if model_label not in MODEL_LABEL_CHOICES:
             raise ValueError(
                 f"model_label={model_label!r} must be one of {', '.join(MODEL_LABEL_CHOICES)}"
@@ -366,44 +364,60 @@ class Metrics:
         every = model_label == "all"
         live = self._live
         self.requests = CounterFamily(
-            "mmserver_requests", "Requests answered, by model and status code.", ["model", "code"],
-            models=live, labelled=model_label != "none",
+            "mmserver_requests",
+            "Requests answered, by model and status code.",
+            ["model", "code"],
+            models=live,
+            labelled=model_label != "none",
         )
         self.request_seconds = HistogramFamily(
             "mmserver_request_seconds",
             "Time in the server, request read to response.",
             ["model"],
             _LATENCY,
-            models=live, labelled=every,
+            models=live,
+            labelled=every,
         )
         self.queue_wait_seconds = HistogramFamily(
             "mmserver_queue_wait_seconds",
             "Time a job waited in its model's queue.",
             ["model"],
             _LATENCY,
-            models=live, labelled=every,
+            models=live,
+            labelled=every,
         )
         self.batch_size = HistogramFamily(
-            "mmserver_batch_size", "Jobs per predict call.", ["model"], _BATCH,
-            models=live, labelled=every,
+            "mmserver_batch_size",
+            "Jobs per predict call.",
+            ["model"],
+            _BATCH,
+            models=live,
+            labelled=every,
         )
         self.predict_seconds = HistogramFamily(
             "mmserver_predict_seconds",
             "Time of one batch in the backend, send to answer.",
             ["model"],
             _LATENCY,
-            models=live, labelled=every,
+            models=live,
+            labelled=every,
         )
         self.queue_length = GaugeFamily(
-            "mmserver_queue_length", "Jobs waiting in a model's queue.", ["model"],
-            models=live, labelled=every,
+            "mmserver_queue_length",
+            "Jobs waiting in a model's queue.",
+            ["model"],
+            models=live,
+            labelled=every,
         )
         self.workers = GaugeFamily(
             "mmserver_workers", "Workers of a model.", ["model"], models=live, labelled=every
         )
         self.worker_scale = CounterFamily(
-            "mmserver_worker_scale", "Worker scale events.", ["model", "direction"],
-            models=live, labelled=every,
+            "mmserver_worker_scale",
+            "Worker scale events.",
+            ["model", "direction"],
+            models=live,
+            labelled=every,
         )
         self.models_loaded = GaugeFamily("mmserver_models_loaded", "Models loaded now.")
         self.model_memory_bytes = GaugeFamily(
@@ -423,27 +437,30 @@ class Metrics:
             "mmserver_model_cpu_seconds",
             "CPU seconds the model's batches took in the backends.",
             ["model"],
-            models=live, labelled=every,
+            models=live,
+            labelled=every,
         )
         self.model_waited_batches = CounterFamily(
             "mmserver_model_waited_batches",
             "Batches of other models that ran on a backend while one of this model's waited.",
             ["model"],
-            models=live, labelled=every,
+            models=live,
+            labelled=every,
         )
         self.model_path_batches = CounterFamily(
             "mmserver_model_path_batches",
-            "Batches of the model by the predict path they took (own, linear, treelite, "
-            "native).",
+            "Batches of the model by the predict path they took (own, linear, treelite, native).",
             ["model", "path"],
-            models=live, labelled=every,
+            models=live,
+            labelled=every,
         )
         self.model_lane = GaugeFamily(
             "mmserver_model_lane",
             "1 on the lane (light or heavy) the loaded model's batches run in; without the "
             "model label, the loaded models in each lane.",
             ["model", "lane"],
-            models=live, labelled=every,
+            models=live,
+            labelled=every,
         )
         self._families: list[_Family[Any]] = [
             value for value in vars(self).values() if isinstance(value, _Family)

@@ -193,7 +193,9 @@ class ModelPool:
         self._metrics.model_lane.remove(self.name, old)  # the scrape sets the new one
         log.info(
             "model %s: moves to the %s lane (its batches hold a backend %.3f ms)",
-            self.name, lane, (self.cost.hold or 0.0) * 1000,
+            self.name,
+            lane,
+            (self.cost.hold or 0.0) * 1000,
         )
         for worker in list(self.workers.values()):
             if worker.state in (WorkerState.IDLE, WorkerState.READY):
@@ -290,7 +292,12 @@ class ModelPool:
             self._m_scale_up.inc()
         log.info(
             "model %s: worker %d added on %s (%s; %d worker(s), %d queued)",
-            self.name, worker.id, slot.describe(), reason, len(self.workers), len(self.queue),
+            self.name,
+            worker.id,
+            slot.describe(),
+            reason,
+            len(self.workers),
+            len(self.queue),
         )
         worker.start()
         return worker
@@ -310,8 +317,11 @@ class ModelPool:
                 del self._slot_loads[slot.index]
             raise
         if not self.copy_bytes:
-            self.copy_bytes = int(self.config.required_memory_mb * 2**20) \
-                if self.config.required_memory_mb is not None else info.memory_bytes
+            self.copy_bytes = (
+                int(self.config.required_memory_mb * 2**20)
+                if self.config.required_memory_mb is not None
+                else info.memory_bytes
+            )
             self.paths = info.paths
             if self._on_load is not None:
                 self._on_load(self, info)
@@ -358,7 +368,11 @@ class ModelPool:
             self._m_scale_down.inc()
         log.info(
             "model %s: worker %d on %s retired (%s; %d worker(s) left)",
-            self.name, worker.id, slot.describe(), reason, len(self.workers),
+            self.name,
+            worker.id,
+            slot.describe(),
+            reason,
+            len(self.workers),
         )
         if slot.index not in self._per_slot:
             if self._slot_loads.pop(slot.index, None) is not None:
@@ -370,8 +384,11 @@ class ModelPool:
         if error is not None and not self.workers and not self._stopped:
             # No worker is left to serve what is queued: answer it with the reason.
             for job in self.queue.drain():
-                job.fail(error if isinstance(error, errors.MMServerError) else
-                         errors.MMServerError(f"the model's worker failed: {error}"))
+                job.fail(
+                    error
+                    if isinstance(error, errors.MMServerError)
+                    else errors.MMServerError(f"the model's worker failed: {error}")
+                )
         elif len(self.queue) and not self._stopped and should_add_worker(self.snapshot()):
             self._add_worker("queue")
 

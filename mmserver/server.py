@@ -67,15 +67,21 @@ class Server:
         log.info(
             "mmserver listening on http://%s:%d (model store %s, %d backend process(es) from "
             "%s, memory budget %d MiB from %s, at most %d connections)",
-            config.host, config.port, self.store.root, config.backend_processes,
-            config.backend_processes_source(), self.wlm.budget.value, self.wlm.budget.source,
+            config.host,
+            config.port,
+            self.store.root,
+            config.backend_processes,
+            config.backend_processes_source(),
+            self.wlm.budget.value,
+            self.wlm.budget.source,
             self._runner.policy.max_connections,
         )
 
     async def shutdown(self) -> None:
         """Stop in the order of the module docstring."""
-        log.info("shutting down: draining accepted requests (up to %.0f s)",
-                 self.config.drain_timeout)
+        log.info(
+            "shutting down: draining accepted requests (up to %.0f s)", self.config.drain_timeout
+        )
         self.wlm.begin_shutdown()
         await self.wlm.stop(self.config.drain_timeout)
         if self._runner is not None:
@@ -90,9 +96,7 @@ class Server:
 _HOLDING_FILES = (ModelStatus.LOADING, ModelStatus.READY, ModelStatus.UNLOADING)
 
 
-def open_store(
-    config: ServerConfig, in_use: Callable[[str], bool] | None = None
-) -> ModelSource:
+def open_store(config: ServerConfig, in_use: Callable[[str], bool] | None = None) -> ModelSource:
     """The store ``config.model_store`` names: a local directory or ``s3://bucket/prefix``.
     ``in_use(name)`` tells an object store's cache which models still need their files."""
     limit = config.max_archive_mb * 2**20

@@ -188,7 +188,10 @@ class ModelStore:
     """
 
     def __init__(
-        self, root: Path, cache_dir: Path, max_unpacked_bytes: int,
+        self,
+        root: Path,
+        cache_dir: Path,
+        max_unpacked_bytes: int,
         allowed_roots: Sequence[Path] = (),
     ) -> None:
         self.root = Path(root)
@@ -350,9 +353,7 @@ def scan_directory(
                 if links_out is not None and item.is_symlink() and links_out(item.path):
                     continue
                 if item.is_dir():
-                    if is_model_name(filename) and not is_cache(item.path) and _has_file(
-                        item.path
-                    ):
+                    if is_model_name(filename) and not is_cache(item.path) and _has_file(item.path):
                         found[filename] = ""
                 elif item.is_file():
                     name = archive_name(filename)
@@ -565,10 +566,15 @@ class _BoundedTarInfo(tarfile.TarInfo):
         return member
 
 
-_EXTENDED_HEADERS = frozenset({
-    tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
-    tarfile.SOLARIS_XHDTYPE,
-})
+_EXTENDED_HEADERS = frozenset(
+    {
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+    }
+)
 
 
 def shown(name: str, limit: int = 160) -> str:
@@ -595,8 +601,7 @@ def _safe_extract(archive: Path, dest: Path, limit: int, name: str) -> None:
         if isinstance(exc, FileNotFoundError) and exc.filename == str(archive):
             raise ModelNotFound(f"model {name}: {archive.name} no longer exists") from None
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ModelLoadError(f"{what} cannot be unpacked: {type(exc).__name__}: {reason}") \
-            from None
+        raise ModelLoadError(f"{what} cannot be unpacked: {type(exc).__name__}: {reason}") from None
 
 
 def _extract(

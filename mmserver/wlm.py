@@ -42,8 +42,14 @@ from mmserver.storeindex import StoreIndex, suffix_of
 log = logging.getLogger(__name__)
 
 #: Management overrides that may change on a loaded model (DJL's PUT /models/{model}).
-RESCALABLE = ("min_workers", "max_workers", "batch_size", "max_batch_delay", "max_idle_time",
-              "job_queue_size")
+RESCALABLE = (
+    "min_workers",
+    "max_workers",
+    "batch_size",
+    "max_batch_delay",
+    "max_idle_time",
+    "job_queue_size",
+)
 
 
 #: Threads unpacking archives (and reading serving.properties) for first loads.
@@ -358,7 +364,11 @@ class WorkLoadManager:
         paths = pool.paths
         log.info(
             "model %s loaded from %s in %.1f ms (%d worker(s), %d loaded)%s",
-            name, entry.url, seconds * 1000, len(pool.workers), len(self._ready),
+            name,
+            entry.url,
+            seconds * 1000,
+            len(pool.workers),
+            len(self._ready),
             f"; {paths['family']} {paths['method']}: {paths['summary']}" if paths else "",
         )
         return pool
@@ -370,9 +380,15 @@ class WorkLoadManager:
         for attempt in (1, 2):
             self._generation += 1
             pool = ModelPool(
-                name, f"{name}#{self._generation}", model_dir, config,
-                self.backend, self.metrics, on_load=self._on_first_load,
-                on_idle=self._room_changed.set, hold=self._holds.get(name),
+                name,
+                f"{name}#{self._generation}",
+                model_dir,
+                config,
+                self.backend,
+                self.metrics,
+                on_load=self._on_first_load,
+                on_idle=self._room_changed.set,
+                hold=self._holds.get(name),
             )
             try:
                 await pool.start()
@@ -497,9 +513,7 @@ class WorkLoadManager:
         loaded there on its first request)."""
         return self._signatures.get(name)
 
-    async def list_page(
-        self, after: str | None, limit: int
-    ) -> tuple[list[dict[str, str]], bool]:
+    async def list_page(self, after: str | None, limit: int) -> tuple[list[dict[str, str]], bool]:
         """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
         by name, and whether more follow. From the store index: O(log n + limit)."""
         stored, more = await self.index.page(after, limit)
@@ -540,8 +554,10 @@ class WorkLoadManager:
             entry = await self._lookup(name)
             if entry is None:
                 raise errors.ModelNotFound(f"model {name} is not in the store nor registered")
-        config = pool.config if pool is not None else self._defaults.replace(
-            **self._overrides.get(name, {})
+        config = (
+            pool.config
+            if pool is not None
+            else self._defaults.replace(**self._overrides.get(name, {}))
         )
         source = entry.url if entry is not None else self._sources.get(name)
         url = self._urls.get(name) or str(source)
@@ -555,12 +571,14 @@ class WorkLoadManager:
             "requestInQueue": len(pool.queue) if pool is not None else 0,
             "status": self.status(name).value,
             "loadedAtStartup": name in self._startup,
-            "workerGroups": [{
-                "device": {"deviceType": "cpu", "deviceId": -1},
-                "minWorkers": config.min_workers,
-                "maxWorkers": config.max_workers,
-                "workers": pool.describe_workers() if pool is not None else [],
-            }],
+            "workerGroups": [
+                {
+                    "device": {"deviceType": "cpu", "deviceId": -1},
+                    "minWorkers": config.min_workers,
+                    "maxWorkers": config.max_workers,
+                    "workers": pool.describe_workers() if pool is not None else [],
+                }
+            ],
         }
         if pool is not None:
             result["memoryBytes"] = pool.memory_bytes
@@ -651,8 +669,9 @@ class WorkLoadManager:
         known = name in self._ready or name in self._registered or name in self._failures
         if not known:
             raise errors.ModelNotFound(f"model {name} is not loaded")
-        await self._unload(name, reason="unloaded by the management API",
-                           drain_timeout=self.config.predict_timeout)
+        await self._unload(
+            name, reason="unloaded by the management API", drain_timeout=self.config.predict_timeout
+        )
         self._forget(name)
 
     def _forget(self, name: str) -> None:

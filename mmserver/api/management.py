@@ -133,10 +133,12 @@ async def rescale_model(request: web.Request) -> web.Response:
     name = normalize_name(request.match_info["model"])
     overrides = _overrides(await request_params(request), _RESCALE_PARAMS)
     config = await request.app[STATE].wlm.rescale(name, overrides)
-    return web.json_response({
-        "status": f'Workflow "{name}" worker scaled. New Worker configuration '
-        f"min workers:{config.min_workers} max workers:{config.max_workers}"
-    })
+    return web.json_response(
+        {
+            "status": f'Workflow "{name}" worker scaled. New Worker configuration '
+            f"min workers:{config.min_workers} max workers:{config.max_workers}"
+        }
+    )
 
 
 async def unload_model(request: web.Request) -> web.Response:

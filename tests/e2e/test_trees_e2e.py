@@ -46,16 +46,29 @@ async def test_tree_families_answer_as_their_libraries_from_backend_processes(
         "xgb": booster.predict(xgboost.DMatrix(X)),
         "lgbm": lgbm.predict(X),
     }
-    async with ServerProcess(
-        store, tmp_path / "server.log", "--backend-processes", "2",
-        "--metrics-model-label", "all",
-    ) as server, aiohttp.ClientSession() as session:
+    async with (
+        ServerProcess(
+            store,
+            tmp_path / "server.log",
+            "--backend-processes",
+            "2",
+            "--metrics-model-label",
+            "all",
+        ) as server,
+        aiohttp.ClientSession() as session,
+    ):
         # Concurrent first requests: each model loads in a backend process and answers there.
-        answers = await asyncio.gather(*(
-            _post(session, f"{server.url}/predictions/{name}", json.dumps(X.tolist()),
-                  "application/json")
-            for name in references
-        ))
+        answers = await asyncio.gather(
+            *(
+                _post(
+                    session,
+                    f"{server.url}/predictions/{name}",
+                    json.dumps(X.tolist()),
+                    "application/json",
+                )
+                for name in references
+            )
+        )
         for (status, text), (name, want) in zip(answers, references.items(), strict=True):
             assert status == 200, text
             got = np.asarray(json.loads(text)["predictions"])
@@ -63,7 +76,9 @@ async def test_tree_families_answer_as_their_libraries_from_backend_processes(
         # The forest's chosen path gives its own answers exactly, one row at a time too.
         for row in X[:3]:
             status, text = await _post(
-                session, f"{server.url}/predictions/forest", json.dumps([row.tolist()]),
+                session,
+                f"{server.url}/predictions/forest",
+                json.dumps([row.tolist()]),
                 "application/json",
             )
             assert status == 200, text
@@ -72,7 +87,11 @@ async def test_tree_families_answer_as_their_libraries_from_backend_processes(
         # The SageMaker CSV invoke, on the XGBoost booster.
         body = "\n".join(",".join(repr(v) for v in row) for row in X.tolist())
         status, text = await _post(
-            session, f"{server.url}/invocations", body, "text/csv", Accept="text/csv",
+            session,
+            f"{server.url}/invocations",
+            body,
+            "text/csv",
+            Accept="text/csv",
             **{"X-Amzn-SageMaker-Target-Model": "xgb"},
         )
         assert status == 200, text
@@ -90,8 +109,8 @@ async def test_tree_families_answer_as_their_libraries_from_backend_processes(
         async with session.get(f"{server.url}/metrics") as response:
             text = await response.text()
         counted = sum(
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith("mmserver_model_path_batches_total{")
-            and 'model="forest"' in line
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("mmserver_model_path_batches_total{") and 'model="forest"' in line
         )
         assert counted == 4

@@ -193,7 +193,9 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
         config = ServerConfig(**settings)
         metrics = Metrics(model_label=config.metrics_model_label)
         store = ModelStore(
-            config.store_path, config.cache_path, config.max_archive_mb * 2**20,
+            config.store_path,
+            config.cache_path,
+            config.max_archive_mb * 2**20,
             config.allowed_roots,
         )
         wlm = WorkLoadManager(config, store, metrics, room_wait_seconds=room_wait_seconds)

@@ -45,9 +45,14 @@ async def settled_in(harness: Harness, model: str, lane: str) -> None:
 
     def done() -> bool:
         pool = harness.wlm.pool(model)
-        return pool is not None and pool.lane == lane and bool(pool.workers) and all(
-            w.slot.lane.name == lane and w.state is not WorkerState.STARTING
-            for w in pool.workers.values()
+        return (
+            pool is not None
+            and pool.lane == lane
+            and bool(pool.workers)
+            and all(
+                w.slot.lane.name == lane and w.state is not WorkerState.STARTING
+                for w in pool.workers.values()
+            )
         )
 
     await wait_until(done, 20)
@@ -60,7 +65,9 @@ async def test_light_models_are_answered_while_a_heavy_one_holds_every_heavy_bac
     gate.touch()
     make_spinning_dir(store / "hog", gate=gate, maxWorkers=2, batch_size=1)
     harness = await serve(
-        model_store=str(store), backend_processes=LIGHT_PROCESSES, heavy_processes=2,
+        model_store=str(store),
+        backend_processes=LIGHT_PROCESSES,
+        heavy_processes=2,
         metrics_model_label="all",
     )
     # Its first batch takes 30 ms of CPU: the model moves to the heavy lane.

@@ -101,7 +101,9 @@ async def test_models_loaded_and_unloads_move(server: Harness) -> None:
     # The unloaded model's series are gone; what it counted stays in the server's histograms.
     assert "sklearn-2" not in {dict(labels).get("model") for _, labels in after}
     assert {dict(labels).get("model") for _, labels in after} == {
-        None, "sklearn-3", "iris-classifier"
+        None,
+        "sklearn-3",
+        "iris-classifier",
     }
     assert after[("mmserver_request_seconds_count", ())] == 3.0
     assert after[("mmserver_predict_seconds_count", ())] == 3.0
@@ -113,7 +115,9 @@ async def test_series_of_evicted_models_are_removed(serve: Serve) -> None:
         assert (await server.post(f"/predictions/sklearn-{10 + i}", "[[0.5]]")).status == 200
     samples = await server.samples()
     assert {dict(labels).get("model") for _, labels in samples} == {
-        None, "sklearn-14", "sklearn-15"
+        None,
+        "sklearn-14",
+        "sklearn-15",
     }
     assert samples[("mmserver_model_evictions_total", ())] == 4.0
     assert samples[("mmserver_request_seconds_count", ())] == 6.0

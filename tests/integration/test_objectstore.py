@@ -46,7 +46,6 @@ OTHER = 2.5  # y = -3x + 4 at 0.5
 EXTRA_ARCHIVES = ("corrupt", "huge", "unsafe")
 
 
-
 def tar_gz(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -246,8 +245,9 @@ async def test_objects_added_and_removed_are_listed_after_a_lookup(
 ) -> None:
     client = s3.client()
     put("fresh/a.tar.gz", reference_archive())
-    async with serving(tmp_path / "cache", f"s3://{BUCKET}/fresh", store_index_max_age=3600) \
-            as server:
+    async with serving(
+        tmp_path / "cache", f"s3://{BUCKET}/fresh", store_index_max_age=3600
+    ) as server:
         lists = Requests(store_of(server).client, "ListObjectsV2")
         assert [m["modelName"] for m in await server.wlm.list_models()] == ["a"]
         put("fresh/b.tgz", reference_archive())

@@ -50,9 +50,7 @@ def large_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def large_names(root: Path) -> list[str]:
-    return sorted(
-        [f"sklearn-{i}" for i in range(LARGE)] + ["sklearn-1000x", "aaa-first"]
-    )
+    return sorted([f"sklearn-{i}" for i in range(LARGE)] + ["sklearn-1000x", "aaa-first"])
 
 
 async def page(harness: Harness, **params: str) -> dict[str, Any]:
@@ -111,9 +109,7 @@ async def test_every_offset_of_a_large_store_pages_from_one_scan(
     assert server.wlm.index.scans == 1
 
 
-async def test_added_replaced_and_removed_while_serving(
-    serve: Serve, tmp_path: Path
-) -> None:
+async def test_added_replaced_and_removed_while_serving(serve: Serve, tmp_path: Path) -> None:
     root = make_linked_store(tmp_path / "store", 5)
     server = await serve(model_store=str(root))
     assert await listed(server) == [f"sklearn-{i}" for i in range(5)]
@@ -125,7 +121,9 @@ async def test_added_replaced_and_removed_while_serving(
     other_archive(root / "later.tgz")
     assert await listed(server) == ["late", "later"] + [f"sklearn-{i}" for i in range(5)]
     assert (await page(server, limit="1", next_page_token="late"))["models"][0] == {
-        "modelName": "later", "modelUrl": str(root / "later.tgz"), "status": "UNLOADED",
+        "modelName": "later",
+        "modelUrl": str(root / "later.tgz"),
+        "status": "UNLOADED",
     }
 
     # Replaced: the loaded model serves on; its next load takes the new archive.
@@ -153,8 +151,12 @@ async def test_a_lookup_updates_the_index_without_a_scan(serve: Serve, tmp_path:
     scans = server.wlm.index.scans
     os.link(root / "sklearn-0.tar.gz", root / "found.tar.gz")
     assert await predict(server, "found") == (200, pytest.approx(REFERENCE, abs=0.05))
-    assert server.wlm.index.names_after(None, 10) == ["found", "sklearn-0", "sklearn-1",
-                                                        "sklearn-2"]
+    assert server.wlm.index.names_after(None, 10) == [
+        "found",
+        "sklearn-0",
+        "sklearn-1",
+        "sklearn-2",
+    ]
     os.unlink(root / "sklearn-2.tar.gz")
     assert (await predict(server, "sklearn-2"))[0] == 404
     assert server.wlm.index.names_after(None, 10) == ["found", "sklearn-0", "sklearn-1"]

@@ -126,8 +126,11 @@ FAMILIES = [
 
 @pytest.mark.parametrize(("name", "family", "path"), FAMILIES, ids=[f[0] for f in FAMILIES])
 async def test_every_family_answers_as_its_library_in_every_format(
-    trees: Harness, tree_store: tuple[Path, dict[str, Reference]],
-    name: str, family: str, path: str | None,
+    trees: Harness,
+    tree_store: tuple[Path, dict[str, Reference]],
+    name: str,
+    family: str,
+    path: str | None,
 ) -> None:
     reference = tree_store[1][name]
     one, many = _rows(1), _rows(7)
@@ -142,7 +145,10 @@ async def test_every_family_answers_as_its_library_in_every_format(
     # The ad-tech invoke: CSV rows in, CSV out, on the SageMaker path.
     body = "\n".join(",".join(repr(v) for v in row) for row in many.tolist())
     response = await trees.post(
-        "/invocations", body, "text/csv", Accept="text/csv",
+        "/invocations",
+        body,
+        "text/csv",
+        Accept="text/csv",
         **{"X-Amzn-SageMaker-Target-Model": name},
     )
     assert response.status == 200, await response.text()

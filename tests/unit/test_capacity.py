@@ -23,26 +23,32 @@ def write(root: Path, files: dict[str, str]) -> Path:
 
 def v2_tree(root: Path, cpu_max: str, memory_max: str, *, own: str = "/") -> Path:
     folder = "sys/fs/cgroup" + own.rstrip("/")
-    return write(root, {
-        "proc/self/cgroup": f"0::{own}\n",
-        "sys/fs/cgroup/cgroup.controllers": "cpuset cpu io memory pids\n",
-        f"{folder}/cpu.max": cpu_max + "\n",
-        f"{folder}/memory.max": memory_max + "\n",
-        "proc/meminfo": "MemTotal: 65536000 kB\nMemAvailable: 33554432 kB\n",
-    })
+    return write(
+        root,
+        {
+            "proc/self/cgroup": f"0::{own}\n",
+            "sys/fs/cgroup/cgroup.controllers": "cpuset cpu io memory pids\n",
+            f"{folder}/cpu.max": cpu_max + "\n",
+            f"{folder}/memory.max": memory_max + "\n",
+            "proc/meminfo": "MemTotal: 65536000 kB\nMemAvailable: 33554432 kB\n",
+        },
+    )
 
 
 def v1_tree(root: Path, quota: int, period: int, memory: int, *, own: str = "/") -> Path:
     own_dir = own.rstrip("/")
-    return write(root, {
-        "proc/self/cgroup": (
-            f"12:memory:{own}\n11:cpu,cpuacct:{own}\n10:pids:{own}\n1:name=systemd:{own}\n"
-        ),
-        f"sys/fs/cgroup/cpu,cpuacct{own_dir}/cpu.cfs_quota_us": f"{quota}\n",
-        f"sys/fs/cgroup/cpu,cpuacct{own_dir}/cpu.cfs_period_us": f"{period}\n",
-        f"sys/fs/cgroup/memory{own_dir}/memory.limit_in_bytes": f"{memory}\n",
-        "proc/meminfo": "MemTotal: 65536000 kB\nMemAvailable: 33554432 kB\n",
-    })
+    return write(
+        root,
+        {
+            "proc/self/cgroup": (
+                f"12:memory:{own}\n11:cpu,cpuacct:{own}\n10:pids:{own}\n1:name=systemd:{own}\n"
+            ),
+            f"sys/fs/cgroup/cpu,cpuacct{own_dir}/cpu.cfs_quota_us": f"{quota}\n",
+            f"sys/fs/cgroup/cpu,cpuacct{own_dir}/cpu.cfs_period_us": f"{period}\n",
+            f"sys/fs/cgroup/memory{own_dir}/memory.limit_in_bytes": f"{memory}\n",
+            "proc/meminfo": "MemTotal: 65536000 kB\nMemAvailable: 33554432 kB\n",
+        },
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,12 +75,15 @@ def test_the_affinity_mask_caps_a_larger_quota(tmp_path: Path) -> None:
 
 def test_v2_the_smallest_limit_on_the_path_wins(tmp_path: Path) -> None:
     root = v2_tree(tmp_path, "max 100000", "max", own="/kubepods/pod1/ctr")
-    write(root, {
-        "sys/fs/cgroup/kubepods/pod1/cpu.max": "300000 100000\n",
-        "sys/fs/cgroup/kubepods/pod1/memory.max": f"{2 * GiB}\n",
-        "sys/fs/cgroup/kubepods/cpu.max": "1600000 100000\n",
-        "sys/fs/cgroup/kubepods/memory.max": f"{64 * GiB}\n",
-    })
+    write(
+        root,
+        {
+            "sys/fs/cgroup/kubepods/pod1/cpu.max": "300000 100000\n",
+            "sys/fs/cgroup/kubepods/pod1/memory.max": f"{2 * GiB}\n",
+            "sys/fs/cgroup/kubepods/cpu.max": "1600000 100000\n",
+            "sys/fs/cgroup/kubepods/memory.max": f"{64 * GiB}\n",
+        },
+    )
     assert capacity.cpus(root, affinity=64).value == 3
     assert capacity.cgroup_memory_bytes(root) == capacity.Limit(
         2 * GiB, f"cgroup v2 memory.max {2 * GiB}"

@@ -57,12 +57,23 @@ def test_render_matches_prometheus_client(model_label: str) -> None:
 def test_every_family_of_the_design_is_exposed() -> None:
     names = {f.name for f in text_string_to_metric_families(Metrics().render().decode())}
     assert names == {
-        "mmserver_requests", "mmserver_request_seconds", "mmserver_queue_wait_seconds",
-        "mmserver_batch_size", "mmserver_predict_seconds", "mmserver_queue_length",
-        "mmserver_workers", "mmserver_worker_scale", "mmserver_models_loaded",
-        "mmserver_model_memory_bytes", "mmserver_model_loads", "mmserver_model_evictions",
-        "mmserver_model_load_seconds", "mmserver_backend_restarts",
-        "mmserver_model_cpu_seconds", "mmserver_model_waited_batches", "mmserver_model_lane",
+        "mmserver_requests",
+        "mmserver_request_seconds",
+        "mmserver_queue_wait_seconds",
+        "mmserver_batch_size",
+        "mmserver_predict_seconds",
+        "mmserver_queue_length",
+        "mmserver_workers",
+        "mmserver_worker_scale",
+        "mmserver_models_loaded",
+        "mmserver_model_memory_bytes",
+        "mmserver_model_loads",
+        "mmserver_model_evictions",
+        "mmserver_model_load_seconds",
+        "mmserver_backend_restarts",
+        "mmserver_model_cpu_seconds",
+        "mmserver_model_waited_batches",
+        "mmserver_model_lane",
         "mmserver_model_path_batches",
     }
 
@@ -91,8 +102,12 @@ def test_label_values_are_escaped() -> None:
     m = Metrics()
     m.open_model('we"ird\\name\n')
     m.requests.labels('we"ird\\name\n', "200").inc()
-    (sample,) = [s for f in text_string_to_metric_families(m.render().decode())
-                 for s in f.samples if s.name == "mmserver_requests_total"]
+    (sample,) = [
+        s
+        for f in text_string_to_metric_families(m.render().decode())
+        for s in f.samples
+        if s.name == "mmserver_requests_total"
+    ]
     assert sample.labels["model"] == 'we"ird\\name\n'
 
 
@@ -126,11 +141,23 @@ def test_a_model_that_is_not_open_has_no_series() -> None:
 @pytest.mark.parametrize(
     ("model_label", "labelled"),
     [
-        ("all", {"mmserver_requests", "mmserver_request_seconds", "mmserver_queue_wait_seconds",
-                 "mmserver_batch_size", "mmserver_predict_seconds", "mmserver_queue_length",
-                 "mmserver_workers", "mmserver_worker_scale", "mmserver_model_cpu_seconds",
-                 "mmserver_model_waited_batches", "mmserver_model_path_batches",
-                 "mmserver_model_lane"}),
+        (
+            "all",
+            {
+                "mmserver_requests",
+                "mmserver_request_seconds",
+                "mmserver_queue_wait_seconds",
+                "mmserver_batch_size",
+                "mmserver_predict_seconds",
+                "mmserver_queue_length",
+                "mmserver_workers",
+                "mmserver_worker_scale",
+                "mmserver_model_cpu_seconds",
+                "mmserver_model_waited_batches",
+                "mmserver_model_path_batches",
+                "mmserver_model_lane",
+            },
+        ),
         ("requests", {"mmserver_requests"}),
         ("none", set()),
     ],
@@ -142,8 +169,9 @@ def test_the_option_chooses_the_families_with_a_model_label(
     families = list(text_string_to_metric_families(m.render().decode()))
     with_model = {f.name for f in families if any("model" in s.labels for s in f.samples)}
     assert with_model == labelled
-    assert {f.name for f in families} == {f.name for f in text_string_to_metric_families(
-        Metrics().render().decode())}
+    assert {f.name for f in families} == {
+        f.name for f in text_string_to_metric_families(Metrics().render().decode())
+    }
     # Per model: 2 request counters (codes 200 and 503) and, with all, 3 latency histograms
     # of 15 samples, the batch size's 11, 2 scale counters and 6 single series.
     per_model = {"all": 2 + 3 * 15 + 11 + 2 + 6, "requests": 2, "none": 0}[model_label]
@@ -151,8 +179,12 @@ def test_the_option_chooses_the_families_with_a_model_label(
     assert len(samples) == 50 * per_model
     assert m.model_series() == 50 * {"all": 14, "requests": 2, "none": 0}[model_label]
     # Server-wide histograms are always there, unlabelled, counting every model.
-    for name in ("mmserver_request_seconds", "mmserver_queue_wait_seconds",
-                 "mmserver_batch_size", "mmserver_predict_seconds"):
+    for name in (
+        "mmserver_request_seconds",
+        "mmserver_queue_wait_seconds",
+        "mmserver_batch_size",
+        "mmserver_predict_seconds",
+    ):
         assert m.registry.get_sample_value(f"{name}_count") == 50, name
     assert m.registry.get_sample_value("mmserver_model_loads_total") == 50
     if model_label == "none":
