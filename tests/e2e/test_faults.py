@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.behaviour_models import make_gated_dir, make_sleeping_dir
+from tests.behaviour_models import make_gated_dir
 from tests.e2e.server_process import ServerProcess, alive, descendants, wait_gone
 from tests.models import make_linear_archive
 
@@ -372,35 +372,45 @@ async def test_sigterm_while_models_are_loading(tmp_path: Path) -> None:
     not a dropped connection; requests of loaded models are answered; exit code 0."""
     store = tmp_path / "store"
     store.mkdir()
-    started, gate = tmp_path / "started", tmp_path / "gate"
+    started, gate, held = tmp_path / "started", tmp_path / "gate", tmp_path / "held"
     make_slow_load_dir(store / "slow-load", started, gate)
-    make_sleeping_dir(store / "slow", 0.05, maxWorkers=1)
+    # One request a batch and one worker, so that queued plus running jobs count the accepted.
+    make_gated_dir(store / "held", held, maxWorkers=1, batch_size=1)
     async with (
         ServerProcess(
             store, tmp_path / "server.log", "--backend-processes", "2", "--drain-timeout", "10"
         ) as server,
         aiohttp.ClientSession() as session,
     ):
-        status, _, _ = await predict(session, server.url, "slow", 1.0)
+        held.touch()
+        status, _, _ = await predict(session, server.url, "held", 1.0)
         assert status == 200
+        held.unlink()
         waiting = [
             asyncio.ensure_future(predict(session, server.url, "slow-load", float(i)))
             for i in range(10)
         ]
         running = [
-            asyncio.ensure_future(predict(session, server.url, "slow", float(i))) for i in range(10)
+            asyncio.ensure_future(predict(session, server.url, "held", float(i))) for i in range(10)
         ]
 
-        async def loading() -> bool:
-            return started.is_file()
+        async def loading_and_accepted() -> bool:
+            if not started.is_file():
+                return False
+            described = await describe(session, server.url, "held")
+            workers = described["workerGroups"][0]["workers"]
+            busy = sum(1 for w in workers if w["status"] == "BUSY")
+            return bool(described["requestInQueue"] + busy == len(running))
 
-        await until(loading, 10, "the model loading in a backend process")
+        await until(loading_and_accepted, 15, "the load begun and every request accepted")
         family = descendants(server.pid)
         server.signal(signal.SIGTERM)
         loading_results = await asyncio.wait_for(
             asyncio.gather(*waiting, return_exceptions=True), 15
         )
+        assert not any(task.done() for task in running)
         gate.touch()  # lets the backend process finish the load and see the pipe close
+        held.touch()
         running_results = await asyncio.wait_for(
             asyncio.gather(*running, return_exceptions=True), 15
         )
