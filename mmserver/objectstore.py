@@ -53,6 +53,7 @@ from mmserver.store import (
     ARCHIVE_SUFFIXES,
     MODEL_NAME_RE,
     StoreEntry,
+    Unpacker,
     archive_name,
     local_entry,
     model_root,
@@ -147,6 +148,7 @@ class ObjectStore:
         self.cache_dir = Path(cache_dir)
         self.max_archive_bytes = max_archive_bytes
         self.max_cache_bytes = max_cache_bytes
+        self.unpack: Unpacker = unpack_archive
         self._in_use = in_use
         self._client = client
         # Fail in seconds when the store is down: two attempts, short connect and read timeouts
@@ -268,7 +270,9 @@ class ObjectStore:
         object downloaded (streamed to disk) and unpacked now. Blocking; one download per model
         at a time in this process, and safe against other processes sharing the cache."""
         if entry.kind != "object":
-            return prepare_local(entry, self.cache_dir / ".registered", self.max_archive_bytes)
+            return prepare_local(
+                entry, self.cache_dir / ".registered", self.max_archive_bytes, self.unpack
+            )
         folder = entry.path.name
         with self._name_lock(entry.name):
             with self._lock:
@@ -307,7 +311,7 @@ class ObjectStore:
                 size,
                 (time.perf_counter() - started) * 1000,
             )
-            return unpack_archive(archive, entry.path, limit, entry.name)
+            return self.unpack(archive, entry.path, limit, entry.name)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -48,9 +48,14 @@ class ModelPool:
         on_load: Callable[[ModelPool, LoadInfo], None] | None = None,
         on_idle: Callable[[], None] | None = None,
         hold: float | None = None,
+        on_memory: Callable[[ModelPool, int], None] | None = None,
+        known_bytes: int = 0,
     ) -> None:
         """``hold`` is the seconds a batch of this model held its backend when the model was
-        loaded before, if it was: it chooses the lane its first workers start in."""
+        loaded before, if it was: it chooses the lane its first workers start in.
+        ``known_bytes`` is the memory of one copy measured at an earlier load (0: none), what
+        :attr:`accounted_bytes` counts until this load measures it; ``on_memory`` is called
+        with the change whenever :attr:`accounted_bytes` changes."""
         self.name = name
         self.key = key
         self.model_dir = model_dir
@@ -78,6 +83,10 @@ class ModelPool:
         self._slot_loads: dict[int, asyncio.Future[LoadInfo]] = {}
         self._on_load = on_load
         self._on_idle = on_idle
+        self._on_memory = on_memory
+        self._known_bytes = known_bytes
+        #: The memory counted for this model by the eviction policy (see accounted_bytes).
+        self.accounted_bytes = known_bytes
         self._metrics = metrics
         self._m_scale_up = metrics.worker_scale.labels(name, "up")
         self._m_scale_down = metrics.worker_scale.labels(name, "down")
@@ -266,6 +275,16 @@ class ModelPool:
     def memory_bytes(self) -> int:
         return self.copy_bytes * len(self._slot_loads)
 
+    def _memory_changed(self) -> None:
+        """Recount :attr:`accounted_bytes`: the copies loaded, or, with none loaded (scaled to
+        zero, or before the first load is measured), one copy's known size."""
+        now = self.memory_bytes or self.copy_bytes or self._known_bytes
+        change = now - self.accounted_bytes
+        if change:
+            self.accounted_bytes = now
+            if self._on_memory is not None:
+                self._on_memory(self, change)
+
     def snapshot(self) -> PoolSnapshot:
         c = self.config
         return PoolSnapshot(
@@ -310,11 +329,13 @@ class ModelPool:
                 slot.load(LoadSpec(self.key, self.model_dir, self.config))
             )
             self._slot_loads[slot.index] = future
+            self._memory_changed()
         try:
             info = await asyncio.shield(future)
         except BaseException:
             if self._slot_loads.get(slot.index) is future:
                 del self._slot_loads[slot.index]
+                self._memory_changed()
             raise
         if not self.copy_bytes:
             self.copy_bytes = (
@@ -322,6 +343,7 @@ class ModelPool:
                 if self.config.required_memory_mb is not None
                 else info.memory_bytes
             )
+            self._memory_changed()
             self.paths = info.paths
             if self._on_load is not None:
                 self._on_load(self, info)
@@ -376,6 +398,7 @@ class ModelPool:
         )
         if slot.index not in self._per_slot:
             if self._slot_loads.pop(slot.index, None) is not None:
+                self._memory_changed()
                 asyncio.get_running_loop().create_task(
                     slot.unload(self.key), name=f"mmserver-unload-{self.name}"
                 )
@@ -456,6 +479,7 @@ class ModelPool:
         slots = {s.index: s for s in self.backend.slots}
         for index in list(self._slot_loads):
             self._slot_loads.pop(index)
+            self._memory_changed()
             await slots[index].unload(self.key)
 
     def describe_cost(self) -> dict[str, Any]:

@@ -98,6 +98,11 @@ class StoreEntry:
         return self.object_url or str(self.path)
 
 
+#: Unpacks an archive into a cache folder and returns the model's directory: the signature of
+#: :func:`unpack_archive` (archive, target folder, byte limit, model name). Blocking.
+Unpacker = Callable[[Path, Path, int, str], Path]
+
+
 class ModelSource(Protocol):
     """What the WorkLoadManager needs of a model store.
 
@@ -140,6 +145,10 @@ class ModelSource(Protocol):
     def prepare(self, entry: StoreEntry) -> Path:
         """The local directory holding the entry's files, fetched and unpacked if needed."""
         ...
+
+    #: What :meth:`prepare` unpacks archives with: :func:`unpack_archive` in the calling
+    #: thread by default; the server hands this to processes of their own (:mod:`unpacking`).
+    unpack: Unpacker
 
     def remove_unpacked(self, name: str) -> None:
         """Delete the cached copies of model ``name`` (best effort)."""
@@ -197,6 +206,7 @@ class ModelStore:
         self.root = Path(root)
         self.cache_dir = Path(cache_dir)
         self.max_unpacked_bytes = max_unpacked_bytes
+        self.unpack: Unpacker = unpack_archive
         self._cache_resolved = os.path.realpath(self.cache_dir)
         self._root_text = str(self.root)
         #: Where an entry that is a symbolic link may lead: the store and the roots
@@ -317,7 +327,7 @@ class ModelStore:
         temporary folder first and renamed into place, so a reader never sees a partial copy and
         two processes racing both end up with the same complete one.
         """
-        return prepare_local(entry, self.cache_dir, self.max_unpacked_bytes)
+        return prepare_local(entry, self.cache_dir, self.max_unpacked_bytes, self.unpack)
 
     def remove_unpacked(self, name: str) -> None:
         """Delete the unpacked copies of model ``name`` (best effort)."""
@@ -411,9 +421,12 @@ def local_entry(path: Path, name: str) -> StoreEntry:
     raise InvalidInput(f"model {base}: {path} is neither a directory nor a .tar.gz archive")
 
 
-def prepare_local(entry: StoreEntry, cache_dir: Path, max_unpacked_bytes: int) -> Path:
+def prepare_local(
+    entry: StoreEntry, cache_dir: Path, max_unpacked_bytes: int, unpack: Unpacker | None = None
+) -> Path:
     """The directory holding the files of a local entry: a folder as is, an archive unpacked
-    into ``cache_dir/<name>-<key>`` (``key`` from its size and mtime). Blocking."""
+    (by ``unpack``, :func:`unpack_archive` by default) into ``cache_dir/<name>-<key>`` (``key``
+    from its size and mtime) unless that is there already. Blocking."""
     if entry.kind == "directory":
         if not entry.path.is_dir():
             raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists")
@@ -425,7 +438,9 @@ def prepare_local(entry: StoreEntry, cache_dir: Path, max_unpacked_bytes: int) -
     except FileNotFoundError:
         raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists") from None
     target = cache_dir / f"{entry.name}-{_cache_key(st)}"
-    return unpack_archive(entry.path, target, max_unpacked_bytes, entry.name)
+    if target.is_dir():
+        return model_root(target)
+    return (unpack or unpack_archive)(entry.path, target, max_unpacked_bytes, entry.name)
 
 
 def unpack_archive(archive: Path, target: Path, max_unpacked_bytes: int, name: str) -> Path:
@@ -449,7 +464,7 @@ def unpack_archive(archive: Path, target: Path, max_unpacked_bytes: int, name: s
                 if not target.is_dir():
                     raise
             else:
-                log.info("model %s: unpacked %s into %s", name, archive, target)
+                log.debug("model %s: unpacked %s into %s", name, archive, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return model_root(target)

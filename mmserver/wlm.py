@@ -38,6 +38,7 @@ from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
 from mmserver.storeindex import StoreIndex, suffix_of
+from mmserver.unpacking import UnpackProcesses
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ RESCALABLE = (
 
 #: Threads unpacking archives (and reading serving.properties) for first loads.
 UNPACK_THREADS = 4
+#: Processes unpacking archives for those threads (with backend processes).
+UNPACK_PROCESSES = 2
 #: Failed loads remembered at most (each answers its model's requests until its retry time).
 MAX_FAILURES = 1000
 #: Models whose measured size and cost are remembered after they unload, at most.
@@ -108,12 +111,20 @@ class WorkLoadManager:
         # Archives unpack in threads of their own: store look-ups, scrapes and the other
         # blocking calls of the default pool never wait behind a slow archive.
         self._unpacker = ThreadPoolExecutor(UNPACK_THREADS, thread_name_prefix="mmserver-unpack")
+        # With backend processes, the unpacking itself runs in processes of its own, so that a
+        # stream of cold loads does not take the interpreter lock from the event loop.
+        self._unpack_processes: UnpackProcesses | None = None
+        if self.backend.context is not None:
+            self._unpack_processes = UnpackProcesses(UNPACK_PROCESSES, self.backend.context)
+            store.unpack = self._unpack_processes.unpack
         #: The memory budget of loaded models (MiB) and where it came from; measured again
         #: once the backend processes run (:meth:`start`).
         self.budget = config.memory_budget(capacity.rss_bytes([os.getpid()]))
         self._budget_bytes = self.budget.value * 2**20
         #: Loaded models, least recently used first.
         self._ready: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
+        #: The sum of the loaded models' accounted_bytes (see _used_bytes).
+        self._loaded_bytes = 0
         self._loading: dict[str, asyncio.Task[ModelPool]] = {}
         self._unloading: dict[str, asyncio.Task[None]] = {}
         #: Why loads failed, for the retry delay and describe; bounded (MAX_FAILURES).
@@ -179,12 +190,15 @@ class WorkLoadManager:
         pools = list(self._ready.values())
         await asyncio.gather(*(p.stop(drain_timeout) for p in pools), return_exceptions=True)
         self._ready.clear()
+        self._loaded_bytes = 0
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.index.stop()
         await self.backend.stop()
         self._unpacker.shutdown(wait=False, cancel_futures=True)
+        if self._unpack_processes is not None:
+            await asyncio.to_thread(self._unpack_processes.close)
         self.refresh_metrics()
 
     # Requests ---------------------------------------------------------------------------------
@@ -357,6 +371,7 @@ class WorkLoadManager:
         self._failures.pop(name, None)
         self._sources[name] = entry.url
         self._ready[name] = pool
+        self._loaded_bytes += pool.accounted_bytes
         seconds = time.perf_counter() - started
         self.metrics.model_loads.inc()
         self.metrics.model_load_seconds.observe(seconds)
@@ -389,6 +404,8 @@ class WorkLoadManager:
                 on_load=self._on_first_load,
                 on_idle=self._room_changed.set,
                 hold=self._holds.get(name),
+                on_memory=self._memory_changed,
+                known_bytes=self._measured.get(name, 0),
             )
             try:
                 await pool.start()
@@ -426,7 +443,13 @@ class WorkLoadManager:
         self._signatures[pool.name] = info.signature
 
     def _used_bytes(self) -> int:
-        return sum(p.memory_bytes or self._measured.get(p.name, 0) for p in self._ready.values())
+        """The memory counted for the loaded models: the sum of their ``accounted_bytes``,
+        kept as they change (O(1) a load, however many models are loaded)."""
+        return self._loaded_bytes
+
+    def _memory_changed(self, pool: ModelPool, change: int) -> None:
+        if self._ready.get(pool.name) is pool:
+            self._loaded_bytes += change
 
     async def _make_room(self, name: str, need: int, management: bool) -> None:
         """Unload least recently used idle models until ``need`` more bytes and one more model
@@ -472,6 +495,7 @@ class WorkLoadManager:
         pool = self._ready.pop(name, None)
         if pool is None:
             return
+        self._loaded_bytes -= pool.accounted_bytes
         self.metrics.models_loaded.set(len(self._ready))
         task = asyncio.get_running_loop().create_task(
             pool.stop(drain_timeout), name=f"mmserver-unload-{name}"

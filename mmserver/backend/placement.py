@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 from collections.abc import Collection
+from multiprocessing.context import BaseContext
 
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.backend.thread_slot import ThreadSlot
@@ -59,13 +60,15 @@ class BackendPool:
     ) -> None:
         self.slots: list[Slot]
         self.lanes = {LIGHT: Lane(LIGHT)}
+        #: The fork server's context the processes come from (None: thread slots).
+        self.context: BaseContext | None = None
         #: Above this many seconds a batch, a model moves to the heavy lane (0: no heavy lane;
         #: see :func:`~mmserver.scheduling.lane_bounds`).
         self.heavy_batch_s = 0.0
         if processes == 0:
             self.slots = [ThreadSlot(0, threads, self.lanes[LIGHT])]
             return
-        context = multiprocessing.get_context("forkserver")
+        self.context = context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(PRELOAD))
         self.slots = [ProcessSlot(i, context, metrics, self.lanes[LIGHT]) for i in range(processes)]
         if heavy_processes:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import loads, neighbour, peers, probes, report, servers, store, trees, wrk
+from benchlib import loads, neighbour, peers, probes, report, scale, servers, store, trees, wrk
 
 SECTIONS = (
     "cold",
@@ -34,6 +34,7 @@ SECTIONS = (
     "batching",
     "neighbour",
     "trees",
+    "scale",
 )
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
@@ -143,6 +144,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="ARG",
         help="extra argument for mmserver serve (repeat; e.g. --server-arg=--backend-processes=2)",
     )
+    group = parser.add_argument_group("scale section (--only scale)")
+    group.add_argument(
+        "--models", type=int, default=100_000, help="archives in the section's store (100000)"
+    )
+    group.add_argument("--scale-clients", type=int, default=16, help="client connections (16)")
+    group.add_argument(
+        "--scale-loaded", type=int, default=20_000, help="cold models loaded, each once (20000)"
+    )
+    group.add_argument(
+        "--churn-loads",
+        type=int,
+        default=1_000_000,
+        help="loads of the churn run; 0 = no churn run (1000000)",
+    )
+    group.add_argument(
+        "--churn-cap", type=int, default=1000, help="--max-loaded-models of the churn run (1000)"
+    )
+    group.add_argument(
+        "--churn-seconds",
+        type=float,
+        default=1800.0,
+        help="the churn run ends after this long even short of --churn-loads (1800)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.runs, args.cold_models = 3.0, 1, 5
@@ -157,7 +181,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     patterns = [p for p in PATTERNS if p in chosen] or list(PATTERNS)
     sections = [s for s in SECTIONS if s in chosen]
     if not sections:
-        sections = ["closed", "open", "scaling"] if chosen else list(SECTIONS)
+        # Everything but scale, which runs servers of its own on a store of --models archives.
+        sections = ["closed", "open", "scaling"] if chosen else list(SECTIONS[:-1])
     if "scaling" in sections and "hot" not in patterns:
         patterns.insert(0, "hot")
     args.patterns, args.sections = patterns, sections
@@ -231,6 +256,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         api=args.api,
         quiet_wait_s=args.quiet_wait,
     )
+    raw: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    if "scale" in args.sections:
+        scale_settings = scale.ScaleSettings(
+            models=args.models,
+            clients=args.scale_clients,
+            loaded=args.scale_loaded,
+            churn_loads=args.churn_loads,
+            churn_cap=args.churn_cap,
+            churn_seconds=args.churn_seconds,
+            threads=args.threads,
+        )
+        with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
+            raw["scale"] = scale.run(
+                scale_settings, Path(tmp), args.out, args.server_arg, args.server_exe, _log
+            )
+        if args.sections == ["scale"]:
+            return raw
     model_store = args.store or store.default_store()
     _log(f"model store: {model_store}")
     store.ensure_reference(model_store)
@@ -240,9 +283,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.ensure_heavy(model_store)
     if "trees" in args.sections:
         trees.ensure(model_store)
-    raw: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
     needs_floor = {"closed", "open"} & set(args.sections)
-    args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
         server = servers.mmserver(
             model_store,

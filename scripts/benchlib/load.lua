@@ -3,8 +3,9 @@
 -- prints one JSON line (prefixed "BENCH_JSON ") when the run is done.
 --
 -- Parameters come from the environment (wrk passes no options to a script's setup):
---   BENCH_PATTERN   uniform | hot | zipf | single
---   BENCH_MODELS    models sklearn-0 .. sklearn-(N-1) for uniform, hot and zipf (default 1000)
+--   BENCH_PATTERN   uniform | hot | zipf | single | cycle
+--   BENCH_MODELS    models sklearn-0 .. sklearn-(N-1) for uniform, hot, zipf and cycle
+--                   (default 1000)
 --   BENCH_MODEL     the model of the single pattern
 --   BENCH_HOT       share of the requests going to sklearn-0 in the hot pattern (default 0.9)
 --   BENCH_ZIPF_S    Zipf exponent; rank k (sklearn-(k-1)) has weight 1 / k^s (default 1.1)
@@ -16,6 +17,8 @@
 --   BENCH_THREADS   wrk's -t, used to stagger the threads' schedules
 --   BENCH_THREAD_RATE  requests/s offered by each wrk thread; unset or 0 = closed loop
 --   BENCH_SEED      random seed (default 1)
+--   BENCH_START     the cycle pattern's first model: its requests go to sklearn-START,
+--                   sklearn-(START+1), ... (modulo BENCH_MODELS), the threads interleaved
 --
 -- Open loop: wrk's delay() is asked before every request a connection sends. Each thread keeps a
 -- schedule of send slots spaced 1/rate apart and hands the next slot to whichever of its
@@ -55,6 +58,7 @@ local body = os.getenv("BENCH_BODY") or "[[0.5]]"
 local thread_count = env_number("BENCH_THREADS", 1)
 local thread_rate = env_number("BENCH_THREAD_RATE", 0)
 local seed = env_number("BENCH_SEED", 1)
+local start = env_number("BENCH_START", 0)
 
 -- The V2 (Open Inference Protocol) form of the default body's one row.
 -- Requests, built once: request() only picks one.
@@ -117,8 +121,20 @@ elseif pattern == "zipf" then
     pick = zipf_index
 elseif pattern == "uniform" then
     pick = function() return math.random(1, model_count) end
+elseif pattern == "cycle" then
+    -- Each thread has a Lua state of its own: thread k takes START + k, then every
+    -- BENCH_THREADS-th model after it, so no two requests in a cycle name the same model.
+    local next_index = nil
+    pick = function()
+        if next_index == nil then
+            next_index = start + (thread_id or 0)
+        end
+        local i = next_index % model_count + 1
+        next_index = next_index + thread_count
+        return i
+    end
 else
-    error("BENCH_PATTERN must be uniform, hot, zipf or single, not " .. pattern)
+    error("BENCH_PATTERN must be uniform, hot, zipf, single or cycle, not " .. pattern)
 end
 
 -- Per-thread state; the main state collects it in done().

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from benchlib import trees
+from benchlib import scale, trees
 
 PATTERNS = ("hot", "uniform", "zipf")
 P99_TARGET_MS = 20.0
@@ -106,6 +106,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         out["neighbour"] = {k: summarize_runs(v) for k, v in raw["neighbour"].items() if v}
     if "trees" in raw:
         out["trees"] = raw["trees"]
+    if "scale" in raw:
+        out["scale"] = raw["scale"]
     if "batching" in raw:
         out["batching"] = {k: summarize_runs(v) for k, v in raw["batching"].items()}
         b1, b32 = out["batching"].get("batch 1"), out["batching"].get("batch 32")
@@ -192,6 +194,7 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     )
     rows += _neighbour_targets(summary.get("neighbour"))
     rows += trees.targets(summary.get("trees"))
+    rows += scale.targets(summary.get("scale"))
     hot = closed.get("hot", {})
     if "to_max_ms" in hot:
         to_max = hot["to_max_ms"]
@@ -344,6 +347,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
                 )
     if "trees" in summary:
         lines += trees.lines(summary["trees"])
+    if "scale" in summary:
+        lines += scale.lines(summary["scale"])
     info = summary.get("info", {})
     if info:
         lines += ["", "Also measured"]

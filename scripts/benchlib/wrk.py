@@ -36,7 +36,7 @@ class Load:
     """One wrk run: where, which traffic, how long, closed or open loop."""
 
     url: str
-    pattern: str  # uniform | hot | zipf | single
+    pattern: str  # uniform | hot | zipf | single | cycle
     duration_s: float
     connections: int
     threads: int = 2
@@ -45,6 +45,7 @@ class Load:
     models: int = 1000
     api: str = "djl"
     seed: int = 1
+    start: int = 0  # the cycle pattern's first model
     body: str = "[[0.5]]"  # rows; the v2 API sends them as a V2 inference request
 
 
@@ -140,6 +141,7 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
         BENCH_THREADS=str(load.threads),
         BENCH_THREAD_RATE=f"{load.rate / load.threads:.6f}" if load.rate else "0",
         BENCH_SEED=str(load.seed),
+        BENCH_START=str(load.start),
         BENCH_BODY=request_body(load.api, load.body),
     )
     return argv, env

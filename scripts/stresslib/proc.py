@@ -51,9 +51,13 @@ class Tree:
         return [self.frontend, *extra, *self.backends, *self.others]
 
 
+#: The name (``/proc/PID/comm``) of the server's archive-unpacking processes.
+UNPACK_PROCESS_NAME = "mmserver-unpack"
+
+
 def tree(frontend: int) -> Tree:
     """The process tree of the server whose frontend is ``frontend``. Backend processes are the
-    children of the fork server."""
+    children of the fork server but for those unpacking archives (in ``others``)."""
     children = children_map()
     fork_server = tracker = None
     others: list[int] = []
@@ -65,8 +69,23 @@ def tree(frontend: int) -> Tree:
             tracker = child
         else:
             others.append(child)
-    backends = tuple(children.get(fork_server, [])) if fork_server is not None else ()
+    backends: tuple[int, ...] = ()
+    if fork_server is not None:
+        for child in children.get(fork_server, []):
+            # The processes unpacking archives are the fork server's children too.
+            if comm(child) == UNPACK_PROCESS_NAME:
+                others.append(child)
+            else:
+                backends += (child,)
     return Tree(frontend, fork_server, tracker, backends, tuple(others))
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)

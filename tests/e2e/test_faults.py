@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from mmserver.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 from tests.behaviour_models import make_gated_dir
 from tests.e2e.server_process import ServerProcess, alive, descendants, wait_gone
 from tests.models import make_linear_archive
@@ -154,6 +155,15 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
         assert "Traceback" not in server.log()
 
 
+def unpacking(pid: int) -> bool:
+    """Whether ``pid`` is one of the server's archive-unpacking processes."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip() == UNPACK_PROCESS_NAME
+    except OSError:
+        return False
+
+
 def backend_pids(server_pid: int) -> list[int]:
     """The backend processes of the server: the children of its fork server."""
     children: dict[int, list[int]] = {}
@@ -168,7 +178,9 @@ def backend_pids(server_pid: int) -> list[int]:
         try:
             with open(f"/proc/{child}/cmdline", "rb") as fh:
                 if b"forkserver" in fh.read():
-                    return sorted(p for p in children.get(child, []) if alive(p))
+                    return sorted(
+                        p for p in children.get(child, []) if alive(p) and not unpacking(p)
+                    )
         except OSError:
             continue
     return []

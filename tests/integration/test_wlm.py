@@ -359,3 +359,48 @@ async def test_runs_on_uvloop() -> None:
     import uvloop
 
     assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+
+
+def _bookkeeping(wlm: WorkLoadManager) -> dict[str, int]:
+    """Sizes of every per-model structure of the frontend (the LRU-bounded caches of measured
+    sizes and costs are bounded by MAX_REMEMBERED, not by the loaded models)."""
+    sizes = {
+        "ready": len(wlm._ready),
+        "loading": len(wlm._loading),
+        "unloading": len(wlm._unloading),
+        "failures": len(wlm._failures),
+        "sources": len(wlm._sources),
+        "signatures": len(wlm._signatures),
+        "tasks": len(wlm._tasks),
+        "series": wlm.metrics.model_series(),
+        "live": wlm.metrics.live_models,
+    }
+    for slot in wlm.backend.slots:
+        sizes[f"slot {slot.index} loaded"] = len(getattr(slot, "_loaded", {}))
+    return sizes
+
+
+async def test_churn_leaves_no_per_model_state_behind(store: Path) -> None:
+    """Three passes over 100 models with room for 10, 8 requests at a time, in real backend
+    processes: after each pass every per-model structure has the size it had after the first,
+    and the memory counted for eviction is the loaded models' own."""
+    async with running(
+        store, backend_processes=2, max_loaded_models=10, max_workers=2, room_wait_seconds=30
+    ) as wlm:
+        after_pass = []
+        for _ in range(3):
+            for start in range(0, 100, 8):
+                names = [f"sklearn-{i}" for i in range(start, min(start + 8, 100))]
+                results = await asyncio.gather(*(wlm.infer(n, X) for n in names))
+                assert [value(r) for r in results] == pytest.approx([2.0] * len(names), abs=0.05)
+            await wait_until(lambda: not wlm._unloading)
+            after_pass.append(_bookkeeping(wlm))
+            pools = [wlm.pool(name) for name in wlm.loaded]
+            assert wlm._used_bytes() == sum(p.accounted_bytes for p in pools if p is not None)
+            assert wlm._used_bytes() == sum(
+                p.memory_bytes or p.copy_bytes for p in pools if p is not None
+            )
+        assert after_pass[0]["ready"] == 10 and after_pass[0]["sources"] == 10
+        assert after_pass[1] == after_pass[0]
+        assert after_pass[2] == after_pass[0]
+        assert sample(wlm, "mmserver_model_loads_total") == 300

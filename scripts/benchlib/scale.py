@@ -1,0 +1,433 @@
+"""The scale section: a store of ``--models`` copies of the reference archive (100,000 by default).
+
+It runs two servers of its own, one after the other, on that store (fresh archive caches):
+
+1. **listing and loading** (``--max-loaded-models`` above ``--scale-loaded``): the time from
+   starting the process to its first ``/ping`` answer; then every page of ``GET /models``
+   (100 names a page, ``next_page_token``), each timed, the first one included (it waits for
+   the store's first scan); then ``--scale-loaded`` distinct cold models requested once each by
+   ``--scale-clients`` connections (one client thread): loads/s and the requests' p50/p99;
+   the frontend's RSS before and after (KB per loaded model); then ``GET /metrics`` five times:
+   size and median time;
+2. **churn** (``--max-loaded-models`` ``--churn-cap``, well below the store): wrk's ``cycle``
+   pattern (every request to the next model of a cycle over the whole store, so every request
+   is a load and, past the cap, an eviction) in periods of ``--churn-period`` seconds until
+   ``--churn-loads`` loads have been counted (the server's ``mmserver_model_loads_total``) or
+   ``--churn-seconds`` have passed; the frontend's RSS after each period. Growth is read from
+   the first period that ends past a tenth of the loads to the end.
+
+Targets (issue: 100,000 models behind one port): ready <= 5 s; a page <= 20 ms (median) at any
+offset; >= 500 loads/s and p99 <= 50 ms with 16 clients; with 20,000 loaded a scrape <= 5 MB and
+<= 100 ms and a frontend <= 10 KB per loaded model; frontend growth <= 2 MiB after the first
+tenth of the churn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import selectors
+import socket
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from proctools import HOST, proc_kb
+
+from benchlib import servers, store, wrk
+from benchlib.client import BODY, Client
+from benchlib.loads import Log
+
+PAGE = 100
+SCRAPES = 5
+COLD_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    models: int = 100_000
+    clients: int = 16
+    loaded: int = 20_000
+    churn_loads: int = 1_000_000
+    churn_cap: int = 1_000
+    churn_seconds: float = 1800.0
+    churn_period: float = 20.0
+    threads: int = 2
+
+
+def store_path(models: int) -> Path:
+    return store.bench_cache() / f"store-{models}"
+
+
+def _rss_kb(pid: int) -> int:
+    return proc_kb(pid, "status", "VmRSS")
+
+
+def _start(server: servers.Server) -> float:
+    """Start ``server``; seconds from starting the process to its first ``/ping`` answer (the
+    poll's 0.1 s resolution included)."""
+    started = time.perf_counter()
+    server.start()
+    return time.perf_counter() - started
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def pages(server: servers.Server) -> dict[str, Any]:
+    """Every page of ``GET /models``, in order: each one's time and the names seen."""
+    client = Client(server.port)
+    times: list[float] = []
+    names = 0
+    token: str | None = None
+    try:
+        while True:
+            path = f"/models?limit={PAGE}"
+            if token is not None:
+                path += f"&next_page_token={quote(token)}"
+            status, data, seconds = client.request("GET", path)
+            if status != 200:
+                raise RuntimeError(f"GET {path}: {status} {data[:200]!r}")
+            times.append(seconds * 1e3)
+            listed = json.loads(data)
+            names += len(listed["models"])
+            token = listed.get("nextPageToken")
+            if not token:
+                break
+    finally:
+        client.close()
+    rest = times[1:] or times
+    return {
+        "pages": len(times),
+        "names": names,
+        "first_ms": times[0],
+        "median_ms": statistics.median(rest),
+        "p99_ms": _percentile(rest, 0.99),
+        "max_ms": max(rest),
+        # The median of each tenth of the listing: a page deep in the store costs as much as
+        # the first.
+        "by_tenth_ms": [
+            statistics.median(rest[i * len(rest) // 10 : (i + 1) * len(rest) // 10] or rest)
+            for i in range(10)
+        ],
+    }
+
+
+def _request(name: str) -> bytes:
+    return (
+        f"POST /predictions/{name} HTTP/1.1\r\nHost: {HOST}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+
+
+def _answered(buffer: bytearray) -> tuple[int, int] | None:
+    """(status, length of the whole answer) once ``buffer`` holds one, else None."""
+    head_end = buffer.find(b"\r\n\r\n")
+    if head_end < 0:
+        return None
+    head = bytes(buffer[:head_end]).decode("latin-1").split("\r\n")
+    status = int(head[0].split(" ", 2)[1])
+    length = 0
+    for line in head[1:]:
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "content-length":
+            length = int(value)
+    total = head_end + 4 + length
+    return (status, total) if len(buffer) >= total else None
+
+
+def cold_loads(server: servers.Server, names: list[str], clients: int) -> dict[str, Any]:
+    """Request each of ``names`` once (all unloaded), ``clients`` connections at a time, from one
+    thread multiplexing them (a client far lighter than threads of ``http.client``: the server
+    gets the cores)."""
+    queue: Iterator[str] = iter(names)
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    selector = selectors.DefaultSelector()
+    sent_at: dict[socket.socket, float] = {}
+    buffers: dict[socket.socket, bytearray] = {}
+
+    def send_next(sock: socket.socket) -> bool:
+        name = next(queue, None)
+        if name is None:
+            selector.unregister(sock)
+            sock.close()
+            return False
+        sent_at[sock] = time.perf_counter()
+        sock.sendall(_request(name))
+        return True
+
+    started = time.perf_counter()
+    for _ in range(clients):
+        sock = socket.create_connection((HOST, server.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buffers[sock] = bytearray()
+        selector.register(sock, selectors.EVENT_READ, sock)
+        send_next(sock)
+    deadline = started + COLD_TIMEOUT_S
+    while selector.get_map():
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"cold loads not answered within {COLD_TIMEOUT_S:.0f} s")
+        for key, _ in selector.select(1.0):
+            sock = key.data
+            data = sock.recv(65536)
+            if not data:
+                raise RuntimeError("the server closed a connection")
+            buffer = buffers[sock]
+            buffer += data
+            answered = _answered(buffer)
+            if answered is None:
+                continue
+            status, length = answered
+            latencies.append((time.perf_counter() - sent_at[sock]) * 1e3)
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+            del buffer[:length]
+            send_next(sock)
+    elapsed = time.perf_counter() - started
+    selector.close()
+    return {
+        "models": len(names),
+        "clients": clients,
+        "seconds": elapsed,
+        "loads_per_s": len(names) / elapsed,
+        "p50_ms": _percentile(latencies, 0.5),
+        "p99_ms": _percentile(latencies, 0.99),
+        "max_ms": max(latencies),
+        "statuses": statuses,
+    }
+
+
+def scrape(server: servers.Server) -> dict[str, Any]:
+    client = Client(server.port)
+    times, size = [], 0
+    try:
+        for _ in range(SCRAPES):
+            status, data, seconds = client.request("GET", "/metrics")
+            if status != 200:
+                raise RuntimeError(f"GET /metrics: {status}")
+            times.append(seconds * 1e3)
+            size = len(data)
+    finally:
+        client.close()
+    return {"bytes": size, "median_ms": statistics.median(times), "max_ms": max(times)}
+
+
+def loads_counted(server: servers.Server) -> int:
+    """The server's ``mmserver_model_loads_total``."""
+    client = Client(server.port)
+    try:
+        status, data, _ = client.request("GET", "/metrics")
+    finally:
+        client.close()
+    if status != 200:
+        raise RuntimeError(f"GET /metrics: {status}")
+    for line in data.decode().splitlines():
+        if line.startswith("mmserver_model_loads_total"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def churn(server: servers.Server, settings: ScaleSettings, log: Log) -> dict[str, Any]:
+    """Loads and evictions in periods of wrk's ``cycle`` pattern; RSS of the frontend after
+    each period."""
+    samples: list[dict[str, Any]] = []
+    started = time.monotonic()
+    offset, requests, errors = 0, 0, 0
+    while True:
+        load = wrk.Load(
+            url=server.url,
+            pattern="cycle",
+            duration_s=settings.churn_period,
+            connections=settings.clients,
+            threads=settings.threads,
+            models=settings.models,
+            start=offset,
+        )
+        result = wrk.run(load, server.pid)
+        offset += result.requests
+        requests += result.requests
+        errors += result.error_count
+        loads = loads_counted(server)
+        samples.append(
+            {
+                "seconds": time.monotonic() - started,
+                "loads": loads,
+                "rss_kb": _rss_kb(server.pid),
+                "rps": result.rps,
+                "p99_ms": result.p99_ms,
+                "errors": result.errors,
+            }
+        )
+        log(
+            f"scale: churn {loads:,} loads in {samples[-1]['seconds']:.0f} s, "
+            f"{result.rps:.0f} req/s, frontend RSS {samples[-1]['rss_kb'] / 1024:.1f} MiB, "
+            f"errors {result.errors or 0}"
+        )
+        if loads >= settings.churn_loads or time.monotonic() - started >= settings.churn_seconds:
+            break
+    tenth = next((s for s in samples if s["loads"] >= samples[-1]["loads"] / 10), samples[0])
+    return {
+        "cap": settings.churn_cap,
+        "requests": requests,
+        "errors": errors,
+        "loads": samples[-1]["loads"],
+        "seconds": samples[-1]["seconds"],
+        "loads_per_s": samples[-1]["loads"] / samples[-1]["seconds"],
+        "samples": samples,
+        "from_loads": tenth["loads"],
+        "growth_mib": (samples[-1]["rss_kb"] - tenth["rss_kb"]) / 1024,
+    }
+
+
+def run(
+    settings: ScaleSettings, cache: Path, out: Path, extra: list[str], exe: Path | None, log: Log
+) -> dict[str, Any]:
+    model_store = store_path(settings.models)
+    log(f"scale: store of {settings.models:,} models in {model_store}")
+    store.ensure_reference(model_store, settings.models)
+    result: dict[str, Any] = {"settings": settings.__dict__}
+    loaded = min(settings.loaded, settings.models)
+    server = servers.mmserver(
+        model_store,
+        cache / "scale-cache",
+        out / "scale-server.log",
+        ["--max-loaded-models", str(loaded + 100), *extra],
+        exe,
+    )
+    try:
+        result["ready_s"] = _start(server)
+        log(f"scale: ready in {result['ready_s']:.2f} s")
+        result["pages"] = pages(server)
+        log(
+            f"scale: {result['pages']['pages']:,} pages of GET /models, first "
+            f"{result['pages']['first_ms']:.0f} ms, median {result['pages']['median_ms']:.1f} ms"
+        )
+        before = _rss_kb(server.pid)
+        names = [f"sklearn-{i}" for i in range(settings.models)]
+        random.Random(1).shuffle(names)
+        result["cold"] = cold_loads(server, names[:loaded], settings.clients)
+        time.sleep(1)
+        after = _rss_kb(server.pid)
+        result["frontend"] = {
+            "before_kb": before,
+            "after_kb": after,
+            "kb_per_model": (after - before) / loaded,
+        }
+        result["backends_rss_mb"] = (
+            sum(p.rss_kb for p in servers.tree_memory(server.pid)[1:]) / 1024
+        )
+        log(
+            f"scale: {loaded:,} cold loads at {result['cold']['loads_per_s']:.0f}/s, p99 "
+            f"{result['cold']['p99_ms']:.0f} ms; frontend "
+            f"{result['frontend']['kb_per_model']:.1f} KB per loaded model"
+        )
+        result["scrape"] = scrape(server)
+    finally:
+        server.stop()
+    if settings.churn_loads > 0:
+        server = servers.mmserver(
+            model_store,
+            cache / "churn-cache",
+            out / "churn-server.log",
+            ["--max-loaded-models", str(settings.churn_cap), *extra],
+            exe,
+        )
+        try:
+            _start(server)
+            result["churn"] = churn(server, settings, log)
+        finally:
+            server.stop()
+    return result
+
+
+def lines(section: dict[str, Any]) -> list[str]:
+    s = section["settings"]
+    out = ["", f"Scale: a store of {s['models']:,} copies of the reference archive"]
+    if "ready_s" in section:
+        p = section["pages"]
+        out.append(f"  start to ready: {section['ready_s']:.2f} s")
+        out.append(
+            f"  GET /models: {p['pages']:,} pages of {PAGE} ({p['names']:,} names); first "
+            f"{p['first_ms']:.0f} ms (the store's first scan), then median {p['median_ms']:.2f}"
+            f", p99 {p['p99_ms']:.2f}, max {p['max_ms']:.1f} ms; median by tenth of the store: "
+            + " ".join(f"{v:.2f}" for v in p["by_tenth_ms"])
+        )
+        c = section["cold"]
+        out.append(
+            f"  cold loads: {c['models']:,} distinct models, {c['clients']} clients: "
+            f"{c['loads_per_s']:.0f} loads/s, p50 {c['p50_ms']:.1f} p99 {c['p99_ms']:.1f} "
+            f"max {c['max_ms']:.0f} ms, statuses {c['statuses']}"
+        )
+        f = section["frontend"]
+        out.append(
+            f"  frontend RSS {f['before_kb'] / 1024:.0f} -> {f['after_kb'] / 1024:.0f} MiB with "
+            f"{c['models']:,} loaded ({f['kb_per_model']:.1f} KB each); backends "
+            f"{section['backends_rss_mb']:.0f} MiB"
+        )
+        sc = section["scrape"]
+        out.append(
+            f"  GET /metrics with {c['models']:,} loaded: {sc['bytes'] / 1e6:.2f} MB, median "
+            f"{sc['median_ms']:.0f} ms (max {sc['max_ms']:.0f})"
+        )
+    ch = section.get("churn")
+    if ch:
+        out.append(
+            f"  churn (--max-loaded-models {ch['cap']:,}): {ch['loads']:,} loads in "
+            f"{ch['seconds']:.0f} s ({ch['loads_per_s']:.0f}/s), {ch['errors']} errors; frontend "
+            f"RSS " + " ".join(f"{x['rss_kb'] / 1024:.1f}" for x in ch["samples"]) + " MiB"
+        )
+    return out
+
+
+def targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
+    if not section or "ready_s" not in section:
+        return []
+    p, c, f, sc = section["pages"], section["cold"], section["frontend"], section["scrape"]
+    n, loaded = section["settings"]["models"], c["models"]
+    worst_page = max(p["by_tenth_ms"])
+    rows: list[tuple[str, str, bool | None]] = [
+        (
+            f"scale: {n:,} models, start to ready <= 5 s",
+            f"{section['ready_s']:.2f} s",
+            section["ready_s"] <= 5,
+        ),
+        (
+            "scale: a GET /models page <= 20 ms (median) at any offset",
+            f"{worst_page:.2f} ms (worst tenth)",
+            worst_page <= 20,
+        ),
+        (
+            f"scale: {c['clients']} clients on cold models >= 500 loads/s",
+            f"{c['loads_per_s']:.0f}/s",
+            c["loads_per_s"] >= 500,
+        ),
+        ("scale: cold loads p99 <= 50 ms", f"{c['p99_ms']:.1f} ms", c["p99_ms"] <= 50),
+        (
+            f"scale: {loaded:,} loaded, scrape <= 5 MB and <= 100 ms",
+            f"{sc['bytes'] / 1e6:.2f} MB, {sc['median_ms']:.0f} ms",
+            sc["bytes"] <= 5e6 and sc["median_ms"] <= 100,
+        ),
+        (
+            f"scale: {loaded:,} loaded, frontend <= 10 KB per loaded model",
+            f"{f['kb_per_model']:.1f} KB",
+            f["kb_per_model"] <= 10,
+        ),
+    ]
+    ch = section.get("churn")
+    if ch:
+        rows.append(
+            (
+                "scale: churn, frontend growth <= 2 MiB after the first tenth",
+                f"{ch['growth_mib']:+.1f} MiB over loads {ch['from_loads']:,}..{ch['loads']:,}",
+                ch["growth_mib"] <= 2,
+            )
+        )
+    return rows
