@@ -363,6 +363,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
         ]
     lines += ["", "Targets"]
     for name, measured, passed in targets(summary):
+        if passed is None and measured == "-":
+            continue  # a section this run did not measure
         verdict = "n/a" if passed is None else "PASS" if passed else "MISS"
         lines.append(f"  {verdict:<5} {name:<58} {measured}")
     return "\n".join(lines) + "\n"
@@ -391,6 +393,8 @@ def plot(path: Path, raw: dict[str, Any], summary: dict[str, Any]) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    if "closed" not in raw:
+        return True  # nothing of the closed loop to draw (e.g. --only scale): no bench.png
     fig, (lat_ax, work_ax, bar_ax) = plt.subplots(3, 1, figsize=(10, 11))
     for pattern in PATTERNS:
         polled = raw.get("closed", {}).get(pattern, {}).get("polled", [])

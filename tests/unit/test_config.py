@@ -339,3 +339,11 @@ def test_not_a_number_is_refused(name: str) -> None:
         ServerConfig.build(env={f"MMSERVER_{name}": "nan"})
     with pytest.raises(ConfigError, match="is not a valid number"):
         ModelConfig(predict_timeout=float("nan"))
+
+
+def test_metrics_model_label_must_be_a_known_choice() -> None:
+    with pytest.raises(
+        ConfigError, match=r"metrics_model_label='every': must be one of all, requests, none"
+    ):
+        ServerConfig(metrics_model_label="every")
+    assert ServerConfig().metrics_model_label == "requests"
