@@ -101,14 +101,23 @@ def memory(server: Server, samples: int = 3) -> dict[str, Any]:
 
 
 def scrape(server: Server) -> dict[str, Any]:
-    """One ``GET /metrics``: its time and size (a scrape must stay cheap with 1,000 models)."""
+    """One ``GET /metrics``: its time and size (a scrape must stay cheap with 1,000 models),
+    and the models loaded now and loads so far as it says."""
     client = Client(server.port)
     try:
         status, body, seconds = client.request("GET", "/metrics")
     finally:
         client.close()
-    loaded = None
+    values: dict[str, float | None] = dict.fromkeys(_SCRAPED.values())
     for line in body.decode(errors="replace").splitlines():
-        if line.startswith("mmserver_models_loaded "):
-            loaded = float(line.split()[1])
-    return {"status": status, "ms": seconds * 1e3, "bytes": len(body), "models_loaded": loaded}
+        key = _SCRAPED.get(line.split(" ", 1)[0])
+        if key is not None:
+            values[key] = float(line.split()[1])
+    return {"status": status, "ms": seconds * 1e3, "bytes": len(body), **values}
+
+
+#: The server-wide samples :func:`scrape` reads, by the key it returns them under.
+_SCRAPED = {
+    "mmserver_models_loaded": "models_loaded",
+    "mmserver_model_loads_total": "model_loads",
+}

@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from proctools import HOST, proc_kb
 
-from benchlib import servers, store, wrk
+from benchlib import probes, servers, store, wrk
 from benchlib.client import BODY, Client
 from benchlib.loads import Log
 
@@ -207,33 +207,21 @@ def cold_loads(server: servers.Server, names: list[str], clients: int) -> dict[s
 
 
 def scrape(server: servers.Server) -> dict[str, Any]:
-    client = Client(server.port)
-    times, size = [], 0
-    try:
-        for _ in range(SCRAPES):
-            status, data, seconds = client.request("GET", "/metrics")
-            if status != 200:
-                raise RuntimeError(f"GET /metrics: {status}")
-            times.append(seconds * 1e3)
-            size = len(data)
-    finally:
-        client.close()
-    return {"bytes": size, "median_ms": statistics.median(times), "max_ms": max(times)}
+    """:data:`SCRAPES` scrapes: the size and the median and longest time."""
+    scrapes = [probes.scrape(server) for _ in range(SCRAPES)]
+    if any(each["status"] != 200 for each in scrapes):
+        raise RuntimeError(f"GET /metrics: {[each['status'] for each in scrapes]}")
+    times = [each["ms"] for each in scrapes]
+    return {
+        "bytes": scrapes[-1]["bytes"],
+        "median_ms": statistics.median(times),
+        "max_ms": max(times),
+    }
 
 
 def loads_counted(server: servers.Server) -> int:
     """The server's ``mmserver_model_loads_total``."""
-    client = Client(server.port)
-    try:
-        status, data, _ = client.request("GET", "/metrics")
-    finally:
-        client.close()
-    if status != 200:
-        raise RuntimeError(f"GET /metrics: {status}")
-    for line in data.decode().splitlines():
-        if line.startswith("mmserver_model_loads_total"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+    return int(probes.scrape(server)["model_loads"] or 0)
 
 
 def churn(server: servers.Server, settings: ScaleSettings, log: Log) -> dict[str, Any]:

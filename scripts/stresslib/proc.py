@@ -15,6 +15,8 @@ from typing import IO
 
 from proctools import HOST, children_map, descendants, free_port, kill_left, proc_kb
 
+from mmserver.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -49,10 +51,6 @@ class Tree:
     def pids(self) -> list[int]:
         extra = [p for p in (self.fork_server, self.resource_tracker) if p is not None]
         return [self.frontend, *extra, *self.backends, *self.others]
-
-
-#: The name (``/proc/PID/comm``) of the server's archive-unpacking processes.
-UNPACK_PROCESS_NAME = "mmserver-unpack"
 
 
 def tree(frontend: int) -> Tree:
