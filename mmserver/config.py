@@ -29,7 +29,7 @@ import javaproperties
 
 from mmserver import capacity
 from mmserver.capacity import Limit
-from mmserver.errors import ConfigError
+from mmserver.errors import ConfigError, InvalidInput
 from mmserver.metrics import MODEL_LABEL_CHOICES
 from mmserver.store import split_object_url
 
@@ -520,6 +520,14 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied (validated; raises :class:`ConfigError`)."""
         return dataclasses.replace(self, **changes)
+
+    def requested(self, **changes: Any) -> ModelConfig:
+        """A copy with the ``changes`` a management request asks for: a value the model cannot
+        take is the request's fault (:class:`InvalidInput`, 400), not the configuration's."""
+        try:
+            return dataclasses.replace(self, **changes)
+        except ConfigError as exc:
+            raise InvalidInput(exc.message) from None
 
     @property
     def batch_delay_s(self) -> float:

@@ -29,13 +29,21 @@ written against DJL read the same names.
     ├── BackendDied                     500 InternalFailure
     ├── ServiceUnavailable              503 ServiceUnavailable
     │   ├── QueueFull                   503 (Retry-After)
-    │   ├── NoCapacity                  503                   nothing evictable
-    │   ├── ShuttingDown                503
+    │   ├── NoCapacity         (R)      503                   nothing evictable
+    │   ├── ShuttingDown       (R)      503
     │   └── WorkersStopped              503                   the model's maxWorkers is 0
     ├── ClientClosed                    499                   left while sending its request
     ├── PredictTimeout                  504 ServiceUnavailable
     │   └── ClientGone                  504                   dropped before compute
-    └── InsufficientMemory              507                   management load refused
+    └── InsufficientMemory     (R)      507                   management load refused
+
+(R): also a :class:`ResourceError`: the server lacks room, or is stopping. A load that ends with
+one is not the model's failure: it is not remembered against the model.
+
+Who an error is about follows from its class, never from a flag or its message: a request's
+own fault is an :class:`InvalidInput` (a parameter of a management call included, whatever
+checks it); a model's, a :class:`ModelLoadError` (its ``serving.properties`` a
+:class:`ConfigError`); the server's resources, a :class:`ResourceError`.
 """
 
 from __future__ import annotations
@@ -69,6 +77,11 @@ class MMServerError(Exception):
 
     def to_dict(self) -> dict[str, object]:
         return {"code": self.status_code, "type": self.error_type, "message": self.message}
+
+
+class ResourceError(MMServerError):
+    """The server cannot do it now for want of a resource (room for another model, or its own
+    life: it is stopping); nothing is wrong with the request or the model."""
 
 
 class InvalidInput(MMServerError):
@@ -198,14 +211,19 @@ class QueueFull(ServiceUnavailable):
         return {"Retry-After": str(self.retry_after)}
 
 
-class NoCapacity(ServiceUnavailable):
-    """No loaded model can be evicted to make room for this one."""
+class NoCapacity(ServiceUnavailable, ResourceError):
+    """No loaded model can be evicted to make room for this one. ``room`` says what is loaded
+    and what the limits are; the message adds that the client may retry."""
+
+    def __init__(self, room: str) -> None:
+        super().__init__(f"{room}; retry later")
+        self.room = room
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": "1"}
 
 
-class ShuttingDown(ServiceUnavailable):
+class ShuttingDown(ServiceUnavailable, ResourceError):
     """The server, or the model, is stopping."""
 
 
@@ -222,7 +240,9 @@ class ClientGone(PredictTimeout):
     """The client left before its request was computed."""
 
 
-class InsufficientMemory(MMServerError):
+class InsufficientMemory(ResourceError):
+    """A management call asked to load a model the server has no room for (DJL's 507)."""
+
     status_code = 507
     amzn_error_type = None
 

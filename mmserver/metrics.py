@@ -343,6 +343,23 @@ MODEL_LABEL_CHOICES = ("all", "requests", "none")
 UNRESOLVED = "-"
 
 
+class ModelRequests:
+    """One model's series of answered requests, which the HTTP layer counts each answer in
+    (looked up once, when the model loads, not per request)."""
+
+    __slots__ = ("_answered", "_seconds", "model")
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.model = model
+        self._answered = metrics.requests.labels(model, "200")
+        self._seconds = metrics.request_seconds.labels(model)
+
+    def answered(self, seconds: float) -> None:
+        """Count one request answered 200 after ``seconds`` in the server."""
+        self._answered.inc()
+        self._seconds.observe(seconds)
+
+
 class Metrics:
     """Every metric family of the server; registered on ``registry`` through one collector.
 

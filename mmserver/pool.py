@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import datetime
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +25,7 @@ from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.batching import Job, JobQueue
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
-from mmserver.metrics import CounterChild, Metrics
+from mmserver.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for
 from mmserver.worker import Worker, WorkerState
@@ -99,8 +98,7 @@ class ModelPool:
         #: The family and predict paths the model's first load reported (None: custom handler).
         self.paths: dict[str, Any] | None = None
         #: The series of this model's answered requests, counted by the HTTP layer.
-        self.m_answered = metrics.requests.labels(name, "200")
-        self.m_request_seconds = metrics.request_seconds.labels(name)
+        self.requests = ModelRequests(metrics, name)
         self._stopped = False
         self._unloading = False  # set when stop() begins: workers leaving now are not scaling
         self._refuse_if_stopped()
@@ -482,47 +480,6 @@ class ModelPool:
             self._memory_changed()
             await slots[index].unload(self.key)
 
-    def describe_cost(self) -> dict[str, Any]:
-        """The model's lane and measured cost, for the describe call."""
-        cost = self.cost
-        return {
-            "lane": self.lane,
-            "holdPerBatchMillis": _ms(cost.hold),
-            "costPerBatchMillis": _ms(cost.per_batch),
-            "costPerRowMillis": _ms(cost.per_row),
-            "cpuSeconds": round(cost.cpu_seconds, 6),
-            "batches": cost.batches,
-            "batchesWaitedBehind": cost.waited,
-            **self.describe_paths(),
-        }
-
-    def describe_paths(self) -> dict[str, Any]:
-        """The model's family and predict paths (chosen by its first load), with the batches
-        each path took."""
-        if self.paths is None:
-            return {}
-        paths = {k: v for k, v in self.paths.items() if k not in ("family", "summary")}
-        paths["batches"] = {name: int(c.value) for name, c in self._m_paths.items()}
-        return {"family": self.paths.get("family"), "predictPaths": paths}
-
-    def describe_workers(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "id": w.id,
-                "startTime": _djl_date(w.start_time),
-                "status": w.state.value,
-                "backend": w.slot.index,
-                "lane": w.slot.lane.name,
-            }
-            for w in self.workers.values()
-        ]
-
-
-def _djl_date(timestamp: float) -> str:
-    """A time as DJL writes its dates (``yyyy-MM-dd'T'HH:mm:ss.SSS'Z'``), in UTC."""
-    moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 4)
+    def path_batches(self) -> dict[str, int]:
+        """The batches each predict path took."""
+        return {name: int(c.value) for name, c in self._m_paths.items()}

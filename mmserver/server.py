@@ -27,8 +27,9 @@ from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
+from mmserver.record import ModelStatus
 from mmserver.store import ModelSource, ModelStore
-from mmserver.wlm import ModelStatus, WorkLoadManager
+from mmserver.wlm import WorkLoadManager
 
 log = logging.getLogger("mmserver")
 
@@ -47,7 +48,7 @@ class Server:
         self.stopped = asyncio.Event()
 
     def _holds_files(self, name: str) -> bool:
-        # Asked from the store's threads: status() only tests dict membership, which is safe.
+        # Asked from the store's threads: status() only reads a dict and an attribute.
         return self.wlm.status(name) in _HOLDING_FILES
 
     async def start(self) -> None:

@@ -1,15 +1,19 @@
 """The WorkLoadManager: which models are loaded, loading them lazily, and unloading the least
 recently used ones when memory runs short.
 
-Request path: :meth:`WorkLoadManager.infer` finds the model's pool (loading the model on its
-first request, one load however many requests wait for it), marks it most recently used, and
-queues the request. The HTTP layer takes the same steps itself (``ready_pool``, ``ensure_pool``,
-``enqueue``), so that a request to a loaded model costs no coroutine of its own. Everything runs
-on the event loop; file work (listing, unpacking, reading ``serving.properties``) runs in threads.
+Request path: every protocol's handler calls :meth:`WorkLoadManager.submit`, which finds the
+model's pool (loading the model on its first request, one load however many requests wait for
+it), marks it most recently used, and queues the request; a request to a loaded model costs no
+coroutine of its own. Everything runs on the event loop; file work (listing, unpacking, reading
+``serving.properties``) runs in threads.
 
-Model lifecycle: UNLOADED → LOADING → READY → UNLOADING → UNLOADED, and LOADING → FAILED. A failed
-load answers every request that waited for it with the reason, and is retried on a request that
-comes ``load_retry_seconds`` later, not on every request of a storm.
+Each model the manager knows of has one :class:`~mmserver.record.ModelRecord`, with its status
+and its checked transitions (UNLOADED → LOADING → READY → UNLOADING → UNLOADED, LOADING →
+FAILED). A failed load answers every request that waited for it with the reason, and is retried
+on a request that comes ``load_retry_seconds`` later, not on every request of a storm.
+
+What the manager returns is data (:class:`ModelView`, :class:`ModelListing`); the API renders it
+in each protocol's shapes.
 """
 
 from __future__ import annotations
@@ -17,15 +21,15 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
-import enum
+import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cachetools import LRUCache
 
@@ -34,8 +38,10 @@ from mmserver.backend import BackendPool, LoadInfo
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig, load_model_config
 from mmserver.eviction import Candidate, choose_victims
-from mmserver.metrics import Metrics
+from mmserver.metrics import Metrics, ModelRequests
 from mmserver.pool import ModelPool
+from mmserver.record import Failure, ModelRecord, ModelStatus
+from mmserver.scheduling import Cost
 from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
 from mmserver.storeindex import StoreIndex, suffix_of
 from mmserver.unpacking import UnpackProcesses
@@ -63,18 +69,59 @@ MAX_FAILURES = 1000
 MAX_REMEMBERED = 10_000
 
 
-class ModelStatus(enum.Enum):
-    UNLOADED = "UNLOADED"
-    LOADING = "LOADING"
-    READY = "READY"
-    UNLOADING = "UNLOADING"
-    FAILED = "FAILED"
+class Submission:
+    """What :meth:`WorkLoadManager.submit` gives back: the future of the answer's body, and the
+    model's series to count the answer in, known once the request has reached a loaded model
+    (at once for a loaded one)."""
+
+    __slots__ = ("answer", "requests")
+
+    answer: asyncio.Future[bytes]
+    requests: ModelRequests | None
+
+    def __init__(self, answer: asyncio.Future[bytes], requests: ModelRequests | None) -> None:
+        self.answer = answer
+        self.requests = requests
 
 
-@dataclass
-class _Failure:
-    error: errors.MMServerError
-    at: float
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker of a loaded model, for describe."""
+
+    id: int
+    start_time: float
+    status: str
+    backend: int
+    lane: str
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """What the server knows of one model, for describe (rendered by the API)."""
+
+    name: str
+    url: str
+    status: ModelStatus
+    config: ModelConfig
+    startup: bool
+    queued: int = 0
+    workers: tuple[WorkerView, ...] = ()
+    #: Of a loaded model: its memory, lane, measured cost, and the predict paths its first load
+    #: chose with the batches each took (``None`` for a custom handler).
+    memory_bytes: int | None = None
+    lane: str | None = None
+    cost: Cost | None = None
+    paths: dict[str, Any] | None = None
+    path_batches: dict[str, int] | None = None
+    error: str | None = None
+
+
+class ModelListing(NamedTuple):
+    """One row of a listing: a model's name, url and status."""
+
+    name: str
+    url: str
+    status: ModelStatus
 
 
 class WorkLoadManager:
@@ -121,24 +168,17 @@ class WorkLoadManager:
         #: once the backend processes run (:meth:`start`).
         self.budget = config.memory_budget(capacity.rss_bytes([os.getpid()]))
         self._budget_bytes = self.budget.value * 2**20
-        #: Loaded models, least recently used first.
-        self._ready: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
-        #: The sum of the loaded models' accounted_bytes (see _used_bytes).
+        #: Every model the server knows of now, least recently used first (see ModelRecord).
+        self._models: collections.OrderedDict[str, ModelRecord] = collections.OrderedDict()
+        #: How many of them are READY, and the sum of their pools' accounted_bytes.
+        self._loaded = 0
         self._loaded_bytes = 0
-        self._loading: dict[str, asyncio.Task[ModelPool]] = {}
-        self._unloading: dict[str, asyncio.Task[None]] = {}
-        #: Why loads failed, for the retry delay and describe; bounded (MAX_FAILURES).
-        self._failures: collections.OrderedDict[str, _Failure] = collections.OrderedDict()
-        self._registered: dict[str, StoreEntry] = {}
-        self._overrides: dict[str, dict[str, Any]] = {}
-        self._urls: dict[str, str] = {}  # as given to POST /models
-        self._sources: dict[str, str] = {}  # where each loaded model came from, for users
+        #: The models whose failure is remembered, the oldest failure first (MAX_FAILURES).
+        self._failed: collections.OrderedDict[str, None] = collections.OrderedDict()
         # Bytes of one copy, and seconds a batch holds a backend, remembered across evictions
         # for the next load's estimate and lane; bounded, least recently loaded forgotten.
         self._measured: LRUCache[str, int] = LRUCache(MAX_REMEMBERED)
         self._holds: LRUCache[str, float] = LRUCache(MAX_REMEMBERED)
-        self._signatures: dict[str, dict[str, Any] | None] = {}  # of loaded models only
-        self._startup: set[str] = set()  # named by load_models, until unregistered
         self._reserved_bytes = 0
         self._reserved_count = 0
         #: Set when room may have been made: a load ended or a loaded model went idle.
@@ -163,12 +203,12 @@ class WorkLoadManager:
         if wanted.upper() == "NONE" or not wanted:
             return
         if wanted.upper() == "ALL":
-            names = [m["modelName"] for m in await self.list_models()]
+            names = [model.name for model in await self.list_models()]
         else:
             names = [n.strip() for n in wanted.split(",") if n.strip()]
         for name in names:
             try:
-                self._startup.add(normalize_name(name))
+                self._record(normalize_name(name)).startup = True
                 await self._get_pool(name)
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
@@ -184,13 +224,14 @@ class WorkLoadManager:
             return
         self._stopped = True
         self.begin_shutdown()
-        for task in list(self._loading.values()):
+        loads = [r.load for r in self._models.values() if r.load is not None]
+        for task in loads:
             task.cancel()
-        await asyncio.gather(*self._loading.values(), return_exceptions=True)
-        pools = list(self._ready.values())
-        await asyncio.gather(*(p.stop(drain_timeout) for p in pools), return_exceptions=True)
-        self._ready.clear()
-        self._loaded_bytes = 0
+        await asyncio.gather(*loads, return_exceptions=True)
+        loaded = [r for r in self._models.values() if r.pool is not None]
+        await asyncio.gather(
+            *(self._unload(r.name, None, drain_timeout) for r in loaded), return_exceptions=True
+        )
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -203,6 +244,57 @@ class WorkLoadManager:
 
     # Requests ---------------------------------------------------------------------------------
 
+    def submit(
+        self,
+        name: str,
+        request: Request,
+        client_gone: Callable[[], bool] | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> Submission:
+        """Queue ``request`` for model ``name`` (any spelling), loading the model first if
+        needed: every inference path comes in here. The answer's body is the result of the
+        submission's future (its type follows from the request,
+        :func:`~mmserver.codecs.response_type`).
+
+        A loaded model named exactly ``name`` gets the request queued at once, with no task of
+        its own; otherwise a task finds (or loads) the model, then queues it. Raises
+        :class:`errors.ShuttingDown` at once; every other error is the future's.
+        ``deadline`` is on the event loop's clock; by default the model's predict_timeout."""
+        if not self.accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        record = self._models.get(name)
+        if record is not None:
+            pool = record.pool
+            if pool is not None:
+                self._models.move_to_end(name)
+                try:
+                    answer = pool.submit(request, deadline, client_gone)
+                except errors.MMServerError as exc:  # the model's queue is full
+                    answer = asyncio.get_running_loop().create_future()
+                    answer.set_exception(exc)
+                return Submission(answer, pool.requests)
+        submission = Submission.__new__(Submission)
+        submission.requests = None
+        submission.answer = asyncio.get_running_loop().create_task(
+            self._submit_after_load(name, request, deadline, client_gone, submission)
+        )
+        return submission
+
+    async def _submit_after_load(
+        self,
+        name: str,
+        request: Request,
+        deadline: float | None,
+        client_gone: Callable[[], bool] | None,
+        submission: Submission,
+    ) -> bytes:
+        pool = await self._get_pool(name)
+        submission.requests = pool.requests
+        if not self.accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        return await pool.submit(request, deadline, client_gone)
+
     async def infer(
         self,
         name: str,
@@ -211,67 +303,50 @@ class WorkLoadManager:
         deadline: float | None = None,
         client_gone: Callable[[], bool] | None = None,
     ) -> bytes:
-        """Answer ``request`` with model ``name``: the body of the answer (its type follows from
-        the request, :func:`~mmserver.codecs.response_type`).
+        """:meth:`submit`, and wait for the answer's body."""
+        return await self.submit(name, request, client_gone, deadline=deadline).answer
 
-        ``deadline`` is on the event loop's clock; by default the model's predict_timeout."""
-        pool = self.ready_pool(name) or await self.ensure_pool(name)
-        return await self.enqueue(pool, request, deadline=deadline, client_gone=client_gone)
-
-    def ready_pool(self, name: str) -> ModelPool | None:
-        """The pool of ``name`` if it is loaded under exactly that name, marked most recently
-        used; otherwise ``None`` (then :meth:`ensure_pool` finds, or loads, it). Raises
-        :class:`errors.ShuttingDown` once shutdown has begun."""
+    async def ready(self, name: str) -> str:
+        """Load model ``name`` (any spelling) if it is not loaded; its name."""
         if not self.accepting:
             raise errors.ShuttingDown("the server is shutting down; retry on another instance")
-        pool = self._ready.get(name)
-        if pool is not None:
-            self._ready.move_to_end(name)
-        return pool
+        return (await self._get_pool(name)).name
 
-    async def ensure_pool(self, name: str) -> ModelPool:
-        """The pool of model ``name`` (any spelling), loading the model first if needed."""
-        if not self.accepting:
-            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
-        return await self._get_pool(name)
+    def _record(self, name: str) -> ModelRecord:
+        """The record of ``name``, made if the server did not know the model yet."""
+        record = self._models.get(name)
+        if record is None:
+            record = self._models[name] = ModelRecord(name)
+        return record
 
-    def enqueue(
-        self,
-        pool: ModelPool,
-        request: Request,
-        *,
-        deadline: float | None = None,
-        client_gone: Callable[[], bool] | None = None,
-    ) -> asyncio.Future[bytes]:
-        """Queue ``request`` for ``pool``'s model at once; the future of the answer's body."""
-        return pool.submit(request, deadline, client_gone)
+    def _drop_if_unkept(self, record: ModelRecord) -> None:
+        if not record.kept and self._models.get(record.name) is record:
+            del self._models[record.name]
 
-    async def _get_pool(self, name: str, *, management: bool = False) -> ModelPool:
+    async def _get_pool(self, name: str) -> ModelPool:
         """The pool of a loaded model, loading it first if needed (single flight)."""
         name = normalize_name(name)
         while True:
-            pool = self._ready.get(name)
-            if pool is not None:
-                self._ready.move_to_end(name)
-                return pool
-            # A task that has ended stays in _unloading/_loading until its owner's next step;
-            # awaiting it would return without yielding, so this loop would spin forever.
-            unloading = self._unloading.get(name)
-            if unloading is not None and not unloading.done():
-                await asyncio.shield(unloading)
-                continue
-            task = self._loading.get(name)
-            if task is not None and task.done():
-                task = None  # its pool is already unloaded again: load anew
+            record = self._models.get(name)
+            if record is not None:
+                if record.pool is not None:
+                    self._models.move_to_end(name)
+                    return record.pool
+                if record.unload is not None:
+                    await asyncio.shield(record.unload)
+                    continue
+            task = record.load if record is not None else None
             if task is None:
-                failure = self._failures.get(name)
+                failure = record.failure if record is not None else None
                 if failure is not None and self._clock() - failure.at < self.load_retry_seconds:
                     raise failure.error
+                record = self._record(name)
+                record.become(ModelStatus.LOADING)
                 task = asyncio.get_running_loop().create_task(
-                    self._load(name, management), name=f"mmserver-load-{name}"
+                    self._load(record), name=f"mmserver-load-{name}"
                 )
-                self._loading[name] = task
-                task.add_done_callback(self._load_ended)
+                record.load = task
+                task.add_done_callback(_retrieve)
             # Shielded: a client that goes away does not cancel a load others wait for.
             try:
                 await asyncio.shield(task)
@@ -286,18 +361,11 @@ class WorkLoadManager:
 
     # Loading and eviction ---------------------------------------------------------------------
 
-    def _load_ended(self, task: asyncio.Task[ModelPool]) -> None:
-        for name, loading in list(self._loading.items()):
-            if loading is task:
-                del self._loading[name]
-        if not task.cancelled():
-            task.exception()  # retrieved: the requests that waited for it got it
-
-    async def _find(self, name: str) -> StoreEntry:
-        """The store entry of ``name`` (a file-system or object-store lookup, in a thread), or
-        :class:`errors.ModelNotFound`. Not remembered as a failure: an entry added to the store
-        is found on its next request."""
-        entry = self._registered.get(name) or await self._lookup(name)
+    async def _find(self, record: ModelRecord) -> StoreEntry:
+        """The store entry of the model (a file-system or object-store lookup, in a thread), or
+        :class:`errors.ModelNotFound`."""
+        name = record.name
+        entry = record.registered or await self._lookup(name)
         if entry is None:
             raise errors.ModelNotFound(
                 f"model {name} is not in the model store ({self.store.root}) and is not "
@@ -312,80 +380,118 @@ class WorkLoadManager:
         self.index.note(name, None if entry is None else entry_suffix(entry))
         return entry
 
-    async def _load(self, name: str, management: bool) -> ModelPool:
+    async def _load(self, record: ModelRecord) -> ModelPool:
+        """Load the model of ``record`` (LOADING): READY with its pool, FAILED with the reason
+        when the model is at fault, else back to what it was before."""
+        name = record.name
         started = time.perf_counter()
         self.metrics.open_model(name)
         try:
-            return await self._load_model(name, management, started)
+            # Not remembered as a failure: an entry added to the store is found on its next
+            # request, and a refused name says nothing of a model.
+            entry = await self._find(record)
         except BaseException:
-            self._release_series(name)
+            self._load_abandoned(record)
             raise
-
-    def _release_series(self, name: str) -> None:
-        """Remove the metric series of ``name`` unless it is loaded or its failure is still
-        remembered (then its requests count under its name)."""
-        if name not in self._ready and name not in self._failures:
-            self.metrics.forget_model(name)
-
-    def _remember_failure(self, name: str, error: errors.MMServerError) -> None:
-        """Remember why ``name`` failed to load (bounded: the oldest failure is forgotten
-        first, with its series)."""
-        failures = self._failures
-        failures.pop(name, None)
-        failures[name] = _Failure(error, self._clock())
-        while len(failures) > MAX_FAILURES:
-            oldest, _ = failures.popitem(last=False)
-            self._release_series(oldest)
-
-    async def _load_model(self, name: str, management: bool, started: float) -> ModelPool:
-        entry = await self._find(name)
         try:
-            model_dir, config = await asyncio.get_running_loop().run_in_executor(
-                self._unpacker, self._prepare, entry, name
-            )
-            need = self._estimate_bytes(name, entry, config)
-            await self._make_room(name, need, management)  # reserves the room it made
-            try:
-                pool = await self._start_pool(name, model_dir, config)
-            finally:
-                self._reserved_bytes -= need
-                self._reserved_count -= 1
-                self._room_changed.set()
+            pool = await self._load_model(record, entry)
+        except errors.ResourceError:
+            self._load_abandoned(record)
+            raise  # the model is fine; the server is full or stopping
         except errors.MMServerError as exc:
-            if isinstance(exc, errors.NoCapacity | errors.InsufficientMemory | errors.ShuttingDown):
-                raise  # the model is fine; the server is full or stopping
             if isinstance(exc, errors.ModelLoadError) and not exc.message.startswith("model "):
                 exc = type(exc)(f"model {name} failed to load: {exc.message}")
-            self._remember_failure(name, exc)
+            self._load_failed(record, exc)
             log.error("%s", exc.message)
             raise exc from None
         except asyncio.CancelledError:
+            self._load_abandoned(record)
             raise
         except Exception as exc:
             error = errors.ModelLoadError(
                 f"model {name} failed to load: {type(exc).__name__}: {exc}"
             )
-            self._remember_failure(name, error)
+            self._load_failed(record, error)
             log.exception("model %s failed to load", name)
             raise error from None
-        self._failures.pop(name, None)
-        self._sources[name] = entry.url
-        self._ready[name] = pool
+        record.load = None
+        record.pool = pool
+        record.become(ModelStatus.READY)
+        if record.failure is not None:
+            record.failure = None
+            self._failed.pop(name, None)
+        self._models.move_to_end(name)
+        self._loaded += 1
         self._loaded_bytes += pool.accounted_bytes
         seconds = time.perf_counter() - started
         self.metrics.model_loads.inc()
         self.metrics.model_load_seconds.observe(seconds)
-        self.metrics.models_loaded.set(len(self._ready))
+        self.metrics.models_loaded.set(self._loaded)
         paths = pool.paths
         log.info(
             "model %s loaded from %s in %.1f ms (%d worker(s), %d loaded)%s",
             name,
-            entry.url,
+            record.source,
             seconds * 1000,
             len(pool.workers),
-            len(self._ready),
+            self._loaded,
             f"; {paths['family']} {paths['method']}: {paths['summary']}" if paths else "",
         )
+        return pool
+
+    def _load_abandoned(self, record: ModelRecord) -> None:
+        """The load ended for a reason that is not the model's: back to FAILED (a failure is
+        still remembered) or UNLOADED."""
+        record.load = None
+        record.become(ModelStatus.FAILED if record.failure is not None else ModelStatus.UNLOADED)
+        self._release_series(record)
+        self._drop_if_unkept(record)
+
+    def _load_failed(self, record: ModelRecord, error: errors.MMServerError) -> None:
+        """Remember why the model failed to load (bounded: the oldest failure is forgotten
+        first, with its series)."""
+        record.load = None
+        record.failure = Failure(error, self._clock())
+        record.become(ModelStatus.FAILED)
+        failed = self._failed
+        failed.pop(record.name, None)
+        failed[record.name] = None
+        while len(failed) > MAX_FAILURES:
+            oldest, _ = failed.popitem(last=False)
+            forgotten = self._models.get(oldest)
+            if forgotten is not None:
+                self._forget_failure(forgotten)
+
+    def _forget_failure(self, record: ModelRecord) -> None:
+        if record.failure is None:
+            return
+        record.failure = None
+        self._failed.pop(record.name, None)
+        if record.status is ModelStatus.FAILED:
+            record.become(ModelStatus.UNLOADED)
+        self._release_series(record)
+        self._drop_if_unkept(record)
+
+    def _release_series(self, record: ModelRecord) -> None:
+        """Remove the metric series of the model unless it is loading or loaded, or its failure
+        is still remembered (then its requests count under its name)."""
+        if record.status in (ModelStatus.UNLOADED, ModelStatus.UNLOADING):
+            self.metrics.forget_model(record.name)
+
+    async def _load_model(self, record: ModelRecord, entry: StoreEntry) -> ModelPool:
+        name = record.name
+        model_dir, config = await asyncio.get_running_loop().run_in_executor(
+            self._unpacker, self._prepare, entry, record
+        )
+        need = self._estimate_bytes(name, entry, config)
+        await self._make_room(name, need)  # reserves the room it made
+        try:
+            pool = await self._start_pool(name, model_dir, config)
+        finally:
+            self._reserved_bytes -= need
+            self._reserved_count -= 1
+            self._room_changed.set()
+        record.source = entry.url
         return pool
 
     async def _start_pool(self, name: str, model_dir: Path, config: ModelConfig) -> ModelPool:
@@ -421,16 +527,16 @@ class WorkLoadManager:
                 return pool
         raise AssertionError("unreachable")
 
-    def _prepare(self, entry: StoreEntry, name: str) -> tuple[Path, ModelConfig]:
+    def _prepare(self, entry: StoreEntry, record: ModelRecord) -> tuple[Path, ModelConfig]:
         """File work for a load (runs in a thread): unpack, then read serving.properties."""
         model_dir = self.store.prepare(entry)
         config = load_model_config(model_dir, self._defaults)
-        overrides = self._overrides.get(name)
+        overrides = record.overrides
         if overrides:
             config = config.replace(**overrides)
         too_many = self.config.check_workers(config.min_workers, config.max_workers)
         if too_many is not None:
-            raise errors.ConfigError(f"model {name}: serving.properties: {too_many}")
+            raise errors.ConfigError(f"model {record.name}: serving.properties: {too_many}")
         return model_dir, config
 
     def _estimate_bytes(self, name: str, entry: StoreEntry, config: ModelConfig) -> int:
@@ -440,7 +546,9 @@ class WorkLoadManager:
 
     def _on_first_load(self, pool: ModelPool, info: LoadInfo) -> None:
         self._measured[pool.name] = pool.copy_bytes
-        self._signatures[pool.name] = info.signature
+        record = self._models.get(pool.name)
+        if record is not None:
+            record.signature = info.signature
 
     def _used_bytes(self) -> int:
         """The memory counted for the loaded models: the sum of their ``accounted_bytes``,
@@ -448,19 +556,24 @@ class WorkLoadManager:
         return self._loaded_bytes
 
     def _memory_changed(self, pool: ModelPool, change: int) -> None:
-        if self._ready.get(pool.name) is pool:
+        record = self._models.get(pool.name)
+        if record is not None and record.pool is pool:
             self._loaded_bytes += change
 
-    async def _make_room(self, name: str, need: int, management: bool) -> None:
+    async def _make_room(self, name: str, need: int) -> None:
         """Unload least recently used idle models until ``need`` more bytes and one more model
         fit. While every loaded model is busy, wait (up to ``room_wait_seconds``) for one to go
-        idle or for another load to end; then give up with 503 (507 for management)."""
+        idle or for another load to end; then give up with :class:`errors.NoCapacity`."""
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.room_wait_seconds
         while True:
             victims = choose_victims(
-                (Candidate(n, p.memory_bytes, p.busy) for n, p in self._ready.items()),
-                loaded=len(self._ready) + self._reserved_count,
+                (
+                    Candidate(n, r.pool.memory_bytes, r.pool.busy)
+                    for n, r in self._models.items()
+                    if r.pool is not None
+                ),
+                loaded=self._loaded + self._reserved_count,
                 used_bytes=self._used_bytes() + self._reserved_bytes,
                 need_bytes=need,
                 max_models=self.config.max_loaded_models,
@@ -474,74 +587,84 @@ class WorkLoadManager:
                 await asyncio.wait_for(self._room_changed.wait(), remaining)
             except TimeoutError:
                 pass
-        if victims is not None:
-            # Reserved before any await, so concurrent loads cannot claim the same room.
-            self._reserved_bytes += need
-            self._reserved_count += 1
         if victims is None:
-            message = (
-                f"no room to load model {name}: {len(self._ready)} model(s) loaded, all busy "
+            raise errors.NoCapacity(
+                f"no room to load model {name}: {self._loaded} model(s) loaded, all busy "
                 f"(max_loaded_models={self.config.max_loaded_models or 'unlimited'}, "
                 f"memory budget {self._budget_bytes // 2**20} MiB)"
             )
-            if management:
-                raise errors.InsufficientMemory(message)
-            raise errors.NoCapacity(message + "; retry later")
+        # Reserved before any await, so concurrent loads cannot claim the same room.
+        self._reserved_bytes += need
+        self._reserved_count += 1
         for victim in victims:
             await self._unload(victim, reason=f"evicted (least recently used) to load {name}")
             self.metrics.model_evictions.inc()
 
-    async def _unload(self, name: str, reason: str, drain_timeout: float | None = None) -> None:
-        pool = self._ready.pop(name, None)
-        if pool is None:
+    async def _unload(
+        self, name: str, reason: str | None, drain_timeout: float | None = None
+    ) -> None:
+        """READY → UNLOADING → UNLOADED: the pool leaves the loaded models at once, then stops
+        (answering what it has queued, up to ``drain_timeout``). Logged with ``reason``, unless
+        the server is stopping (``None``)."""
+        record = self._models.get(name)
+        if record is None or record.pool is None:
             return
+        pool, record.pool = record.pool, None
+        record.become(ModelStatus.UNLOADING)
+        self._loaded -= 1
         self._loaded_bytes -= pool.accounted_bytes
-        self.metrics.models_loaded.set(len(self._ready))
+        self.metrics.models_loaded.set(self._loaded)
         task = asyncio.get_running_loop().create_task(
-            pool.stop(drain_timeout), name=f"mmserver-unload-{name}"
+            self._stop_pool(record, pool, reason, drain_timeout), name=f"mmserver-unload-{name}"
         )
-        self._unloading[name] = task
+        record.unload = task
+        await asyncio.shield(task)
+
+    async def _stop_pool(
+        self, record: ModelRecord, pool: ModelPool, reason: str | None, drain_timeout: float | None
+    ) -> None:
         try:
-            await asyncio.shield(task)
+            await pool.stop(drain_timeout)
         finally:
-            if self._unloading.get(name) is task:
-                del self._unloading[name]
-        if pool.cost.hold is not None:
-            self._holds[name] = pool.cost.hold
-        self._sources.pop(name, None)
-        self._signatures.pop(name, None)
-        self._release_series(name)
-        log.info("model %s unloaded: %s (%d loaded)", name, reason, len(self._ready))
+            record.unload = None
+            record.become(ModelStatus.UNLOADED)
+            record.source = None
+            record.signature = None
+            if pool.cost.hold is not None:
+                self._holds[record.name] = pool.cost.hold
+            self._release_series(record)
+            self._drop_if_unkept(record)
+        if reason is not None:
+            log.info("model %s unloaded: %s (%d loaded)", record.name, reason, self._loaded)
 
     # Management -------------------------------------------------------------------------------
 
     def status(self, name: str) -> ModelStatus:
-        if name in self._ready:
-            return ModelStatus.READY
-        if name in self._loading:
-            return ModelStatus.LOADING
-        if name in self._unloading:
-            return ModelStatus.UNLOADING
-        if name in self._failures:
-            return ModelStatus.FAILED
-        return ModelStatus.UNLOADED
+        """The status of model ``name`` (safe to call from any thread)."""
+        record = self._models.get(name)
+        return record.status if record is not None else ModelStatus.UNLOADED
 
     def failure(self, name: str) -> str | None:
         """Why the last load of ``name`` failed, while it counts as failed."""
-        failure = self._failures.get(name)
+        record = self._models.get(name)
+        failure = record.failure if record is not None else None
         return failure.error.message if failure is not None else None
 
     def signature(self, name: str) -> dict[str, Any] | None:
         """What the load of model ``name`` told of it (:func:`mmserver.predictor.signature`);
         ``None`` while it is not loaded into a backend (a model with ``minWorkers=0`` is
         loaded there on its first request)."""
-        return self._signatures.get(name)
+        record = self._models.get(name)
+        return record.signature if record is not None else None
 
-    async def list_page(self, after: str | None, limit: int) -> tuple[list[dict[str, str]], bool]:
+    def _registered(self) -> dict[str, StoreEntry]:
+        return {n: r.registered for n, r in self._models.items() if r.registered is not None}
+
+    async def list_page(self, after: str | None, limit: int) -> tuple[list[ModelListing], bool]:
         """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
         by name, and whether more follow. From the store index: O(log n + limit)."""
         stored, more = await self.index.page(after, limit)
-        registered = self._registered
+        registered = self._registered()
         if registered:
             names = sorted(registered)
             start = bisect.bisect_right(names, after) if after else 0
@@ -552,65 +675,68 @@ class WorkLoadManager:
             rows = sorted(merged.items())
             more = more or len(rows) > limit
             stored = rows[:limit]
-        return [
-            {"modelName": n, "modelUrl": self._urls.get(n, url), "status": self.status(n).value}
-            for n, url in stored
-        ], more
+        models = self._models
+        listing = []
+        for name, url in stored:
+            record = models.get(name)
+            if record is None:
+                listing.append(ModelListing(name, url, ModelStatus.UNLOADED))
+            else:
+                listing.append(ModelListing(name, record.url or url, record.status))
+        return listing, more
 
-    async def list_models(self) -> list[dict[str, str]]:
+    async def list_models(self) -> list[ModelListing]:
         """Every model of the store and every registered one, sorted by name."""
-        models: list[dict[str, str]] = []
+        models: list[ModelListing] = []
         after: str | None = None
         while True:
             page, more = await self.list_page(after, 10_000)
             models += page
             if not more or not page:
                 return models
-            after = page[-1]["modelName"]
+            after = page[-1].name
 
-    async def describe(self, name: str) -> dict[str, Any]:
-        """The fields of DJL's ``DescribeWorkflowResponse.Model`` for model ``name``, and the
-        server's own (memory, cost, predict paths, the last load's error)."""
+    async def describe(self, name: str) -> ModelView:
+        """What the server knows of model ``name``: its configuration and status, and of a
+        loaded model its workers, memory, cost and predict paths; the last load's error."""
         name = normalize_name(name)
-        pool = self._ready.get(name)
-        entry = self._registered.get(name)
+        record = self._models.get(name)
+        pool = record.pool if record is not None else None
+        entry = record.registered if record is not None else None
         if pool is None and entry is None:
             entry = await self._lookup(name)
             if entry is None:
                 raise errors.ModelNotFound(f"model {name} is not in the store nor registered")
-        config = (
-            pool.config
-            if pool is not None
-            else self._defaults.replace(**self._overrides.get(name, {}))
+            record = self._models.get(name)  # the lookup awaited: it may have changed
+            pool = record.pool if record is not None else None
+        overrides = record.overrides if record is not None else {}
+        config = pool.config if pool is not None else self._defaults.replace(**overrides)
+        source = entry.url if entry is not None else record.source if record is not None else None
+        url = (record.url if record is not None else None) or str(source)
+        failure = record.failure if record is not None else None
+        view = ModelView(
+            name=name,
+            url=url,
+            status=record.status if record is not None else ModelStatus.UNLOADED,
+            config=config,
+            startup=record.startup if record is not None else False,
+            error=failure.error.message if failure is not None else None,
         )
-        source = entry.url if entry is not None else self._sources.get(name)
-        url = self._urls.get(name) or str(source)
-        result: dict[str, Any] = {
-            "modelName": name,
-            "modelUrl": url,
-            "batchSize": config.batch_size,
-            "maxBatchDelayMillis": config.max_batch_delay,
-            "maxIdleSeconds": config.max_idle_time,
-            "queueSize": config.job_queue_size,
-            "requestInQueue": len(pool.queue) if pool is not None else 0,
-            "status": self.status(name).value,
-            "loadedAtStartup": name in self._startup,
-            "workerGroups": [
-                {
-                    "device": {"deviceType": "cpu", "deviceId": -1},
-                    "minWorkers": config.min_workers,
-                    "maxWorkers": config.max_workers,
-                    "workers": pool.describe_workers() if pool is not None else [],
-                }
-            ],
-        }
-        if pool is not None:
-            result["memoryBytes"] = pool.memory_bytes
-            result.update(pool.describe_cost())
-        failure = self._failures.get(name)
-        if failure is not None:
-            result["error"] = failure.error.message
-        return result
+        if pool is None:
+            return view
+        return dataclasses.replace(
+            view,
+            queued=len(pool.queue),
+            workers=tuple(
+                WorkerView(w.id, w.start_time, w.state.value, w.slot.index, w.slot.lane.name)
+                for w in pool.workers.values()
+            ),
+            memory_bytes=pool.memory_bytes,
+            lane=pool.lane,
+            cost=pool.cost,
+            paths=pool.paths,
+            path_batches=pool.path_batches(),
+        )
 
     async def register(
         self, *, url: str, name: str | None, overrides: dict[str, Any], synchronous: bool
@@ -620,15 +746,20 @@ class WorkLoadManager:
         if not name:
             name = path.name
         name = normalize_name(name)
-        if name in self._ready or name in self._loading or name in self._registered:
+        record = self._models.get(name)
+        if record is not None and (
+            record.registered is not None
+            or record.status in (ModelStatus.READY, ModelStatus.LOADING)
+        ):
             raise errors.ModelExists(f"model {name} is already registered; DELETE it first")
         entry = self.store.entry_for_path(path, name)
         self._check_overrides(overrides)
-        self._registered[name] = entry
-        self._urls[name] = url
-        self._failures.pop(name, None)
+        record = self._record(name)
+        record.registered = entry
+        record.url = url
+        self._forget_failure(record)
         if overrides:
-            self._overrides[name] = dict(overrides)
+            record.overrides = dict(overrides)
         if not synchronous:
             task = asyncio.get_running_loop().create_task(
                 self._register_in_background(name), name=f"mmserver-register-{name}"
@@ -637,7 +768,7 @@ class WorkLoadManager:
             task.add_done_callback(self._tasks.discard)
             return name
         try:
-            await self._get_pool(name, management=True)
+            await self._get_pool_for_management(name)
         except BaseException:
             self._forget(name)
             raise
@@ -647,11 +778,19 @@ class WorkLoadManager:
         """Load a model of the store, or a registered one, now (management: no room is 507)."""
         if not self.accepting:
             raise errors.ShuttingDown("the server is shutting down; retry on another instance")
-        await self._get_pool(name, management=True)
+        await self._get_pool_for_management(name)
+
+    async def _get_pool_for_management(self, name: str) -> ModelPool:
+        """:meth:`_get_pool` for a management call, which is told that the server has no room
+        for the model as 507 (DJL's answer to a registration it cannot load), not 503."""
+        try:
+            return await self._get_pool(name)
+        except errors.NoCapacity as exc:
+            raise errors.InsufficientMemory(exc.room) from None
 
     async def _register_in_background(self, name: str) -> None:
         try:
-            await self._get_pool(name, management=True)
+            await self._get_pool_for_management(name)
         except errors.MMServerError as exc:
             log.error("model %s: registration failed: %s", name, exc.message)
 
@@ -659,10 +798,7 @@ class WorkLoadManager:
         unknown = set(overrides) - set(RESCALABLE)
         if unknown:
             raise errors.InvalidInput(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        try:
-            self._defaults.replace(**overrides)
-        except errors.ConfigError as exc:
-            raise errors.InvalidInput(exc.message) from None
+        self._defaults.requested(**overrides)
         too_many = self.config.check_workers(
             overrides.get("min_workers", 0), overrides.get("max_workers", 0)
         )
@@ -674,12 +810,11 @@ class WorkLoadManager:
         the model's configuration now."""
         name = normalize_name(name)
         self._check_overrides(overrides)
-        pool = await self._get_pool(name, management=True)
-        try:
-            config = pool.config.replace(**overrides)
-        except errors.ConfigError as exc:
-            raise errors.InvalidInput(exc.message) from None
-        self._overrides.setdefault(name, {}).update(overrides)
+        pool = await self._get_pool_for_management(name)
+        config = pool.config.requested(**overrides)
+        record = self._models.get(name)
+        if record is not None:
+            record.overrides.update(overrides)
         await pool.rescale(config)
         log.info("model %s rescaled: %s", name, overrides)
         return config
@@ -687,10 +822,13 @@ class WorkLoadManager:
     async def unload(self, name: str) -> None:
         """Unload a model (answering what it has queued first) and forget its registration."""
         name = normalize_name(name)
-        task = self._loading.get(name)
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
-        known = name in self._ready or name in self._registered or name in self._failures
+        record = self._models.get(name)
+        if record is not None and record.load is not None:
+            await asyncio.gather(record.load, return_exceptions=True)
+            record = self._models.get(name)
+        known = record is not None and (
+            record.pool is not None or record.registered is not None or record.failure is not None
+        )
         if not known:
             raise errors.ModelNotFound(f"model {name} is not loaded")
         await self._unload(
@@ -699,28 +837,37 @@ class WorkLoadManager:
         self._forget(name)
 
     def _forget(self, name: str) -> None:
-        self._startup.discard(name)
-        self._registered.pop(name, None)
-        self._overrides.pop(name, None)
-        self._urls.pop(name, None)
-        if self._failures.pop(name, None) is not None:
-            self._release_series(name)
+        record = self._models.get(name)
+        if record is None:
+            return
+        record.startup = False
+        record.registered = None
+        record.overrides = {}
+        record.url = None
+        self._forget_failure(record)
+        self._drop_if_unkept(record)
 
     # Metrics ----------------------------------------------------------------------------------
+
+    def _pools(self) -> Iterator[ModelPool]:
+        for record in self._models.values():
+            if record.pool is not None:
+                yield record.pool
 
     def refresh_metrics(self) -> None:
         """Set the gauges from the current state (called before a scrape; free on the hot
         path)."""
         m = self.metrics
         if m.workers.labelled:
-            for name, pool in self._ready.items():
+            for pool in self._pools():
+                name = pool.name
                 m.queue_length.labels(name).set(len(pool.queue))
                 m.workers.labels(name).set(len(pool.workers))
                 m.model_lane.labels(name, pool.lane).set(1)
         else:
             lanes = dict.fromkeys(self.backend.lanes, 0)
             queued = workers = 0
-            for pool in self._ready.values():
+            for pool in self._pools():
                 queued += len(pool.queue)
                 workers += len(pool.workers)
                 lanes[pool.lane] = lanes.get(pool.lane, 0) + 1
@@ -728,16 +875,23 @@ class WorkLoadManager:
             m.workers.set(workers)
             for lane, count in lanes.items():
                 m.model_lane.labels("", lane).set(count)
-        m.models_loaded.set(len(self._ready))
+        m.models_loaded.set(self._loaded)
         m.model_memory_bytes.set(self._used_bytes())
 
     @property
     def loaded(self) -> list[str]:
         """Loaded model names, least recently used first."""
-        return list(self._ready)
+        return [pool.name for pool in self._pools()]
 
     def pool(self, name: str) -> ModelPool | None:
-        return self._ready.get(name)
+        record = self._models.get(name)
+        return record.pool if record is not None else None
+
+
+def _retrieve(task: asyncio.Task[ModelPool]) -> None:
+    """Mark a load's error retrieved: the requests that waited for it got it."""
+    if not task.cancelled():
+        task.exception()
 
 
 def entry_suffix(entry: StoreEntry) -> str:

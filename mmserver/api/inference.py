@@ -31,13 +31,13 @@ from mmserver.errors import (
     ModelNotFound,
     ShuttingDown,
 )
-from mmserver.pool import ModelPool
 from mmserver.store import normalize_name
+from mmserver.wlm import Submission
 
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 UNRESOLVED = "-"
 
-# Errors from WorkLoadManager.infer that say the name did not lead to a model.
+# Errors from WorkLoadManager.submit that say the name did not lead to a model.
 _UNRESOLVED_ERRORS = (InvalidModelName, ModelNotFound, ShuttingDown)
 
 _HEALTHY = b'{"status": "Healthy"}'
@@ -66,7 +66,7 @@ Respond = Callable[[bytes, Request], web.Response]
 
 def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) -> Handler:
     """The handler of one protocol's inference paths: read the body (bounded), make the job,
-    find the model's pool (loading it if needed), queue the job, and answer.
+    submit it to the WorkLoadManager (which loads the model if needed), and answer.
 
     One coroutine, with no coroutine under it for a loaded model: this runs for every request.
     Errors are answered here, in the request's protocol (:func:`answer_error`)."""
@@ -74,37 +74,32 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
     async def infer(request: web.Request) -> web.Response:
         state = request.app[STATE]
         start = time.perf_counter()
-        pool: ModelPool | None = None
-        pool_name = UNRESOLVED  # the label of a request that has no pool
+        submission: Submission | None = None
+        label = UNRESOLVED  # the model a failed request is counted under
         code = 500
         try:
             name = model_of(request)
             config = state.config
             body = await read_body(request, config.max_request_size, config.body_timeout)
             job = make_job(body, request.headers)
-            wlm = state.wlm
-            pool = wlm.ready_pool(name)
-            if pool is None:
-                try:
-                    pool = await wlm.ensure_pool(name)
-                except MMServerError as error:
-                    if not isinstance(error, _UNRESOLVED_ERRORS):
-                        pool_name = _label(name)  # e.g. a model that failed to load
-                    raise
             transport = request.transport
-            answer = await wlm.enqueue(
-                pool, job, client_gone=transport.is_closing if transport is not None else None
+            submission = state.wlm.submit(
+                name, job, transport.is_closing if transport is not None else None
             )
+            answer = await submission.answer
             response = respond(answer, job)
             response.headers[REQUEST_ID] = (
                 request.headers.get(REQUEST_ID) or state.request_ids.next()
             )
             code = 200
-            pool.m_answered.inc()
-            pool.m_request_seconds.observe(time.perf_counter() - start)
+            requests = submission.requests
+            if requests is not None:
+                requests.answered(time.perf_counter() - start)
             return response
         except MMServerError as error:
             code = error.status_code
+            if submission is not None and not isinstance(error, _UNRESOLVED_ERRORS):
+                label = _label(name)  # e.g. a model that failed to load
             return answer_error(request, error)
         except asyncio.CancelledError:
             code = 0  # the server is stopping or the client left: no answer, nothing to count
@@ -113,7 +108,8 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
             return answer_unexpected(request)
         finally:
             if code != 200 and code:
-                label = pool.name if pool is not None else pool_name
+                if submission is not None and submission.requests is not None:
+                    label = submission.requests.model
                 state.observe_request(label, code, time.perf_counter() - start)
 
     return infer

@@ -18,6 +18,7 @@ so pages stay consistent while models come and go.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import re
 from collections.abc import Mapping
@@ -30,7 +31,9 @@ from mmserver.api import STATE, read_body
 from mmserver.api.middleware import answers_errors, authorize
 from mmserver.codecs import media_type
 from mmserver.errors import InvalidInput, InvalidModelName
+from mmserver.record import ModelStatus
 from mmserver.store import name_from_url, normalize_name
+from mmserver.wlm import ModelView
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_PAGE = 100
@@ -49,7 +52,7 @@ _RESCALE_PARAMS = {key: value for key, value in _REGISTER_PARAMS.items() if key 
 _POSITIVE = ("batch_size", "job_queue_size")
 
 # DJL's model status (WorkerPoolConfig.Status) for a status of the WorkLoadManager.
-_DJL_STATUS = {"LOADING": "PENDING"}
+_DJL_STATUS = {ModelStatus.LOADING: "PENDING"}
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 _TRUE = ("true", "1", "yes", "on")
@@ -64,11 +67,14 @@ async def list_models(request: web.Request) -> web.Response:
         raise InvalidInput(f"parameter limit={limit} must be between 1 and {MAX_PAGE}")
     token = query.get("next_page_token") or None
     models, more = await request.app[STATE].wlm.list_page(token, limit)
-    for model in models:
-        model["status"] = _DJL_STATUS.get(model["status"], model["status"])
-    body: dict[str, Any] = {"models": models}
+    body: dict[str, Any] = {
+        "models": [
+            {"modelName": m.name, "modelUrl": m.url, "status": _djl_status(m.status)}
+            for m in models
+        ]
+    }
     if more and models:
-        body["nextPageToken"] = models[-1]["modelName"]
+        body["nextPageToken"] = models[-1].name
     return web.json_response(body)
 
 
@@ -77,8 +83,77 @@ async def describe_model(request: web.Request) -> web.Response:
     so it has no ``version``, as DJL leaves a null one out) holding the model."""
     name = normalize_name(request.match_info["model"])
     model = await request.app[STATE].wlm.describe(name)
-    model["status"] = _describe_status(model)
-    return web.json_response([{"workflowName": name, "models": [model]}])
+    return web.json_response([{"workflowName": name, "models": [_describe(model)]}])
+
+
+def _describe(model: ModelView) -> dict[str, Any]:
+    """The fields of DJL's ``DescribeWorkflowResponse.Model``, and the server's own (memory,
+    lane and cost, predict paths, the last load's error)."""
+    config = model.config
+    result: dict[str, Any] = {
+        "modelName": model.name,
+        "modelUrl": model.url,
+        "batchSize": config.batch_size,
+        "maxBatchDelayMillis": config.max_batch_delay,
+        "maxIdleSeconds": config.max_idle_time,
+        "queueSize": config.job_queue_size,
+        "requestInQueue": model.queued,
+        "status": _describe_status(model),
+        "loadedAtStartup": model.startup,
+        "workerGroups": [
+            {
+                "device": {"deviceType": "cpu", "deviceId": -1},
+                "minWorkers": config.min_workers,
+                "maxWorkers": config.max_workers,
+                "workers": [
+                    {
+                        "id": w.id,
+                        "startTime": _djl_date(w.start_time),
+                        "status": w.status,
+                        "backend": w.backend,
+                        "lane": w.lane,
+                    }
+                    for w in model.workers
+                ],
+            }
+        ],
+    }
+    cost = model.cost
+    if model.memory_bytes is not None and cost is not None:
+        result["memoryBytes"] = model.memory_bytes
+        result.update(
+            {
+                "lane": model.lane,
+                "holdPerBatchMillis": _ms(cost.hold),
+                "costPerBatchMillis": _ms(cost.per_batch),
+                "costPerRowMillis": _ms(cost.per_row),
+                "cpuSeconds": round(cost.cpu_seconds, 6),
+                "batches": cost.batches,
+                "batchesWaitedBehind": cost.waited,
+            }
+        )
+        if model.paths is not None:
+            paths = {k: v for k, v in model.paths.items() if k not in ("family", "summary")}
+            paths["batches"] = model.path_batches or {}
+            result["family"] = model.paths.get("family")
+            result["predictPaths"] = paths
+    if model.error is not None:
+        result["error"] = model.error
+    return result
+
+
+def _djl_status(status: ModelStatus) -> str:
+    return _DJL_STATUS.get(status, status.value)
+
+
+def _djl_date(timestamp: float) -> str:
+    """A time as DJL writes its dates (``yyyy-MM-dd'T'HH:mm:ss.SSS'Z'``), in UTC."""
+    moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 4)
 
 
 def _name_from_url(url: str) -> str:
@@ -93,15 +168,13 @@ def _name_from_url(url: str) -> str:
         ) from None
 
 
-def _describe_status(model: Mapping[str, Any]) -> str:
+def _describe_status(model: ModelView) -> str:
     """DJL's status of a described model: a loaded one is ``Healthy`` when it has at least its
     ``minWorkers`` workers, ``Unhealthy`` otherwise; a loading one ``PENDING``."""
-    status: str = model["status"]
-    if status == "READY":
-        groups = model["workerGroups"]
-        workers = sum(len(g["workers"]) for g in groups)
-        return "Healthy" if workers >= sum(g["minWorkers"] for g in groups) else "Unhealthy"
-    return _DJL_STATUS.get(status, status)
+    if model.status is ModelStatus.READY:
+        healthy = len(model.workers) >= model.config.min_workers
+        return "Healthy" if healthy else "Unhealthy"
+    return _djl_status(model.status)
 
 
 async def register_model(request: web.Request) -> web.Response:

@@ -33,9 +33,9 @@ from mmserver.api.management import bool_param, request_params
 from mmserver.api.middleware import answers_errors, authorize
 from mmserver.codecs import Request
 from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
+from mmserver.record import ModelStatus
 from mmserver.store import normalize_name
 from mmserver.v2codec import HEADER_LENGTH, VERSION, datatype_of, split_answer, v2_request
-from mmserver.wlm import ModelStatus
 
 SERVER_NAME = "mmserver"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
@@ -100,8 +100,8 @@ async def model_metadata(request: web.Request) -> web.Response:
     """The model's name, version, platform, inputs and outputs; loads the model if needed."""
     wlm = request.app[STATE].wlm
     name = _model_of(request)
-    pool = wlm.ready_pool(name) or await wlm.ensure_pool(name)
-    return web.json_response(describe(pool.name, wlm.signature(pool.name)))
+    name = await wlm.ready(name)
+    return web.json_response(describe(name, wlm.signature(name)))
 
 
 def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
@@ -172,8 +172,7 @@ async def repository_index(request: web.Request) -> web.Response:
     wlm = request.app[STATE].wlm
     index = []
     for model in await wlm.list_models():
-        name = model["modelName"]
-        status = ModelStatus(model["status"])
+        name, status = model.name, model.status
         if only_ready and status is not ModelStatus.READY:
             continue
         reason = ""

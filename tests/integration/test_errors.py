@@ -258,10 +258,10 @@ async def test_500_unexpected_exception_is_generic(serve: Serve) -> None:
 async def test_500_unexpected_exception_on_the_inference_path_is_generic(
     server: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(name: str) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(server.wlm, "ready_pool", broken)
+    monkeypatch.setattr(server.wlm, "submit", broken)
     response = await server.post("/invocations", "[[0.5]]", **{TARGET: "sklearn-0"})
     body = await check(
         response,

@@ -249,16 +249,14 @@ async def test_objects_added_and_removed_are_listed_after_a_lookup(
         tmp_path / "cache", f"s3://{BUCKET}/fresh", store_index_max_age=3600
     ) as server:
         lists = Requests(store_of(server).client, "ListObjectsV2")
-        assert [m["modelName"] for m in await server.wlm.list_models()] == ["a"]
+        assert [m.name for m in await server.wlm.list_models()] == ["a"]
         put("fresh/b.tgz", reference_archive())
         assert value(await server.wlm.infer("b", X)) == pytest.approx(REFERENCE, abs=0.05)
         client.delete_object(Bucket=BUCKET, Key="fresh/a.tar.gz")
         with pytest.raises(errors.ModelNotFound):
             await server.wlm.infer("a", X)
         models = await server.wlm.list_models()
-        assert [(m["modelName"], m["modelUrl"]) for m in models] == [
-            ("b", f"s3://{BUCKET}/fresh/b.tgz")
-        ]
+        assert [(m.name, m.url) for m in models] == [("b", f"s3://{BUCKET}/fresh/b.tgz")]
         assert lists.count() == 1
 
 

@@ -19,6 +19,7 @@ import pytest
 from mmserver import errors
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
+from mmserver.record import ModelStatus
 from mmserver.store import ModelStore
 from mmserver.wlm import WorkLoadManager
 from tests.behaviour_models import (
@@ -58,6 +59,39 @@ def sample(wlm: WorkLoadManager, family: str, **labels: str) -> float:
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     return make_linked_store(tmp_path / "store", 100)
+
+
+async def test_submit_is_the_one_way_in(store: Path, tmp_path: Path) -> None:
+    """A request for a model that is not loaded is a task that loads it and learns its series;
+    one for a loaded model is queued at once (a plain future, no task) with its series; a full
+    queue is the future's error, with the model's series; the status is the record's."""
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "gated", gate, maxWorkers=1, job_queue_size=1)
+    async with running(store, backend_processes=0) as wlm:
+        assert wlm.status("gated") is ModelStatus.UNLOADED
+        gate.touch()
+        cold = wlm.submit("gated", X)
+        assert isinstance(cold.answer, asyncio.Task) and cold.requests is None
+        await cold.answer
+        assert cold.requests is not None and cold.requests.model == "gated"
+        assert wlm.status("gated") is ModelStatus.READY
+        gate.unlink()
+        running_now = wlm.submit("gated", X)
+        assert not isinstance(running_now.answer, asyncio.Task)
+        assert running_now.requests is cold.requests
+        pool = wlm.pool("gated")
+        await wait_until(lambda: pool is not None and pool.running == 1)
+        queued = wlm.submit("gated", X)
+        full = wlm.submit("gated", X)  # the queue holds one job
+        with pytest.raises(errors.QueueFull):
+            await full.answer
+        assert full.requests is cold.requests
+        gate.touch()
+        await running_now.answer
+        await queued.answer
+        wlm.begin_shutdown()
+        with pytest.raises(errors.ShuttingDown):
+            wlm.submit("gated", X)
 
 
 async def test_lazy_load_answers_and_loads_once(store: Path) -> None:
@@ -364,13 +398,15 @@ async def test_runs_on_uvloop() -> None:
 def _bookkeeping(wlm: WorkLoadManager) -> dict[str, int]:
     """Sizes of every per-model structure of the frontend (the LRU-bounded caches of measured
     sizes and costs are bounded by MAX_REMEMBERED, not by the loaded models)."""
+    records = wlm._models.values()
     sizes = {
-        "ready": len(wlm._ready),
-        "loading": len(wlm._loading),
-        "unloading": len(wlm._unloading),
-        "failures": len(wlm._failures),
-        "sources": len(wlm._sources),
-        "signatures": len(wlm._signatures),
+        "records": len(wlm._models),
+        "ready": sum(r.pool is not None for r in records),
+        "loading": sum(r.load is not None for r in records),
+        "unloading": sum(r.unload is not None for r in records),
+        "failures": len(wlm._failed),
+        "sources": sum(r.source is not None for r in records),
+        "signatures": sum(r.signature is not None for r in records),
         "tasks": len(wlm._tasks),
         "series": wlm.metrics.model_series(),
         "live": wlm.metrics.live_models,
@@ -393,7 +429,7 @@ async def test_churn_leaves_no_per_model_state_behind(store: Path) -> None:
                 names = [f"sklearn-{i}" for i in range(start, min(start + 8, 100))]
                 results = await asyncio.gather(*(wlm.infer(n, X) for n in names))
                 assert [value(r) for r in results] == pytest.approx([2.0] * len(names), abs=0.05)
-            await wait_until(lambda: not wlm._unloading)
+            await wait_until(lambda: not any(r.unload for r in wlm._models.values()))
             after_pass.append(_bookkeeping(wlm))
             pools = [wlm.pool(name) for name in wlm.loaded]
             assert wlm._used_bytes() == sum(p.accounted_bytes for p in pools if p is not None)
