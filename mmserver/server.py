@@ -17,7 +17,6 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable
 
 import prometheus_client
 from aiohttp import web
@@ -27,7 +26,7 @@ from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
-from mmserver.store import ModelSource, ModelStore
+from mmserver.store import open_store
 from mmserver.wlm import ModelStatus, WorkLoadManager
 
 log = logging.getLogger("mmserver")
@@ -94,20 +93,6 @@ class Server:
 
 #: The states in which a model may still read its files (a new worker loads them again).
 _HOLDING_FILES = (ModelStatus.LOADING, ModelStatus.READY, ModelStatus.UNLOADING)
-
-
-def open_store(config: ServerConfig, in_use: Callable[[str], bool] | None = None) -> ModelSource:
-    """The store ``config.model_store`` names: a local directory or ``s3://bucket/prefix``.
-    ``in_use(name)`` tells an object store's cache which models still need their files."""
-    limit = config.max_archive_mb * 2**20
-    if config.store_url is None:
-        return ModelStore(config.store_path, config.cache_path, limit, config.allowed_roots)
-    # Imported here: boto3 takes a while to import and a local store does not need it.
-    from mmserver.objectstore import ObjectStore
-
-    return ObjectStore(
-        config.store_url, config.cache_path, limit, config.max_cache_mb * 2**20, in_use=in_use
-    )
 
 
 def _setup_logging(level: str) -> None:

@@ -36,9 +36,15 @@ from mmserver.config import ModelConfig, ServerConfig, load_model_config
 from mmserver.eviction import Candidate, choose_victims
 from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
-from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
-from mmserver.storeindex import StoreIndex, suffix_of
-from mmserver.unpacking import UnpackProcesses
+from mmserver.store import (
+    ModelSource,
+    StoreEntry,
+    StoreIndex,
+    UnpackProcesses,
+    normalize_name,
+    resolve_model_url,
+    suffix_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +151,7 @@ class WorkLoadManager:
         self._room_changed = asyncio.Event()
         self._generation = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        #: The store's names, for listing (:mod:`mmserver.storeindex`).
+        #: The store's names, for listing (:mod:`mmserver.store.index`).
         self.index = StoreIndex(store, max_age_s=config.store_index_max_age)
 
     # Lifecycle --------------------------------------------------------------------------------

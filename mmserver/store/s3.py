@@ -3,8 +3,8 @@
 Every model is an object ``prefix/NAME.tar.gz`` (or ``NAME.tgz``), as in SageMaker multi-model
 endpoints. Listing reads the object listing only; the first load of a model downloads its archive
 and unpacks it into the local cache with the rules of local archives
-(:func:`mmserver.store.unpack_archive`). The endpoint, region and credentials come from the usual
-AWS environment variables and files, through boto3.
+(:func:`mmserver.store.archive.unpack_archive`). The endpoint, region and credentials come from the
+usual AWS environment variables and files, through boto3.
 
 Cache layout (``cache_dir``)::
 
@@ -49,20 +49,11 @@ from botocore.exceptions import (
 )
 
 from mmserver.errors import MMServerError, ModelLoadError, ModelNotFound, ServiceUnavailable
-from mmserver.store import (
-    ARCHIVE_SUFFIXES,
-    MODEL_NAME_RE,
-    StoreEntry,
-    Unpacker,
-    archive_name,
-    local_entry,
-    model_root,
-    normalize_name,
-    prepare_local,
-    split_object_url,
-    tree_size,
-    unpack_archive,
-)
+from mmserver.store.archive import model_root, unpack_archive
+from mmserver.store.local import local_entry, prepare_local, tree_size
+from mmserver.store.names import ARCHIVE_SUFFIXES, MODEL_NAME_RE, archive_name, normalize_name
+from mmserver.store.source import StoreEntry, Unpacker
+from mmserver.store.urls import split_object_url
 
 log = logging.getLogger(__name__)
 
