@@ -14,8 +14,9 @@ The modules, one part each:
 - :mod:`~mmserver.store.names`: model names, and the name an entry's file gives;
 - :mod:`~mmserver.store.source`: :class:`ModelSource` and its :class:`StoreEntry`;
 - :mod:`~mmserver.store.local`: :class:`ModelStore`, the store on the local file system;
-- :mod:`~mmserver.store.s3`: ``ObjectStore``, the store on S3 and its cache of copies (imported
-  only when a store is on S3: boto3 takes a while to import);
+- :mod:`~mmserver.store.s3`: ``ObjectStore``, the store on S3 (imported only when a store is on
+  S3: boto3 takes a while to import);
+- :mod:`~mmserver.store.cache`: the object store's unpacked copies and their disk budget;
 - :mod:`~mmserver.store.archive`: the checks and the unpacking of an archive;
 - :mod:`~mmserver.store.unpacking`: :class:`UnpackProcesses`, processes that unpack archives;
 - :mod:`~mmserver.store.index`: :class:`StoreIndex`, the store's names in memory, for listing;
