@@ -17,7 +17,6 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable
 
 import prometheus_client
 from aiohttp import web
@@ -28,7 +27,7 @@ from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.record import ModelStatus
-from mmserver.store import ModelSource, ModelStore
+from mmserver.store import open_store
 from mmserver.wlm import WorkLoadManager
 
 log = logging.getLogger("mmserver")
@@ -41,7 +40,6 @@ class Server:
         self.config = config
         self.metrics = Metrics(model_label=config.metrics_model_label)
         self.store = open_store(config, in_use=self._holds_files)
-        # The ignore goes when WorkLoadManager takes a ModelSource (strict mypy flags it then).
         self.wlm = WorkLoadManager(config, self.store, self.metrics)
         self.app = build_app(config, self.wlm, self.metrics)
         self._runner: HttpRunner | None = None
@@ -95,20 +93,6 @@ class Server:
 
 #: The states in which a model may still read its files (a new worker loads them again).
 _HOLDING_FILES = (ModelStatus.LOADING, ModelStatus.READY, ModelStatus.UNLOADING)
-
-
-def open_store(config: ServerConfig, in_use: Callable[[str], bool] | None = None) -> ModelSource:
-    """The store ``config.model_store`` names: a local directory or ``s3://bucket/prefix``.
-    ``in_use(name)`` tells an object store's cache which models still need their files."""
-    limit = config.max_archive_mb * 2**20
-    if config.store_url is None:
-        return ModelStore(config.store_path, config.cache_path, limit, config.allowed_roots)
-    # Imported here: boto3 takes a while to import and a local store does not need it.
-    from mmserver.objectstore import ObjectStore
-
-    return ObjectStore(
-        config.store_url, config.cache_path, limit, config.max_cache_mb * 2**20, in_use=in_use
-    )
 
 
 def _setup_logging(level: str) -> None:

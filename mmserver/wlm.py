@@ -42,9 +42,15 @@ from mmserver.metrics import Metrics, ModelRequests
 from mmserver.pool import ModelPool
 from mmserver.record import Failure, ModelRecord, ModelStatus
 from mmserver.scheduling import Cost
-from mmserver.store import ModelSource, StoreEntry, normalize_name, resolve_model_url
-from mmserver.storeindex import StoreIndex, suffix_of
-from mmserver.unpacking import UnpackProcesses
+from mmserver.store import (
+    ModelSource,
+    StoreEntry,
+    StoreIndex,
+    UnpackProcesses,
+    normalize_name,
+    resolve_model_url,
+    suffix_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +191,7 @@ class WorkLoadManager:
         self._room_changed = asyncio.Event()
         self._generation = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        #: The store's names, for listing (:mod:`mmserver.storeindex`).
+        #: The store's names, for listing (:mod:`mmserver.store.index`).
         self.index = StoreIndex(store, max_age_s=config.store_index_max_age)
 
     # Lifecycle --------------------------------------------------------------------------------

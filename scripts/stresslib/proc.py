@@ -15,7 +15,7 @@ from typing import IO
 
 from proctools import HOST, children_map, descendants, free_port, kill_left, proc_kb
 
-from mmserver.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
+from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 

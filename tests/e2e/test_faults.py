@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mmserver.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
+from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 from tests.behaviour_models import make_gated_dir
 from tests.e2e.server_process import ServerProcess, alive, descendants, wait_gone
 from tests.models import make_linear_archive

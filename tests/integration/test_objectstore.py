@@ -29,8 +29,8 @@ from sklearn.linear_model import LinearRegression
 
 from mmserver import errors
 from mmserver.config import ServerConfig
-from mmserver.objectstore import ObjectStore
 from mmserver.server import Server
+from mmserver.store.s3 import ObjectStore
 from tests.integration.harness import ServerLikeTestServer, error_of
 from tests.integration.s3server import AWS_VARIABLES, Requests, S3Server, s3_server
 from tests.models import make_linear_archive, make_linear_model, rows, value

@@ -1,4 +1,4 @@
-"""Archives unpacked in processes of their own (:mod:`mmserver.unpacking`), with the fork
+"""Archives unpacked in processes of their own (:mod:`mmserver.store.unpacking`), with the fork
 server's context the backend processes come from."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mmserver.errors import ModelLoadError, UnsafeArchive
-from mmserver.unpacking import PROCESS_NAME, UnpackProcesses
+from mmserver.store.unpacking import PROCESS_NAME, UnpackProcesses
 from tests.e2e.server_process import descendants
 from tests.models import make_linear_archive
 

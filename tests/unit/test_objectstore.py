@@ -9,9 +9,9 @@ import pytest
 
 from mmserver.config import ServerConfig
 from mmserver.errors import ConfigError
-from mmserver.objectstore import CachedCopy, ObjectStore, choose_cache_victims
-from mmserver.server import open_store
-from mmserver.store import ModelStore, split_object_url
+from mmserver.store import ModelStore, open_store, split_object_url
+from mmserver.store.cache import CachedCopy, choose_cache_victims
+from mmserver.store.s3 import ObjectStore
 
 
 def copy(key: str, size: int, used: float, protected: bool = False) -> CachedCopy:

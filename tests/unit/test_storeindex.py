@@ -7,7 +7,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from mmserver.storeindex import SETTLE_S, StoreIndex
+from mmserver.store.index import SETTLE_S, StoreIndex
 
 
 class FakeSource:

@@ -3,8 +3,8 @@
 Every model is an object ``prefix/NAME.tar.gz`` (or ``NAME.tgz``), as in SageMaker multi-model
 endpoints. Listing reads the object listing only; the first load of a model downloads its archive
 and unpacks it into the local cache with the rules of local archives
-(:func:`mmserver.store.unpack_archive`). The endpoint, region and credentials come from the usual
-AWS environment variables and files, through boto3.
+(:func:`mmserver.store.archive.unpack_archive`). The endpoint, region and credentials come from the
+usual AWS environment variables and files, through boto3.
 
 Cache layout (``cache_dir``)::
 
@@ -16,7 +16,7 @@ A changed object has a new ETag, so the next load of its model unpacks a new cop
 to a temporary folder of the cache and the copy is renamed into place, so processes sharing the
 cache never see each other's partial files. When the copies pass ``max_cache_bytes``, the least
 recently used are removed, never the copy of a model that is loading, loaded or being unloaded
-(as ``in_use`` tells) nor one being prepared.
+(as ``in_use`` tells) nor one being prepared (:mod:`mmserver.store.cache`).
 
 Errors stay with the model asked for: a missing object is :class:`~mmserver.errors.ModelNotFound`,
 an archive over the size limit or corrupt fails that model's load
@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import re
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,27 +46,16 @@ from botocore.exceptions import (
 )
 
 from mmserver.errors import MMServerError, ModelLoadError, ModelNotFound, ServiceUnavailable
-from mmserver.store import (
-    ARCHIVE_SUFFIXES,
-    MODEL_NAME_RE,
-    StoreEntry,
-    Unpacker,
-    archive_name,
-    local_entry,
-    model_root,
-    normalize_name,
-    prepare_local,
-    split_object_url,
-    tree_size,
-    unpack_archive,
-)
+from mmserver.store.archive import model_root, unpack_archive
+from mmserver.store.cache import CopyCache
+from mmserver.store.local import local_entry, prepare_local
+from mmserver.store.names import ARCHIVE_SUFFIXES, archive_name, normalize_name
+from mmserver.store.source import StoreEntry, Unpacker
+from mmserver.store.urls import split_object_url
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
-_COPY_RE = re.compile(r"(?P<name>" + MODEL_NAME_RE.pattern + r")-[0-9a-f]{16}")
-# A temporary folder this old belongs to a process that died: no download takes a day.
-_STALE_TMP_SECONDS = 24 * 3600
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
 _DENIED = frozenset(
     {
@@ -82,40 +68,6 @@ _DENIED = frozenset(
         "InvalidToken",
     }
 )
-
-
-@dataclass(frozen=True)
-class CachedCopy:
-    """One unpacked copy in the cache, as the eviction choice sees it."""
-
-    key: str  # its folder's name
-    size_bytes: int
-    last_used: float
-    protected: bool
-
-
-def choose_cache_victims(
-    copies: Iterable[CachedCopy], budget_bytes: int, incoming_bytes: int = 0
-) -> list[str]:
-    """The copies to remove, least recently used first, so that the cache plus
-    ``incoming_bytes`` fits ``budget_bytes``. Protected copies are never chosen, so the result
-    may not be enough when the rest is protected."""
-    ordered = sorted(copies, key=lambda c: (c.last_used, c.key))
-    total = sum(c.size_bytes for c in ordered) + incoming_bytes
-    victims: list[str] = []
-    for copy in ordered:
-        if total <= budget_bytes:
-            break
-        if not copy.protected:
-            victims.append(copy.key)
-            total -= copy.size_bytes
-    return victims
-
-
-@dataclass
-class _Copy:
-    size_bytes: int
-    last_used: float
 
 
 class ObjectStore:
@@ -147,9 +99,8 @@ class ObjectStore:
         self.root = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.cache_dir = Path(cache_dir)
         self.max_archive_bytes = max_archive_bytes
-        self.max_cache_bytes = max_cache_bytes
         self.unpack: Unpacker = unpack_archive
-        self._in_use = in_use
+        self._cache = CopyCache(self.cache_dir, max_cache_bytes, in_use)
         self._client = client
         # Fail in seconds when the store is down: two attempts, short connect and read timeouts
         # (the read timeout bounds each wait for data, not a whole download).
@@ -160,11 +111,11 @@ class ObjectStore:
             max_pool_connections=32,
         )
         self._client_lock = threading.Lock()
-        self._lock = threading.Lock()  # guards the fields below
-        self._name_locks: dict[str, threading.Lock] = {}
-        self._current: dict[str, str] = {}  # model name -> folder of the copy last prepared
-        self._copies: dict[str, _Copy] | None = None  # folder -> copy; read from disk once
-        self._swept = False
+
+    @property
+    def max_cache_bytes(self) -> int:
+        """The disk budget of the unpacked copies in bytes (0: no limit)."""
+        return self._cache.max_bytes
 
     @property
     def client(self) -> Any:
@@ -274,16 +225,16 @@ class ObjectStore:
                 entry, self.cache_dir / ".registered", self.max_archive_bytes, self.unpack
             )
         folder = entry.path.name
-        with self._name_lock(entry.name):
-            with self._lock:
-                self._current[entry.name] = folder
+        cache = self._cache
+        with cache.name_lock(entry.name):
+            cache.preparing(entry.name, folder)
             if entry.path.is_dir():
-                self._used(folder, entry.path)
+                cache.used(folder, entry.path)
                 return model_root(entry.path)
-            self._evict(entry.name, incoming_bytes=entry.size_bytes)
+            cache.evict(entry.name, incoming_bytes=entry.size_bytes)
             root = self._fetch(entry)
-            self._used(folder, entry.path, new=True)
-            self._evict(entry.name)
+            cache.used(folder, entry.path, new=True)
+            cache.evict(entry.name)
             return root
 
     def _fetch(self, entry: StoreEntry) -> Path:
@@ -291,7 +242,7 @@ class ObjectStore:
         if entry.size_bytes > limit:
             raise _too_large(entry, f"is {entry.size_bytes} bytes", limit)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self._sweep_once()
+        self._cache.sweep_once()
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=self.cache_dir))
         try:
             archive = tmp / f"{entry.name}.tar.gz"
@@ -350,130 +301,7 @@ class ObjectStore:
 
     def remove_unpacked(self, name: str) -> None:
         """Delete the cached copies of model ``name`` (best effort)."""
-        base = normalize_name(name)
-        try:
-            with os.scandir(self.cache_dir) as it:
-                folders = [i.name for i in it if _COPY_RE.fullmatch(i.name)]
-        except OSError:
-            return
-        with self._name_lock(base):
-            for folder in folders:
-                if _copy_name(folder) != base:
-                    continue
-                with self._lock:
-                    self._current.pop(base, None)
-                    if self._copies is not None:
-                        self._copies.pop(folder, None)
-                shutil.rmtree(self.cache_dir / folder, ignore_errors=True)
-
-    # Cache budget -------------------------------------------------------------------------------
-
-    def _name_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            return self._name_locks.setdefault(name, threading.Lock())
-
-    def _used(self, folder: str, path: Path, *, new: bool = False) -> None:
-        """Mark a copy used now; ``new``: it was just unpacked."""
-        now = time.time()
-        try:
-            # The folder's mtime is its last use for another process, or after a restart.
-            os.utime(path, (now, now))
-        except OSError:
-            pass
-        if not self.max_cache_bytes:
-            return
-        size = tree_size(path)[0] if new else None
-        with self._lock:
-            index = self._index()
-            known = index.get(folder)
-            if size is None:
-                size = known.size_bytes if known is not None else tree_size(path)[0]
-            index[folder] = _Copy(size, now)
-
-    def _sweep_once(self) -> None:
-        """Remove the temporary folders that dead processes left (once per store)."""
-        if self._swept:
-            return
-        self._swept = True
-        try:
-            with os.scandir(self.cache_dir) as it:
-                items = [i for i in it if i.name.startswith(".tmp-")]
-        except OSError:
-            return
-        for item in items:
-            try:
-                age = time.time() - item.stat(follow_symlinks=False).st_mtime
-            except OSError:
-                continue
-            if age > _STALE_TMP_SECONDS:
-                shutil.rmtree(item.path, ignore_errors=True)
-
-    def _index(self) -> dict[str, _Copy]:
-        """The copies in the cache (called with ``_lock`` held), read from disk the first
-        time."""
-        if self._copies is None:
-            self._copies = {}
-            try:
-                with os.scandir(self.cache_dir) as it:
-                    items = list(it)
-            except OSError:
-                items = []
-            for item in items:
-                try:
-                    if not item.is_dir(follow_symlinks=False):
-                        continue
-                    mtime = item.stat(follow_symlinks=False).st_mtime
-                except OSError:
-                    continue
-                if _COPY_RE.fullmatch(item.name):
-                    self._copies[item.name] = _Copy(tree_size(Path(item.path))[0], mtime)
-        return self._copies
-
-    def _protected(self, holding: str) -> set[str]:
-        """Folders that must stay (``_lock`` held): the copy being prepared and the copies of
-        the models still using their files."""
-        keep = {
-            folder
-            for name, folder in self._current.items()
-            if name == holding or self._in_use is None or self._in_use(name)
-        }
-        return keep
-
-    def _evict(self, holding: str, incoming_bytes: int = 0) -> None:
-        """Remove least recently used copies until the cache fits its budget. ``holding`` is
-        the model whose lock the caller holds."""
-        if not self.max_cache_bytes:
-            return
-        with self._lock:
-            index = self._index()
-            protected = self._protected(holding)
-            snapshot = [
-                CachedCopy(folder, c.size_bytes, c.last_used, folder in protected)
-                for folder, c in index.items()
-            ]
-        victims = choose_cache_victims(snapshot, self.max_cache_bytes, incoming_bytes)
-        for folder in victims:
-            name = _copy_name(folder)
-            lock = self._name_lock(name)
-            # A model being prepared in another thread keeps all its copies for now.
-            if name != holding and not lock.acquire(blocking=False):
-                continue
-            try:
-                with self._lock:
-                    if folder in self._protected(holding):
-                        continue  # loaded since the snapshot
-                    copy = index.pop(folder, None)
-                shutil.rmtree(self.cache_dir / folder, ignore_errors=True)
-                log.info(
-                    "model %s: removed its cached copy %s (%d bytes, least recently used) to "
-                    "keep the cache under max_cache_mb",
-                    name,
-                    folder,
-                    copy.size_bytes if copy is not None else 0,
-                )
-            finally:
-                if name != holding:
-                    lock.release()
+        self._cache.remove(normalize_name(name))
 
     # Errors -------------------------------------------------------------------------------------
 
@@ -502,12 +330,6 @@ class ObjectStore:
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _copy_name(folder: str) -> str:
-    match = _COPY_RE.fullmatch(folder)
-    assert match is not None
-    return match.group("name")
 
 
 def _too_large(entry: StoreEntry, what: str, limit: int) -> ModelLoadError:

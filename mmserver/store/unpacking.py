@@ -1,13 +1,14 @@
 """Archives unpacked in processes of their own.
 
-Unpacking is Python work (tar headers, gzip, the checks of :func:`mmserver.store.unpack_archive`)
-that holds the interpreter lock: run in the frontend's threads, a stream of cold loads takes it
-from the event loop, and the threads and the loop hand it back and forth at a cost several times
-the unpacking itself. :class:`UnpackProcesses` runs :func:`~mmserver.store.unpack_archive` in a
-few processes of the fork server instead; a frontend thread that needs an archive unpacked takes
-an idle process, sends it the arguments over its pipe and waits (without the lock) for the answer.
-Measured (2,000 cold loads of the reference archive over 16 connections, CPU time of the frontend
-process per load): 4.6 ms with the unpacking in the frontend's threads, 1.5 ms with these processes.
+Unpacking is Python work (tar headers, gzip, the checks of
+:func:`mmserver.store.archive.unpack_archive`) that holds the interpreter lock: run in the
+frontend's threads, a stream of cold loads takes it from the event loop, and the threads and the
+loop hand it back and forth at a cost several times the unpacking itself.
+:class:`UnpackProcesses` runs :func:`~mmserver.store.archive.unpack_archive` in a few processes of
+the fork server instead; a frontend thread that needs an archive unpacked takes an idle process,
+sends it the arguments over its pipe and waits (without the lock) for the answer. Measured (2,000
+cold loads of the reference archive over 16 connections, CPU time of the frontend process per
+load): 4.6 ms with the unpacking in the frontend's threads, 1.5 ms with these processes.
 
 A process that dies (killed, out of memory) fails the archive it was unpacking with
 :class:`~mmserver.errors.ModelLoadError` and is replaced for the next one.
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver.errors import ModelLoadError
-from mmserver.store import unpack_archive
+from mmserver.store.archive import unpack_archive
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,8 @@ class _Process:
 
 class UnpackProcesses:
     """``processes`` processes unpacking archives, started on first use; :meth:`unpack` is a
-    :data:`mmserver.store.Unpacker`, called from threads (at most ``processes`` unpack at once,
-    the other callers wait for one)."""
+    :data:`mmserver.store.source.Unpacker`, called from threads (at most ``processes`` unpack at
+    once, the other callers wait for one)."""
 
     def __init__(self, processes: int, context: BaseContext) -> None:
         self.processes = processes
@@ -91,7 +92,7 @@ class UnpackProcesses:
         self._closed = False
 
     def unpack(self, archive: Path, target: Path, max_unpacked_bytes: int, name: str) -> Path:
-        """:func:`~mmserver.store.unpack_archive` in one of the processes. Blocking."""
+        """:func:`~mmserver.store.archive.unpack_archive` in one of the processes. Blocking."""
         worker = self._idle.get()
         try:
             if self._closed:

@@ -13,7 +13,8 @@ the store (:meth:`IndexSource.scan`, in a thread) and kept fresh cheaply:
   that scan ends, pages come from the previous index;
 - every lookup of a request (:meth:`note`) puts its answer into the index at once: a model
   dropped into the store is found on its first request (the lookup itself goes to the store,
-  :meth:`mmserver.store.ModelSource.find`) and listed from then on, and a removed one leaves it.
+  :meth:`mmserver.store.source.ModelSource.find`) and listed from then on, and a removed one
+  leaves it.
 
 One scan runs at a time, off the event loop; callers that need it wait for the same one.
 Concurrency contract: every method but the source's runs on the event loop.
