@@ -3,6 +3,9 @@
 Every flag of ``mmserver serve`` derives from a field of :class:`~mmserver.config.ServerConfig`:
 ``max_workers`` is ``--max-workers`` and ``MMSERVER_MAX_WORKERS``. Flags default to ``None`` so
 that an option not given on the command line keeps its value from the environment or the file.
+
+``mmserver cluster ...`` hands its arguments to :mod:`mmserver.cluster.cli`, imported only then:
+the server never imports the cluster.
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar=_METAVARS.get(type(field.default), "VALUE"),
                 help=full_help,
             )
+    # Listed for the help only: main() hands `cluster ...` to the cluster's own parser.
+    commands.add_parser(
+        "cluster",
+        help="several mmserver instances behind HAProxy on one port (mmserver cluster --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -93,6 +102,10 @@ def build_config(argv: Sequence[str], env: Mapping[str, str]) -> ServerConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["cluster"]:
+        from mmserver.cluster.cli import main as cluster_main
+
+        return cluster_main(args[1:])
     parser = build_parser()
     if not args or parser.parse_args(args).command is None:
         parser.print_help()

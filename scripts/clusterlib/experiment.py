@@ -44,12 +44,12 @@ import numpy as np
 import uvloop
 from proctools import HOST, free_port
 
-from clusterlib.balancer import Balancer, BalancerSpec, Strategy
-from clusterlib.instances import Instance, InstanceSpec, stop_instances
 from clusterlib.load import LoadResult, closed_loop, closed_loop_list
 from clusterlib.models import MODEL_NAME, write_variable_latency_dir
-from clusterlib.procs import http_get, tree_memory
 from clusterlib.queueing import simulate
+from mmserver.cluster.balancer import Balancer, BalancerSpec, Strategy
+from mmserver.cluster.instances import Instance, InstanceSpec, stop_instances
+from mmserver.cluster.procs import http_get, tree_memory
 
 ROUTING = (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS)
 AFFINITY = (Strategy.RANDOM, Strategy.MODEL_AFFINITY)

@@ -1,5 +1,5 @@
-"""A real cluster (``scripts/cluster start``: mmserver instances behind HAProxy) for end-to-end
-tests, stopped with ``scripts/cluster stop`` and, should that fail, by the recorded pids."""
+"""A real cluster (``mmserver cluster start``: mmserver instances behind HAProxy) for end-to-end
+tests, stopped with ``mmserver cluster stop`` and, should that fail, by the recorded pids."""
 
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ import pytest
 
 from tests.e2e.server_process import ROOT, alive, descendants, free_port
 
-SCRIPTS = ROOT / "scripts"
-
 
 def require_haproxy() -> str:
     """The haproxy binary, or skip: ``scripts/test`` installs it where apt-get is available."""
@@ -37,12 +35,13 @@ def require_haproxy() -> str:
 
 
 async def run_cli(*args: str, timeout: float = 120.0) -> tuple[int, str]:
-    """``python -m clusterlib ARGS`` (what ``scripts/cluster`` runs): (exit code, output)."""
-    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "PYTHONUNBUFFERED": "1"}
+    """``mmserver cluster ARGS`` (what ``scripts/cluster`` runs): (exit code, output)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "clusterlib",
+        "mmserver",
+        "cluster",
         *args,
         cwd=ROOT,
         env=env,
@@ -59,7 +58,7 @@ async def run_cli(*args: str, timeout: float = 120.0) -> tuple[int, str]:
 
 
 class ClusterProcess:
-    """``scripts/cluster start`` with ``args`` over ``store``, its state in ``state_dir``."""
+    """``mmserver cluster start`` with ``args`` over ``store``, its state in ``state_dir``."""
 
     def __init__(self, store: Path, state_dir: Path, *args: str) -> None:
         self.store = store

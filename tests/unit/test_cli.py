@@ -54,6 +54,35 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "serve" in out
 
 
+def test_cluster_is_listed_and_runs_its_own_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    assert "cluster" in capsys.readouterr().out
+    done = subprocess.run(
+        [sys.executable, "-m", "mmserver", "cluster", "config", "--server", "127.0.0.1:9001"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "server i0 127.0.0.1:9001 id 1" in done.stdout
+    assert "balance leastconn" in done.stdout
+
+
+def test_serving_does_not_import_the_cluster() -> None:
+    code = (
+        "import sys\n"
+        "import mmserver.cli, mmserver.server\n"
+        "mmserver.cli.build_config(['serve'], {})\n"
+        "print(sorted(m for m in sys.modules if m.startswith('mmserver.cluster')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--version"])

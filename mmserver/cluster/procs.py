@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import proctools
-from proctools import HOST, proc_kb, stat_fields
+from mmserver.cluster import procfs
+from mmserver.cluster.procfs import HOST, proc_kb, stat_fields
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class ProcessId:
 
 def descendants(pid: int) -> list[ProcessId]:
     """Every live descendant of ``pid``, children first (mmserver's fork server and backends)."""
-    return [ident for child in proctools.descendants(pid) if (ident := ProcessId.of(child))]
+    return [ident for child in procfs.descendants(pid) if (ident := ProcessId.of(child))]
 
 
 def wait_gone(idents: Iterable[ProcessId], timeout: float) -> list[ProcessId]:

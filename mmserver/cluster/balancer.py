@@ -34,9 +34,8 @@ from pathlib import Path
 from string import Template
 from typing import IO
 
-from proctools import HOST
-
-from clusterlib.procs import ProcessId, http_get, reap, wait_gone, wait_until
+from mmserver.cluster.procfs import HOST
+from mmserver.cluster.procs import ProcessId, http_get, reap, wait_gone, wait_until
 
 TEMPLATE = Path(__file__).resolve().parent / "haproxy.cfg.in"
 BACKEND = "instances"

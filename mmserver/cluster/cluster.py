@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proctools import HOST, free_port
-
-from clusterlib.balancer import Balancer, BalancerSpec, Strategy
-from clusterlib.instances import Instance, InstanceSpec, stop_instances
-from clusterlib.procs import ProcessId, descendants, kill_all, wait_gone
+from mmserver.cluster.balancer import Balancer, BalancerSpec, Strategy
+from mmserver.cluster.instances import Instance, InstanceSpec, stop_instances
+from mmserver.cluster.procfs import HOST, free_port
+from mmserver.cluster.procs import ProcessId, descendants, kill_all, wait_gone
 
 log = logging.getLogger("cluster")
 
@@ -251,7 +250,7 @@ def refuse_if_running(state_dir: Path) -> None:
     if supervisor is not None and supervisor.alive() and supervisor.pid != os.getpid():
         raise RuntimeError(
             f"a cluster is already running from {state_dir} (supervisor pid {supervisor.pid}); "
-            f"stop it first: scripts/cluster stop --state-dir {state_dir}"
+            f"stop it first: mmserver cluster stop --state-dir {state_dir}"
         )
 
 

@@ -1,11 +1,10 @@
-"""scripts/cluster: several mmserver instances behind HAProxy on one port.
+"""mmserver cluster: several mmserver instances behind HAProxy on one port.
 
 start       start a cluster in the background; returns once it serves
 run         the same in the foreground, until Ctrl-C or SIGTERM
 stop        stop the cluster of a state directory (HAProxy first, then the instances drain)
 status      the instances, their health and their load, as HAProxy sees them
 config      print the HAProxy configuration for a list of instances (other machines too)
-experiment  the routing experiment: RANDOM against LEAST_OUTSTANDING_REQUESTS, MODEL_AFFINITY
 """
 
 from __future__ import annotations
@@ -21,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from proctools import HOST
+from mmserver.cluster import balancer, cluster
+from mmserver.cluster.instances import InstanceSpec
+from mmserver.cluster.procfs import HOST
+from mmserver.cluster.procs import ProcessId
 
-from clusterlib import balancer, cluster
-from clusterlib.instances import InstanceSpec
-from clusterlib.procs import ProcessId
-
+PROG = "mmserver cluster"
 DEFAULT_STATE_DIR = Path(".cache/cluster")
 START_TIMEOUT_S = 300.0
 STRATEGIES = [s.value for s in balancer.Strategy]
@@ -96,7 +95,7 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="scripts/cluster",
+        prog=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -131,9 +130,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     config.add_argument("--stats-port", type=int, default=8404)
     config.add_argument("--hash-balance-factor", type=int, default=150)
     config.add_argument("--check-interval-ms", type=int, default=500)
-    from clusterlib import experiment
-
-    experiment.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command in ("start", "run"):
         if args.instances < 1 or args.backend_processes < 0:
@@ -147,7 +143,7 @@ def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:
     store = args.model_store.resolve()
     if not store.is_dir():
         raise SystemExit(
-            f"scripts/cluster: no model store at {store} (write one with "
+            f"{PROG}: no model store at {store} (write one with "
             f".venv/bin/python scripts/generate_store.py --out {args.model_store})"
         )
     return cluster.ClusterSpec(
@@ -199,16 +195,11 @@ def start(args: argparse.Namespace) -> int:
     spec.state_dir.mkdir(parents=True, exist_ok=True)
     cluster.refuse_if_running(spec.state_dir)
     (spec.state_dir / cluster.STATE_FILE).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "clusterlib", "run", *_forwarded(args, spec)]
-    scripts = str(Path(__file__).resolve().parent.parent)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (scripts, os.environ.get("PYTHONPATH", "")) if p),
-    }
+    argv = [sys.executable, "-m", "mmserver", "cluster", "run", *_forwarded(args, spec)]
     log_path = spec.state_dir / "cluster.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -222,13 +213,13 @@ def start(args: argparse.Namespace) -> int:
             return 0
         if proc.poll() is not None:
             print(
-                f"scripts/cluster: the cluster did not start (exit code {proc.returncode}):\n"
+                f"{PROG}: the cluster did not start (exit code {proc.returncode}):\n"
                 + _tail(log_path),
                 file=sys.stderr,
             )
             return 1
         time.sleep(0.1)
-    print(f"scripts/cluster: not ready in {START_TIMEOUT_S:.0f} s; stopping it", file=sys.stderr)
+    print(f"{PROG}: not ready in {START_TIMEOUT_S:.0f} s; stopping it", file=sys.stderr)
     ident = ProcessId.of(proc.pid)
     if ident is not None:
         ident.signal(signal.SIGTERM)
@@ -304,7 +295,7 @@ def config(args: argparse.Namespace) -> int:
     for n, each in enumerate(args.server):
         host, _, port = each.rpartition(":")
         if not host or not port.isdigit():
-            raise SystemExit(f"scripts/cluster: --server {each!r} is not HOST:PORT")
+            raise SystemExit(f"{PROG}: --server {each!r} is not HOST:PORT")
         servers.append((f"i{n}", host, int(port)))
     spec = balancer.BalancerSpec(
         strategy=balancer.Strategy(args.strategy),
@@ -327,14 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     args = parse_args(argv)
-    from clusterlib import experiment
-
     commands = {
         "start": start,
         "run": run,
         "stop": stop,
         "status": status,
         "config": config,
-        "experiment": experiment.main,
     }
     return int(commands[args.command](args))

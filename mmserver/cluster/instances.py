@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from proctools import HOST
-
-from clusterlib.procs import (
+from mmserver.cluster.procfs import HOST
+from mmserver.cluster.procs import (
     ProcessId,
     descendants,
     http_get,
