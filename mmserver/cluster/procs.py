@@ -84,17 +84,6 @@ def reap(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
             pass
 
 
-def stop_tree(root: ProcessId, family: list[ProcessId], signum: int, timeout: float) -> None:
-    """Send ``signum`` to ``root``, wait up to ``timeout`` s, then SIGKILL it; then give the
-    ``family`` recorded before (its descendants, which follow their parent on their own) 5 s
-    and SIGKILL what is left."""
-    root.signal(signum)
-    if wait_gone([root], timeout):
-        root.signal(signal.SIGKILL)
-        wait_gone([root], 5.0)
-    kill_all(wait_gone(family, 5.0))
-
-
 @dataclass(frozen=True)
 class Memory:
     """Memory of a process tree, in KiB: resident (RSS, shared pages counted in each process)
