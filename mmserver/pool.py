@@ -23,9 +23,9 @@ from typing import Any
 
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
-from mmserver.batching import Job, JobQueue
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
+from mmserver.jobs import Job, JobQueue
 from mmserver.metrics import CounterChild, Metrics
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for
