@@ -2,8 +2,10 @@
 
 An idle worker is given a batch as soon as ``batch_size`` jobs are queued, or once
 ``max_batch_delay`` has passed since the oldest queued job came, whichever comes first (the
-model's pool decides; with the default delay of 0, whatever is queued goes at once). The batch's
-requests go to the model's backend as they came (bodies, not arrays), where
+model's pool asks :func:`cut_batch`; with the default delay of 0, whatever is queued goes at
+once). The worker takes its batch from the queue when its slot gives it a turn: up to
+``batch_size`` jobs from the front holding at most ``max_batch_bytes`` (:func:`batch_length`).
+The batch's requests go to the model's backend as they came (bodies, not arrays), where
 :func:`mmserver.backend.batching.answer_batch` answers them; each job is settled with its own
 answer (:meth:`Job.settle`).
 """
@@ -12,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from mmserver import errors
 from mmserver.backend import Answer
@@ -80,20 +82,10 @@ class JobQueue:
     def take(self, count: int, max_bytes: int = 0) -> list[Job]:
         """Up to ``count`` jobs from the front of the queue (at least one if any is queued),
         holding at most ``max_bytes`` of request bodies (0: no limit) unless the first alone
-        holds more: it is then a batch of its own."""
+        holds more: it is then a batch of its own (:func:`batch_length`)."""
         items = self._items
-        if not items:
-            return []
-        taken = [items.popleft()]
-        total = len(taken[0].request[0])
-        count = max(1, count)
-        while items and len(taken) < count:
-            size = len(items[0].request[0])
-            if max_bytes and total + size > max_bytes:
-                break
-            total += size
-            taken.append(items.popleft())
-        return taken
+        length = batch_length((len(job.request[0]) for job in items), count, max_bytes)
+        return [items.popleft() for _ in range(length)]
 
     def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
         """Refuse new jobs with the error ``refusal`` makes (by default, the model is
@@ -117,6 +109,59 @@ class JobQueue:
 
     def oldest_enqueued_at(self) -> float | None:
         return self._items[0].enqueued_at if self._items else None
+
+
+class Cut(NamedTuple):
+    """What a pool does with its queue now (:func:`cut_batch`): give a worker a batch of up to
+    ``take`` jobs, or, when ``take`` is 0, wait until ``wait_until`` for more jobs to come
+    (``None``: nothing is queued, nothing to wait for)."""
+
+    take: int
+    wait_until: float | None = None
+
+
+#: Nothing queued: no batch, and no time to wait for.
+NOTHING_QUEUED = Cut(0)
+
+
+def cut_batch(
+    queued: int,
+    oldest_enqueued_at: float | None,
+    now: float,
+    batch_size: int,
+    max_delay_s: float,
+) -> Cut:
+    """Whether a batch goes now, from a snapshot of a queue holding ``queued`` jobs, the oldest
+    queued at ``oldest_enqueued_at``, at ``now`` (the same clock). A full batch (``batch_size``
+    jobs) goes at once; fewer wait for more until ``max_delay_s`` has passed since the oldest
+    came (the wait ends at that instant), then go as they are. With ``max_delay_s`` 0 whatever
+    is queued goes at once. The jobs the batch then holds are counted when it is taken
+    (:func:`batch_length`)."""
+    if not queued:
+        return NOTHING_QUEUED
+    if max_delay_s > 0 and queued < batch_size:
+        due = (oldest_enqueued_at or 0.0) + max_delay_s
+        if due > now:
+            return Cut(0, due)
+    return Cut(min(queued, batch_size))
+
+
+def batch_length(sizes: Iterable[int], batch_size: int, max_bytes: int) -> int:
+    """How many jobs from the front of a queue make its next batch, given the sizes of their
+    request bodies in queue order: up to ``batch_size`` (at least one when any is queued),
+    holding at most ``max_bytes`` (0: no limit) unless the first alone holds more: it is then a
+    batch of its own. A job that would pass the limit ends the batch, even if a later, smaller
+    one would fit. ``sizes`` is read only as far as the batch goes."""
+    limit = max(1, batch_size)
+    length = total = 0
+    for size in sizes:
+        if length and max_bytes and total + size > max_bytes:
+            break
+        total += size
+        length += 1
+        if length >= limit:
+            break
+    return length
 
 
 def _unloading() -> errors.MMServerError:
