@@ -376,18 +376,37 @@ class ServerConfig:
 
 _URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
+#: The spellings of true and false (lower case) in the environment, on the command line, in
+#: serving.properties and in the management API's parameters.
+BOOLEANS: Mapping[str, bool] = {
+    "true": True,
+    "false": False,
+    "1": True,
+    "0": False,
+    "yes": True,
+    "no": False,
+    "on": True,
+    "off": False,
+}
+
+
+def boolean(text: str) -> bool | None:
+    """``text`` as true or false (:data:`BOOLEANS`, in any case, white space around it
+    ignored), or ``None`` when it spells neither."""
+    return BOOLEANS.get(text.strip().lower())
+
 
 def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
     kind: type[Any] = type(f.default)
     text = raw.strip()
     try:
         if kind is bool:
-            lowered = text.lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(text)
+            if not text:
+                return False  # an empty value (MMSERVER_X=) is false
+            value = boolean(text)
+            if value is None:
+                raise ValueError(text)
+            return value
         if kind is int:
             return int(text)
         if kind is float:
@@ -569,18 +588,6 @@ _MODEL_KEYS: dict[str, tuple[str, type]] = {
 }
 
 
-_BOOLEANS = {
-    "true": True,
-    "false": False,
-    "1": True,
-    "0": False,
-    "yes": True,
-    "no": False,
-    "on": True,
-    "off": False,
-}
-
-
 def _djl_key(name: str) -> str:
     for key, (fname, _) in _MODEL_KEYS.items():
         if fname == name:
@@ -610,9 +617,10 @@ def model_config_from_properties(
             changes[name] = text
             continue
         if kind is bool:
-            if text.lower() not in _BOOLEANS:
+            value = boolean(text)
+            if value is None:
                 raise ConfigError(f"{where}: {key}={raw!r} must be true or false")
-            changes[name] = _BOOLEANS[text.lower()]
+            changes[name] = value
             continue
         try:
             number = kind(text)

@@ -22,9 +22,9 @@ from typing import Any
 
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
-from mmserver.batching import Job, JobQueue
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
+from mmserver.jobs import Job, JobQueue, cut_batch
 from mmserver.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for
@@ -136,20 +136,25 @@ class ModelPool:
 
     def _dispatch(self) -> None:
         """Make idle workers ready for what is queued: one per ``batch_size`` jobs not yet
-        covered by a ready worker, and any whose slot is free while jobs wait (a batch is
-        ``batch_size`` jobs, or fewer once ``max_batch_delay`` has passed since the oldest was
-        queued). A worker whose slot is free goes first; otherwise the one idle most
-        recently."""
+        covered by a ready worker, and any whose slot is free while jobs wait, as long as
+        :func:`~mmserver.jobs.cut_batch` lets a batch go (otherwise try again when it says).
+        A worker whose slot is free goes first; otherwise the one idle most recently."""
         self._dispatch_handle = None
         queue, idle = self.queue, self._idle
         config = self.config
-        while idle and len(queue):
-            if config.batch_delay_s > 0 and len(queue) < config.batch_size:
-                oldest = queue.oldest_enqueued_at()
-                due = (oldest or 0.0) + config.batch_delay_s
-                if due > self._loop.time():
-                    self._dispatch_at(due)
-                    return
+        while idle:
+            cut = cut_batch(
+                len(queue),
+                queue.oldest_enqueued_at(),
+                self._loop.time(),
+                config.batch_size,
+                config.batch_delay_s,
+            )
+            if not cut.take:
+                if cut.wait_until is None:
+                    break  # nothing queued
+                self._dispatch_at(cut.wait_until)
+                return
             uncovered = len(queue) > self.readied * config.batch_size
             if uncovered and len(idle) == 1:
                 worker = idle.pop()  # the common case: no choice to make

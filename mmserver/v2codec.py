@@ -133,7 +133,7 @@ def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
     request_id = data.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"'id' is a JSON {json_kind(request_id)}; expected a string")
-    parameters = _parameters(data, "the request")
+    parameters = parameters_of(data, "the request")
     binary_default = _flag(parameters, "binary_data_output", "the request", default=False)
     inputs = data.get("inputs")
     if not isinstance(inputs, list) or not inputs:
@@ -184,7 +184,7 @@ def _input(
             f"{where} has datatype {preview(datatype)}; expected one of {', '.join(DATATYPES)}"
         )
     dtype = NUMERIC[datatype]
-    parameters = _parameters(tensor, where)
+    parameters = parameters_of(tensor, where)
     for key in parameters:
         if key.startswith("shared_memory"):
             raise InvalidInput(
@@ -334,7 +334,7 @@ def _outputs(
             )
         if name in names:
             raise InvalidInput(f"{where} is asked for twice")
-        parameters = _parameters(output, where)
+        parameters = parameters_of(output, where)
         if "classification" in parameters:
             raise InvalidInput(
                 f"{where}: the classification extension is not supported; ask for "
@@ -345,9 +345,15 @@ def _outputs(
     return names, binary
 
 
-def _parameters(obj: dict[str, Any], where: str) -> Mapping[str, Any]:
+def parameters_of(
+    obj: Mapping[str, Any], where: str, *, allow_null: bool = True
+) -> Mapping[str, Any]:
+    """The ``parameters`` object of ``obj`` (a request, a tensor, a requested output, a
+    repository call's parameters), ``{}`` when it has none; ``where`` names ``obj`` in the
+    error when they are not an object. A JSON null counts as none, unless ``allow_null`` is
+    false (the repository calls refuse it)."""
     parameters = obj.get("parameters")
-    if parameters is None:
+    if parameters is None and (allow_null or "parameters" not in obj):
         return {}
     if not isinstance(parameters, dict):
         raise InvalidInput(

@@ -23,8 +23,8 @@ import time
 from typing import Protocol
 
 from mmserver import errors
-from mmserver.backend import BatchResult, Slot
-from mmserver.batching import Answer, Job, partition_live
+from mmserver.backend import Answer, BatchResult, Slot
+from mmserver.jobs import Job, partition_live
 from mmserver.scheduling import Cost
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 One request: read the body (bounded), check its content type, hand it to the WorkLoadManager, and
 send back the answer's body. The body is decoded, and the answer encoded, in the model's backend
-process (:func:`mmserver.batching.answer_batch`): the event loop only moves bytes.
+process (:func:`mmserver.backend.batching.answer_batch`): the event loop only moves bytes.
 :func:`inference_handler` makes that handler for a protocol; the Open Inference Protocol's
 (:mod:`mmserver.api.v2`) is made by it too.
 

@@ -30,6 +30,7 @@ from aiohttp import web
 from mmserver.api import STATE, read_body
 from mmserver.api.middleware import answers_errors, authorize
 from mmserver.codecs import media_type
+from mmserver.config import boolean
 from mmserver.errors import InvalidInput, InvalidModelName
 from mmserver.record import ModelStatus
 from mmserver.store import name_from_url, normalize_name
@@ -55,8 +56,6 @@ _POSITIVE = ("batch_size", "job_queue_size")
 _DJL_STATUS = {ModelStatus.LOADING: "PENDING"}
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -288,10 +287,9 @@ def bool_param(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
-        if value.strip().lower() in _TRUE:
-            return True
-        if value.strip().lower() in _FALSE:
-            return False
+        spelled = boolean(value)
+        if spelled is not None:
+            return spelled
     raise InvalidInput(f"parameter {name} must be true or false, got {_shown(value)}")
 
 

@@ -35,7 +35,14 @@ from mmserver.codecs import Request
 from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
 from mmserver.record import ModelStatus
 from mmserver.store import normalize_name
-from mmserver.v2codec import HEADER_LENGTH, VERSION, datatype_of, split_answer, v2_request
+from mmserver.v2codec import (
+    HEADER_LENGTH,
+    VERSION,
+    datatype_of,
+    parameters_of,
+    split_answer,
+    v2_request,
+)
 
 SERVER_NAME = "mmserver"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
@@ -188,7 +195,7 @@ async def repository_load(request: web.Request) -> web.Response:
     """Load a model of the store (or a registered one) now; a loaded model stays as it is."""
     authorize(request)
     name = normalize_name(request.match_info["model"])
-    parameters = _parameters(await request_params(request))
+    parameters = parameters_of(await request_params(request), "the request", allow_null=False)
     for key in parameters:
         if key == "config" or key.startswith("file:"):
             raise InvalidInput(
@@ -204,7 +211,7 @@ async def repository_unload(request: web.Request) -> web.Response:
     that is not loaded is left as it is."""
     authorize(request)
     name = normalize_name(request.match_info["model"])
-    parameters = _parameters(await request_params(request))
+    parameters = parameters_of(await request_params(request), "the request", allow_null=False)
     bool_param(parameters, "unload_dependents", default=False)  # checked; no model has any
     wlm = request.app[STATE].wlm
     try:
@@ -212,13 +219,6 @@ async def repository_unload(request: web.Request) -> web.Response:
     except ModelNotFound:
         await wlm.describe(name)  # ModelNotFound again for a model the server does not know
     return web.Response()
-
-
-def _parameters(params: dict[str, Any]) -> dict[str, Any]:
-    parameters = params.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise InvalidInput("'parameters' must be a JSON object")
-    return parameters
 
 
 #: Inference first: aiohttp tries the routes sharing a path prefix in this order.

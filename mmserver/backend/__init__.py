@@ -9,6 +9,7 @@ The parts:
 
 - :mod:`~mmserver.backend.wire`: the messages and their framing on the pipe;
 - :mod:`~mmserver.backend.child`: inside a backend process, the models and the message loop;
+- :mod:`~mmserver.backend.batching`: answering a batch where the model runs;
 - :mod:`~mmserver.backend.slot`: what both kinds of slot share (a message awaiting its reply);
 - :mod:`~mmserver.backend.process_slot`: the frontend's side of one process;
 - :mod:`~mmserver.backend.thread_slot`: the in-process slot;
@@ -16,7 +17,7 @@ The parts:
 
 The process handles messages strictly in order and answers each one, so the frontend matches
 replies to requests by order: the oldest unanswered message is the one *running*; those after
-it are *waiting* (:func:`~mmserver.batching.answer_batch` runs in the process).
+it are *waiting* (:func:`~mmserver.backend.batching.answer_batch` runs in the process).
 
 Faults: when a process dies, the message it was running fails with :class:`BackendDied`; a new
 process is started, every model that was loaded in the slot is loaded again, and the waiting
@@ -25,6 +26,7 @@ running, it is answered with :class:`PredictTimeout` and the process is replaced
 no worker stays stuck behind it.
 """
 
+from mmserver.backend.batching import Answer
 from mmserver.backend.placement import PRELOAD, BackendPool, Slot
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.backend.slot import BatchCallback, Runnable
@@ -33,6 +35,7 @@ from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 
 __all__ = [
     "PRELOAD",
+    "Answer",
     "BackendPool",
     "BatchCallback",
     "BatchResult",

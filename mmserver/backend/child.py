@@ -18,8 +18,8 @@ import numpy as np
 
 from mmserver import errors
 from mmserver.backend import wire
+from mmserver.backend.batching import answer_batch
 from mmserver.backend.wire import BatchResult, FrameReader, LoadInfo, LoadSpec, frame, send_frame
-from mmserver.batching import answer_batch
 from mmserver.codecs import Request
 from mmserver.store import tree_size
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmserver.batching import Answer
+from mmserver.backend.batching import Answer
 from mmserver.config import ModelConfig
 
 LOAD, PREDICT, UNLOAD, PING = 0, 1, 2, 3

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from mmserver import errors
-from mmserver.batching import Answer, Job, JobQueue, answer_batch, partition_live, split
+from mmserver.backend.batching import Answer, answer_batch, split
 from mmserver.codecs import Request, make_request
+from mmserver.jobs import Job, JobQueue, partition_live
 from mmserver.v2codec import v2_request
 from tests.models import outputs, rows
 

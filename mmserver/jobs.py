@@ -1,0 +1,188 @@
+"""Jobs and the bounded per-model queue: how requests wait on the frontend for a batch.
+
+An idle worker is given a batch as soon as ``batch_size`` jobs are queued, or once
+``max_batch_delay`` has passed since the oldest queued job came, whichever comes first (the
+model's pool asks :func:`cut_batch`; with the default delay of 0, whatever is queued goes at
+once). The worker takes its batch from the queue when its slot gives it a turn: up to
+``batch_size`` jobs from the front holding at most ``max_batch_bytes`` (:func:`batch_length`).
+The batch's requests go to the model's backend as they came (bodies, not arrays), where
+:func:`mmserver.backend.batching.answer_batch` answers them; each job is settled with its own
+answer (:meth:`Job.settle`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+from mmserver import errors
+from mmserver.backend import Answer
+from mmserver.codecs import Request
+
+
+class Job:
+    """One request on its way to a model, and the future of its answer."""
+
+    __slots__ = ("client_gone", "deadline", "enqueued_at", "future", "request")
+
+    def __init__(
+        self,
+        request: Request,
+        future: asyncio.Future[Any],
+        enqueued_at: float,
+        deadline: float,
+        client_gone: Callable[[], bool] | None = None,
+    ) -> None:
+        self.request = request
+        self.future = future
+        self.enqueued_at = enqueued_at
+        self.deadline = deadline
+        self.client_gone = client_gone
+
+    def answer(self, result: Any) -> None:
+        if not self.future.done():
+            self.future.set_result(result)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def settle(self, answer: Answer) -> None:
+        """Answer with what :func:`answer_batch` made for this job."""
+        if type(answer) is bytes:
+            self.answer(answer)
+        else:
+            self.fail(errors.from_name(*answer))
+
+
+class JobQueue:
+    """A bounded FIFO of jobs. ``put`` never blocks: a full queue raises
+    :class:`errors.QueueFull` at once. Its pool takes batches from it (:meth:`take`)."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._items: collections.deque[Job] = collections.deque()
+        self._closed = False
+        self._refusal: Callable[[], errors.MMServerError] = _unloading
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, job: Job) -> None:
+        if self._closed:
+            raise self._refusal()
+        if len(self._items) >= self.maxsize:
+            raise errors.QueueFull(
+                f"the model's queue is full ({self.maxsize} jobs waiting); retry later"
+            )
+        self._items.append(job)
+
+    def take(self, count: int, max_bytes: int = 0) -> list[Job]:
+        """Up to ``count`` jobs from the front of the queue (at least one if any is queued),
+        holding at most ``max_bytes`` of request bodies (0: no limit) unless the first alone
+        holds more: it is then a batch of its own (:func:`batch_length`)."""
+        items = self._items
+        length = batch_length((len(job.request[0]) for job in items), count, max_bytes)
+        return [items.popleft() for _ in range(length)]
+
+    def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
+        """Refuse new jobs with the error ``refusal`` makes (by default, the model is
+        unloading); queued jobs can still be taken."""
+        self._closed = True
+        self._refusal = refusal or _unloading
+
+    def reopen(self) -> None:
+        """Take new jobs again."""
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def drain(self) -> list[Job]:
+        """Take every queued job out (to answer them with an error)."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def oldest_enqueued_at(self) -> float | None:
+        return self._items[0].enqueued_at if self._items else None
+
+
+class Cut(NamedTuple):
+    """What a pool does with its queue now (:func:`cut_batch`): give a worker a batch of up to
+    ``take`` jobs, or, when ``take`` is 0, wait until ``wait_until`` for more jobs to come
+    (``None``: nothing is queued, nothing to wait for)."""
+
+    take: int
+    wait_until: float | None = None
+
+
+#: Nothing queued: no batch, and no time to wait for.
+NOTHING_QUEUED = Cut(0)
+
+
+def cut_batch(
+    queued: int,
+    oldest_enqueued_at: float | None,
+    now: float,
+    batch_size: int,
+    max_delay_s: float,
+) -> Cut:
+    """Whether a batch goes now, from a snapshot of a queue holding ``queued`` jobs, the oldest
+    queued at ``oldest_enqueued_at``, at ``now`` (the same clock). A full batch (``batch_size``
+    jobs) goes at once; fewer wait for more until ``max_delay_s`` has passed since the oldest
+    came (the wait ends at that instant), then go as they are. With ``max_delay_s`` 0 whatever
+    is queued goes at once. The jobs the batch then holds are counted when it is taken
+    (:func:`batch_length`)."""
+    if not queued:
+        return NOTHING_QUEUED
+    if max_delay_s > 0 and queued < batch_size:
+        due = (oldest_enqueued_at or 0.0) + max_delay_s
+        if due > now:
+            return Cut(0, due)
+    return Cut(min(queued, batch_size))
+
+
+def batch_length(sizes: Iterable[int], batch_size: int, max_bytes: int) -> int:
+    """How many jobs from the front of a queue make its next batch, given the sizes of their
+    request bodies in queue order: up to ``batch_size`` (at least one when any is queued),
+    holding at most ``max_bytes`` (0: no limit) unless the first alone holds more: it is then a
+    batch of its own. A job that would pass the limit ends the batch, even if a later, smaller
+    one would fit. ``sizes`` is read only as far as the batch goes."""
+    limit = max(1, batch_size)
+    length = total = 0
+    for size in sizes:
+        if length and max_bytes and total + size > max_bytes:
+            break
+        total += size
+        length += 1
+        if length >= limit:
+            break
+    return length
+
+
+def _unloading() -> errors.MMServerError:
+    return errors.ShuttingDown("the model is unloading; retry the request")
+
+
+def partition_live(batch: Sequence[Job], now: float) -> list[Job]:
+    """Answer the jobs that must not be computed (deadline passed, client gone, already
+    answered) and return the rest, in order."""
+    live: list[Job] = []
+    for job in batch:
+        if job.future.done():
+            continue
+        if job.deadline <= now:
+            job.fail(
+                errors.PredictTimeout(
+                    "the request waited longer than option.predict_timeout and was not computed"
+                )
+            )
+        elif job.client_gone is not None and job.client_gone():
+            job.fail(errors.ClientGone("the client closed the connection before computing"))
+        else:
+            live.append(job)
+    return live
