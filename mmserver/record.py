@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mmserver import errors
@@ -59,7 +59,7 @@ class Failure:
     at: float
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ModelRecord:
     """One model the WorkLoadManager knows of. Only the event loop changes it; ``status`` is
     also read from the store's threads (one attribute read)."""
@@ -79,8 +79,8 @@ class ModelRecord:
     url: str | None = None
     #: Where the loaded model came from (a store entry's url), for describe.
     source: str | None = None
-    #: Settings changed with the management API, applied at every load.
-    overrides: dict[str, Any] = field(default_factory=dict)
+    #: Settings changed with the management API, applied at every load (``None``: none).
+    overrides: dict[str, Any] | None = None
     #: What the model's load told of it (:func:`mmserver.predictor.signature`).
     signature: dict[str, Any] | None = None
     #: Named by ``load_models``: loaded at start.

@@ -715,7 +715,7 @@ class WorkLoadManager:
                 raise errors.ModelNotFound(f"model {name} is not in the store nor registered")
             record = self._models.get(name)  # the lookup awaited: it may have changed
             pool = record.pool if record is not None else None
-        overrides = record.overrides if record is not None else {}
+        overrides = (record.overrides if record is not None else None) or {}
         config = pool.config if pool is not None else self._defaults.replace(**overrides)
         source = entry.url if entry is not None else record.source if record is not None else None
         url = (record.url if record is not None else None) or str(source)
@@ -820,7 +820,7 @@ class WorkLoadManager:
         config = pool.config.requested(**overrides)
         record = self._models.get(name)
         if record is not None:
-            record.overrides.update(overrides)
+            record.overrides = {**(record.overrides or {}), **overrides}
         await pool.rescale(config)
         log.info("model %s rescaled: %s", name, overrides)
         return config
@@ -848,7 +848,7 @@ class WorkLoadManager:
             return
         record.startup = False
         record.registered = None
-        record.overrides = {}
+        record.overrides = None
         record.url = None
         self._forget_failure(record)
         self._drop_if_unkept(record)
