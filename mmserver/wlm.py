@@ -22,6 +22,7 @@ import asyncio
 import bisect
 import collections
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -234,10 +235,18 @@ class WorkLoadManager:
         for task in loads:
             task.cancel()
         await asyncio.gather(*loads, return_exceptions=True)
+        # The pools drain as loaded models: they stay READY, with their series, until the end.
         loaded = [r for r in self._models.values() if r.pool is not None]
         await asyncio.gather(
-            *(self._unload(r.name, None, drain_timeout) for r in loaded), return_exceptions=True
+            *(r.pool.stop(drain_timeout) for r in loaded if r.pool is not None),
+            return_exceptions=True,
         )
+        for record in loaded:
+            record.pool = None
+            record.become(ModelStatus.UNLOADING)
+            record.become(ModelStatus.UNLOADED)
+            self._drop_if_unkept(record)
+        self._loaded = self._loaded_bytes = 0
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -352,7 +361,7 @@ class WorkLoadManager:
                     self._load(record), name=f"mmserver-load-{name}"
                 )
                 record.load = task
-                task.add_done_callback(_retrieve)
+                task.add_done_callback(functools.partial(self._load_done, record))
             # Shielded: a client that goes away does not cancel a load others wait for.
             try:
                 await asyncio.shield(task)
@@ -444,6 +453,13 @@ class WorkLoadManager:
             f"; {paths['family']} {paths['method']}: {paths['summary']}" if paths else "",
         )
         return pool
+
+    def _load_done(self, record: ModelRecord, task: asyncio.Task[ModelPool]) -> None:
+        if task.cancelled():
+            if record.load is task:  # cancelled (by stop) before it began: nothing ended it
+                self._load_abandoned(record)
+        else:
+            task.exception()  # retrieved: the requests that waited for it got it
 
     def _load_abandoned(self, record: ModelRecord) -> None:
         """The load ended for a reason that is not the model's: back to FAILED (a failure is
@@ -763,7 +779,11 @@ class WorkLoadManager:
         record = self._record(name)
         record.registered = entry
         record.url = url
-        self._forget_failure(record)
+        if record.failure is not None:  # its series stay: the new load counts on in them
+            record.failure = None
+            self._failed.pop(name, None)
+            if record.status is ModelStatus.FAILED:
+                record.become(ModelStatus.UNLOADED)
         if overrides:
             record.overrides = dict(overrides)
         if not synchronous:
@@ -892,12 +912,6 @@ class WorkLoadManager:
     def pool(self, name: str) -> ModelPool | None:
         record = self._models.get(name)
         return record.pool if record is not None else None
-
-
-def _retrieve(task: asyncio.Task[ModelPool]) -> None:
-    """Mark a load's error retrieved: the requests that waited for it got it."""
-    if not task.cancelled():
-        task.exception()
 
 
 def entry_suffix(entry: StoreEntry) -> str:

@@ -94,6 +94,26 @@ async def test_submit_is_the_one_way_in(store: Path, tmp_path: Path) -> None:
             wlm.submit("gated", X)
 
 
+async def test_models_stay_ready_while_the_server_drains(store: Path, tmp_path: Path) -> None:
+    """stop() drains loaded models as loaded models: READY, listed and counted, until the end."""
+    gate = tmp_path / "gate"
+    make_gated_dir(store / "gated", gate, maxWorkers=1)
+    async with running(store, backend_processes=0) as wlm:
+        gate.touch()
+        await wlm.infer("gated", X)
+        gate.unlink()
+        pending = asyncio.ensure_future(wlm.infer("gated", X))
+        pool = wlm.pool("gated")
+        await wait_until(lambda: pool is not None and pool.running == 1)
+        stopping = asyncio.ensure_future(wlm.stop(30.0))
+        await wait_until(lambda: not wlm.accepting)
+        assert wlm.status("gated") is ModelStatus.READY and wlm.loaded == ["gated"]
+        gate.touch()
+        assert value(await pending) == 1.0  # answered by the drain
+        await stopping
+        assert wlm.status("gated") is ModelStatus.UNLOADED and wlm.loaded == []
+
+
 async def test_lazy_load_answers_and_loads_once(store: Path) -> None:
     async with running(store, backend_processes=0) as wlm:
         results = await asyncio.gather(*(wlm.infer("sklearn-3", X) for _ in range(20)))
