@@ -137,29 +137,20 @@ class ObjectStore:
     def list(self) -> list[StoreEntry]:
         """Every ``NAME.tar.gz``/``NAME.tgz`` object directly under the prefix, sorted by name
         (``.tar.gz`` wins over ``.tgz``). Reads the listing page by page; downloads nothing."""
-        entries: dict[str, StoreEntry] = {}
-        try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"
-            )
-            for page in pages:
-                for obj in page.get("Contents", ()):
-                    key = obj["Key"]
-                    name = archive_name(key[len(self.prefix) :])
-                    if name is None:
-                        continue
-                    known = entries.get(name)
-                    if known is not None and (known.object_url or "").endswith(".tar.gz"):
-                        continue
-                    entries[name] = self._entry(name, key, obj["Size"], obj["ETag"])
-        except (BotoCoreError, ClientError) as exc:
-            raise self._store_error(exc) from None
-        return [entries[name] for name in sorted(entries)]
+        return [
+            self._entry(name, self.prefix + name + suffix, obj["Size"], obj["ETag"])
+            for name, suffix, obj in self._archives()
+        ]
 
     def scan(self) -> Sequence[tuple[str, str]]:
         """``(name, suffix)`` of every model, sorted by name, for the store index: the object
         listing, page by page, as :meth:`list` reads it."""
-        found: dict[str, str] = {}
+        return [(name, suffix) for name, suffix, _ in self._archives()]
+
+    def _archives(self) -> Sequence[tuple[str, str, dict[str, Any]]]:
+        """``(name, suffix, object)`` of every model's archive object directly under the
+        prefix, sorted by name; of ``NAME.tar.gz`` and ``NAME.tgz``, the first."""
+        found: dict[str, tuple[str, dict[str, Any]]] = {}
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"
@@ -168,12 +159,15 @@ class ObjectStore:
                 for obj in page.get("Contents", ()):
                     filename = obj["Key"][len(self.prefix) :]
                     name = archive_name(filename)
-                    if name is None or found.get(name) == ".tar.gz":
+                    if name is None:
                         continue
-                    found[name] = filename[len(name) :]
+                    known = found.get(name)
+                    if known is not None and known[0] == ".tar.gz":
+                        continue
+                    found[name] = (filename[len(name) :], obj)
         except (BotoCoreError, ClientError) as exc:
             raise self._store_error(exc) from None
-        return sorted(found.items())
+        return [(name, *found[name]) for name in sorted(found)]
 
     def version(self) -> tuple[Hashable, float] | None:
         """``None``: an object listing has no cheap token of change; the index ages out."""
