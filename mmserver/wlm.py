@@ -182,6 +182,9 @@ class WorkLoadManager:
         self._loaded_bytes = 0
         #: The models whose failure is remembered, the oldest failure first (MAX_FAILURES).
         self._failed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: The registered models' names (their records hold the entries), so that a listing's
+        #: pages merge them without a pass over every record.
+        self._registered: set[str] = set()
         # Bytes of one copy, and seconds a batch holds a backend, remembered across evictions
         # for the next load's estimate and lane; bounded, least recently loaded forgotten.
         self._measured: LRUCache[str, int] = LRUCache(MAX_REMEMBERED)
@@ -224,6 +227,10 @@ class WorkLoadManager:
         """Refuse new requests from now on (``/ping`` reports 503)."""
         self.accepting = False
 
+    def _refuse_if_stopping(self) -> None:
+        if not self.accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+
     async def stop(self, drain_timeout: float) -> None:
         """Refuse new jobs, answer every accepted one (up to ``drain_timeout`` seconds; what is
         left then is answered 503), stop the workers, then the backend processes."""
@@ -236,12 +243,11 @@ class WorkLoadManager:
             task.cancel()
         await asyncio.gather(*loads, return_exceptions=True)
         # The pools drain as loaded models: they stay READY, with their series, until the end.
-        loaded = [r for r in self._models.values() if r.pool is not None]
+        loaded = [(r, r.pool) for r in self._models.values() if r.pool is not None]
         await asyncio.gather(
-            *(r.pool.stop(drain_timeout) for r in loaded if r.pool is not None),
-            return_exceptions=True,
+            *(pool.stop(drain_timeout) for _, pool in loaded), return_exceptions=True
         )
-        for record in loaded:
+        for record, _ in loaded:
             record.pool = None
             record.become(ModelStatus.UNLOADING)
             record.become(ModelStatus.UNLOADED)
@@ -276,8 +282,7 @@ class WorkLoadManager:
         its own; otherwise a task finds (or loads) the model, then queues it. Raises
         :class:`errors.ShuttingDown` at once; every other error is the future's.
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout."""
-        if not self.accepting:
-            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        self._refuse_if_stopping()
         record = self._models.get(name)
         if record is not None:
             pool = record.pool
@@ -306,8 +311,6 @@ class WorkLoadManager:
     ) -> bytes:
         pool = await self._get_pool(name)
         submission.requests = pool.requests
-        if not self.accepting:
-            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
         return await pool.submit(request, deadline, client_gone)
 
     async def infer(
@@ -323,8 +326,7 @@ class WorkLoadManager:
 
     async def ready(self, name: str) -> str:
         """Load model ``name`` (any spelling) if it is not loaded; its name."""
-        if not self.accepting:
-            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        self._refuse_if_stopping()
         return (await self._get_pool(name)).name
 
     def _record(self, name: str) -> ModelRecord:
@@ -484,15 +486,22 @@ class WorkLoadManager:
             if forgotten is not None:
                 self._forget_failure(forgotten)
 
-    def _forget_failure(self, record: ModelRecord) -> None:
+    def _clear_failure(self, record: ModelRecord) -> bool:
+        """Forget why the model's last load failed (FAILED → UNLOADED); whether it had."""
         if record.failure is None:
-            return
+            return False
         record.failure = None
         self._failed.pop(record.name, None)
         if record.status is ModelStatus.FAILED:
             record.become(ModelStatus.UNLOADED)
-        self._release_series(record)
-        self._drop_if_unkept(record)
+        return True
+
+    def _forget_failure(self, record: ModelRecord) -> None:
+        """:meth:`_clear_failure`, and the model's series and record unless something else
+        holds them."""
+        if self._clear_failure(record):
+            self._release_series(record)
+            self._drop_if_unkept(record)
 
     def _release_series(self, record: ModelRecord) -> None:
         """Remove the metric series of the model unless it is loading or loaded, or its failure
@@ -622,12 +631,9 @@ class WorkLoadManager:
             await self._unload(victim, reason=f"evicted (least recently used) to load {name}")
             self.metrics.model_evictions.inc()
 
-    async def _unload(
-        self, name: str, reason: str | None, drain_timeout: float | None = None
-    ) -> None:
+    async def _unload(self, name: str, reason: str, drain_timeout: float | None = None) -> None:
         """READY → UNLOADING → UNLOADED: the pool leaves the loaded models at once, then stops
-        (answering what it has queued, up to ``drain_timeout``). Logged with ``reason``, unless
-        the server is stopping (``None``)."""
+        (answering what it has queued, up to ``drain_timeout``); logged with ``reason``."""
         record = self._models.get(name)
         if record is None or record.pool is None:
             return
@@ -643,7 +649,7 @@ class WorkLoadManager:
         await asyncio.shield(task)
 
     async def _stop_pool(
-        self, record: ModelRecord, pool: ModelPool, reason: str | None, drain_timeout: float | None
+        self, record: ModelRecord, pool: ModelPool, reason: str, drain_timeout: float | None
     ) -> None:
         try:
             await pool.stop(drain_timeout)
@@ -656,8 +662,7 @@ class WorkLoadManager:
                 self._holds[record.name] = pool.cost.hold
             self._release_series(record)
             self._drop_if_unkept(record)
-        if reason is not None:
-            log.info("model %s unloaded: %s (%d loaded)", record.name, reason, self._loaded)
+        log.info("model %s unloaded: %s (%d loaded)", record.name, reason, self._loaded)
 
     # Management -------------------------------------------------------------------------------
 
@@ -679,25 +684,21 @@ class WorkLoadManager:
         record = self._models.get(name)
         return record.signature if record is not None else None
 
-    def _registered(self) -> dict[str, StoreEntry]:
-        return {n: r.registered for n, r in self._models.items() if r.registered is not None}
-
     async def list_page(self, after: str | None, limit: int) -> tuple[list[ModelListing], bool]:
         """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
         by name, and whether more follow. From the store index: O(log n + limit)."""
         stored, more = await self.index.page(after, limit)
-        registered = self._registered()
-        if registered:
-            names = sorted(registered)
+        models = self._models
+        if self._registered:
+            names = sorted(self._registered)
             start = bisect.bisect_right(names, after) if after else 0
-            extra = [(n, registered[n].url) for n in names[start : start + limit]]
+            extra = [(n, _registered_url(models[n])) for n in names[start : start + limit]]
             more = more or start + limit < len(names)
             merged = dict(stored)
             merged.update(extra)
             rows = sorted(merged.items())
             more = more or len(rows) > limit
             stored = rows[:limit]
-        models = self._models
         listing = []
         for name, url in stored:
             record = models.get(name)
@@ -779,11 +780,8 @@ class WorkLoadManager:
         record = self._record(name)
         record.registered = entry
         record.url = url
-        if record.failure is not None:  # its series stay: the new load counts on in them
-            record.failure = None
-            self._failed.pop(name, None)
-            if record.status is ModelStatus.FAILED:
-                record.become(ModelStatus.UNLOADED)
+        self._registered.add(name)
+        self._clear_failure(record)  # its series stay: the new load counts on in them
         if overrides:
             record.overrides = dict(overrides)
         if not synchronous:
@@ -802,8 +800,7 @@ class WorkLoadManager:
 
     async def load(self, name: str) -> None:
         """Load a model of the store, or a registered one, now (management: no room is 507)."""
-        if not self.accepting:
-            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        self._refuse_if_stopping()
         await self._get_pool_for_management(name)
 
     async def _get_pool_for_management(self, name: str) -> ModelPool:
@@ -868,6 +865,7 @@ class WorkLoadManager:
             return
         record.startup = False
         record.registered = None
+        self._registered.discard(name)
         record.overrides = None
         record.url = None
         self._forget_failure(record)
@@ -912,6 +910,13 @@ class WorkLoadManager:
     def pool(self, name: str) -> ModelPool | None:
         record = self._models.get(name)
         return record.pool if record is not None else None
+
+
+def _registered_url(record: ModelRecord) -> str:
+    """Where a registered model comes from, as its store entry says."""
+    if record.registered is None:
+        raise AssertionError(f"model {record.name} is listed as registered without an entry")
+    return record.registered.url
 
 
 def entry_suffix(entry: StoreEntry) -> str:
