@@ -16,9 +16,9 @@ A process that dies (killed, out of memory) fails the archive it was unpacking w
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
-import threading
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -87,8 +87,7 @@ class UnpackProcesses:
         self._idle: queue.LifoQueue[_Process | None] = queue.LifoQueue()
         for _ in range(processes):
             self._idle.put(None)  # a place for a process not started yet
-        self._started = 0
-        self._lock = threading.Lock()
+        self._indices = itertools.count(1)
         self._closed = False
 
     def unpack(self, archive: Path, target: Path, max_unpacked_bytes: int, name: str) -> Path:
@@ -98,10 +97,7 @@ class UnpackProcesses:
             if self._closed:
                 raise ModelLoadError(f"model {name}: the server is stopping")
             if worker is None:
-                with self._lock:
-                    self._started += 1
-                    index = self._started
-                worker = _Process(self._context, index)
+                worker = _Process(self._context, next(self._indices))
             try:
                 worker.conn.send((archive, target, max_unpacked_bytes, name))
                 ok, value = worker.conn.recv()
