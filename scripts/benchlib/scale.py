@@ -303,7 +303,7 @@ def run(
         names = [f"sklearn-{i}" for i in range(settings.models)]
         random.Random(1).shuffle(names)
         result["cold"] = cold_loads(server, names[:loaded], settings.clients)
-        time.sleep(1)
+        servers.wait_quiet(10.0)  # the loads' last work done before the RSS is read
         after = _rss_kb(server.pid)
         result["frontend"] = {
             "before_kb": before,
