@@ -53,18 +53,25 @@ MAX_MESSAGE = 4096
 
 
 class MMServerError(Exception):
-    """Base of every error a client can see."""
+    """Base of every error a client can see.
+
+    ``model`` is set when the message begins by naming the model it is about ("model NAME
+    ..."): whoever reports the error further (the loader) then does not name the model again.
+    It crosses the pipe from a backend process with the class and the message."""
 
     status_code: int = 500
     amzn_error_type: str | None = "InternalFailure"
+    model: str | None = None
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, model: str | None = None) -> None:
         if len(message) > MAX_MESSAGE:
             # A model's exception, an archive's member name: text from outside is bounded.
             cut = MAX_MESSAGE - 60
             message = f"{message[:cut]}... ({len(message)} characters, shortened)"
         super().__init__(message)
         self.message = message
+        if model is not None:
+            self.model = model
 
     def headers(self) -> dict[str, str]:
         """Extra response headers this error asks for (besides the error type)."""
@@ -176,7 +183,8 @@ class ModelError(MMServerError):
 
 
 class ModelLoadError(MMServerError):
-    """The model could not be loaded; the message says why."""
+    """The model could not be loaded; the message says why. The loader puts "model NAME failed
+    to load: " before a message that does not name its model (``model`` unset)."""
 
     status_code = 500
     amzn_error_type = "InternalFailure"
@@ -291,10 +299,11 @@ def djl_type(cls: type[MMServerError]) -> str:
     return DJL_TYPES[MMServerError]
 
 
-def from_name(kind: str, message: str) -> MMServerError:
-    """The error named ``kind`` (a class of this module) with ``message``: how an error raised in
-    a backend process is rebuilt on the frontend. An unknown name becomes :class:`ModelError`."""
+def from_name(kind: str, message: str, model: str | None = None) -> MMServerError:
+    """The error named ``kind`` (a class of this module) with ``message`` and ``model``: how an
+    error raised in a backend process is rebuilt on the frontend. An unknown name becomes
+    :class:`ModelError`."""
     cls = globals().get(kind)
     if not (isinstance(cls, type) and issubclass(cls, MMServerError)):
         cls = ModelError
-    return cls(message)
+    return cls(message, model=model)

@@ -73,7 +73,8 @@ def find_model_file(model_dir: Path, config: ModelConfig) -> ModelFile | None:
         path = inside(model_dir, config.model_file, "option.model_file")
         if not path.is_file():
             raise ModelLoadError(
-                f"model {model_dir.name}: option.model_file={config.model_file!r} does not exist"
+                f"model {model_dir.name}: option.model_file={config.model_file!r} does not exist",
+                model=model_dir.name,
             )
         family = wanted[0] if engine else _family_of(path)
         return ModelFile(family, path)
@@ -90,7 +91,8 @@ def inside(model_dir: Path, relative: str, key: str) -> Path:
     parts = Path(relative)
     if parts.is_absolute() or ".." in parts.parts or not parts.parts:
         raise ModelLoadError(
-            f"model {model_dir.name}: {key}={relative!r} must be a file inside the model folder"
+            f"model {model_dir.name}: {key}={relative!r} must be a file inside the model folder",
+            model=model_dir.name,
         )
     return model_dir / parts
 

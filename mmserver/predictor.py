@@ -130,7 +130,8 @@ class EstimatorPredictor:
             available = [m for m in METHODS if callable(getattr(model, m, None))]
             raise ModelLoadError(
                 f"model {name} ({type(model).__name__}) has no {method}; option.method must be "
-                f"one of: {', '.join(available) or 'none of ' + ', '.join(METHODS)}"
+                f"one of: {', '.join(available) or 'none of ' + ', '.join(METHODS)}",
+                model=name,
             )
         self.model: Any = model
         self.method = method
@@ -299,13 +300,15 @@ def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
     if "option.handler" in config.properties:
         raise ModelLoadError(
             f"model {model_dir.name}: option.handler={config.handler!r} needs a handler file, "
-            f"but {config.entry_point} does not exist"
+            f"but {config.entry_point} does not exist",
+            model=model_dir.name,
         )
     found = find_model_file(model_dir, config)
     if found is None:
         raise ModelLoadError(
             f"model {model_dir.name} has no model file ({_WANTED[(config.engine or '').lower()]})"
-            f", and no {config.entry_point}"
+            f", and no {config.entry_point}",
+            model=model_dir.name,
         )
     return EstimatorPredictor(
         load_model(found),
@@ -336,7 +339,8 @@ def _entry_point(model_dir: Path, config: ModelConfig) -> Path | None:
         return path
     if "option.entryPoint" in config.properties:
         raise ModelLoadError(
-            f"model {model_dir.name}: option.entryPoint={config.entry_point!r} does not exist"
+            f"model {model_dir.name}: option.entryPoint={config.entry_point!r} does not exist",
+            model=model_dir.name,
         )
     return None
 
@@ -395,17 +399,21 @@ def _make_custom(
         raise ModelLoadError(
             f"model {model_dir.name}: {entry.name} defines no function "
             f"{config.handler!r} (option.handler); it should define "
-            f"{config.handler}(model, batch) -> rows"
+            f"{config.handler}(model, batch) -> rows",
+            model=model_dir.name,
         )
     loader = getattr(module, "load", None)
     if loader is not None and not callable(loader):
-        raise ModelLoadError(f"model {model_dir.name}: {entry.name}: 'load' is not a function")
+        raise ModelLoadError(
+            f"model {model_dir.name}: {entry.name}: 'load' is not a function", model=model_dir.name
+        )
     if loader is not None:
         try:
             model = loader(model_dir, dict(config.properties))
         except Exception as exc:
             raise ModelLoadError(
-                f"model {model_dir.name}: {entry.name} load() failed: {reason(exc)}"
+                f"model {model_dir.name}: {entry.name} load() failed: {reason(exc)}",
+                model=model_dir.name,
             ) from None
     else:
         found = find_model_file(model_dir, config)

@@ -416,8 +416,8 @@ class WorkLoadManager:
             self._load_abandoned(record)
             raise  # the model is fine; the server is full or stopping
         except errors.MMServerError as exc:
-            if isinstance(exc, errors.ModelLoadError) and not exc.message.startswith("model "):
-                exc = type(exc)(f"model {name} failed to load: {exc.message}")
+            if isinstance(exc, errors.ModelLoadError) and exc.model is None:
+                exc = type(exc)(f"model {name} failed to load: {exc.message}", model=name)
             self._load_failed(record, exc)
             log.error("%s", exc.message)
             raise exc from None
@@ -426,7 +426,7 @@ class WorkLoadManager:
             raise
         except Exception as exc:
             error = errors.ModelLoadError(
-                f"model {name} failed to load: {type(exc).__name__}: {exc}"
+                f"model {name} failed to load: {type(exc).__name__}: {exc}", model=name
             )
             self._load_failed(record, error)
             log.exception("model %s failed to load", name)
@@ -567,7 +567,9 @@ class WorkLoadManager:
             config = config.replace(**overrides)
         too_many = self.config.check_workers(config.min_workers, config.max_workers)
         if too_many is not None:
-            raise errors.ConfigError(f"model {record.name}: serving.properties: {too_many}")
+            raise errors.ConfigError(
+                f"model {record.name}: serving.properties: {too_many}", model=record.name
+            )
         return model_dir, config
 
     def _estimate_bytes(self, name: str, entry: StoreEntry, config: ModelConfig) -> int:

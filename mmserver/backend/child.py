@@ -174,16 +174,16 @@ def child_main(
             else:
                 reply = (wire.OK, os.getpid())
         except errors.MMServerError as exc:
-            reply = (wire.ERR, type(exc).__name__, exc.message)
+            reply = (wire.ERR, type(exc).__name__, exc.message, exc.model)
         except Exception as exc:
             kind = "ModelLoadError" if op == wire.LOAD else "ModelError"
-            reply = (wire.ERR, kind, f"{type(exc).__name__}: {exc}")
+            reply = (wire.ERR, kind, f"{type(exc).__name__}: {exc}", None)
         del message
         try:
             parts = frame(reply)
         except Exception as exc:
             parts = frame(
-                (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}")
+                (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}", None)
             )
         try:
             send_frame(sock, parts)

@@ -384,7 +384,7 @@ class ProcessSlot:
         if reply[0] == wire.OK:
             pending.succeed(reply[1])
         else:
-            pending.fail(errors.from_name(reply[1], reply[2]))
+            pending.fail(errors.from_name(reply[1], reply[2], reply[3]))
 
     def _watch(self) -> None:
         """Answer 504 every message whose deadline has passed; if the process is running one,

@@ -3,8 +3,8 @@
 Each process is connected by one ``AF_UNIX`` stream socket (``multiprocessing.Pipe``); a message
 is one frame in ``Connection.send_bytes`` framing (a 4-byte big-endian length, or ``-1`` and an
 8-byte length) holding a pickle (protocol 5): ``(op, ...)`` from the frontend, ``(OK, result)``
-or ``(ERR, error class name, message)`` back. A batch travels as its requests' bodies,
-undecoded, and comes back as one encoded answer per request.
+or ``(ERR, error class name, message, the model the message names or None)`` back. A batch
+travels as its requests' bodies, undecoded, and comes back as one encoded answer per request.
 """
 
 from __future__ import annotations

@@ -66,63 +66,61 @@ def model_root(unpacked: Path) -> Path:
     return unpacked
 
 
-def _member_path(member: tarfile.TarInfo, what: str) -> str:
+def _member_path(member: tarfile.TarInfo) -> str:
     """The normalised relative path of a member; refuses absolute paths and ``..``."""
     # A backslash is a separator to some packers; treat it as one so it cannot hide a "..".
     name = member.name.replace("\\", "/")
     if name.startswith("/"):
-        raise UnsafeArchive(f"{what}: member {shown(member.name)} has an absolute path")
+        raise UnsafeArchive(f"member {shown(member.name)} has an absolute path")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise UnsafeArchive(f"{what}: member {shown(member.name)} leaves the archive ('..')")
+        raise UnsafeArchive(f"member {shown(member.name)} leaves the archive ('..')")
     return "/".join(parts)
 
 
-def _check_members(tar: tarfile.TarFile, limit: int, what: str) -> list[tarfile.TarInfo]:
+def _check_members(tar: tarfile.TarFile, limit: int) -> list[tarfile.TarInfo]:
     """Read every member header and refuse the archive before anything is written."""
     members: list[tarfile.TarInfo] = []
     declared = 0
     for member in tar:
         if len(members) >= MAX_MEMBERS:
-            raise UnsafeArchive(f"{what}: more than {MAX_MEMBERS} members")
-        path = _member_path(member, what)
+            raise UnsafeArchive(f"more than {MAX_MEMBERS} members")
+        path = _member_path(member)
         if member.ischr() or member.isblk() or member.isfifo():
-            raise UnsafeArchive(f"{what}: member {shown(member.name)} is a device or fifo")
+            raise UnsafeArchive(f"member {shown(member.name)} is a device or fifo")
         if member.issym() or member.islnk():
-            _link_source(member, path, what)  # refuses a link leaving the archive
+            _link_source(member, path)  # refuses a link leaving the archive
         elif not (member.isreg() or member.isdir()):
-            raise UnsafeArchive(f"{what}: member {shown(member.name)} has an unsupported type")
+            raise UnsafeArchive(f"member {shown(member.name)} has an unsupported type")
         if member.isreg():
             declared += member.size
             if declared > limit:
                 raise UnsafeArchive(
-                    f"{what}: unpacked size exceeds the limit of {limit} bytes "
+                    f"unpacked size exceeds the limit of {limit} bytes "
                     f"(at member {shown(member.name)}, {member.size} bytes)"
                 )
         members.append(member)
     return members
 
 
-def _link_source(member: tarfile.TarInfo, path: str, what: str) -> str:
+def _link_source(member: tarfile.TarInfo, path: str) -> str:
     """The archive path a link refers to; refused when it leaves the archive. Links are never
     created on disk: a link to a file of the archive is unpacked as a copy of that file."""
     target = member.linkname.replace("\\", "/")
     kind = "symbolic link" if member.issym() else "hard link"
     if target.startswith("/"):
         raise UnsafeArchive(
-            f"{what}: member {shown(member.name)} is a {kind} to {shown(member.linkname)} "
+            f"member {shown(member.name)} is a {kind} to {shown(member.linkname)} "
             "outside the archive"
         )
     # A symbolic link is relative to its folder; a hard link to the archive root.
     base = posixpath.dirname(path) if member.issym() else ""
     joined = posixpath.normpath(posixpath.join(base, target))
     if joined in (".", ""):
-        raise UnsafeArchive(
-            f"{what}: member {shown(member.name)} is a {kind} to the archive's top folder"
-        )
+        raise UnsafeArchive(f"member {shown(member.name)} is a {kind} to the archive's top folder")
     if joined == ".." or joined.startswith("../"):
         raise UnsafeArchive(
-            f"{what}: member {shown(member.name)} is a {kind} to {shown(member.linkname)} "
+            f"member {shown(member.name)} is a {kind} to {shown(member.linkname)} "
             "outside the archive"
         )
     return joined
@@ -167,27 +165,27 @@ def _safe_extract(archive: Path, dest: Path, limit: int, name: str) -> None:
     what = f"model {name}: archive {archive.name}"
     try:
         with tarfile.open(archive, "r:gz", tarinfo=_BoundedTarInfo) as tar:
-            members = _check_members(tar, limit, what)
-            _extract(tar, members, dest, limit, what)
+            members = _check_members(tar, limit)
+            _extract(tar, members, dest, limit)
     except UnsafeArchive as exc:
-        if exc.message.startswith(what):
-            raise
-        raise UnsafeArchive(f"{what}: {exc.message}") from None
+        raise UnsafeArchive(f"{what}: {exc.message}", model=name) from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         if isinstance(exc, FileNotFoundError) and exc.filename == str(archive):
-            raise ModelNotFound(f"model {name}: {archive.name} no longer exists") from None
+            raise ModelNotFound(
+                f"model {name}: {archive.name} no longer exists", model=name
+            ) from None
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ModelLoadError(f"{what} cannot be unpacked: {type(exc).__name__}: {reason}") from None
+        raise ModelLoadError(
+            f"{what} cannot be unpacked: {type(exc).__name__}: {reason}", model=name
+        ) from None
 
 
-def _extract(
-    tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path, limit: int, what: str
-) -> None:
+def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path, limit: int) -> None:
     written = 0
     files: dict[str, Path] = {}
     root = str(dest)
     for member in members:
-        rel = _member_path(member, what)
+        rel = _member_path(member)
         if not rel:
             continue
         out = Path(root, rel)
@@ -196,21 +194,21 @@ def _extract(
             continue
         out.parent.mkdir(parents=True, exist_ok=True)
         if member.issym() or member.islnk():
-            source = files.get(_link_source(member, rel, what))
+            source = files.get(_link_source(member, rel))
             if source is None:
                 raise UnsafeArchive(
-                    f"{what}: member {shown(member.name)} links to {shown(member.linkname)}, "
+                    f"member {shown(member.name)} links to {shown(member.linkname)}, "
                     "which is not a file earlier in the archive"
                 )
             with open(source, "rb") as src:
-                written = _write(src, out, written, limit, what, member, 0o644)
+                written = _write(src, out, written, limit, member, 0o644)
         else:
             src_obj = tar.extractfile(member)
             if src_obj is None:  # pragma: no cover - regular members always have data
-                raise UnsafeArchive(f"{what}: member {shown(member.name)} has no data")
+                raise UnsafeArchive(f"member {shown(member.name)} has no data")
             mode = 0o755 if member.mode & 0o111 else 0o644
             with src_obj:
-                written = _write(src_obj, out, written, limit, what, member, mode)
+                written = _write(src_obj, out, written, limit, member, mode)
         files[rel] = out
 
 
@@ -219,7 +217,6 @@ def _write(
     out: Path,
     written: int,
     limit: int,
-    what: str,
     member: tarfile.TarInfo,
     mode: int,
 ) -> int:
@@ -230,7 +227,7 @@ def _write(
             written += len(chunk)
             if written > limit:
                 raise UnsafeArchive(
-                    f"{what}: unpacked size exceeds the limit of {limit} bytes "
+                    f"unpacked size exceeds the limit of {limit} bytes "
                     f"(while unpacking member {shown(member.name)})"
                 )
             dst.write(chunk)

@@ -304,7 +304,9 @@ def prepare_local(
             raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists")
         return entry.path
     if entry.kind != "archive":
-        raise ModelLoadError(f"model {entry.name}: {entry.url} is not a local file")
+        raise ModelLoadError(
+            f"model {entry.name}: {entry.url} is not a local file", model=entry.name
+        )
     try:
         st = entry.path.stat()
     except FileNotFoundError:

@@ -247,7 +247,8 @@ class ObjectStore:
             except OSError as exc:
                 raise ModelLoadError(
                     f"model {entry.name}: {entry.url} cannot be written to the cache "
-                    f"{self.cache_dir}: {exc}"
+                    f"{self.cache_dir}: {exc}",
+                    model=entry.name,
                 ) from None
             log.info(
                 "model %s: downloaded %s (%d bytes) in %.1f ms",
@@ -329,5 +330,6 @@ def _code(exc: ClientError) -> str:
 def _too_large(entry: StoreEntry, what: str, limit: int) -> ModelLoadError:
     return ModelLoadError(
         f"model {entry.name}: {entry.url} {what}; the limit is {limit} bytes (max_archive_mb), "
-        "so it is not loaded"
+        "so it is not loaded",
+        model=entry.name,
     )

@@ -25,7 +25,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from mmserver.errors import ModelLoadError
+from mmserver.errors import ModelLoadError, ShuttingDown
 from mmserver.store.archive import unpack_archive
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ def _serve(conn: Connection) -> None:
         try:
             conn.send(answer)
         except Exception as exc:  # an exception that does not pickle
-            conn.send((False, ModelLoadError(f"model {name}: {type(exc).__name__}: {exc}")))
+            error = ModelLoadError(f"model {name}: {type(exc).__name__}: {exc}", model=name)
+            conn.send((False, error))
 
 
 class _Process:
@@ -95,7 +96,9 @@ class UnpackProcesses:
         worker = self._idle.get()
         try:
             if self._closed:
-                raise ModelLoadError(f"model {name}: the server is stopping")
+                raise ShuttingDown(
+                    f"model {name} is not loaded: the server is stopping", model=name
+                )
             if worker is None:
                 worker = _Process(self._context, next(self._indices))
             try:
@@ -107,7 +110,8 @@ class UnpackProcesses:
                 worker = None
                 log.warning("the process unpacking archives died (exit code %s)", code)
                 raise ModelLoadError(
-                    f"model {name}: the process unpacking {archive.name} died (out of memory?)"
+                    f"model {name}: the process unpacking {archive.name} died (out of memory?)",
+                    model=name,
                 ) from None
             if not ok:
                 raise value

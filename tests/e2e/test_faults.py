@@ -99,6 +99,13 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
     store.mkdir()
     archive = make_linear_archive(store / "victim.tar.gz")
     make_linear_archive(store / "bystander.tar.gz")
+    (store / "unreadable").mkdir()
+    (store / "unreadable" / "model.joblib").write_bytes(b"not a joblib file")
+    (store / "weightless").mkdir()
+    (store / "weightless" / "model.py").write_text(
+        "def load(model_dir, properties):\n    raise RuntimeError('no weights here')\n\n"
+        "def predict(model, batch):\n    return batch\n"
+    )
     good = archive.read_bytes()
     async with (
         ServerProcess(store, tmp_path / "server.log", "--backend-processes", "2") as server,
@@ -138,11 +145,27 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
             assert body["type"] == "EngineException"
             assert "model victim" in body["message"]
             assert "victim.tar.gz cannot be unpacked" in body["message"]
+            assert body["message"].startswith(
+                "model victim: archive victim.tar.gz cannot be unpacked: "
+            )
             if path == "invocations":
                 assert headers["x-amzn-ErrorType"] == "InternalFailure"
         status, body, _ = await predict(session, server.url, "bystander", 0.5)
         assert status == 200 and body["predictions"][0] == pytest.approx(2.0, abs=0.05)
         assert (await describe(session, server.url, "victim"))["status"] == "FAILED"
+        # A load that fails in a backend process names its model once, as the unpacking does.
+        status, body, _ = await predict(session, server.url, "unreadable", 0.5)
+        assert status == 500, body
+        assert body["message"].startswith(
+            "model unreadable failed to load: model.joblib cannot be loaded: "
+        )
+        assert body["message"].count("unreadable") == 1
+        status, body, _ = await predict(session, server.url, "weightless", 0.5)
+        assert status == 500, body
+        assert body["message"].startswith(
+            "model weightless: model.py load() failed: RuntimeError: no weights here"
+        )
+        assert body["message"].count("weightless") == 1
 
         # Repaired: a later request loads it again (failed loads are retried after 2 s).
         archive.write_bytes(good)
