@@ -14,10 +14,20 @@ import signal
 import time
 from collections.abc import Iterable
 
-from mmserver.cluster.procfs import HOST, children_map, descendants, free_port, proc_kb, stat_fields
+from mmserver.cluster.procfs import (
+    HOST,
+    ProcessMemory,
+    children_map,
+    descendants,
+    free_port,
+    proc_kb,
+    stat_fields,
+    tree_memory,
+)
 
 __all__ = [
     "HOST",
+    "ProcessMemory",
     "alive",
     "children_map",
     "descendants",
@@ -25,6 +35,7 @@ __all__ = [
     "kill_left",
     "proc_kb",
     "stat_fields",
+    "tree_memory",
 ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 HOST = "127.0.0.1"
 
@@ -63,3 +64,32 @@ def proc_kb(pid: int, name: str, key: str) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process's memory in KiB: resident (RSS, ``VmRSS``; shared pages counted in each
+    process) and proportional (PSS, ``smaps_rollup``; shared pages split between the sharers)."""
+
+    pid: int
+    name: str
+    rss_kb: int
+    pss_kb: int
+
+
+def tree_memory(pid: int) -> list[ProcessMemory]:
+    """The memory of ``pid`` and of each live descendant, ``pid`` first (parents before
+    children); a process that exits meanwhile is left out."""
+    out = []
+    for each in [pid, *descendants(pid)]:
+        try:
+            with open(f"/proc/{each}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue
+        out.append(
+            ProcessMemory(
+                each, name, proc_kb(each, "status", "VmRSS"), proc_kb(each, "smaps_rollup", "Pss")
+            )
+        )
+    return out

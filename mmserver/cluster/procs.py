@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mmserver.cluster import procfs
-from mmserver.cluster.procfs import HOST, proc_kb, stat_fields
+from mmserver.cluster.procfs import HOST, stat_fields
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,10 @@ class Memory:
 
 def tree_memory(pid: int) -> Memory:
     """RSS and PSS of ``pid`` and all its descendants together."""
-    pids = [pid, *(i.pid for i in descendants(pid))]
-    rss = sum(proc_kb(p, "status", "VmRSS") for p in pids)
-    pss = sum(proc_kb(p, "smaps_rollup", "Pss") for p in pids)
-    return Memory(rss, pss, len(pids))
+    processes = procfs.tree_memory(pid)
+    return Memory(
+        sum(p.rss_kb for p in processes), sum(p.pss_kb for p in processes), len(processes)
+    )
 
 
 def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:

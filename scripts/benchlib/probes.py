@@ -7,8 +7,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from proctools import tree_memory
+
 from benchlib.client import Client
-from benchlib.servers import Server, tree_memory
+from benchlib.servers import Server
 
 WARM_MODEL = "sklearn-0"
 

@@ -12,41 +12,19 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from proctools import HOST, descendants, free_port, kill_left, proc_kb, stat_fields
+from proctools import (
+    HOST,
+    descendants,
+    free_port,
+    kill_left,
+    stat_fields,
+)
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 40.0
-
-
-@dataclass
-class ProcessMemory:
-    pid: int
-    name: str
-    rss_kb: int
-    pss_kb: int
-
-
-def tree_memory(pid: int) -> list[ProcessMemory]:
-    """RSS (``VmRSS``) and PSS (``smaps_rollup``) of ``pid`` and each of its descendants."""
-    out = []
-    for each in [pid, *descendants(pid)]:
-        try:
-            name = Path(f"/proc/{each}/comm").read_text().strip()
-            out.append(
-                ProcessMemory(
-                    each,
-                    name,
-                    proc_kb(each, "status", "VmRSS"),
-                    proc_kb(each, "smaps_rollup", "Pss"),
-                )
-            )
-        except OSError:
-            continue  # exited meanwhile
-    return out
 
 
 def tree_cpu(pid: int) -> dict[int, float]:

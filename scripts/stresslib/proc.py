@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from proctools import HOST, children_map, descendants, free_port, kill_left, proc_kb
+from proctools import HOST, children_map, descendants, free_port, kill_left, tree_memory
 
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 
@@ -98,16 +98,14 @@ class Memory:
 def memory(frontend: int) -> Memory:
     """RSS (``VmRSS``) and PSS (``smaps_rollup``) summed over the server's process tree. RSS
     counts pages shared by the fork server's children once per process; PSS splits them."""
-    pids = [frontend, *descendants(frontend)]
-    rss = sum(proc_kb(p, "status", "VmRSS") for p in pids)
-    pss = sum(proc_kb(p, "smaps_rollup", "Pss") for p in pids)
-    backends = tree(frontend).backends
+    processes = tree_memory(frontend)
+    backends = set(tree(frontend).backends)
     return Memory(
-        rss / 1024,
-        pss / 1024,
-        len(pids),
-        proc_kb(frontend, "status", "VmRSS") / 1024,
-        sum(proc_kb(p, "status", "VmRSS") for p in backends) / 1024,
+        sum(p.rss_kb for p in processes) / 1024,
+        sum(p.pss_kb for p in processes) / 1024,
+        len(processes),
+        sum(p.rss_kb for p in processes if p.pid == frontend) / 1024,
+        sum(p.rss_kb for p in processes if p.pid in backends) / 1024,
     )
 
 
