@@ -32,10 +32,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import IO
 
 from mmserver.cluster.procfs import HOST
-from mmserver.cluster.procs import ProcessId, http_get, reap, wait_gone, wait_until
+from mmserver.cluster.procs import LoggedChild, http_get, reap, wait_gone, wait_until
 
 TEMPLATE = Path(__file__).resolve().parent / "haproxy.cfg.in"
 BACKEND = "instances"
@@ -151,17 +150,14 @@ def server_stats(stats_port: int) -> dict[str, dict[str, str]]:
     }
 
 
-class Balancer:
+class Balancer(LoggedChild):
     """``haproxy -f CONFIG -db``: HAProxy in the foreground, a child process in its own
     session; its messages (server state changes, failed requests) go to ``log_path``."""
 
     def __init__(self, spec: BalancerSpec, config_path: Path, log_path: Path) -> None:
+        super().__init__(log_path)
         self.spec = spec
         self.config_path = config_path
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ident: ProcessId | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -172,15 +168,7 @@ class Balancer:
         ``/ping`` and its health checks have seen every instance up."""
         self.config_path.write_text(render(self.spec))
         check_config(self.config_path)
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [haproxy_binary(), "-f", str(self.config_path), "-db"],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.ident = ProcessId.of(self.proc.pid) or ProcessId(self.proc.pid, 0)
+        self.spawn([haproxy_binary(), "-f", str(self.config_path), "-db"])
 
         def ready() -> bool:
             stats = server_stats(self.spec.stats_port)
@@ -190,14 +178,7 @@ class Balancer:
                 and http_get(self.spec.port, "/ping")[0] == 200
             )
 
-        def failed() -> str | None:
-            code = self.exited()
-            return None if code is None else f"exited with code {code}; see {self.log_path}"
-
-        wait_until(ready, failed, timeout, f"haproxy on port {self.spec.port}")
-
-    def exited(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+        wait_until(ready, self.failure, timeout, f"haproxy on port {self.spec.port}")
 
     def stop(self, timeout: float = HARD_STOP_AFTER_S + 5) -> None:
         """Soft stop (SIGUSR1): stop listening, let the requests in flight finish, exit."""
@@ -207,6 +188,4 @@ class Balancer:
                 self.ident.signal(signal.SIGKILL)
                 wait_gone([self.ident], 5.0)
         reap(self.proc, 1.0)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self.close_log()

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from mmserver.cluster.procfs import HOST
 from mmserver.cluster.procs import (
+    LoggedChild,
     ProcessId,
     descendants,
     http_get,
@@ -59,17 +59,14 @@ class InstanceSpec:
         return [*argv, *self.server_args]
 
 
-class Instance:
+class Instance(LoggedChild):
     """``mmserver serve`` named ``name`` on ``127.0.0.1:port``, its output in ``log_path``."""
 
     def __init__(self, name: str, port: int, spec: InstanceSpec, log_path: Path) -> None:
+        super().__init__(log_path)
         self.name = name
         self.port = port
         self.spec = spec
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ident: ProcessId | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -81,31 +78,13 @@ class Instance:
         # Flags win over the environment anyway; dropping these keeps the log unambiguous.
         for key in ("MMSERVER_HOST", "MMSERVER_PORT", "MMSERVER_BACKEND_PROCESSES"):
             env.pop(key, None)
-        if self._log is None:
-            self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.spec.argv(self.port),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        self.ident = ProcessId.of(self.proc.pid) or ProcessId(self.proc.pid, 0)
-
-    def exited(self) -> int | None:
-        """The exit code once the process has ended, else None."""
-        return None if self.proc is None else self.proc.poll()
+        self.spawn(self.spec.argv(self.port), env)
 
     def ready(self) -> bool:
         return http_get(self.port, "/ping")[0] == 200
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        def failed() -> str | None:
-            code = self.exited()
-            return None if code is None else f"exited with code {code}; see {self.log_path}"
-
-        wait_until(self.ready, failed, timeout, f"instance {self.name} on port {self.port}")
+        wait_until(self.ready, self.failure, timeout, f"instance {self.name} on port {self.port}")
 
     def begin_stop(self) -> list[ProcessId]:
         """SIGTERM (the server drains its accepted requests); returns its descendants, taken
@@ -118,9 +97,7 @@ class Instance:
 
     def finish_stop(self) -> None:
         reap(self.proc, 0.1)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self.close_log()
 
     def to_json(self) -> dict[str, Any]:
         ident = self.ident.to_json() if self.ident else {}

@@ -14,6 +14,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 from mmserver.cluster import procfs
 from mmserver.cluster.procfs import HOST, stat_fields
@@ -82,6 +84,44 @@ def reap(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
+
+
+class LoggedChild:
+    """A child process in its own session (a Ctrl-C of the caller does not reach it), its output
+    appended to ``log_path``; ``ident`` identifies it once started."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ident: ProcessId | None = None
+        self._log: IO[bytes] | None = None
+
+    def spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        if self._log is None:
+            self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.ident = ProcessId.of(self.proc.pid) or ProcessId(self.proc.pid, 0)
+
+    def exited(self) -> int | None:
+        """The exit code once the process has ended, else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def failure(self) -> str | None:
+        """Why it is not running, once it has exited (for :func:`wait_until`)."""
+        code = self.exited()
+        return None if code is None else f"exited with code {code}; see {self.log_path}"
+
+    def close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 @dataclass(frozen=True)
