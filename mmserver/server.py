@@ -21,7 +21,7 @@ import sys
 import prometheus_client
 from aiohttp import web
 
-from mmserver import errors
+from mmserver import errors, heap
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
@@ -119,6 +119,8 @@ async def _serve(config: ServerConfig) -> None:
 def run(config: ServerConfig) -> int:
     """Serve until SIGTERM/SIGINT; return the process exit code."""
     _setup_logging(config.log_level)
+    # Large freed blocks go back to the system, so churn does not raise the RSS (mmserver.heap).
+    heap.fix_mmap_threshold()
     # The *_created series double a scrape's size and nobody graphs them.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     try:

@@ -14,13 +14,15 @@ It runs two servers of its own, one after the other, on that store (fresh archiv
    is a load and, past the cap, an eviction) in periods of ``--churn-period`` seconds until
    ``--churn-loads`` loads have been counted (the server's ``mmserver_model_loads_total``) or
    ``--churn-seconds`` have passed; the frontend's RSS after each period. Growth is read from
-   the first period that ends past a tenth of the loads to the end. One ``GET /models`` comes
-   first, so the store index holds every name before the churn begins.
+   the first period that ends past :data:`CHURN_SETTLED` loads to the end (a run that ends
+   before has no verdict: its growth includes what a server fills once, e.g. the memory of
+   10,000 models' measured costs). One ``GET /models`` comes first, so the store index holds
+   every name before the churn begins.
 
 Targets (issue: 100,000 models behind one port): ready <= 5 s; a page <= 20 ms (median) at any
 offset; >= 500 loads/s and p99 <= 50 ms with 16 clients; with 20,000 loaded a scrape <= 5 MB and
 <= 100 ms and a frontend <= 10 KB per loaded model; frontend growth <= 2 MiB after the first
-tenth of the churn.
+100,000 loads of the churn.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from proctools import HOST, proc_kb
+from proctools import HOST, proc_kb, tree_memory
 
 from benchlib import probes, servers, store, wrk
 from benchlib.client import BODY, Client
@@ -46,6 +48,8 @@ from benchlib.loads import Log
 PAGE = 100
 SCRAPES = 5
 COLD_TIMEOUT_S = 600.0
+#: Loads after which the churn's frontend growth is read (the issue's "after the first 100,000").
+CHURN_SETTLED = 100_000
 
 
 @dataclass(frozen=True)
@@ -262,7 +266,8 @@ def churn(server: servers.Server, settings: ScaleSettings, log: Log) -> dict[str
         )
         if loads >= settings.churn_loads or time.monotonic() - started >= settings.churn_seconds:
             break
-    tenth = next((s for s in samples if s["loads"] >= samples[-1]["loads"] / 10), samples[0])
+    settled = next((s for s in samples[:-1] if s["loads"] >= CHURN_SETTLED), None)
+    first = settled or samples[0]
     return {
         "cap": settings.churn_cap,
         "requests": requests,
@@ -271,8 +276,9 @@ def churn(server: servers.Server, settings: ScaleSettings, log: Log) -> dict[str
         "seconds": samples[-1]["seconds"],
         "loads_per_s": samples[-1]["loads"] / samples[-1]["seconds"],
         "samples": samples,
-        "from_loads": tenth["loads"],
-        "growth_mib": (samples[-1]["rss_kb"] - tenth["rss_kb"]) / 1024,
+        "settled": settled is not None,
+        "from_loads": first["loads"],
+        "growth_mib": (samples[-1]["rss_kb"] - first["rss_kb"]) / 1024,
     }
 
 
@@ -310,9 +316,7 @@ def run(
             "after_kb": after,
             "kb_per_model": (after - before) / loaded,
         }
-        result["backends_rss_mb"] = (
-            sum(p.rss_kb for p in servers.tree_memory(server.pid)[1:]) / 1024
-        )
+        result["backends_rss_mb"] = sum(p.rss_kb for p in tree_memory(server.pid)[1:]) / 1024
         log(
             f"scale: {loaded:,} cold loads at {result['cold']['loads_per_s']:.0f}/s, p99 "
             f"{result['cold']['p99_ms']:.0f} ms; frontend "
@@ -332,7 +336,7 @@ def run(
         try:
             _start(server)
             # One listing first, as an operator's would: the store index then holds every name
-            # from the start, and what grows after the first tenth is not the index filling.
+            # from the start, and what grows after the first loads is not the index filling.
             client = Client(server.port)
             try:
                 client.request("GET", "/models?limit=1")
@@ -421,9 +425,14 @@ def targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]
     if ch:
         rows.append(
             (
-                "scale: churn, frontend growth <= 2 MiB after the first tenth",
-                f"{ch['growth_mib']:+.1f} MiB over loads {ch['from_loads']:,}..{ch['loads']:,}",
-                ch["growth_mib"] <= 2,
+                f"scale: churn, frontend growth <= 2 MiB after the first {CHURN_SETTLED:,} loads",
+                f"{ch['growth_mib']:+.1f} MiB over loads {ch['from_loads']:,}..{ch['loads']:,}"
+                + (
+                    ""
+                    if ch.get("settled", True)
+                    else f" (ended before {CHURN_SETTLED:,}: no verdict)"
+                ),
+                ch["growth_mib"] <= 2 if ch.get("settled", True) else None,
             )
         )
     return rows
