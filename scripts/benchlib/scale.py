@@ -423,16 +423,13 @@ def targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]
     ]
     ch = section.get("churn")
     if ch:
+        settled = ch.get("settled", True)  # results written before the key existed had settled
+        shown = f"{ch['growth_mib']:+.1f} MiB over loads {ch['from_loads']:,}..{ch['loads']:,}"
         rows.append(
             (
                 f"scale: churn, frontend growth <= 2 MiB after the first {CHURN_SETTLED:,} loads",
-                f"{ch['growth_mib']:+.1f} MiB over loads {ch['from_loads']:,}..{ch['loads']:,}"
-                + (
-                    ""
-                    if ch.get("settled", True)
-                    else f" (ended before {CHURN_SETTLED:,}: no verdict)"
-                ),
-                ch["growth_mib"] <= 2 if ch.get("settled", True) else None,
+                shown if settled else f"{shown} (ended before {CHURN_SETTLED:,}: no verdict)",
+                ch["growth_mib"] <= 2 if settled else None,
             )
         )
     return rows
