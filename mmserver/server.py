@@ -111,6 +111,15 @@ async def _serve(config: ServerConfig) -> None:
         loop.add_signal_handler(signum, stop.set)
     try:
         await server.start()
+        # Loads and requests no longer stall behind full collections (mmserver.heap).
+        frozen = heap.tune_collector()
+        log.info(
+            "garbage collector: youngest generation every %d allocations, middle every %d of "
+            "its collections; %d start-up objects frozen",
+            heap.YOUNG_OBJECTS,
+            heap.MIDDLE_COLLECTIONS,
+            frozen,
+        )
         await stop.wait()
     finally:
         await server.shutdown()

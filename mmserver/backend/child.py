@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserver import errors
+from mmserver import errors, heap
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
 from mmserver.backend.wire import BatchResult, FrameReader, LoadInfo, LoadSpec, frame, send_frame
@@ -147,6 +147,7 @@ def child_main(
     import sklearn
 
     sklearn.set_config(assume_finite=True)
+    heap.tune_collector()  # no full collections of every model behind batches (mmserver.heap)
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     conn.close()
     sock.setblocking(True)

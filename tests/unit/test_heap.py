@@ -1,10 +1,12 @@
 """Large blocks freed by the frontend go back to the system (glibc's malloc, as on the test
-machines), however large the blocks freed before them."""
+machines), however large the blocks freed before them; the garbage collector's settings."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+from mmserver import heap
 
 # Frees two blocks of 8 MiB, one after the other, and prints how much of them is still resident.
 # glibc maps the first on its own and, once it is freed, raises its threshold to 8 MiB: the
@@ -42,3 +44,33 @@ def test_with_the_threshold_fixed_a_freed_large_block_leaves_nothing_resident() 
 def test_without_it_the_second_block_stays_resident() -> None:
     # What the fix is for: shown here so the test above cannot pass for another reason.
     assert _kept_mib("default") >= 7.0
+
+
+# Tunes the collector in a fresh interpreter and prints its settings, how many objects were
+# frozen, and whether a reference cycle made afterwards is still collected.
+_TUNE = """
+import gc, weakref
+from mmserver import heap
+
+class Node:
+    pass
+
+frozen = heap.tune_collector()
+node = Node()
+node.self = node
+alive = weakref.ref(node)
+del node
+gc.collect()
+print(*gc.get_threshold(), frozen, gc.get_freeze_count(), alive() is None)
+"""
+
+
+def test_tuned_collector_collects_young_objects_less_often_and_freezes_what_exists() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _TUNE], capture_output=True, text=True, check=True
+    )
+    young, middle, oldest, frozen, still_frozen, collected = result.stdout.split()
+    assert (int(young), int(middle)) == (heap.YOUNG_OBJECTS, heap.MIDDLE_COLLECTIONS)
+    assert int(oldest) == 10  # CPython's own rule for full collections
+    assert int(frozen) > 1000 and int(still_frozen) == int(frozen)
+    assert collected == "True"  # garbage made after the freeze is collected as before
