@@ -298,12 +298,18 @@ class ModelPool:
 
     async def start(self) -> None:
         """Start ``minWorkers`` workers and wait until the model is loaded in their slots.
-        Raises the load error of the first worker that failed."""
-        started = [self._add_worker("minWorkers") for _ in range(workers_to_start(self.snapshot()))]
+        Raises the load error of the first worker that failed. Their lines are debug: the
+        model's load line counts them."""
+        started = [
+            self._add_worker("minWorkers", level=logging.DEBUG)
+            for _ in range(workers_to_start(self.snapshot()))
+        ]
         if started:
             await asyncio.gather(*(w.ready for w in started))
 
-    def _add_worker(self, reason: str, *, scaling: bool = True) -> Worker:
+    def _add_worker(
+        self, reason: str, *, scaling: bool = True, level: int = logging.INFO
+    ) -> Worker:
         slot = self.backend.pick(self._per_slot.keys(), self.lane)
         worker = Worker(self, self._next_id, slot)
         self._next_id += 1
@@ -312,7 +318,8 @@ class ModelPool:
         slot.bound_workers += 1
         if scaling:
             self._m_scale_up.inc()
-        log.info(
+        log.log(
+            level,
             "model %s: worker %d added on %s (%s; %d worker(s), %d queued)",
             self.name,
             worker.id,
@@ -391,7 +398,8 @@ class ModelPool:
         else:
             reason = "idle"
             self._m_scale_down.inc()
-        log.info(
+        log.log(
+            logging.DEBUG if self._unloading else logging.INFO,  # the unload line says it
             "model %s: worker %d on %s retired (%s; %d worker(s) left)",
             self.name,
             worker.id,
