@@ -1,19 +1,23 @@
-"""The neighbour section: light models served alone, and beside a heavy model saturated by its
-own clients.
+"""The neighbour section: light models served alone, beside a heavy model saturated by its own
+clients, and beside a stream of cold loads.
 
-Three loads, alternated in each run (the order rotates from run to run): the light models alone
+Four loads, alternated in each run (the order rotates from run to run): the light models alone
 (``light_connections`` connections spread evenly over ``light_models`` reference models), the
 same beside the heavy forest (a second wrk keeps ``heavy_connections`` connections busy on it,
-started first and stopped after), and the heavy forest alone. The light models' latency and
-throughput beside the heavy one are compared with theirs alone, in the same run.
+started first and stopped after), the heavy forest alone, and the light models beside cold
+loads (:data:`LOAD_CLIENTS` connections requesting the store's other models, each once, then
+unloading them with ``DELETE /models/{name}`` and starting over, until the light load ends). The
+light models' latency and throughput beside each neighbour are compared with theirs alone, in
+the same run.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
-from benchlib import servers, wrk
+from benchlib import scale, servers, wrk
 from benchlib.client import Client
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
@@ -26,7 +30,15 @@ HEAVY_BODY = "[[" + ", ".join(["0.25"] * HEAVY_FEATURES) + "]]"
 #: How long the heavy load runs before the light one starts (it saturates the backends by then).
 HEAVY_LEAD_S = 1.0
 
-CASES = ("light alone", "light beside heavy", "heavy alone")
+#: Connections loading cold models beside the light ones, and the models they load (the
+#: reference store's models the light load does not use).
+LOAD_CLIENTS = 16
+COLD_MODELS = [f"sklearn-{i}" for i in range(LIGHT_MODELS, 1000)]
+
+#: The key of the cold loads' own figures in the section's results.
+COLD_LOADS = "cold loads beside light"
+
+CASES = ("light alone", "light beside heavy", "heavy alone", "light beside loads")
 
 
 def _light(server: Server, settings: Settings, run: int) -> wrk.Load:
@@ -69,12 +81,49 @@ def _warm(server: Server) -> None:
         client.close()
 
 
+class _ColdLoads:
+    """Cold loads of :data:`COLD_MODELS` from :data:`LOAD_CLIENTS` connections in a thread, each
+    model once, then all of them unloaded, over and over until :meth:`stop`."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loads = 0
+        self.errors = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cold-loads", daemon=True)
+
+    def start(self) -> _ColdLoads:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(scale.COLD_TIMEOUT_S + 60)
+        rate = self.loads / self.seconds if self.seconds else 0.0
+        return {"loads": self.loads, "loads_per_s": rate, "errors": self.errors}
+
+    def _run(self) -> None:
+        client = Client(self.server.port)
+        try:
+            while not self._stop.is_set():
+                for name in COLD_MODELS:  # loaded by an earlier round or section
+                    client.request("DELETE", f"/models/{name}")
+                result = scale.cold_loads(self.server, COLD_MODELS, LOAD_CLIENTS)
+                self.loads += result["models"]
+                self.seconds += result["seconds"]
+                self.errors += sum(n for code, n in result["statuses"].items() if code != "200")
+        finally:
+            client.close()
+
+
 def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     """Every case ``settings.runs`` times; wrk results by case (and the heavy model's
     throughput while beside the light ones)."""
     _warm(server)
     out: dict[str, Any] = {case: [] for case in CASES}
     out["heavy beside light"] = []
+    out[COLD_LOADS] = []
     for r in range(settings.runs):
         log(f"neighbour, run {r + 1}/{settings.runs}")
         order = CASES[r % len(CASES) :] + CASES[: r % len(CASES)]
@@ -86,6 +135,13 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
             elif case == "heavy alone":
                 load = _heavy(server, settings, settings.duration_s)
                 result = wrk.run(load, server.pid)
+            elif case == "light beside loads":
+                cold = _ColdLoads(server).start()
+                load = _light(server, settings, r)
+                result = wrk.run(load, server.pid)
+                loads = cold.stop()
+                out[COLD_LOADS].append(loads)
+                log(f"  cold loads beside: {loads['loads']} at {loads['loads_per_s']:.0f}/s")
             else:
                 heavy = _heavy(server, settings, settings.duration_s + 2 * HEAVY_LEAD_S)
                 beside = wrk.start(heavy)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import scale, trees
+from benchlib.neighbour import COLD_LOADS, LOAD_CLIENTS
 
 PATTERNS = ("hot", "uniform", "zipf")
 P99_TARGET_MS = 20.0
@@ -103,7 +104,15 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     if info:
         out["info"] = info
     if "neighbour" in raw:
-        out["neighbour"] = {k: summarize_runs(v) for k, v in raw["neighbour"].items() if v}
+        section = raw["neighbour"]
+        out["neighbour"] = {
+            k: summarize_runs(v) for k, v in section.items() if v and k != COLD_LOADS
+        }
+        if section.get(COLD_LOADS):
+            out["neighbour"][COLD_LOADS] = {
+                "loads_per_s": median(r["loads_per_s"] for r in section[COLD_LOADS]),
+                "errors": sum(r["errors"] for r in section[COLD_LOADS]),
+            }
     if "trees" in raw:
         out["trees"] = raw["trees"]
     if "scale" in raw:
@@ -336,7 +345,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
             "forest (300 trees, depth 14) saturated by 8 connections of its own; the heavy "
             "forest alone",
         ]
-        for label in (*("light alone", "light beside heavy", "heavy beside light"), "heavy alone"):
+        cases = ("light alone", "light beside heavy", "heavy beside light", "heavy alone")
+        for label in (*cases, "light beside loads"):
             r = summary["neighbour"].get(label)
             if r:
                 errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"
@@ -345,6 +355,12 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
                     f"{_fmt(r['p50_ms'], '.2f'):>6}  p99 {_fmt(r['p99_ms'], '.2f'):>7} ms  "
                     f"cpu {_cpu(r['cpu'])}  errors {errors}"
                 )
+        loads = summary["neighbour"].get(COLD_LOADS)
+        if loads:
+            lines.append(
+                f"  (beside the light models: {loads['loads_per_s']:.0f} cold loads/s from "
+                f"{LOAD_CLIENTS} connections, {loads['errors']} errors)"
+            )
     if "trees" in summary:
         lines += trees.lines(summary["trees"])
     if "scale" in summary:
