@@ -44,8 +44,8 @@ thresholds (a few MB at most). The frontend and every backend call it at start, 
 (``gc.freeze``) what start-up made (modules, classes, functions: never garbage), which no
 collection scans again (in a backend, neither does it write to the pages shared with the fork
 server). Measured over 20,000 cold loads from 16 connections (``scripts/bench --only scale
---churn-loads 0``, two runs of each build, alternated): 452–484 against 369–444 loads/s, p99
-68–72 against 86–142 ms, the slowest load 102–123 against 633–746 ms.
+--churn-loads 0``, two runs of each build, alternated): 452 to 484 against 369 to 444 loads/s, p99
+68 to 72 against 86 to 142 ms, the slowest load 102 to 123 against 633 to 746 ms.
 """
 
 from __future__ import annotations
