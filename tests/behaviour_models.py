@@ -8,7 +8,10 @@ folder with a ``model.py`` handler, usable in threads and in backend processes a
 - :func:`make_sleeping_dir` — answers ``2 * x`` after sleeping a fixed time per batch;
 - :func:`make_exiting_dir` — ends its backend process with ``os._exit`` on a negative value;
 - :func:`make_spinning_dir` — computes for as many CPU milliseconds as the batch's first value
-  says, waits at an optional gate file, appends its name to an optional log, answers ``2 * x``.
+  says, waits at an optional gate file, appends its name to an optional log, answers ``2 * x``;
+- :func:`make_slow_load_dir` — its load writes its process id to a file, then waits until its
+  gate file exists, so a test holds the load in a backend process; answers ``2 * x`` (or what
+  the ``predict`` it is given answers).
 """
 
 from __future__ import annotations
@@ -155,3 +158,34 @@ def make_spinning_dir(
     if log is not None:
         extra["log"] = log
     return _write(folder, SPINNING, {**extra, **properties})
+
+
+#: A load that announces itself (writing its process id to the file ``started``) and then waits
+#: (up to 30 s) until the file ``gate`` exists.
+SLOW_LOAD = """\
+import os
+import time
+from pathlib import Path
+
+
+def load(model_dir, properties):
+    Path(properties["started"]).write_text(str(os.getpid()))
+    gate = Path(properties["gate"])
+    for _ in range(30000):  # at most 30 s
+        if gate.exists():
+            break
+        time.sleep(0.001)
+    return None
+"""
+
+DOUBLING = """
+def predict(model, batch):
+    return [2.0 * float(row[0]) for row in batch]
+"""
+
+
+def make_slow_load_dir(
+    folder: Path, started: Path, gate: Path, predict: str = DOUBLING, **properties: object
+) -> Path:
+    """:data:`SLOW_LOAD` with ``predict`` (the source of a ``predict(model, batch)``)."""
+    return _write(folder, SLOW_LOAD + predict, {"started": started, "gate": gate, **properties})

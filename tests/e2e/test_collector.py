@@ -11,28 +11,13 @@ from pathlib import Path
 import aiohttp
 
 from mmserver import heap
+from tests.behaviour_models import make_slow_load_dir
 from tests.e2e.server_process import ServerProcess
 from tests.e2e.test_faults import until
 
-# A model whose predictions are the collector's settings in the backend process running it.
-# With a ``gate`` property, its load waits (up to 30 s) for that file, once it has written the file
-# ``started``: the test keeps it bound to its backend process while it places another model.
+# Predictions: the collector's settings in the backend process running the model, and its id.
 COLLECTOR_REPORT = """
 import gc
-import os
-import time
-from pathlib import Path
-
-
-def load(model_dir, properties):
-    if "gate" in properties:
-        Path(properties["started"]).write_text(str(os.getpid()))
-        gate = Path(properties["gate"])
-        for _ in range(30000):
-            if gate.exists():
-                break
-            time.sleep(0.001)
-    return None
 
 
 def predict(model, batch):
@@ -43,12 +28,12 @@ def predict(model, batch):
 async def test_frontend_and_backends_collect_young_objects_less_often_and_freeze_startup(
     tmp_path: Path,
 ) -> None:
+    # collector-a's load is held at its gate; collector-b's gate is open from the start.
     store = tmp_path / "store"
-    for name in ("collector-a", "collector-b"):
-        (store / name).mkdir(parents=True)
-        (store / name / "model.py").write_text(COLLECTOR_REPORT)
-    started, gate = tmp_path / "started", tmp_path / "gate"
-    (store / "collector-a" / "serving.properties").write_text(f"started={started}\ngate={gate}\n")
+    started, gate, open_gate = tmp_path / "started", tmp_path / "gate", tmp_path / "open"
+    open_gate.touch()
+    make_slow_load_dir(store / "collector-a", started, gate, COLLECTOR_REPORT)
+    make_slow_load_dir(store / "collector-b", tmp_path / "started-b", open_gate, COLLECTOR_REPORT)
     async with (
         ServerProcess(store, tmp_path / "server.log", "--backend-processes", "2") as server,
         aiohttp.ClientSession() as session,

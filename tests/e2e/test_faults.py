@@ -20,40 +20,11 @@ import aiohttp
 import pytest
 
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
-from tests.behaviour_models import make_gated_dir
+from tests.behaviour_models import make_gated_dir, make_slow_load_dir
 from tests.e2e.server_process import ServerProcess, alive, descendants, wait_gone
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
-
-#: A model whose load announces itself (writing its process id to a file) and then waits until
-#: its gate file exists: a test holds the load in a backend process for as long as it likes.
-SLOW_LOAD = """\
-import os
-import time
-from pathlib import Path
-
-
-def load(model_dir, properties):
-    Path(properties["started"]).write_text(str(os.getpid()))
-    gate = Path(properties["gate"])
-    for _ in range(30000):  # at most 30 s
-        if gate.exists():
-            break
-        time.sleep(0.001)
-    return None
-
-
-def predict(model, batch):
-    return [2.0 * float(row[0]) for row in batch]
-"""
-
-
-def make_slow_load_dir(folder: Path, started: Path, gate: Path) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "model.py").write_text(SLOW_LOAD)
-    (folder / "serving.properties").write_text(f"started={started}\ngate={gate}\n")
-    return folder
 
 
 async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
