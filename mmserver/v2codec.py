@@ -64,6 +64,9 @@ NUMERIC: dict[str, np.dtype[Any]] = {
     "FP64": np.dtype("<f8"),
 }
 DATATYPES = (*NUMERIC, "BYTES", "BF16")
+#: Float datatypes narrower than a JSON number: a value beyond their range would become
+#: infinite.
+_NARROW_FLOATS = frozenset({"FP16", "FP32"})
 
 _BINARY = b"\x00"
 _LENGTH = struct.Struct("!Q")
@@ -261,6 +264,18 @@ def _json_data(
             raise InvalidInput(
                 f"{where} is {datatype}; its data must be integers from {info.min} to {info.max}"
             )
+    elif datatype in _NARROW_FLOATS and count:
+        with np.errstate(over="ignore"):
+            narrowed = array.astype(NUMERIC[datatype])
+        overflowed = np.isinf(narrowed) & np.isfinite(array)
+        if overflowed.any():
+            value = array.flat[int(np.argmax(overflowed))].item()
+            largest = float(np.finfo(NUMERIC[datatype]).max)
+            raise InvalidInput(
+                f"{where}: value {value!r} is beyond the range of {datatype} "
+                f"(±{largest:g}); send it as FP64"
+            )
+        return narrowed
     return array.astype(NUMERIC[datatype], copy=False)
 
 

@@ -121,6 +121,14 @@ def test_binary_tensors_follow_the_json_header() -> None:
             "is UINT8; its data must be integers from 0 to 255",
         ),
         ({"inputs": [tensor([1], [1], "BOOL")]}, "is BOOL; its data must be true or false"),
+        (
+            {"inputs": [tensor([0.0, 65520.0], [2], "FP16")]},
+            "value 65520.0 is beyond the range of FP16 (±65504); send it as FP64",
+        ),
+        (
+            {"inputs": [tensor([-1e39], [1], "FP32")]},
+            "value -1e+39 is beyond the range of FP32",
+        ),
         ({"inputs": [tensor(["a"], [1])]}, "value 'a' is not a number; datatype FP64"),
         ({"inputs": [tensor([[1, 2], [3]], [3])]}, "not a regular array"),
         (
@@ -173,6 +181,12 @@ def test_binary_tensors_follow_the_json_header() -> None:
 )
 def test_bad_requests_say_what_is_wrong(request_: dict[str, Any], expected: str) -> None:
     assert expected in refused(request_)
+
+
+def test_narrow_floats_take_every_value_that_rounds_into_their_range() -> None:
+    # 65519 rounds to FP16's largest value, 65504; it does not overflow.
+    request = decode({"inputs": [tensor([65519.0, -1.5], [2], "FP16")]})
+    assert request.rows.tolist() == [[65504.0], [-1.5]]
 
 
 def test_non_finite_values_are_refused_with_their_place() -> None:
