@@ -19,8 +19,9 @@ import numpy as np
 from mmserver import errors, heap
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
-from mmserver.backend.wire import BatchResult, FrameReader, LoadInfo, LoadSpec, frame, send_frame
+from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 from mmserver.codecs import Request
+from mmserver.framing import FrameReader, frame, send_frame
 from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)

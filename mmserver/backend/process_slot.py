@@ -20,8 +20,9 @@ from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.child import child_main
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
-from mmserver.backend.wire import LoadInfo, LoadSpec, frame, span
+from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs import Request
+from mmserver.framing import frame, span
 from mmserver.metrics import Metrics
 from mmserver.scheduling import Lane, RunQueue, admits
 
