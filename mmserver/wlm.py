@@ -4,8 +4,8 @@ recently used ones when memory runs short.
 Request path: every protocol's handler calls :meth:`WorkLoadManager.submit`, which finds the
 model's pool (loading the model on its first request, one load however many requests wait for
 it), marks it most recently used, and queues the request; a request to a loaded model costs no
-coroutine of its own. Everything runs on the event loop; file work (listing, unpacking, reading
-``serving.properties``) runs in threads.
+coroutine of its own. Everything runs on the event loop; file work (listing, looking up,
+unpacking, reading ``serving.properties``) runs in threads.
 
 Each model the manager knows of has one :class:`~mmserver.record.ModelRecord`, with its status
 and its checked transitions (UNLOADED → LOADING → READY → UNLOADING → UNLOADED, LOADING →
@@ -26,7 +26,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +34,10 @@ from typing import Any, NamedTuple
 
 from cachetools import LRUCache
 
-from mmserver import capacity, errors
+from mmserver import capacity, errors, files
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.codecs import Request
-from mmserver.config import ModelConfig, ServerConfig, load_model_config
+from mmserver.config import ModelConfig, ServerConfig
 from mmserver.eviction import Candidate, choose_victims
 from mmserver.metrics import Metrics, ModelRequests
 from mmserver.pool import ModelPool
@@ -66,9 +66,10 @@ RESCALABLE = (
 )
 
 
-#: Threads unpacking archives (and reading serving.properties) for first loads.
+#: Threads doing a load's file work (:mod:`mmserver.files`) where the unpacking processes do
+#: not: without backend processes, and an object store's downloads.
 UNPACK_THREADS = 4
-#: Processes unpacking archives for those threads (with backend processes).
+#: Processes doing a load's file work (with backend processes).
 UNPACK_PROCESSES = 2
 #: Failed loads remembered at most (each answers its model's requests until its retry time).
 MAX_FAILURES = 1000
@@ -162,15 +163,19 @@ class WorkLoadManager:
         self.room_wait_seconds = room_wait_seconds
         self._clock = clock
         self._defaults = config.model_defaults()
-        # Archives unpack in threads of their own: store look-ups, scrapes and the other
+        # File work runs in threads of its own: look-ups of unknown names, scrapes and the other
         # blocking calls of the default pool never wait behind a slow archive.
         self._unpacker = ThreadPoolExecutor(UNPACK_THREADS, thread_name_prefix="mmserver-unpack")
-        # With backend processes, the unpacking itself runs in processes of its own, so that a
-        # stream of cold loads does not take the interpreter lock from the event loop.
+        # With backend processes, it runs in processes of its own, so that a stream of cold
+        # loads does not take the interpreter lock from the event loop.
         self._unpack_processes: UnpackProcesses | None = None
+        #: The store as an unpacking process opens it (``None``: an object store, whose
+        #: downloads stay in the frontend's threads and hand only their archives over).
+        self._portable_store = store.portable()
         if self.backend.context is not None:
             self._unpack_processes = UnpackProcesses(UNPACK_PROCESSES, self.backend.context)
-            store.unpack = self._unpack_processes.unpack
+            if self._portable_store is None:
+                store.unpack = self._unpack_processes.unpack
         #: The memory budget of loaded models (MiB) and where it came from; measured again
         #: once the backend processes run (:meth:`start`).
         self.budget = config.memory_budget(capacity.rss_bytes([os.getpid()]))
@@ -203,12 +208,15 @@ class WorkLoadManager:
     async def start(self) -> None:
         """Start the backend processes, then load the models named by ``load_models``."""
         await self.backend.start()
+        if self._unpack_processes is not None:
+            self._unpack_processes.bind(asyncio.get_running_loop())
         if not self.config.max_memory_mb:
             # What the server holds before any model: the frontend and its backend processes.
             own = capacity.rss_bytes([os.getpid(), *self.backend.pids()])
             self.budget = self.config.memory_budget(own)
             self._budget_bytes = self.budget.value * 2**20
         self.accepting = True
+        self._background(self._scan_local_store(), "mmserver-store-index-first-scan")
         wanted = self.config.load_models.strip()
         if wanted.upper() == "NONE" or not wanted:
             return
@@ -222,6 +230,23 @@ class WorkLoadManager:
                 await self._get_pool(name)
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
+
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` in a task of its own, cancelled by :meth:`stop`."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _scan_local_store(self) -> None:
+        """Fill the store index once at start when the store is a directory (whose scans are
+        cheap and whose changes its modification time tells), so that loads of the names it
+        lists are looked up where they unpack (:meth:`_load`). An object store's index is
+        filled by the first listing."""
+        try:
+            if await asyncio.to_thread(self.store.version) is not None:
+                await self.index.refresh()
+        except Exception as exc:
+            log.warning("the model store could not be scanned at start: %s", exc)
 
     def begin_shutdown(self) -> None:
         """Refuse new requests from now on (``/ping`` reports 503)."""
@@ -260,7 +285,7 @@ class WorkLoadManager:
         await self.backend.stop()
         self._unpacker.shutdown(wait=False, cancel_futures=True)
         if self._unpack_processes is not None:
-            await asyncio.to_thread(self._unpack_processes.close)
+            await self._unpack_processes.close()
         self.refresh_metrics()
 
     # Requests ---------------------------------------------------------------------------------
@@ -382,7 +407,10 @@ class WorkLoadManager:
         """The store entry of the model (a file-system or object-store lookup, in a thread), or
         :class:`errors.ModelNotFound`."""
         name = record.name
-        entry = record.registered or await self._lookup(name)
+        return self._found(name, record.registered or await self._lookup(name))
+
+    def _found(self, name: str, entry: StoreEntry | None) -> StoreEntry:
+        """``entry``, or :class:`errors.ModelNotFound` when the lookup found no model."""
         if entry is None:
             raise errors.ModelNotFound(
                 f"model {name} is not in the model store ({self.store.root}) and is not "
@@ -399,19 +427,30 @@ class WorkLoadManager:
 
     async def _load(self, record: ModelRecord) -> ModelPool:
         """Load the model of ``record`` (LOADING): READY with its pool, FAILED with the reason
-        when the model is at fault, else back to what it was before."""
+        when the model is at fault, else back to what it was before.
+
+        A model the store index lists is looked up where its files are then prepared, in one
+        request (:meth:`_file_work`). Any other name is looked up on its own first (in the
+        default thread pool), so that an unknown name is answered 404 without waiting behind
+        archives being unpacked."""
         name = record.name
         started = time.perf_counter()
         self.metrics.open_model(name)
+        prepared: files.Prepared | Exception | None = None
         try:
             # Not remembered as a failure: an entry added to the store is found on its next
             # request, and a refused name says nothing of a model.
-            entry = await self._find(record)
+            if record.registered is None and name in self.index:
+                entry, prepared = await self._file_work(name, files.find_and_prepare, name)
+                self.index.note(name, None if entry is None else entry_suffix(entry))
+                entry = self._found(name, entry)
+            else:
+                entry = await self._find(record)
         except BaseException:
             self._load_abandoned(record)
             raise
         try:
-            pool = await self._load_model(record, entry)
+            pool = await self._load_model(record, entry, prepared)
         except errors.ResourceError:
             self._load_abandoned(record)
             raise  # the model is fine; the server is full or stopping
@@ -509,11 +548,21 @@ class WorkLoadManager:
         if record.status in (ModelStatus.UNLOADED, ModelStatus.UNLOADING):
             self.metrics.forget_model(record.name)
 
-    async def _load_model(self, record: ModelRecord, entry: StoreEntry) -> ModelPool:
+    async def _load_model(
+        self,
+        record: ModelRecord,
+        entry: StoreEntry,
+        prepared: files.Prepared | Exception | None = None,
+    ) -> ModelPool:
+        """Load the model of ``entry``; ``prepared`` is what :func:`files.find_and_prepare` made
+        of its files (``None``: prepare them now)."""
         name = record.name
-        model_dir, config = await asyncio.get_running_loop().run_in_executor(
-            self._unpacker, self._prepare, entry, record
-        )
+        if prepared is None:
+            prepared = await self._file_work(name, files.prepare, entry)
+        if isinstance(prepared, Exception):
+            raise prepared
+        model_dir, config = prepared
+        config = self._configured(record, config)
         need = self._estimate_bytes(name, entry, config)
         await self._make_room(name, need)  # reserves the room it made
         try:
@@ -558,10 +607,21 @@ class WorkLoadManager:
                 return pool
         raise AssertionError("unreachable")
 
-    def _prepare(self, entry: StoreEntry, record: ModelRecord) -> tuple[Path, ModelConfig]:
-        """File work for a load (runs in a thread): unpack, then read serving.properties."""
-        model_dir = self.store.prepare(entry)
-        config = load_model_config(model_dir, self._defaults)
+    async def _file_work(self, name: str, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(store, *args, defaults)``, a function of :mod:`mmserver.files` for model
+        ``name``: in an unpacking process when the store can be opened there (a directory),
+        else in an unpacking thread."""
+        processes, portable = self._unpack_processes, self._portable_store
+        if processes is not None and portable is not None:
+            what = "preparing its files"
+            return await processes.run(name, what, work, portable, *args, self._defaults)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._unpacker, functools.partial(work, self.store, *args, self._defaults)
+        )
+
+    def _configured(self, record: ModelRecord, config: ModelConfig) -> ModelConfig:
+        """The model's configuration with its management overrides, checked against the
+        server's worker limit."""
         overrides = record.overrides
         if overrides:
             config = config.replace(**overrides)
@@ -570,7 +630,7 @@ class WorkLoadManager:
             raise errors.ConfigError(
                 f"model {record.name}: serving.properties: {too_many}", model=record.name
             )
-        return model_dir, config
+        return config
 
     def _estimate_bytes(self, name: str, entry: StoreEntry, config: ModelConfig) -> int:
         if config.required_memory_mb is not None:
@@ -787,11 +847,7 @@ class WorkLoadManager:
         if overrides:
             record.overrides = dict(overrides)
         if not synchronous:
-            task = asyncio.get_running_loop().create_task(
-                self._register_in_background(name), name=f"mmserver-register-{name}"
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._background(self._register_in_background(name), f"mmserver-register-{name}")
             return name
         try:
             await self._get_pool_for_management(name)

@@ -18,7 +18,7 @@ The modules, one part each:
   S3: boto3 takes a while to import);
 - :mod:`~mmserver.store.cache`: the object store's unpacked copies and their disk budget;
 - :mod:`~mmserver.store.archive`: the checks and the unpacking of an archive;
-- :mod:`~mmserver.store.unpacking`: :class:`UnpackProcesses`, processes that unpack archives;
+- :mod:`~mmserver.store.unpacking`: :class:`UnpackProcesses`, processes doing a load's file work;
 - :mod:`~mmserver.store.index`: :class:`StoreIndex`, the store's names in memory, for listing;
 - :mod:`~mmserver.store.urls`: ``s3://`` store URLs and the model URLs of the management API;
 - :mod:`~mmserver.store.opening`: :func:`open_store`, the store the configuration names.

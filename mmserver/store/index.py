@@ -16,6 +16,10 @@ the store (:meth:`IndexSource.scan`, in a thread) and kept fresh cheaply:
   :meth:`mmserver.store.source.ModelSource.find`) and listed from then on, and a removed one
   leaves it.
 
+A server on a local store scans it once when it starts: a name the index lists is then looked up
+where its files are prepared (an unpacking process), in one request; any other name is looked up
+on its own first (:meth:`mmserver.wlm.WorkLoadManager._load`).
+
 One scan runs at a time, off the event loop; callers that need it wait for the same one.
 Concurrency contract: every method but the source's runs on the event loop.
 """
@@ -82,6 +86,12 @@ class StoreIndex:
 
     def __len__(self) -> int:
         return len(self._names)
+
+    def __contains__(self, name: str) -> bool:
+        """Whether the index lists ``name`` now (no refresh: as it holds it)."""
+        names = self._names
+        i = bisect.bisect_left(names, name)
+        return i < len(names) and names[i] == name
 
     # Reading ----------------------------------------------------------------------------------
 

@@ -169,6 +169,11 @@ class ObjectStore:
             raise self._store_error(exc) from None
         return [(name, *found[name]) for name in sorted(found)]
 
+    def portable(self) -> None:
+        """``None``: the store's client and its copy cache stay in this process; its downloads
+        run in the frontend's threads (which hand the archives to :attr:`unpack`)."""
+        return None
+
     def version(self) -> tuple[Hashable, float] | None:
         """``None``: an object listing has no cheap token of change; the index ages out."""
         return None

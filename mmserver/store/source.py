@@ -80,6 +80,12 @@ class ModelSource(Protocol):
         """The local directory holding the entry's files, fetched and unpacked if needed."""
         ...
 
+    def portable(self) -> ModelSource | None:
+        """The same store as another process can open it (picklable), for
+        :mod:`mmserver.files`'s work in an unpacking process; ``None`` when it cannot cross a
+        process (an object store's client)."""
+        ...
+
     #: What :meth:`prepare` unpacks archives with: :func:`mmserver.store.archive.unpack_archive`
     #: in the calling thread by default; the server hands this to processes of their own
     #: (:mod:`mmserver.store.unpacking`).

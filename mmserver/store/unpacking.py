@@ -1,24 +1,35 @@
-"""Archives unpacked in processes of their own.
+"""A load's file work in processes of their own.
 
-Unpacking is Python work (tar headers, gzip, the checks of
-:func:`mmserver.store.archive.unpack_archive`) that holds the interpreter lock: run in the
-frontend's threads, a stream of cold loads takes it from the event loop, and the threads and the
-loop hand it back and forth at a cost several times the unpacking itself.
-:class:`UnpackProcesses` runs :func:`~mmserver.store.archive.unpack_archive` in a few processes of
-the fork server instead; a frontend thread that needs an archive unpacked takes an idle process,
-sends it the arguments over its pipe and waits (without the lock) for the answer. Measured (2,000
-cold loads of the reference archive over 16 connections, CPU time of the frontend process per
-load): 4.6 ms with the unpacking in the frontend's threads, 1.5 ms with these processes.
+Looking a model up, unpacking its archive (tar headers, gzip, the checks of
+:func:`mmserver.store.archive.unpack_archive`) and reading its ``serving.properties`` is Python
+work that holds the interpreter lock, and a blocking call that hands it back and forth: run in the
+frontend's threads, a stream of cold loads takes the lock from the event loop, and every hand-off
+between a thread and the loop costs more than the work itself. :class:`UnpackProcesses` runs that
+work in a few processes of the fork server instead. The event loop writes a request to an idle
+process's pipe and reads its answer as it reads the backends' replies: no frontend thread takes
+part (:meth:`UnpackProcesses.run`). Threads that need an archive unpacked (an object store's
+downloads) hand it over the same way (:meth:`UnpackProcesses.unpack`).
 
-A process that dies (killed, out of memory) fails the archive it was unpacking with
+Measured (2,000 cold loads of the reference archive over 16 connections, CPU time of the frontend
+process per load): 4.6 ms with the unpacking in the frontend's threads, 1.5 ms with it in these
+processes behind threads.
+
+Each process runs one request at a time; requests wait in order for an idle one. A process that
+dies (killed, out of memory) fails the request it was running with
 :class:`~mmserver.errors.ModelLoadError` and is replaced for the next one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import itertools
 import logging
-import queue
+import os
+import pickle
+import signal
+import socket
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -26,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver.errors import ModelLoadError, ShuttingDown
+from mmserver.framing import frame, span
 from mmserver.store.archive import unpack_archive
 
 log = logging.getLogger(__name__)
@@ -37,95 +49,233 @@ PROCESS_NAME = "mmserver-unpack"
 
 
 def _serve(conn: Connection) -> None:
-    """An unpacking process: answer each request in turn until the pipe closes."""
+    """An unpacking process: answer each request ``(model name, function, arguments)`` with
+    ``(True, result)`` or ``(False, error)``, in turn, until the pipe closes."""
     try:
         with open("/proc/self/comm", "w") as fh:
             fh.write(PROCESS_NAME)
     except OSError:
         pass  # not Linux: the name is only for the operator's tools
+    # The frontend decides when we stop (it closes the pipe), also when a stop signal reaches
+    # the whole process group (Ctrl-C): the loads it drains may still need their files.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         try:
-            archive, target, limit, name = conn.recv()
+            name, work, args = conn.recv()
         except (EOFError, OSError):
             return
         answer: tuple[bool, Any]
         try:
-            answer = (True, unpack_archive(archive, target, limit, name))
+            answer = (True, work(*args))
         except Exception as exc:  # every error goes back to the load that asked
             answer = (False, exc)
         try:
             conn.send(answer)
-        except Exception as exc:  # an exception that does not pickle
+        except Exception as exc:  # an answer that does not pickle
             error = ModelLoadError(f"model {name}: {type(exc).__name__}: {exc}", model=name)
             conn.send((False, error))
 
 
-class _Process:
-    def __init__(self, context: BaseContext, index: int) -> None:
-        self.conn, child = context.Pipe()
-        self.process: BaseProcess = context.Process(  # type: ignore[attr-defined]
-            target=_serve, args=(child,), name=f"mmserver-unpack-{index}", daemon=True
-        )
-        self.process.start()
-        child.close()
+class _Answers(asyncio.Protocol):
+    """Reads an unpacking process's answers (one frame each) on the event loop."""
 
-    def close(self) -> None:
-        self.conn.close()
-        self.process.join(5.0)
+    def __init__(self, process: _Process) -> None:
+        self.process = process
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        offset = 0
+        while (found := span(buf, offset)) is not None and found[1] <= len(buf):
+            start, end = found
+            with memoryview(buf) as view:
+                answer = pickle.loads(view[start:end])
+            offset = end
+            self.process.answered(answer)
+        del buf[:offset]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.process.lost()
+
+
+class _Process:
+    """One unpacking process, and the answer awaited from it (one request at a time)."""
+
+    def __init__(self, process: BaseProcess) -> None:
+        self.process = process
+        self.transport: asyncio.Transport | None = None
+        self.alive = True
+        self.answer: asyncio.Future[Any] | None = None
+        #: The model and the work the request is for, for the message if the process dies.
+        self._name = ""
+        self._what = ""
+
+    def ask(
+        self, name: str, what: str, work: Callable[..., Any], args: tuple[Any, ...]
+    ) -> asyncio.Future[Any]:
+        assert self.transport is not None
+        answer = self.answer = asyncio.get_running_loop().create_future()
+        self._name, self._what = name, what
+        self.transport.writelines(frame((name, work, args)))
+        return answer
+
+    def answered(self, reply: tuple[bool, Any]) -> None:
+        answer, self.answer = self.answer, None
+        if answer is None or answer.done():
+            return
+        ok, value = reply
+        if ok:
+            answer.set_result(value)
+        else:
+            answer.set_exception(value)
+
+    def lost(self) -> None:
+        self.alive = False
+        answer, self.answer = self.answer, None
+        if answer is None or answer.done():
+            return
+        log.warning("a process unpacking archives died (exit code %s)", self.process.exitcode)
+        answer.set_exception(
+            ModelLoadError(
+                f"model {self._name}: the process {self._what} died (out of memory?)",
+                model=self._name,
+            )
+        )
+
+    async def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.process.join, 5.0)
         if self.process.is_alive():
             self.process.kill()
-            self.process.join()
+            await loop.run_in_executor(None, self.process.join)
 
 
 class UnpackProcesses:
-    """``processes`` processes unpacking archives, started on first use; :meth:`unpack` is a
-    :data:`mmserver.store.source.Unpacker`, called from threads (at most ``processes`` unpack at
-    once, the other callers wait for one)."""
+    """``processes`` processes doing the file work of loads, started on first use. Runs on the
+    event loop (:meth:`run`); threads hand work over with :meth:`unpack`."""
 
     def __init__(self, processes: int, context: BaseContext) -> None:
         self.processes = processes
         self._context = context
-        self._idle: queue.LifoQueue[_Process | None] = queue.LifoQueue()
-        for _ in range(processes):
-            self._idle.put(None)  # a place for a process not started yet
+        #: Idle processes; ``None`` is a place for a process not started (or replaced) yet.
+        self._idle: list[_Process | None] = [None] * processes
+        self._waiting: collections.deque[asyncio.Future[_Process | None]] = collections.deque()
+        #: Every process started and not found dead, idle or not.
+        self._started: set[_Process] = set()
         self._indices = itertools.count(1)
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop :meth:`unpack` hands work to from threads."""
+        self._loop = loop
+
+    async def run(self, name: str, what: str, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` in one of the processes (``work`` and its arguments pickle; so must
+        its result and errors), for model ``name``; ``what`` says what it does ("unpacking
+        m.tar.gz"), for the error when the process dies meanwhile. Waits for an idle process
+        first. Raises :class:`~mmserver.errors.ShuttingDown` once :meth:`close` began."""
+        self._refuse_if_closed(name)
+        process = await self._take()
+        try:
+            self._refuse_if_closed(name)
+            if process is None or not process.alive:
+                process = None
+                process = await self._start()
+                self._refuse_if_closed(name)  # closed while it started: close() stops it
+            answer = process.ask(name, what, work, args)
+        except BaseException:
+            self._give_back(process)
+            raise
+        # The process is free once it answered (or died), whoever still waits for the answer.
+        answer.add_done_callback(lambda _: self._give_back(process))
+        return await asyncio.shield(answer)
 
     def unpack(self, archive: Path, target: Path, max_unpacked_bytes: int, name: str) -> Path:
-        """:func:`~mmserver.store.archive.unpack_archive` in one of the processes. Blocking."""
-        worker = self._idle.get()
-        try:
-            if self._closed:
-                raise ShuttingDown(
-                    f"model {name} is not loaded: the server is stopping", model=name
-                )
-            if worker is None:
-                worker = _Process(self._context, next(self._indices))
-            try:
-                worker.conn.send((archive, target, max_unpacked_bytes, name))
-                ok, value = worker.conn.recv()
-            except (EOFError, OSError):
-                code = worker.process.exitcode
-                worker.close()
-                worker = None
-                log.warning("the process unpacking archives died (exit code %s)", code)
-                raise ModelLoadError(
-                    f"model {name}: the process unpacking {archive.name} died (out of memory?)",
-                    model=name,
-                ) from None
-            if not ok:
-                raise value
-            result: Path = value
-            return result
-        finally:
-            self._idle.put(worker)
+        """:func:`~mmserver.store.archive.unpack_archive` in one of the processes, for a thread
+        (a :data:`mmserver.store.source.Unpacker`; blocking)."""
+        if self._loop is None:
+            raise RuntimeError("UnpackProcesses.unpack before bind()")
+        work = self.run(
+            name,
+            f"unpacking {archive.name}",
+            unpack_archive,
+            archive,
+            target,
+            max_unpacked_bytes,
+            name,
+        )
+        result: Path = asyncio.run_coroutine_threadsafe(work, self._loop).result()
+        return result
 
-    def close(self) -> None:
-        """Stop the processes, once the archives being unpacked are done (they are bounded)."""
+    async def close(self) -> None:
+        """Stop the processes, once the work they run is done (it is bounded); requests still
+        waiting for one are refused."""
         self._closed = True
-        for _ in range(self.processes):
-            worker = self._idle.get()
-            if worker is not None:
-                worker.close()
-        for _ in range(self.processes):
-            self._idle.put(None)  # callers still waiting see the pool closed
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(ShuttingDown("the server is stopping"))
+        while answers := [p.answer for p in self._started if p.answer is not None]:
+            await asyncio.gather(*answers, return_exceptions=True)
+        processes, self._started = self._started, set()
+        self._idle = [None] * self.processes
+        await asyncio.gather(*(p.close() for p in processes), return_exceptions=True)
+
+    # Inside -------------------------------------------------------------------------------------
+
+    def _refuse_if_closed(self, name: str) -> None:
+        if self._closed:
+            raise ShuttingDown(f"model {name} is not loaded: the server is stopping", model=name)
+
+    async def _take(self) -> _Process | None:
+        if self._idle:
+            return self._idle.pop()
+        waiter: asyncio.Future[_Process | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._give_back(waiter.result())  # handed over as this request left
+            raise
+
+    def _give_back(self, process: _Process | None) -> None:
+        """Hand ``process`` (``None``: a place for a new one) to the longest waiting request."""
+        if process is not None and not process.alive:
+            self._started.discard(process)
+            process = None
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(process)
+                return
+        self._idle.append(process)
+
+    async def _start(self) -> _Process:
+        loop = asyncio.get_running_loop()
+        parent, child = self._context.Pipe()
+        try:
+            process: BaseProcess = self._context.Process(  # type: ignore[attr-defined]
+                target=_serve,
+                args=(child,),
+                name=f"mmserver-unpack-{next(self._indices)}",
+                daemon=True,
+            )
+            try:
+                await loop.run_in_executor(None, process.start)
+            finally:
+                child.close()
+            sock = socket.socket(fileno=os.dup(parent.fileno()))
+        finally:
+            parent.close()
+        sock.setblocking(False)
+        unpacker = _Process(process)
+        self._started.add(unpacker)
+        transport, _ = await loop.create_unix_connection(lambda: _Answers(unpacker), sock=sock)
+        unpacker.transport = transport
+        return unpacker

@@ -12,6 +12,8 @@ from types import TracebackType
 
 import aiohttp
 
+from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,6 +42,19 @@ def descendants(pid: int) -> set[int]:
             if child not in found:
                 found.add(child)
                 todo.append(child)
+    return found
+
+
+def unpacking_pids(pid: int) -> list[int]:
+    """The archive-unpacking processes below ``pid``."""
+    found = []
+    for child in descendants(pid):
+        try:
+            with open(f"/proc/{child}/comm") as fh:
+                if fh.read().strip() == UNPACK_PROCESS_NAME:
+                    found.append(child)
+        except OSError:
+            continue
     return found
 
 

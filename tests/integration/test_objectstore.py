@@ -31,6 +31,7 @@ from mmserver import errors
 from mmserver.config import ServerConfig
 from mmserver.server import Server
 from mmserver.store.s3 import ObjectStore
+from tests.e2e.server_process import unpacking_pids
 from tests.integration.harness import ServerLikeTestServer, error_of
 from tests.integration.s3server import AWS_VARIABLES, Requests, S3Server, s3_server
 from tests.models import make_linear_archive, make_linear_model, rows, value
@@ -405,6 +406,22 @@ async def test_missing_corrupt_unsafe_and_oversized_objects_fail_alone(
         assert gets.count("mme/huge.tar.gz") == 0  # refused before downloading
         assert value(await server.wlm.infer("sklearn-1", X)) == pytest.approx(REFERENCE, 0.05)
         assert not (tmp_path / "cache" / "escaped.txt").exists()
+        assert {p.name for p in (tmp_path / "cache").iterdir()} == {
+            folder_of(store_of(server), "sklearn-1")
+        }
+
+
+async def test_with_backend_processes_downloads_hand_their_archives_to_unpacking_processes(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """An object store's downloads stay in the frontend's threads; the archives they fetch are
+    unpacked, and their errors raised, in the unpacking processes."""
+    async with serving(tmp_path / "cache", backend_processes=1) as server:
+        assert value(await server.wlm.infer("sklearn-1", X)) == pytest.approx(REFERENCE, 0.05)
+        with pytest.raises(errors.UnsafeArchive, match=r"leaves the archive"):
+            await server.wlm.infer("unsafe", X)
+        # One archive at a time here: one process was needed.
+        assert len(unpacking_pids(os.getpid())) == 1
         assert {p.name for p in (tmp_path / "cache").iterdir()} == {
             folder_of(store_of(server), "sklearn-1")
         }

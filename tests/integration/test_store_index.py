@@ -7,6 +7,7 @@ import io
 import os
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,38 @@ async def test_a_lookup_updates_the_index_without_a_scan(serve: Serve, tmp_path:
     assert (await predict(server, "sklearn-2"))[0] == 404
     assert server.wlm.index.names_after(None, 10) == ["found", "sklearn-0", "sklearn-1"]
     assert server.wlm.index.scans == scans
+
+
+async def test_a_listed_model_is_looked_up_where_it_unpacks(serve: Serve, tmp_path: Path) -> None:
+    """The server fills the index when it starts; a model the index lists is looked up by the
+    unpacking thread that then prepares its files (one hand-off), and a name it does not list
+    (new to the store, or no model at all) apart, so that a 404 never waits for an unpacking
+    thread."""
+    root = make_linked_store(tmp_path / "store", 3)
+    server = await serve(model_store=str(root))
+    await server.wlm.index.refresh()  # the scan begun at start
+    assert server.wlm.index.scans == 1 and "sklearn-1" in server.wlm.index
+    store = server.wlm.store
+    looked_up_in: dict[str, str] = {}
+    find = store.find
+
+    def recording_find(name: str) -> Any:
+        looked_up_in[name] = threading.current_thread().name
+        return find(name)
+
+    store.find = recording_find  # type: ignore[method-assign]
+    os.link(root / "sklearn-0.tar.gz", root / "late.tar.gz")
+    assert await predict(server, "sklearn-1") == (200, pytest.approx(REFERENCE, abs=0.05))
+    assert await predict(server, "late") == (200, pytest.approx(REFERENCE, abs=0.05))
+    status, error = await predict(server, "missing")
+    assert status == 404 and "model missing is not in the model store" in error["message"]
+    assert looked_up_in["sklearn-1"].startswith("mmserver-unpack")
+    assert not looked_up_in["late"].startswith("mmserver-unpack")
+    assert not looked_up_in["missing"].startswith("mmserver-unpack")
+    # Removed after the scan: its lookup, where it unpacks, finds nothing and unlists it.
+    os.unlink(root / "sklearn-2.tar.gz")
+    status, error = await predict(server, "sklearn-2")
+    assert status == 404 and error["type"] == "ModelNotFoundException"
+    assert looked_up_in["sklearn-2"].startswith("mmserver-unpack")
+    assert "sklearn-2" not in server.wlm.index
+    assert server.wlm.index.scans == 1

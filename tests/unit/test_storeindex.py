@@ -122,6 +122,7 @@ async def test_lookups_update_the_index() -> None:
     index.note("b", "")
     assert index.names_after(None, 10) == ["a", "b", "c"]
     assert index.url("b") == "/store/b" and index.url("d") is None
+    assert [name in index for name in ("a", "b", "c", "d", "zz", "")] == [True] * 3 + [False] * 3
     with pytest.raises(ValueError, match="unknown entry suffix"):
         index.note("e", ".zip")
 
