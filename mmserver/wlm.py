@@ -4,8 +4,9 @@ recently used ones when memory runs short.
 Request path: every protocol's handler calls :meth:`WorkLoadManager.submit`, which finds the
 model's pool (loading the model on its first request, one load however many requests wait for
 it), marks it most recently used, and queues the request; a request to a loaded model costs no
-coroutine of its own. Everything runs on the event loop; file work (listing, looking up,
-unpacking, reading ``serving.properties``) runs in threads.
+coroutine of its own. Everything runs on the event loop; a load's file work (looking up,
+unpacking, reading ``serving.properties``: :mod:`mmserver.files`) runs in the unpacking
+processes (or threads), and listing the store in a thread.
 
 Each model the manager knows of has one :class:`~mmserver.record.ModelRecord`, with its status
 and its checked transitions (UNLOADED → LOADING → READY → UNLOADING → UNLOADED, LOADING →
