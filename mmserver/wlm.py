@@ -563,6 +563,8 @@ class WorkLoadManager:
         if isinstance(prepared, Exception):
             raise prepared
         model_dir, config = prepared
+        if config == self._defaults:
+            config = self._defaults  # one object for every model without serving.properties
         config = self._configured(record, config)
         need = self._estimate_bytes(name, entry, config)
         await self._make_room(name, need)  # reserves the room it made
