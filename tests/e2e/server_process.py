@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -45,17 +46,27 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def unpacking(pid: int) -> bool:
+    """Whether ``pid`` is one of the server's archive-unpacking processes."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip() == UNPACK_PROCESS_NAME
+    except OSError:
+        return False
+
+
 def unpacking_pids(pid: int) -> list[int]:
     """The archive-unpacking processes below ``pid``."""
-    found = []
-    for child in descendants(pid):
-        try:
-            with open(f"/proc/{child}/comm") as fh:
-                if fh.read().strip() == UNPACK_PROCESS_NAME:
-                    found.append(child)
-        except OSError:
-            continue
-    return found
+    return [child for child in descendants(pid) if unpacking(child)]
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Wait for a condition of the server that has no event to wait on (checked every 20 ms)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while not await condition():
+        assert loop.time() < give_up, f"{what}: not reached in {timeout} s"
+        await asyncio.sleep(0.02)
 
 
 def alive(pid: int) -> bool:

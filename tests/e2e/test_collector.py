@@ -12,8 +12,7 @@ import aiohttp
 
 from mmserver import heap
 from tests.behaviour_models import make_slow_load_dir
-from tests.e2e.server_process import ServerProcess
-from tests.e2e.test_faults import until
+from tests.e2e.server_process import ServerProcess, until
 
 # Predictions: the collector's settings in the backend process running the model, and its id.
 COLLECTOR_REPORT = """

@@ -12,28 +12,25 @@ import json
 import os
 import random
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 from tests.behaviour_models import make_gated_dir, make_slow_load_dir
-from tests.e2e.server_process import ServerProcess, alive, descendants, wait_gone
+from tests.e2e.server_process import (
+    ServerProcess,
+    alive,
+    descendants,
+    unpacking,
+    until,
+    wait_gone,
+)
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    """Wait for a condition of the server that has no event to wait on (checked every 20 ms)."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not await condition():
-        assert loop.time() < give_up, f"{what}: not reached in {timeout} s"
-        await asyncio.sleep(0.02)
 
 
 async def predict(
@@ -147,15 +144,6 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
 
         await until(repaired, 10, "the repaired archive served")
         assert "Traceback" not in server.log()
-
-
-def unpacking(pid: int) -> bool:
-    """Whether ``pid`` is one of the server's archive-unpacking processes."""
-    try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip() == UNPACK_PROCESS_NAME
-    except OSError:
-        return False
 
 
 def backend_pids(server_pid: int) -> list[int]:
