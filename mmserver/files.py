@@ -11,15 +11,17 @@ from mmserver.config import ModelConfig, load_model_config
 from mmserver.store import ModelSource, StoreEntry
 
 #: A model's files, ready to load: their directory, and ``serving.properties`` over the server's
-#: defaults.
-Prepared = tuple[Path, ModelConfig]
+#: defaults (``None``: the model has none, the defaults apply as they are).
+Prepared = tuple[Path, ModelConfig | None]
 
 
 def prepare(store: ModelSource, entry: StoreEntry, defaults: ModelConfig) -> Prepared:
     """The directory holding the files of ``entry`` (fetched and unpacked if needed), and its
-    ``serving.properties`` over ``defaults``."""
+    ``serving.properties`` over ``defaults``, or ``None`` without one: the caller keeps its one
+    defaults object for every such model (an answer from a process would be a copy)."""
     model_dir = store.prepare(entry)
-    return model_dir, load_model_config(model_dir, defaults)
+    config = load_model_config(model_dir, defaults)
+    return model_dir, None if config is defaults else config
 
 
 def find_and_prepare(

@@ -563,9 +563,7 @@ class WorkLoadManager:
         if isinstance(prepared, Exception):
             raise prepared
         model_dir, config = prepared
-        if config == self._defaults:
-            config = self._defaults  # one object for every model without serving.properties
-        config = self._configured(record, config)
+        config = self._configured(record, config or self._defaults)
         need = self._estimate_bytes(name, entry, config)
         await self._make_room(name, need)  # reserves the room it made
         try:
