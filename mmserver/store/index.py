@@ -89,9 +89,13 @@ class StoreIndex:
 
     def __contains__(self, name: str) -> bool:
         """Whether the index lists ``name`` now (no refresh: as it holds it)."""
+        return self._position(name) is not None
+
+    def _position(self, name: str) -> int | None:
+        """Where ``name`` is in the sorted names, or ``None`` when they do not hold it."""
         names = self._names
         i = bisect.bisect_left(names, name)
-        return i < len(names) and names[i] == name
+        return i if i < len(names) and names[i] == name else None
 
     # Reading ----------------------------------------------------------------------------------
 
@@ -113,10 +117,8 @@ class StoreIndex:
 
     def url(self, name: str) -> str | None:
         """The listed url of ``name``, or ``None`` when the index does not hold it."""
-        i = bisect.bisect_left(self._names, name)
-        if i < len(self._names) and self._names[i] == name:
-            return self.source.url_of(name, self._suffixes[i])
-        return None
+        i = self._position(name)
+        return None if i is None else self.source.url_of(name, self._suffixes[i])
 
     # Freshness --------------------------------------------------------------------------------
 
