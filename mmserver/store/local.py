@@ -84,12 +84,12 @@ class ModelStore:
         #: Where an entry that is a symbolic link may lead: the store and the roots
         #: ``POST /models`` may load from (one policy for both).
         self._roots = tuple(os.path.realpath(r) for r in (self.root, *allowed_roots))
-        self._allowed_roots = tuple(allowed_roots)
 
     def portable(self) -> ModelStore:
         """The same store for another process (an unpacking process): it unpacks archives where
         it runs, with :func:`~mmserver.store.archive.unpack_archive`."""
-        return ModelStore(self.root, self.cache_dir, self.max_unpacked_bytes, self._allowed_roots)
+        roots = [Path(r) for r in self._roots[1:]]  # the allowed roots, resolved
+        return ModelStore(self.root, self.cache_dir, self.max_unpacked_bytes, roots)
 
     def _links_out(self, path: str) -> bool:
         """Whether the entry at ``path`` is a symbolic link that resolves outside the store and

@@ -136,6 +136,12 @@ async def test_a_models_whole_file_work_runs_in_a_process(
     assert "leaves the archive" in prepared.message and prepared.model == "bad"
     with pytest.raises(Forbidden, match="outside the model store"):
         await processes.run("linked", what, files.find_and_prepare, store, "linked", defaults)
+    # The allowed model roots cross the process with the store.
+    allowing = ModelStore(root, tmp_path / "cache", LIMIT, [tmp_path]).portable()
+    entry, prepared = await processes.run(
+        "linked", what, files.find_and_prepare, allowing, "linked", defaults
+    )
+    assert entry is not None and prepared is not None and not isinstance(prepared, Exception)
 
 
 async def test_a_killed_unpacking_process_fails_its_request_and_is_replaced(
