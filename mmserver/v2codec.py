@@ -267,14 +267,16 @@ def _json_data(
     elif datatype in _NARROW_FLOATS and count:
         with np.errstate(over="ignore"):
             narrowed = array.astype(NUMERIC[datatype])
-        overflowed = np.isinf(narrowed) & np.isfinite(array)
-        if overflowed.any():
-            value = array.flat[int(np.argmax(overflowed))].item()
-            largest = float(np.finfo(NUMERIC[datatype]).max)
-            raise InvalidInput(
-                f"{where}: value {value!r} is beyond the range of {datatype} "
-                f"(±{largest:g}); send it as FP64"
-            )
+        infinite = np.isinf(narrowed)
+        if infinite.any():  # rare: only then is the culprit looked for
+            overflowed = infinite & np.isfinite(array)
+            if overflowed.any():
+                value = array.flat[int(np.argmax(overflowed))].item()
+                largest = float(np.finfo(NUMERIC[datatype]).max)
+                raise InvalidInput(
+                    f"{where}: value {value!r} is beyond the range of {datatype} "
+                    f"(±{largest:g}); send it as FP64"
+                )
         return narrowed
     return array.astype(NUMERIC[datatype], copy=False)
 
