@@ -109,6 +109,7 @@ class Worker:
         self.state = WorkerState.IDLE
         self.idle_since = self._loop.time()
         self.ready.set_result(None)
+        self._binding = None  # done: a loaded worker keeps no finished task (and its coroutine)
         self.host.worker_idle(self)
 
     # Batches ----------------------------------------------------------------------------------

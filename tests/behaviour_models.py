@@ -128,6 +128,9 @@ from pathlib import Path
 def load(model_dir, properties):
     gate = properties.get("gate")
     log = properties.get("log")
+    if log and properties.get("log_load"):
+        with open(log, "a") as fh:
+            fh.write("load:" + properties["name"] + "\\n")
     return (properties["name"], Path(gate) if gate else None, Path(log) if log else None)
 
 
@@ -151,7 +154,8 @@ def make_spinning_dir(
     folder: Path, *, gate: Path | None = None, log: Path | None = None, **properties: object
 ) -> Path:
     """Computes ``x`` CPU ms for a batch whose first value is ``x``, then waits for ``gate`` (if
-    given) to exist, appends the model's name to ``log`` (if given), and answers ``2 * x``."""
+    given) to exist, appends the model's name to ``log`` (if given), and answers ``2 * x``.
+    With ``log_load=True`` its load appends ``load:<name>`` to ``log`` too."""
     extra: dict[str, object] = {"name": folder.name}
     if gate is not None:
         extra["gate"] = gate

@@ -24,7 +24,7 @@ from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs import Request
 from mmserver.framing import frame, span
 from mmserver.metrics import Metrics
-from mmserver.scheduling import Lane, RunQueue, admits
+from mmserver.scheduling import PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,33 @@ class _ReplyProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.slot._on_connection_lost(self)
+
+
+class _LoadTurn:
+    """A load waiting in its slot's run queue (:meth:`ProcessSlot.load`), written to the pipe
+    when its turn comes, behind whatever the pipe holds. A batch whose turn came first waits
+    for the pipe to drain with the loads behind it held back: a stream of cold loads cannot
+    keep a loaded model's batches waiting, and busy models do not hold back a load."""
+
+    __slots__ = ("cost", "mark", "pending", "slot", "spec")
+
+    def __init__(self, slot: ProcessSlot, spec: LoadSpec, pending: Pending) -> None:
+        self.slot = slot
+        self.spec = spec
+        self.pending = pending
+        #: Unknown: no batch goes behind it in the pipe.
+        self.cost = Cost()
+        self.mark = 0
+
+    def waiting(self) -> bool:
+        return self.slot._turns.get(self.spec.key) is self and not self.pending.done()
+
+    def begin(self, waited: int = 0) -> bool:
+        slot, key = self.slot, self.spec.key
+        del slot._turns[key]
+        slot._loaded[key] = self.spec
+        slot._write(self.pending)
+        return True
 
 
 class ProcessSlot:
@@ -118,7 +145,13 @@ class ProcessSlot:
         # Frames written during one turn of the event loop go out in one system call.
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
+        #: The models loaded (or being loaded) in the process, which a replacement reloads.
         self._loaded: dict[str, LoadSpec] = {}
+        #: Loads waiting in the run queue for their turn, and where the loads' share of the
+        #: slot has got to: they take turns with the models' batches as one more model whose
+        #: batches take :data:`~mmserver.scheduling.PIPELINE_BUDGET_S` each.
+        self._turns: dict[str, _LoadTurn] = {}
+        self._loads_vfinish = 0.0
         self._restarting: asyncio.Task[None] | None = None
         self._stopping = False
         self._restarts: collections.deque[float] = collections.deque(maxlen=5)
@@ -140,12 +173,13 @@ class ProcessSlot:
             await self._spawn()
         except BaseException as exc:
             held, self._held = self._held, []
+            turns, self._turns = list(self._turns.values()), {}
             error = (
                 exc
                 if isinstance(exc, errors.MMServerError)
                 else errors.BackendDied(f"{self.describe()} could not start: {exc}")
             )
-            for pending in held:
+            for pending in [*held, *(turn.pending for turn in turns)]:
                 pending.fail(error)
             raise
         self._holding = False
@@ -220,7 +254,8 @@ class ProcessSlot:
                 process.kill()
                 await loop.run_in_executor(None, process.join, 5.0)
         shutting_down = errors.ShuttingDown("the server is shutting down")
-        for pending in [*self._crashed, *self._inflight, *self._held]:
+        turns, self._turns = list(self._turns.values()), {}
+        for pending in [*self._crashed, *self._inflight, *self._held, *(t.pending for t in turns)]:
             pending.fail(shutting_down)
         self._inflight.clear()
         self._held.clear()
@@ -234,14 +269,24 @@ class ProcessSlot:
     # Operations -------------------------------------------------------------------------------
 
     async def load(self, spec: LoadSpec) -> LoadInfo:
+        """Load a model in the process. The load waits its turn in the run queue with the
+        batches waiting here (:class:`_LoadTurn`)."""
+        if self._stopping:
+            raise errors.ShuttingDown("the server is shutting down")
         self._ensure_started()
-        self._loaded[spec.key] = spec
+        future: asyncio.Future[LoadInfo] = self._loop.create_future()
+        turn = _LoadTurn(self, spec, Pending(wire.LOAD, frame((wire.LOAD, spec)), future))
+        self._turns[spec.key] = turn
+        tag = max(self._loads_vfinish, self.lane.vtime)
+        self._loads_vfinish = tag + PIPELINE_BUDGET_S
+        self._queue(tag, turn)
         try:
-            info: LoadInfo = await self._send((wire.LOAD, spec), deadline=None)
+            return await future
         except BaseException:
+            if self._turns.get(spec.key) is turn:
+                del self._turns[spec.key]
             self._loaded.pop(spec.key, None)
             raise
-        return info
 
     # Scheduling -------------------------------------------------------------------------------
 
@@ -258,12 +303,25 @@ class ProcessSlot:
                 if worker.begin(self.admitted - worker.mark):
                     self.lane.charge(tag, cost)
                 return
-        self._runq.push(tag, worker)
+        self._queue(tag, worker)
+
+    def _queue(self, tag: float, item: Runnable) -> None:
+        self._runq.push(tag, item)
         if not self._inflight:
             self._pump()
         elif self._pump_handle is None and not self._pumping:
             # Workers made ready in this turn of the event loop are ordered together.
             self._pump_handle = self._loop.call_soon(self._pump)
+
+    @property
+    def waiting(self) -> int:
+        """Batches and loads waiting for their turn here."""
+        return sum(1 for _, _, item in self._runq if item.waiting())
+
+    @property
+    def in_pipe(self) -> int:
+        """Messages written to the process (or about to be) and not answered yet."""
+        return len(self._inflight)
 
     def free(self) -> bool:
         """Nothing running or waiting here."""
@@ -287,7 +345,10 @@ class ProcessSlot:
                     continue
                 cost = worker.cost
                 pipe = math.inf if self._pipe_unknown else self._pipe_cost
-                if not admits(len(self._inflight), pipe, cost.estimate):
+                # A load may go behind anything: what waits for the pipe to drain is a batch.
+                if type(worker) is not _LoadTurn and not admits(
+                    len(self._inflight), pipe, cost.estimate
+                ):
                     break
                 runq.pop_first()
                 # Every batch admitted since the worker's mark ran, or runs, before its own.
@@ -317,6 +378,10 @@ class ProcessSlot:
         )
 
     async def unload(self, key: str) -> None:
+        turn = self._turns.pop(key, None)
+        if turn is not None:  # never sent: nothing to unload
+            name = key.split("#")[0]
+            turn.pending.fail(errors.ShuttingDown(f"model {name} was unloaded before it loaded"))
         if self._loaded.pop(key, None) is None or self._stopping:
             return
         try:

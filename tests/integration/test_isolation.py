@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mmserver.worker import WorkerState
-from tests.behaviour_models import make_spinning_dir
+from tests.behaviour_models import make_slow_load_dir, make_spinning_dir
 from tests.integration.harness import Harness, Serve, describe, wait_until
 from tests.models import make_linked_store
 
@@ -176,3 +176,70 @@ async def test_the_backend_is_shared_by_time_not_by_turns(
     assert order[:last_cheap].count("costly") <= 2, order
     # Each cheap batch that waited counted the costly batch ahead of it.
     assert (await describe(harness, "cheap"))["batchesWaitedBehind"] >= 1
+
+
+async def test_loads_asked_after_a_waiting_batch_run_after_it(
+    serve: Serve, store: Path, tmp_path: Path
+) -> None:
+    """One backend process: while a load holds it, a loaded model's batch waits for its turn on
+    the frontend, and the loads asked after it wait behind it, not ahead of it in the process's
+    pipe (a stream of cold loads cannot keep a loaded model waiting)."""
+    log = tmp_path / "order"
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    make_slow_load_dir(store / "slow", started, gate)
+    make_spinning_dir(store / "cheap", log=log, maxWorkers=1, batch_size=1)
+    for i in range(2):
+        make_spinning_dir(store / f"late-{i}", log=log, log_load=True)
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
+    assert await answer(harness, "cheap", 0.0) == (200, {"predictions": [0.0]})
+    log.write_text("")
+    pool = harness.wlm.pool("cheap")
+    assert pool is not None
+    readied = pool.readied
+    slow = asyncio.ensure_future(answer(harness, "slow", 1.0))
+    await wait_until(started.exists, 20)  # its load holds the process
+    cheap = asyncio.ensure_future(answer(harness, "cheap", 0.0))
+    await wait_until(lambda: pool.readied > readied, 20)
+    late = [asyncio.ensure_future(answer(harness, f"late-{i}", 1.5)) for i in range(2)]
+    slot = harness.wlm.backend.slots[0]
+    await wait_until(lambda: slot.waiting == 3, 20)  # the batch, then the two loads
+    assert not log.read_text()
+
+    gate.touch()
+    assert await slow == (200, {"predictions": [2.0]})
+    assert await cheap == (200, {"predictions": [0.0]})
+    assert [await t for t in late] == [(200, {"predictions": [3.0]})] * 2
+    order = log.read_text().split()
+    assert order[0] == "cheap", order
+    assert sorted(order) == ["cheap", "late-0", "late-1", "load:late-0", "load:late-1"]
+
+
+async def test_a_load_is_not_held_back_by_a_model_with_a_deep_queue(
+    serve: Serve, store: Path, tmp_path: Path
+) -> None:
+    """One backend process, a 20 ms model with ten batches queued: a load asked meanwhile takes
+    its turn among them (the loads' share of the process), here right behind the batch
+    running, not after the queue has drained."""
+    log = tmp_path / "order"
+    gate = tmp_path / "gate"
+    gate.touch()
+    make_spinning_dir(store / "costly", log=log, gate=gate, maxWorkers=1, batch_size=1)
+    make_spinning_dir(store / "late", log=log, log_load=True)
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
+    assert await answer(harness, "costly", 20.0) == (200, {"predictions": [40.0]})
+    log.write_text("")
+    gate.unlink()
+    costly = [asyncio.ensure_future(answer(harness, "costly", 20.0)) for _ in range(10)]
+    pool = harness.wlm.pool("costly")
+    assert pool is not None
+    await wait_until(lambda: pool.running == 1 and len(pool.queue) == 9, 20)
+    late = asyncio.ensure_future(answer(harness, "late", 0.5))
+    slot = harness.wlm.backend.slots[0]
+    await wait_until(lambda: slot.in_pipe == 2, 20)  # the load went behind the running batch
+
+    gate.touch()
+    assert [await t for t in costly] == [(200, {"predictions": [40.0]})] * 10
+    assert await late == (200, {"predictions": [1.0]})
+    order = log.read_text().split()
+    assert sorted(order) == ["costly"] * 10 + ["late", "load:late"]
+    assert order.index("load:late") <= 2, order
