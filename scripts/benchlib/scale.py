@@ -210,6 +210,33 @@ def cold_loads(server: servers.Server, names: list[str], clients: int) -> dict[s
     }
 
 
+#: The name (``/proc/PID/comm``) of mmserver's unpacking processes
+#: (``mmserver.store.unpacking.PROCESS_NAME``).
+UNPACKING_PROCESS = "mmserver-unpack"
+
+
+def cpu_per_load(
+    root: int, before: dict[int, float], after: dict[int, float], loads: int
+) -> dict[str, float]:
+    """CPU milliseconds per load between two :func:`servers.tree_cpu` readings of the server
+    ``root``, by kind of process: the frontend, the backends (with the idle fork server), the
+    unpacking processes, and all of them. Read while the processes still run."""
+    used = {"frontend": 0.0, "backends": 0.0, "unpacking": 0.0}
+    for pid, seconds in after.items():
+        if pid == root:
+            kind = "frontend"
+        else:
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                comm = ""
+            kind = "unpacking" if comm == UNPACKING_PROCESS else "backends"
+        used[kind] += seconds - before.get(pid, 0.0)
+    per_load = {kind: 1e3 * seconds / loads for kind, seconds in used.items()}
+    per_load["all"] = sum(per_load.values())
+    return per_load
+
+
 def scrape(server: servers.Server) -> dict[str, Any]:
     """:data:`SCRAPES` scrapes: the size and the median and longest time."""
     scrapes = [probes.scrape(server) for _ in range(SCRAPES)]
@@ -308,7 +335,11 @@ def run(
         before = _rss_kb(server.pid)
         names = [f"sklearn-{i}" for i in range(settings.models)]
         random.Random(1).shuffle(names)
+        cpu_before = servers.tree_cpu(server.pid)
         result["cold"] = cold_loads(server, names[:loaded], settings.clients)
+        result["cold"]["cpu_ms_per_load"] = cpu_per_load(
+            server.pid, cpu_before, servers.tree_cpu(server.pid), loaded
+        )
         servers.wait_quiet(10.0)  # the loads' last work done before the RSS is read
         after = _rss_kb(server.pid)
         result["frontend"] = {
@@ -366,6 +397,13 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"{c['loads_per_s']:.0f} loads/s, p50 {c['p50_ms']:.1f} p99 {c['p99_ms']:.1f} "
             f"max {c['max_ms']:.0f} ms, statuses {c['statuses']}"
         )
+        cpu = c.get("cpu_ms_per_load")
+        if cpu:
+            out.append(
+                f"  CPU per cold load: frontend {cpu['frontend']:.2f}, backends "
+                f"{cpu['backends']:.2f}, unpacking {cpu['unpacking']:.2f}, all "
+                f"{cpu['all']:.2f} ms"
+            )
         f = section["frontend"]
         out.append(
             f"  frontend RSS {f['before_kb'] / 1024:.0f} -> {f['after_kb'] / 1024:.0f} MiB with "
