@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
@@ -95,8 +96,8 @@ class ModelPool:
         self._m_cpu = metrics.model_cpu_seconds.labels(name)
         self._m_waited = metrics.model_waited_batches.labels(name)
         self._m_paths: dict[str, CounterChild] = {}
-        #: The family and predict paths the model's first load reported (None: custom handler).
-        self.paths: dict[str, Any] | None = None
+        #: What the model's first load reported of its family and predict paths, pickled.
+        self._paths: bytes | None = None
         #: The series of this model's answered requests, counted by the HTTP layer.
         self.requests = ModelRequests(metrics, name)
         self._stopped = False
@@ -294,6 +295,12 @@ class ModelPool:
             len(self.workers), len(self.queue), c.min_workers, c.max_workers, c.batch_size
         )
 
+    @property
+    def paths(self) -> dict[str, Any] | None:
+        """The family and predict paths the model's first load reported (``None``: a custom
+        handler, or not loaded yet)."""
+        return None if self._paths is None else cast(dict[str, Any], pickle.loads(self._paths))
+
     # Workers ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -347,6 +354,11 @@ class ModelPool:
                 del self._slot_loads[slot.index]
                 self._memory_changed()
             raise
+        if self._slot_loads.get(slot.index) is future and isinstance(future, asyncio.Task):
+            # Loaded: what stays is a resolved future, not the finished task and its coroutine.
+            settled: asyncio.Future[LoadInfo] = asyncio.get_running_loop().create_future()
+            settled.set_result(info)
+            self._slot_loads[slot.index] = settled
         if not self.copy_bytes:
             self.copy_bytes = (
                 int(self.config.required_memory_mb * 2**20)
@@ -354,7 +366,7 @@ class ModelPool:
                 else info.memory_bytes
             )
             self._memory_changed()
-            self.paths = info.paths
+            self._paths = info.paths
             if self._on_load is not None:
                 self._on_load(self, info)
         probe = info.probe_seconds

@@ -65,7 +65,7 @@ class Models:
         return LoadInfo(
             memory,
             self._probe(predictor),
-            describe() if describe else None,
+            pickle.dumps(describe(), pickle.HIGHEST_PROTOCOL) if describe else None,
             signature(predictor),
         )
 

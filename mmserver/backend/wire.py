@@ -38,8 +38,10 @@ class LoadInfo:
 
     memory_bytes: int
     probe_seconds: float | None = None
-    #: The default handler's family and predict paths (``EstimatorPredictor.describe``).
-    paths: dict[str, Any] | None = None
+    #: The default handler's family and predict paths (``EstimatorPredictor.describe``),
+    #: pickled: the frontend keeps them for the describe call and reads them only then, so a
+    #: loaded model holds one object for them, not a dozen.
+    paths: bytes | None = None
     signature: dict[str, Any] | None = None
 
 
