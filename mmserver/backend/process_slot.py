@@ -88,10 +88,13 @@ class _LoadTurn:
         return self.slot._turns.get(self.spec.key) is self and not self.pending.done()
 
     def begin(self, waited: int = 0) -> bool:
-        slot, key = self.slot, self.spec.key
+        slot, key, pending = self.slot, self.spec.key, self.pending
         del slot._turns[key]
         slot._loaded[key] = self.spec
-        slot._write(self.pending)
+        slot._sent_loads[key] = pending
+        if pending.future is not None:
+            pending.future.add_done_callback(lambda _: slot._answered_load(key, pending))
+        slot._write(pending)
         return True
 
 
@@ -151,6 +154,9 @@ class ProcessSlot:
         #: slot has got to: they take turns with the models' batches as one more model whose
         #: batches take :data:`~mmserver.scheduling.PIPELINE_BUDGET_S` each.
         self._turns: dict[str, _LoadTurn] = {}
+        #: Loads written to the process and not answered yet (a replacement gets them resent
+        #: with the other held messages, not reloaded as well).
+        self._sent_loads: dict[str, Pending] = {}
         self._loads_vfinish = 0.0
         self._restarting: asyncio.Task[None] | None = None
         self._stopping = False
@@ -287,6 +293,10 @@ class ProcessSlot:
                 del self._turns[spec.key]
             self._loaded.pop(spec.key, None)
             raise
+
+    def _answered_load(self, key: str, pending: Pending) -> None:
+        if self._sent_loads.get(key) is pending:
+            del self._sent_loads[key]
 
     # Scheduling -------------------------------------------------------------------------------
 
@@ -503,6 +513,7 @@ class ProcessSlot:
         """Replace a dead process: fail what it was running, reload its models, resend the rest."""
         loop = asyncio.get_running_loop()
         reloads: list[asyncio.Future[Any]] = []
+        specs: list[LoadSpec] = []
         while not self._stopping:
             process = self._process
             exit_code: int | None = None
@@ -537,8 +548,10 @@ class ProcessSlot:
                 log.exception("could not start a replacement for %s", described)
                 await asyncio.sleep(1.0)
                 continue
-            reloads = [loop.create_future() for _ in self._loaded]
-            for spec, reload in zip(self._loaded.values(), reloads, strict=True):
+            # A load the dead process had not begun is sent again with the held messages.
+            specs = [s for key, s in self._loaded.items() if key not in self._sent_loads]
+            reloads = [loop.create_future() for _ in specs]
+            for spec, reload in zip(specs, reloads, strict=True):
                 self._write(Pending(wire.LOAD, frame((wire.LOAD, spec)), reload))
             held, self._held = self._held, []
             for pending in held:
@@ -550,9 +563,7 @@ class ProcessSlot:
             break
         self._restarting = None
         for spec, result in zip(
-            list(self._loaded.values()),
-            await asyncio.gather(*reloads, return_exceptions=True),
-            strict=False,
+            specs, await asyncio.gather(*reloads, return_exceptions=True), strict=True
         ):
             if isinstance(result, BaseException):
                 log.error("reloading %s into %s failed: %s", spec.key, self.describe(), result)

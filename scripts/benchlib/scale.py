@@ -232,7 +232,7 @@ def cpu_per_load(
                 comm = ""
             kind = "unpacking" if comm == UNPACKING_PROCESS else "backends"
         used[kind] += seconds - before.get(pid, 0.0)
-    per_load = {kind: 1e3 * seconds / loads for kind, seconds in used.items()}
+    per_load = {kind: 1e3 * seconds / max(1, loads) for kind, seconds in used.items()}
     per_load["all"] = sum(per_load.values())
     return per_load
 

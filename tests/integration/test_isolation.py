@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from mmserver.backend.process_slot import ProcessSlot
 from mmserver.worker import WorkerState
 from tests.behaviour_models import make_slow_load_dir, make_spinning_dir
 from tests.integration.harness import Harness, Serve, describe, wait_until
@@ -202,6 +203,7 @@ async def test_loads_asked_after_a_waiting_batch_run_after_it(
     await wait_until(lambda: pool.readied > readied, 20)
     late = [asyncio.ensure_future(answer(harness, f"late-{i}", 1.5)) for i in range(2)]
     slot = harness.wlm.backend.slots[0]
+    assert isinstance(slot, ProcessSlot)
     await wait_until(lambda: slot.waiting == 3, 20)  # the batch, then the two loads
     assert not log.read_text()
 
@@ -217,13 +219,13 @@ async def test_loads_asked_after_a_waiting_batch_run_after_it(
 async def test_a_load_is_not_held_back_by_a_model_with_a_deep_queue(
     serve: Serve, store: Path, tmp_path: Path
 ) -> None:
-    """One backend process, a 20 ms model with ten batches queued: a load asked meanwhile takes
-    its turn among them (the loads' share of the process), here right behind the batch
-    running, not after the queue has drained."""
+    """One backend process, a 20 ms model with a batch running, one more waiting its turn and
+    more queued: a load asked meanwhile takes its turn among them (the loads' share of the
+    process), here ahead of the waiting batch, not after the queue has drained."""
     log = tmp_path / "order"
     gate = tmp_path / "gate"
     gate.touch()
-    make_spinning_dir(store / "costly", log=log, gate=gate, maxWorkers=1, batch_size=1)
+    make_spinning_dir(store / "costly", log=log, gate=gate, maxWorkers=2, batch_size=1)
     make_spinning_dir(store / "late", log=log, log_load=True)
     harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
     assert await answer(harness, "costly", 20.0) == (200, {"predictions": [40.0]})
@@ -232,14 +234,48 @@ async def test_a_load_is_not_held_back_by_a_model_with_a_deep_queue(
     costly = [asyncio.ensure_future(answer(harness, "costly", 20.0)) for _ in range(10)]
     pool = harness.wlm.pool("costly")
     assert pool is not None
-    await wait_until(lambda: pool.running == 1 and len(pool.queue) == 9, 20)
-    late = asyncio.ensure_future(answer(harness, "late", 0.5))
     slot = harness.wlm.backend.slots[0]
-    await wait_until(lambda: slot.in_pipe == 2, 20)  # the load went behind the running batch
+    assert isinstance(slot, ProcessSlot)
+    # The first worker's batch runs; the second worker waits its turn with the next one.
+    await wait_until(lambda: slot.in_pipe == 1 and slot.waiting == 1 and len(pool.workers) == 2)
+    late = asyncio.ensure_future(answer(harness, "late", 0.5))
+    await wait_until(lambda: slot.in_pipe == 2, 20)  # the load went ahead of the waiting batch
 
     gate.touch()
     assert [await t for t in costly] == [(200, {"predictions": [40.0]})] * 10
     assert await late == (200, {"predictions": [1.0]})
     order = log.read_text().split()
     assert sorted(order) == ["costly"] * 10 + ["late", "load:late"]
-    assert order.index("load:late") <= 2, order
+    assert order.index("load:late") == 1, order
+
+
+async def test_a_load_in_the_pipe_of_a_process_that_dies_is_loaded_once_by_its_replacement(
+    serve: Serve, store: Path, tmp_path: Path
+) -> None:
+    """A load written behind a running batch when the process dies goes to the replacement
+    once, with the messages held for it (not reloaded as well), and answers what the load
+    measured: the model's memory and signature."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    make_spinning_dir(store / "costly", gate=gate, maxWorkers=1, batch_size=1)
+    make_spinning_dir(store / "late")
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
+    assert await answer(harness, "costly", 1.0) == (200, {"predictions": [2.0]})
+    gate.unlink()
+    running = asyncio.ensure_future(answer(harness, "costly", 1.0))
+    slot = harness.wlm.backend.slots[0]
+    assert isinstance(slot, ProcessSlot)
+    await wait_until(lambda: slot.in_pipe == 1, 20)
+    late = asyncio.ensure_future(answer(harness, "late", 0.5))
+    await wait_until(lambda: slot.in_pipe == 2, 20)  # its load behind the running batch
+    died = slot.pid
+    slot.kill()
+    status, body = await running
+    assert status == 500 and "died while running this request" in body["message"], body
+    gate.touch()
+    assert await late == (200, {"predictions": [1.0]})
+    assert slot.pid != died
+    pool = harness.wlm.pool("late")
+    assert pool is not None and pool.copy_bytes > 0
+    signature = harness.wlm.signature("late")
+    assert signature is not None and signature["platform"] == "python"
