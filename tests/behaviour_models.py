@@ -182,6 +182,18 @@ def load(model_dir, properties):
     return None
 """
 
+#: A load that computes for ``load_ms`` CPU milliseconds.
+COSTLY_LOAD = """\
+import time
+
+
+def load(model_dir, properties):
+    end = time.thread_time() + float(properties["load_ms"]) / 1000.0
+    while time.thread_time() < end:
+        pass
+    return None
+"""
+
 DOUBLING = """
 def predict(model, batch):
     return [2.0 * float(row[0]) for row in batch]
@@ -193,3 +205,8 @@ def make_slow_load_dir(
 ) -> Path:
     """:data:`SLOW_LOAD` with ``predict`` (the source of a ``predict(model, batch)``)."""
     return _write(folder, SLOW_LOAD + predict, {"started": started, "gate": gate, **properties})
+
+
+def make_costly_load_dir(folder: Path, load_ms: float, **properties: object) -> Path:
+    """:data:`COSTLY_LOAD` with the doubling ``predict``."""
+    return _write(folder, COSTLY_LOAD + DOUBLING, {"load_ms": load_ms, **properties})

@@ -55,6 +55,7 @@ class Models:
         existing = self.predictors.get(spec.key)
         if existing is not None:
             return LoadInfo(0)
+        started = time.perf_counter()
         before = rss_bytes()
         predictor = load_predictor(spec.model_dir, spec.config)
         measured = max(0, rss_bytes() - before)
@@ -67,6 +68,7 @@ class Models:
             self._probe(predictor),
             pickle.dumps(describe(), pickle.HIGHEST_PROTOCOL) if describe else None,
             signature(predictor),
+            time.perf_counter() - started,
         )
 
     def _probe(self, predictor: Any) -> float | None:

@@ -71,8 +71,9 @@ class _ReplyProtocol(asyncio.Protocol):
 class _LoadTurn:
     """A load waiting in its slot's run queue (:meth:`ProcessSlot.load`), written to the pipe
     when its turn comes, behind whatever the pipe holds. A batch whose turn came first waits
-    for the pipe to drain with the loads behind it held back: a stream of cold loads cannot
-    keep a loaded model's batches waiting, and busy models do not hold back a load."""
+    for the pipe to drain with the loads behind it held back: a stream of cold loads keeps a
+    loaded model's batch waiting only for the loads written before its turn came, and busy
+    models do not hold back a load."""
 
     __slots__ = ("cost", "mark", "pending", "slot", "spec")
 
@@ -150,14 +151,16 @@ class ProcessSlot:
         self._flush_handle: asyncio.Handle | None = None
         #: The models loaded (or being loaded) in the process, which a replacement reloads.
         self._loaded: dict[str, LoadSpec] = {}
-        #: Loads waiting in the run queue for their turn, and where the loads' share of the
-        #: slot has got to: they take turns with the models' batches as one more model whose
-        #: batches take :data:`~mmserver.scheduling.PIPELINE_BUDGET_S` each.
+        #: Loads waiting in the run queue for their turn, where the loads' share of the slot
+        #: has got to, and what a load here costs (the moving average of the seconds the loads
+        #: held the process; the pipeline budget until one was measured): the loads take turns
+        #: with the models' batches as one more model.
         self._turns: dict[str, _LoadTurn] = {}
+        self._loads_vfinish = 0.0
+        self.load_cost = Cost(PIPELINE_BUDGET_S)
         #: Loads written to the process and not answered yet (a replacement gets them resent
         #: with the other held messages, not reloaded as well).
         self._sent_loads: dict[str, Pending] = {}
-        self._loads_vfinish = 0.0
         self._restarting: asyncio.Task[None] | None = None
         self._stopping = False
         self._restarts: collections.deque[float] = collections.deque(maxlen=5)
@@ -284,7 +287,7 @@ class ProcessSlot:
         turn = _LoadTurn(self, spec, Pending(wire.LOAD, frame((wire.LOAD, spec)), future))
         self._turns[spec.key] = turn
         tag = max(self._loads_vfinish, self.lane.vtime)
-        self._loads_vfinish = tag + PIPELINE_BUDGET_S
+        self._loads_vfinish = tag + self.load_cost.estimate
         self._queue(tag, turn)
         try:
             return await future
@@ -297,6 +300,11 @@ class ProcessSlot:
     def _answered_load(self, key: str, pending: Pending) -> None:
         if self._sent_loads.get(key) is pending:
             del self._sent_loads[key]
+        future = pending.future
+        if future is not None and not future.cancelled() and future.exception() is None:
+            seconds = future.result().seconds
+            if seconds > 0:
+                self.load_cost.observe(seconds, seconds, 1)
 
     # Scheduling -------------------------------------------------------------------------------
 

@@ -43,6 +43,8 @@ class LoadInfo:
     #: loaded model holds one object for them, not a dozen.
     paths: bytes | None = None
     signature: dict[str, Any] | None = None
+    #: The seconds the load held the process (wall time; 0 when loaded already).
+    seconds: float = 0.0
 
 
 #: A batch's answers (one per request), the CPU and wall seconds they took, the rows

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from mmserver.backend.process_slot import ProcessSlot
+from mmserver.scheduling import PIPELINE_BUDGET_S
 from mmserver.worker import WorkerState
-from tests.behaviour_models import make_slow_load_dir, make_spinning_dir
+from tests.behaviour_models import make_costly_load_dir, make_slow_load_dir, make_spinning_dir
 from tests.integration.harness import Harness, Serve, describe, wait_until
 from tests.models import make_linked_store
 
@@ -279,3 +280,16 @@ async def test_a_load_in_the_pipe_of_a_process_that_dies_is_loaded_once_by_its_r
     assert pool is not None and pool.copy_bytes > 0
     signature = harness.wlm.signature("late")
     assert signature is not None and signature["platform"] == "python"
+
+
+async def test_a_process_charges_its_loads_what_they_took(serve: Serve, store: Path) -> None:
+    """The loads' share of a process is charged by what its loads took, from the 1 ms it
+    starts at: after a load that computed for 30 ms, the moving average (a fifth of the new
+    measure) is above 1 + (30 - 1) / 5 ms."""
+    make_costly_load_dir(store / "slow-load", 30.0)
+    harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
+    slot = harness.wlm.backend.slots[0]
+    assert isinstance(slot, ProcessSlot)
+    assert slot.load_cost.estimate == PIPELINE_BUDGET_S
+    assert await answer(harness, "slow-load", 0.5) == (200, {"predictions": [1.0]})
+    assert slot.load_cost.estimate >= PIPELINE_BUDGET_S + (0.030 - PIPELINE_BUDGET_S) / 5
