@@ -57,12 +57,24 @@ class Job:
             self.fail(errors.from_name(*answer))
 
 
+class Tally:
+    """The jobs queued in many queues together (the server's, for its metrics), kept as they
+    come and go, so that reading it costs nothing however many queues there are."""
+
+    __slots__ = ("jobs",)
+
+    def __init__(self) -> None:
+        self.jobs = 0
+
+
 class JobQueue:
     """A bounded FIFO of jobs. ``put`` never blocks: a full queue raises
-    :class:`errors.QueueFull` at once. Its pool takes batches from it (:meth:`take`)."""
+    :class:`errors.QueueFull` at once. Its pool takes batches from it (:meth:`take`). Its jobs
+    count in ``tally`` too."""
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, tally: Tally | None = None) -> None:
         self.maxsize = maxsize
+        self.tally = tally if tally is not None else Tally()
         self._items: collections.deque[Job] = collections.deque()
         self._closed = False
         self._refusal: Callable[[], errors.MMServerError] = _unloading
@@ -78,6 +90,7 @@ class JobQueue:
                 f"the model's queue is full ({self.maxsize} jobs waiting); retry later"
             )
         self._items.append(job)
+        self.tally.jobs += 1
 
     def take(self, count: int, max_bytes: int = 0) -> list[Job]:
         """Up to ``count`` jobs from the front of the queue (at least one if any is queued),
@@ -85,6 +98,7 @@ class JobQueue:
         holds more: it is then a batch of its own (:func:`batch_length`)."""
         items = self._items
         length = batch_length((len(job.request[0]) for job in items), count, max_bytes)
+        self.tally.jobs -= length
         return [items.popleft() for _ in range(length)]
 
     def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
@@ -105,6 +119,7 @@ class JobQueue:
         """Take every queued job out (to answer them with an error)."""
         items = list(self._items)
         self._items.clear()
+        self.tally.jobs -= len(items)
         return items
 
     def oldest_enqueued_at(self) -> float | None:

@@ -25,7 +25,7 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
-from mmserver.jobs import Job, JobQueue, cut_batch
+from mmserver.jobs import Job, JobQueue, Tally, cut_batch
 from mmserver.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for
@@ -50,18 +50,21 @@ class ModelPool:
         hold: float | None = None,
         on_memory: Callable[[ModelPool, int], None] | None = None,
         known_bytes: int = 0,
+        queued: Tally | None = None,
+        on_move: Callable[[ModelPool, str], None] | None = None,
     ) -> None:
         """``hold`` is the seconds a batch of this model held its backend when the model was
         loaded before, if it was: it chooses the lane its first workers start in.
         ``known_bytes`` is the memory of one copy measured at an earlier load (0: none), what
         :attr:`accounted_bytes` counts until this load measures it; ``on_memory`` is called
-        with the change whenever :attr:`accounted_bytes` changes."""
+        with the change whenever :attr:`accounted_bytes` changes. Its queued jobs count in
+        ``queued`` too; ``on_move`` is called with the lane it left when it changes lane."""
         self.name = name
         self.key = key
         self.model_dir = model_dir
         self.config = config
         self.backend = backend
-        self.queue = JobQueue(config.job_queue_size)
+        self.queue = JobQueue(config.job_queue_size, queued)
         self.workers: dict[int, Worker] = {}
         #: Workers per slot index (the slots the model is bound to).
         self._per_slot: collections.Counter[int] = collections.Counter()
@@ -84,6 +87,7 @@ class ModelPool:
         self._on_load = on_load
         self._on_idle = on_idle
         self._on_memory = on_memory
+        self._on_move = on_move
         self._known_bytes = known_bytes
         #: The memory counted for this model by the eviction policy (see accounted_bytes).
         self.accounted_bytes = known_bytes
@@ -202,6 +206,8 @@ class ModelPool:
         ``minWorkers``; the scaling rule adds more as the queue asks), and those elsewhere leave
         once they are not running a batch or loading (:meth:`worker_idle`)."""
         old, self.lane = self.lane, lane
+        if self._on_move is not None:
+            self._on_move(self, old)
         self._stay_low, self._stay_high = lane_bounds(lane, self.backend.heavy_batch_s)
         self._metrics.model_lane.remove(self.name, old)  # the scrape sets the new one
         log.info(

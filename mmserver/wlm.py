@@ -40,6 +40,7 @@ from mmserver.backend import BackendPool, LoadInfo
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig
 from mmserver.eviction import Candidate, choose_victims
+from mmserver.jobs import Tally
 from mmserver.metrics import Metrics, ModelRequests
 from mmserver.pool import ModelPool
 from mmserver.record import Failure, ModelRecord, ModelStatus
@@ -186,6 +187,10 @@ class WorkLoadManager:
         #: How many of them are READY, and the sum of their pools' accounted_bytes.
         self._loaded = 0
         self._loaded_bytes = 0
+        #: The jobs queued for every model, and the loaded models in each lane (the metrics'
+        #: server-wide gauges, kept as they change).
+        self._queued = Tally()
+        self._lanes: collections.Counter[str] = collections.Counter()
         #: The models whose failure is remembered, the oldest failure first (MAX_FAILURES).
         self._failed: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: The registered models' names (their records hold the entries), so that a listing's
@@ -279,6 +284,7 @@ class WorkLoadManager:
             record.become(ModelStatus.UNLOADED)
             self._drop_if_unkept(record)
         self._loaded = self._loaded_bytes = 0
+        self._lanes.clear()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -479,6 +485,7 @@ class WorkLoadManager:
             self._failed.pop(name, None)
         self._models.move_to_end(name)
         self._loaded += 1
+        self._lanes[pool.lane] += 1
         self._loaded_bytes += pool.accounted_bytes
         seconds = time.perf_counter() - started
         self.metrics.model_loads.inc()
@@ -592,6 +599,8 @@ class WorkLoadManager:
                 on_idle=self._room_changed.set,
                 hold=self._holds.get(name),
                 on_memory=self._memory_changed,
+                queued=self._queued,
+                on_move=self._lane_changed,
                 known_bytes=self._measured.get(name, 0),
             )
             try:
@@ -649,6 +658,12 @@ class WorkLoadManager:
         kept as they change (O(1) a load, however many models are loaded)."""
         return self._loaded_bytes
 
+    def _lane_changed(self, pool: ModelPool, old: str) -> None:
+        record = self._models.get(pool.name)
+        if record is not None and record.pool is pool:
+            self._lanes[old] -= 1
+            self._lanes[pool.lane] += 1
+
     def _memory_changed(self, pool: ModelPool, change: int) -> None:
         record = self._models.get(pool.name)
         if record is not None and record.pool is pool:
@@ -703,6 +718,7 @@ class WorkLoadManager:
         pool, record.pool = record.pool, None
         record.become(ModelStatus.UNLOADING)
         self._loaded -= 1
+        self._lanes[pool.lane] -= 1
         self._loaded_bytes -= pool.accounted_bytes
         self.metrics.models_loaded.set(self._loaded)
         task = asyncio.get_running_loop().create_task(
@@ -948,16 +964,11 @@ class WorkLoadManager:
                 m.workers.labels(name).set(len(pool.workers))
                 m.model_lane.labels(name, pool.lane).set(1)
         else:
-            lanes = dict.fromkeys(self.backend.lanes, 0)
-            queued = workers = 0
-            for pool in self._pools():
-                queued += len(pool.queue)
-                workers += len(pool.workers)
-                lanes[pool.lane] = lanes.get(pool.lane, 0) + 1
-            m.queue_length.set(queued)
-            m.workers.set(workers)
-            for lane, count in lanes.items():
-                m.model_lane.labels("", lane).set(count)
+            # Kept as they change: a scrape does not walk the loaded models on the event loop.
+            m.queue_length.set(self._queued.jobs)
+            m.workers.set(sum(slot.bound_workers for slot in self.backend.slots))
+            for lane in self.backend.lanes:
+                m.model_lane.labels("", lane).set(self._lanes[lane])
         m.models_loaded.set(self._loaded)
         m.model_memory_bytes.set(self._used_bytes())
 

@@ -293,3 +293,19 @@ async def test_a_process_charges_its_loads_what_they_took(serve: Serve, store: P
     assert slot.load_cost.estimate == PIPELINE_BUDGET_S
     assert await answer(harness, "slow-load", 0.5) == (200, {"predictions": [1.0]})
     assert slot.load_cost.estimate >= PIPELINE_BUDGET_S + (0.030 - PIPELINE_BUDGET_S) / 5
+
+
+async def test_the_lane_gauges_count_a_model_in_the_lane_it_moved_to(
+    serve: Serve, store: Path
+) -> None:
+    """Without the model label on it, ``mmserver_model_lane`` counts the loaded models of each
+    lane, kept as a model moves (and as it loads and unloads)."""
+    harness = await serve_heavy(serve, store, "moving")
+    samples = await harness.samples()
+    assert samples[("mmserver_model_lane", (("lane", "heavy"),))] == 1.0
+    assert samples[("mmserver_model_lane", (("lane", "light"),))] == 0.0
+    assert (await answer(harness, "sklearn-1", 0.5))[0] == 200
+    assert (await harness.client.delete("/models/moving")).status == 200
+    samples = await harness.samples()
+    assert samples[("mmserver_model_lane", (("lane", "heavy"),))] == 0.0
+    assert samples[("mmserver_model_lane", (("lane", "light"),))] == 1.0

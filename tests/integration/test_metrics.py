@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.gate import Gate
-from tests.integration.harness import Harness, Serve, hold_gate
+from tests.integration.harness import Harness, Serve, hold_gate, wait_until
 
 FAMILIES = {
     "mmserver_requests": "counter",
@@ -192,3 +192,30 @@ async def test_scrape_answers_while_a_prediction_runs(server: Harness, gate: Gat
     gate.open()
     assert (await running).status == 200
     assert (await server.samples())[requests("gated-handler", 200)] == 1.0
+
+
+async def test_server_wide_gauges_follow_the_queues_and_workers(serve: Serve, gate: Gate) -> None:
+    """Without the model label on them, the queue length and worker gauges count every model's
+    queued jobs and workers as they come and go (kept as they change, not walked at a scrape)."""
+    server = await serve(metrics_model_label="requests")
+    running = await hold_gate(server, gate, "/predictions/gated-handler")
+    queued = asyncio.ensure_future(server.post("/predictions/gated-handler", "[[0.5]]"))
+    pool = server.wlm.pool("gated-handler")
+    assert pool is not None
+    await wait_until(lambda: len(pool.queue) == 1)
+    samples = await server.samples()
+    assert samples[("mmserver_queue_length", ())] == 1.0
+    assert samples[("mmserver_workers", ())] == 1.0
+    assert samples[("mmserver_model_lane", (("lane", "light"),))] == 1.0
+    gate.open()
+    assert (await running).status == 200
+    assert (await queued).status == 200
+    assert (await server.post("/predictions/sklearn-1", "[[0.5]]")).status == 200
+    samples = await server.samples()
+    assert samples[("mmserver_queue_length", ())] == 0.0
+    assert samples[("mmserver_workers", ())] == 2.0
+    assert samples[("mmserver_model_lane", (("lane", "light"),))] == 2.0
+    assert (await server.client.delete("/models/gated-handler")).status == 200
+    samples = await server.samples()
+    assert samples[("mmserver_workers", ())] == 1.0
+    assert samples[("mmserver_model_lane", (("lane", "light"),))] == 1.0
