@@ -224,7 +224,8 @@ async def unload_model(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: Prometheus text, rendered in a thread so the event loop keeps serving."""
     state = request.app[STATE]
-    state.wlm.refresh_metrics()  # a few gauge sets per loaded model; reads loop-owned state
+    # Reads loop-owned state: a few gauge sets, or a few per loaded model with the label "all".
+    state.wlm.refresh_metrics()
     text = await asyncio.get_running_loop().run_in_executor(None, state.metrics.render)
     return web.Response(body=text, headers={"Content-Type": PROMETHEUS_TYPE})
 
