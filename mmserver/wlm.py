@@ -844,6 +844,7 @@ class WorkLoadManager:
         self, *, url: str, name: str | None, overrides: dict[str, Any], synchronous: bool
     ) -> str:
         """Register a model from a directory or archive under the allowed roots and load it."""
+        self._refuse_if_stopping()
         path = await asyncio.to_thread(resolve_model_url, url, self.config.allowed_roots)
         if not name:
             name = path.name
@@ -906,6 +907,7 @@ class WorkLoadManager:
     async def rescale(self, name: str, overrides: dict[str, Any]) -> ModelConfig:
         """Apply new worker and batching settings to a model, live (loading it if needed);
         the model's configuration now."""
+        self._refuse_if_stopping()
         name = normalize_name(name)
         self._check_overrides(overrides)
         pool = await self._get_pool_for_management(name)

@@ -350,3 +350,19 @@ async def test_unload_registered_model_forgets_it(server: Harness) -> None:
     assert "temporary" not in await names_listed(server)
     response = await server.post("/predictions/temporary", "[[0.5]]")
     assert response.status == 404
+
+
+async def test_register_and_rescale_are_refused_once_the_server_is_stopping(
+    server: Harness,
+) -> None:
+    """Once the server is stopping, no management call starts a load (it would outlive the
+    stop's bookkeeping)."""
+    server.wlm.begin_shutdown()
+    response = await server.client.post("/models", params={"url": "sklearn-1.tar.gz"})
+    assert response.status == 503
+    assert "shutting down" in (await error_of(response))["message"]
+    response = await server.client.put("/models/sklearn-30", params={"max_worker": "2"})
+    assert response.status == 503
+    assert "shutting down" in (await error_of(response))["message"]
+    assert server.wlm.pool("sklearn-1") is None
+    assert server.wlm.pool("sklearn-30") is None
