@@ -6,10 +6,12 @@ same. Used by the backend processes (:mod:`mmserver.backend.wire`) and the unpac
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import socket
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
@@ -36,6 +38,49 @@ def span(buffer: bytes | bytearray, offset: int) -> tuple[int, int] | None:
         return None
     (size,) = _LONG_HEADER.unpack_from(buffer, offset + 4)
     return offset + 12, offset + 12 + size
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Reads frames on the event loop (a process's replies): each message, unpickled, goes to
+    ``on_message`` in order; ``on_read`` runs once the messages of one read were handed over;
+    ``on_lost`` gets the protocol when the connection is lost."""
+
+    def __init__(
+        self,
+        on_message: Callable[[Any], None],
+        on_lost: Callable[[FrameProtocol], None],
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._on_read = on_read
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement the interface without subclassing asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        on_message = self._on_message
+        # Every whole frame read is parsed in place; the buffer is trimmed once, at the end.
+        offset = 0
+        try:
+            while (found := span(buf, offset)) is not None and found[1] <= len(buf):
+                start, end = found
+                with memoryview(buf) as view:
+                    message = pickle.loads(view[start:end])
+                offset = end
+                on_message(message)
+        finally:
+            del buf[:offset]
+            if offset and self._on_read is not None:
+                self._on_read()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_lost(self)
 
 
 class FrameReader:

@@ -10,11 +10,10 @@ import logging
 import math
 import multiprocessing
 import os
-import pickle
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from mmserver import errors
 from mmserver.backend import wire
@@ -22,7 +21,7 @@ from mmserver.backend.child import child_main
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
 from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs import Request
-from mmserver.framing import frame, span
+from mmserver.framing import FrameProtocol, frame
 from mmserver.metrics import Metrics
 from mmserver.scheduling import PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
 
@@ -31,41 +30,6 @@ log = logging.getLogger(__name__)
 _START_TIMEOUT = 60.0
 #: How often a process slot checks the deadlines of the messages it holds.
 _WATCH_S = 0.05
-
-
-class _ReplyProtocol(asyncio.Protocol):
-    """Parses reply frames from a backend process and hands them to its slot in order."""
-
-    def __init__(self, slot: ProcessSlot) -> None:
-        self.slot = slot
-        self.buffer = bytearray()
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement the interface without subclassing asyncio's.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buffer
-        buf += data
-        # Every whole frame read is parsed in place; the buffer is trimmed once, at the end.
-        offset = 0
-        try:
-            while (found := span(buf, offset)) is not None:
-                start, end = found
-                if len(buf) < end:
-                    return
-                with memoryview(buf) as view:
-                    reply = pickle.loads(view[start:end])
-                offset = end
-                self.slot._on_reply(reply)
-        finally:
-            del buf[:offset]
-            if offset:
-                self.slot._pump()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.slot._on_connection_lost(self)
 
 
 class _LoadTurn:
@@ -133,7 +97,7 @@ class ProcessSlot:
         self._metrics = metrics
         self._process: multiprocessing.process.BaseProcess | None = None
         self._starting: asyncio.Task[None] | None = None
-        self._protocol: _ReplyProtocol | None = None
+        self._protocol: FrameProtocol | None = None
         self._runq: RunQueue[Runnable] = RunQueue()
         self._pump_handle: asyncio.Handle | None = None
         self._pumping = False
@@ -230,7 +194,9 @@ class ProcessSlot:
         parent.close()
         sock.setblocking(False)
         self._process = process
-        _, protocol = await loop.create_unix_connection(lambda: _ReplyProtocol(self), sock=sock)
+        _, protocol = await loop.create_unix_connection(
+            lambda: FrameProtocol(self._on_reply, self._on_connection_lost, self._pump), sock=sock
+        )
         self._protocol = protocol
         ping: asyncio.Future[Any] = loop.create_future()
         self._write(Pending(wire.PING, frame((wire.PING,)), ping))
@@ -491,7 +457,7 @@ class ProcessSlot:
         if waiting and not self._stopping:
             self._watchdog = self._loop.call_later(_WATCH_S, self._watch)
 
-    def _on_connection_lost(self, protocol: _ReplyProtocol) -> None:
+    def _on_connection_lost(self, protocol: FrameProtocol) -> None:
         if protocol is not self._protocol:
             return
         self._protocol = None

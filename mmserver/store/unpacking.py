@@ -27,7 +27,6 @@ import collections
 import itertools
 import logging
 import os
-import pickle
 import signal
 import socket
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver.errors import ModelLoadError, ShuttingDown
-from mmserver.framing import frame, span
+from mmserver.framing import FrameProtocol, frame
 from mmserver.store.archive import unpack_archive
 
 log = logging.getLogger(__name__)
@@ -76,29 +75,6 @@ def _serve(conn: Connection) -> None:
         except Exception as exc:  # an answer that does not pickle
             error = ModelLoadError(f"model {name}: {type(exc).__name__}: {exc}", model=name)
             conn.send((False, error))
-
-
-class _Answers(asyncio.Protocol):
-    """Reads an unpacking process's answers (one frame each) on the event loop."""
-
-    def __init__(self, process: _Process) -> None:
-        self.process = process
-        self.buffer = bytearray()
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buffer
-        buf += data
-        offset = 0
-        while (found := span(buf, offset)) is not None and found[1] <= len(buf):
-            start, end = found
-            with memoryview(buf) as view:
-                answer = pickle.loads(view[start:end])
-            offset = end
-            self.process.answered(answer)
-        del buf[:offset]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.process.lost()
 
 
 class _Process:
@@ -277,6 +253,8 @@ class UnpackProcesses:
         sock.setblocking(False)
         unpacker = _Process(process)
         self._started.add(unpacker)
-        transport, _ = await loop.create_unix_connection(lambda: _Answers(unpacker), sock=sock)
+        transport, _ = await loop.create_unix_connection(
+            lambda: FrameProtocol(unpacker.answered, lambda _: unpacker.lost()), sock=sock
+        )
         unpacker.transport = transport
         return unpacker
