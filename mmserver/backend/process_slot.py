@@ -32,6 +32,17 @@ _START_TIMEOUT = 60.0
 _WATCH_S = 0.05
 
 
+class _Load(Pending):
+    """A load's message, which knows its model (a replacement process resends it, and reloads
+    only the models whose load is not among the messages it resends)."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: LoadSpec, future: asyncio.Future[LoadInfo]) -> None:
+        super().__init__(wire.LOAD, frame((wire.LOAD, spec)), future)
+        self.spec = spec
+
+
 class _LoadTurn:
     """A load waiting in its slot's run queue (:meth:`ProcessSlot.load`), written to the pipe
     when its turn comes, behind whatever the pipe holds. A batch whose turn came first waits
@@ -41,9 +52,9 @@ class _LoadTurn:
 
     __slots__ = ("cost", "mark", "pending", "slot", "spec")
 
-    def __init__(self, slot: ProcessSlot, spec: LoadSpec, pending: Pending) -> None:
+    def __init__(self, slot: ProcessSlot, pending: _Load) -> None:
         self.slot = slot
-        self.spec = spec
+        self.spec = pending.spec
         self.pending = pending
         #: Unknown: no batch goes behind it in the pipe.
         self.cost = Cost()
@@ -53,13 +64,10 @@ class _LoadTurn:
         return self.slot._turns.get(self.spec.key) is self and not self.pending.done()
 
     def begin(self, waited: int = 0) -> bool:
-        slot, key, pending = self.slot, self.spec.key, self.pending
+        slot, key = self.slot, self.spec.key
         del slot._turns[key]
         slot._loaded[key] = self.spec
-        slot._sent_loads[key] = pending
-        if pending.future is not None:
-            pending.future.add_done_callback(lambda _: slot._answered_load(key, pending))
-        slot._write(pending)
+        slot._write(self.pending)
         return True
 
 
@@ -122,9 +130,6 @@ class ProcessSlot:
         self._turns: dict[str, _LoadTurn] = {}
         self._loads_vfinish = 0.0
         self.load_cost = Cost(PIPELINE_BUDGET_S)
-        #: Loads written to the process and not answered yet (a replacement gets them resent
-        #: with the other held messages, not reloaded as well).
-        self._sent_loads: dict[str, Pending] = {}
         self._restarting: asyncio.Task[None] | None = None
         self._stopping = False
         self._restarts: collections.deque[float] = collections.deque(maxlen=5)
@@ -250,27 +255,21 @@ class ProcessSlot:
             raise errors.ShuttingDown("the server is shutting down")
         self._ensure_started()
         future: asyncio.Future[LoadInfo] = self._loop.create_future()
-        turn = _LoadTurn(self, spec, Pending(wire.LOAD, frame((wire.LOAD, spec)), future))
+        turn = _LoadTurn(self, _Load(spec, future))
         self._turns[spec.key] = turn
         tag = max(self._loads_vfinish, self.lane.vtime)
         self._loads_vfinish = tag + self.load_cost.estimate
         self._queue(tag, turn)
         try:
-            return await future
+            info = await future
         except BaseException:
             if self._turns.get(spec.key) is turn:
                 del self._turns[spec.key]
             self._loaded.pop(spec.key, None)
             raise
-
-    def _answered_load(self, key: str, pending: Pending) -> None:
-        if self._sent_loads.get(key) is pending:
-            del self._sent_loads[key]
-        future = pending.future
-        if future is not None and not future.cancelled() and future.exception() is None:
-            seconds = future.result().seconds
-            if seconds > 0:
-                self.load_cost.observe(seconds, seconds, 1)
+        if info.seconds > 0:
+            self.load_cost.observe(info.seconds, info.seconds, 1)
+        return info
 
     # Scheduling -------------------------------------------------------------------------------
 
@@ -523,7 +522,8 @@ class ProcessSlot:
                 await asyncio.sleep(1.0)
                 continue
             # A load the dead process had not begun is sent again with the held messages.
-            specs = [s for key, s in self._loaded.items() if key not in self._sent_loads]
+            resent = {p.spec.key for p in self._held if isinstance(p, _Load)}
+            specs = [s for key, s in self._loaded.items() if key not in resent]
             reloads = [loop.create_future() for _ in specs]
             for spec, reload in zip(specs, reloads, strict=True):
                 self._write(Pending(wire.LOAD, frame((wire.LOAD, spec)), reload))
