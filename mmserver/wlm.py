@@ -206,6 +206,8 @@ class WorkLoadManager:
         self._room_changed = asyncio.Event()
         self._generation = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The scan of a local store begun at :meth:`start` (which does not wait for it).
+        self.first_scan: asyncio.Task[None] | None = None
         #: The store's names, for listing (:mod:`mmserver.store.index`).
         self.index = StoreIndex(store, max_age_s=config.store_index_max_age)
 
@@ -222,7 +224,9 @@ class WorkLoadManager:
             self.budget = self.config.memory_budget(own)
             self._budget_bytes = self.budget.value * 2**20
         self.accepting = True
-        self._background(self._scan_local_store(), "mmserver-store-index-first-scan")
+        self.first_scan = self._background(
+            self._scan_local_store(), "mmserver-store-index-first-scan"
+        )
         wanted = self.config.load_models.strip()
         if wanted.upper() == "NONE" or not wanted:
             return
@@ -237,11 +241,12 @@ class WorkLoadManager:
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
 
-    def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``work`` in a task of its own, cancelled by :meth:`stop`."""
         task = asyncio.get_running_loop().create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _scan_local_store(self) -> None:
         """Fill the store index once at start when the store is a directory (whose scans are

@@ -171,7 +171,8 @@ async def test_a_listed_model_is_looked_up_where_it_unpacks(serve: Serve, tmp_pa
     thread."""
     root = make_linked_store(tmp_path / "store", 3)
     server = await serve(model_store=str(root))
-    await server.wlm.index.refresh()  # the scan begun at start
+    assert server.wlm.first_scan is not None
+    await server.wlm.first_scan  # the scan begun at start: no other scan runs after it
     assert server.wlm.index.scans == 1 and "sklearn-1" in server.wlm.index
     store = server.wlm.store
     looked_up_in: dict[str, str] = {}
