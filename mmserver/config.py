@@ -193,6 +193,11 @@ class ServerConfig:
         "series a model), requests (mmserver_requests_total only, one series a status code) "
         "or none; the others count every model together.",
     )
+    lean_http: bool = _opt(
+        True,
+        "Answer plain inference requests (POST on the DJL and SageMaker paths, whole in one "
+        "read) without aiohttp's request objects; off: aiohttp serves every request.",
+    )
     access_log: bool = _opt(False, "Log one line per request (off: it costs on the hot path).")
     log_level: str = _opt("INFO", "Logging level.")
 

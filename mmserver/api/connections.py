@@ -19,8 +19,11 @@ server's shape.
   request, and is logged at debug level, with one warning line a minute counting them;
 - no answer names the server's software version (aiohttp's ``Server`` header is ``mmserver``).
 
-Pipelined requests are answered in order; when garbage follows them in the same packet, aiohttp's
-parser rejects the whole packet, so the connection is answered ``400`` and closed and the valid
+Pipelined requests are answered in order. A connection starts on the lean path
+(:mod:`mmserver.api.lean`), which answers plain inference requests itself and hands the
+connection to aiohttp's handler at the first request that is anything else: garbage after valid
+inference requests is then aiohttp's to refuse, once those are answered. When aiohttp parses the
+packet itself, it rejects it whole, so the connection is answered ``400`` and closed and the valid
 requests before the garbage are not answered (the README's security section says so).
 """
 
@@ -37,6 +40,7 @@ from aiohttp import web, web_protocol, web_response
 from aiohttp.web_request import BaseRequest
 
 from mmserver.api import REQUEST_ID, STATE, RequestIds
+from mmserver.api.lean import LeanFront
 from mmserver.config import ServerConfig
 from mmserver.errors import (
     InvalidInput,
@@ -117,6 +121,20 @@ class _Policy:
             "Request Timeout",
         )
 
+    def over_limit(self, open_connections: int) -> bool:
+        """Whether a connection that makes ``open_connections`` is one too many; each refusal
+        is counted, and logged at the first and every thousandth."""
+        if open_connections <= self.max_connections:
+            return False
+        self.refused += 1
+        if self.refused == 1 or self.refused % 1000 == 0:
+            log.warning(
+                "refused %d connection(s) so far: %d are open, the limit (max_connections)",
+                self.refused,
+                self.max_connections,
+            )
+        return True
+
     def protocol_error(self, what: str) -> None:
         """Count a malformed request; a warning line at most once a minute says how many."""
         self._errors += 1
@@ -137,24 +155,22 @@ class _Policy:
 class _Connection(web_protocol.RequestHandler):
     """aiohttp's connection handler with :class:`_Policy`'s rules."""
 
-    def __init__(self, manager: _Server, **kwargs: Any) -> None:
+    def __init__(self, manager: _Server, *, handed_over: bool = False, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._policy: _Policy = manager.policy
+        self._handed_over = handed_over  # by the lean path: already counted against the limit
         self._header_timer: asyncio.TimerHandle | None = None
         self._gone: asyncio.Future[None] | None = None  # set while lingering
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        policy, manager = self._policy, self._manager
-        if manager is not None and len(manager.connections) > policy.max_connections:
-            policy.refused += 1
-            if policy.refused == 1 or policy.refused % 1000 == 0:
-                log.warning(
-                    "refused %d connection(s) so far: %d are open, the limit (max_connections)",
-                    policy.refused,
-                    policy.max_connections,
-                )
-            cast(asyncio.WriteTransport, transport).write(policy.busy)
+        manager = self._manager
+        if (
+            not self._handed_over
+            and isinstance(manager, _Server)
+            and self._policy.over_limit(manager.open_connections())
+        ):
+            cast(asyncio.WriteTransport, transport).write(self._policy.busy)
             self.force_close()
 
     def data_received(self, data: bytes) -> None:
@@ -289,12 +305,44 @@ class _Connection(web_protocol.RequestHandler):
 
 
 class _Server(web.Server):
-    """aiohttp's server, making :class:`_Connection` handlers with ``policy``."""
+    """aiohttp's server, making :class:`_Connection` handlers with ``policy``; with ``lean``,
+    every connection starts on the lean path (:mod:`mmserver.api.lean`) and is handed to a
+    :class:`_Connection` when a request needs aiohttp."""
 
     policy: _Policy
+    lean: LeanFront | None
 
-    def __call__(self) -> web_protocol.RequestHandler:
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+        if self.lean is not None:
+            return self.lean.connection()
         return _Connection(self, loop=self._loop, **self._kwargs)
+
+    def handed_over(self) -> _Connection:
+        """The aiohttp handler of a connection the lean path hands over."""
+        return _Connection(self, handed_over=True, loop=self._loop, **self._kwargs)
+
+    def refuse_past_limit(self, transport: asyncio.Transport) -> bool:
+        """Answer 503 and close a new lean connection past ``max_connections``."""
+        if not self.policy.over_limit(self.open_connections()):
+            return False
+        transport.write(self.policy.busy)
+        transport.close()
+        return True
+
+    def open_connections(self) -> int:
+        lean = self.lean
+        return len(self._connections) + (len(lean.connections) if lean is not None else 0)
+
+    def pre_shutdown(self) -> None:
+        super().pre_shutdown()
+        if self.lean is not None:
+            self.lean.close_all()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        if self.lean is None:
+            await super().shutdown(timeout)
+            return
+        await asyncio.gather(super().shutdown(timeout), self.lean.shutdown(timeout))
 
 
 class HttpRunner(web.AppRunner):
@@ -314,7 +362,12 @@ class HttpRunner(web.AppRunner):
         state = self._app[STATE]
         server.__class__ = _Server
         assert isinstance(server, _Server)
-        server.policy = _Policy(state.config, state.request_ids)
+        config = state.config
+        server.policy = _Policy(config, state.request_ids)
+        lean = config.lean_http and not config.access_log and config.keepalive_timeout > 0
+        server.lean = (
+            LeanFront(state, server.handed_over, server.refuse_past_limit) if lean else None
+        )
         return server
 
     @property

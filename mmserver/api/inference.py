@@ -75,7 +75,8 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
         state = request.app[STATE]
         start = time.perf_counter()
         submission: Submission | None = None
-        label = UNRESOLVED  # the model a failed request is counted under
+        name = UNRESOLVED
+        failure: BaseException | None = None
         code = 500
         try:
             name = model_of(request)
@@ -98,8 +99,7 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
             return response
         except MMServerError as error:
             code = error.status_code
-            if submission is not None and not isinstance(error, _UNRESOLVED_ERRORS):
-                label = _label(name)  # e.g. a model that failed to load
+            failure = error
             return answer_error(request, error)
         except asyncio.CancelledError:
             code = 0  # the server is stopping or the client left: no answer, nothing to count
@@ -108,8 +108,7 @@ def inference_handler(model_of: ModelOf, make_job: MakeJob, respond: Respond) ->
             return answer_unexpected(request)
         finally:
             if code != 200 and code:
-                if submission is not None and submission.requests is not None:
-                    label = submission.requests.model
+                label = failure_label(name, submission, failure)
                 state.observe_request(label, code, time.perf_counter() - start)
 
     return infer
@@ -126,11 +125,16 @@ def _target_model(request: web.Request) -> str:
         or request.query.get("model_name")
     )
     if not name:
-        raise InvalidInput(
-            f"missing target model: set the {TARGET_MODEL} header (boto3: TargetModel=...) "
-            "or the model_name query parameter"
-        )
+        raise missing_target()
     return name
+
+
+def missing_target() -> InvalidInput:
+    """The error of a ``/invocations`` request that names no model."""
+    return InvalidInput(
+        f"missing target model: set the {TARGET_MODEL} header (boto3: TargetModel=...) "
+        "or the model_name query parameter"
+    )
 
 
 def _make_job(body: bytes, headers: CIMultiDictProxy[str]) -> Request:
@@ -145,6 +149,19 @@ def _respond(answer: bytes, job: Request) -> web.Response:
 #: ``/models/{model}/invoke`` (SageMaker multi-model container), ``/invocations`` and
 #: ``/endpoints/{endpoint}/invocations`` (SageMaker, boto3).
 infer = inference_handler(_target_model, _make_job, _respond)
+
+
+def failure_label(name: str, submission: Submission | None, error: BaseException | None) -> str:
+    """The model a request that failed with ``error`` is counted under: its model once the
+    request reached one, the name it asked for when that name led to a model that failed (to
+    load, say), otherwise :data:`UNRESOLVED`."""
+    if submission is None:
+        return UNRESOLVED
+    if submission.requests is not None:
+        return submission.requests.model
+    if isinstance(error, MMServerError) and not isinstance(error, _UNRESOLVED_ERRORS):
+        return _label(name)
+    return UNRESOLVED
 
 
 def _label(name: str) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
-from mmserver.api import REQUEST_ID, STATE, request_id
+from mmserver.api import REQUEST_ID, STATE, ApiState, request_id
 from mmserver.config import ServerConfig
 from mmserver.errors import (
     ConfigError,
@@ -99,29 +99,42 @@ def answer_error(request: web.Request, error: MMServerError) -> web.Response:
     """The answer to ``request`` for ``error``; a 500 is also logged."""
     response = error_response(request, error)
     if error.status_code == 500:
-        log.warning(
-            "%s %s answered 500 %s: %s (%s)",
-            request.method,
-            _shown(request.path),
-            error.error_type,
-            error.message,
-            response.headers[REQUEST_ID],
-        )
+        log_server_error(request.method, request.path, error, response.headers[REQUEST_ID])
     return response
+
+
+def log_server_error(method: str, path: str, error: MMServerError, rid: str) -> None:
+    """The warning line of an error answered 500."""
+    log.warning(
+        "%s %s answered 500 %s: %s (%s)",
+        method,
+        _shown(path),
+        error.error_type,
+        error.message,
+        rid,
+    )
 
 
 def answer_unexpected(request: web.Request) -> web.Response:
     """The answer to ``request`` for an exception outside the error tree (call it from the
     ``except`` clause): logged with its traceback, answered 500 with a generic message."""
     rid = request_id(request)
-    log.exception(
+    return error_response(request, unexpected(request.method, request.path, rid), rid=rid)
+
+
+def unexpected(
+    method: str, path: str, rid: str, exc_info: BaseException | bool = True
+) -> MMServerError:
+    """Log an exception outside the error tree with its traceback (by default the one being
+    handled) and return the generic error it is answered with."""
+    log.error(
         "unexpected error answering %s %s (request id %s)",
-        request.method,
-        _shown(request.path),
+        method,
+        _shown(path),
         rid,
+        exc_info=exc_info,
     )
-    failure = MMServerError("the server failed to answer this request; it has logged the cause")
-    return error_response(request, failure, rid=rid)
+    return MMServerError("the server failed to answer this request; it has logged the cause")
 
 
 @answers_errors
@@ -157,10 +170,34 @@ def error_response(
     """The HTTP answer for ``error`` to ``request``."""
     if rid is None:
         rid = request_id(request)
-    without_paths = request.app[STATE].without_paths
+    body, headers = render_error(
+        request.app[STATE],
+        error,
+        rid,
+        v2=is_v2_request(request),
+        sagemaker=is_sagemaker_request(request),
+        extra_headers=extra_headers,
+    )
+    return web.Response(
+        status=error.status_code, body=body, content_type="application/json", headers=headers
+    )
+
+
+def render_error(
+    state: ApiState,
+    error: MMServerError,
+    rid: str,
+    *,
+    v2: bool,
+    sagemaker: bool,
+    extra_headers: dict[str, str] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """The JSON body and the headers (all but ``Content-Type``) of the answer for ``error`` to
+    request ``rid``: on a V2 path (``v2``) or a SageMaker path (``sagemaker``)."""
+    without_paths = state.without_paths
     message = f"{without_paths(error.message)} (request id {rid})"
     body: dict[str, object]
-    if is_v2_request(request):
+    if v2:
         body = {"error": message}
     else:
         body = error.to_dict()
@@ -171,14 +208,9 @@ def error_response(
     if extra_headers:
         headers.update(extra_headers)
     headers.update(error.headers())
-    if error.amzn_error_type is not None and is_sagemaker_request(request):
+    if error.amzn_error_type is not None and sagemaker:
         headers[AMZN_ERROR_TYPE] = error.amzn_error_type
-    return web.Response(
-        status=error.status_code,
-        body=json.dumps(body).encode(),
-        content_type="application/json",
-        headers=headers,
-    )
+    return json.dumps(body).encode(), headers
 
 
 def is_sagemaker_request(request: web.Request) -> bool:

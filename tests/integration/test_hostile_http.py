@@ -9,6 +9,7 @@ import asyncio
 import gzip
 import json
 import logging
+import re
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -97,7 +98,7 @@ async def _count(harness: Harness, code: str) -> float:
 def _connections(harness: Harness) -> int:
     runner = harness.client.server.runner
     assert isinstance(runner, HttpRunner) and runner.server is not None
-    return len(runner.server.connections)
+    return runner.server.open_connections()
 
 
 def _request(path: str, body: bytes = b"[[0.5]]", **headers: str) -> bytes:
@@ -293,7 +294,18 @@ async def test_pipelined_requests_are_answered_in_order(serve: Serve, sockets: S
     assert [a.split(b" ", 1)[0] for a in answers] == [b"200"] * 3
     values = [json.loads(a.rpartition(b"\r\n\r\n")[2])["predictions"][0] for a in answers]
     assert values == sorted(values)
-    # Garbage in the same packet as valid requests: the packet is refused whole (documented).
+    # Garbage in the same packet as valid requests: those are answered, then the garbage 400.
+    reader, writer = await sockets.connect(harness)
+    writer.write(_request("/predictions/sklearn-0") * 3 + b"GARBAGE\r\n\r\n")
+    answer = await _until_closed(reader)
+    assert re.findall(rb"HTTP/1\.[01] (\d{3}) ", answer) == [b"200"] * 3 + [b"400"]
+    _json_error(answer[answer.rindex(b" 400 Bad Request") - 8 :], 400)
+
+
+async def test_without_the_lean_path_garbage_after_requests_refuses_the_packet(
+    serve: Serve, sockets: Sockets
+) -> None:
+    harness = await serve(lean_http=False)
     reader, writer = await sockets.connect(harness)
     writer.write(_request("/predictions/sklearn-0") * 3 + b"GARBAGE\r\n\r\n")
     answer = await _until_closed(reader)
