@@ -1,9 +1,10 @@
 """The lean HTTP path: plain inference requests answered without aiohttp's request machinery.
 
 aiohttp spends most of the frontend's time on a small request: its request and response objects,
-the router, the connection's task and its writer cost several times what the model path costs
-(DESIGN §8). Yet almost every request a model server gets is alike: ``POST`` on a DJL or
-SageMaker inference path, ``HTTP/1.1``, a ``Content-Length`` body that arrives with its headers.
+the router, the connection's task and its writer cost several times what the model path costs.
+Yet almost every request a model server gets is alike: ``POST`` on an inference path (DJL's,
+SageMaker's three, the Open Inference Protocol's ``/v2/models/{model}/infer``), ``HTTP/1.1``, a
+``Content-Length`` body that arrives with its headers.
 :class:`LeanConnection` is the protocol of every new connection. It takes such requests itself
 (a strict subset of HTTP/1.1, checked by one regular expression), submits them to the
 WorkLoadManager and writes each answer when its future is done: no task, coroutine or object of
@@ -43,8 +44,9 @@ from typing import TYPE_CHECKING, cast
 from mmserver.api import REQUEST_ID, ApiState
 from mmserver.api.inference import failure_label, missing_target
 from mmserver.api.middleware import log_server_error, render_error, unexpected
-from mmserver.codecs import make_request, response_type
+from mmserver.codecs import Request, make_request, response_type
 from mmserver.errors import MMServerError
+from mmserver.v2codec import HEADER_LENGTH, split_answer, v2_request
 
 if TYPE_CHECKING:
     from mmserver.wlm import Submission
@@ -64,6 +66,9 @@ _MAX_HEAD = 8190
 #: Headers whose presence leaves the request to aiohttp.
 _NOT_LEAN = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
 _JSON = "application/json"
+_BINARY = "application/octet-stream"
+#: The protocols of the paths the lean path takes (their error answers differ).
+_DJL, _SAGEMAKER, _V2 = 0, 1, 2
 _CONTENT_TYPE = "Content-Type"
 _OK = (
     b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
@@ -108,23 +113,31 @@ def _may_start_lean(start: bytes) -> bool:
     return b"\r\n\r\n" not in start and start[:6] == b"POST /"[: len(start)]
 
 
+def _v2_answer(answer: bytes, rid: str) -> bytes:
+    """The whole answer of an Open Inference Protocol request, as :mod:`mmserver.api.v2`'s."""
+    body, header_length = split_answer(answer)
+    if header_length is None:
+        headers = {_CONTENT_TYPE: _JSON, REQUEST_ID: rid}
+    else:
+        headers = {_CONTENT_TYPE: _BINARY, HEADER_LENGTH: str(header_length), REQUEST_ID: rid}
+    return _answer(200, headers, bytes(body))
+
+
 class _Exchange:
     """One request taken by the lean path, until its answer is written: its answer is ``data``
     once known. Called with the submission's future when that is done."""
 
-    __slots__ = ("conn", "data", "job", "name", "path", "rid", "sagemaker", "start", "submission")
+    __slots__ = ("conn", "data", "job", "kind", "name", "path", "rid", "start", "submission")
 
-    def __init__(
-        self, conn: LeanConnection, name: str, path: bytes, sagemaker: bool, rid: str
-    ) -> None:
+    def __init__(self, conn: LeanConnection, name: str, path: bytes, kind: int, rid: str) -> None:
         self.conn = conn
         self.name = name
         self.path = path
-        self.sagemaker = sagemaker
+        self.kind = kind
         self.rid = rid
         self.start = time.perf_counter()
         self.data: bytes | None = None
-        self.job: tuple[bytes, str, bool] | None = None
+        self.job: Request | None = None
         self.submission: Submission | None = None
 
     def __call__(self, answer: asyncio.Future[bytes]) -> None:
@@ -139,13 +152,16 @@ class _Exchange:
             body = answer.result()
             job = self.job
             assert job is not None and self.submission is not None
-            self.data = _OK % (
-                response_type(job[2]).encode(),
-                self.rid.encode(),
-                len(body),
-                _clock.date(),
-                body,
-            )
+            if self.kind != _V2:
+                self.data = _OK % (
+                    response_type(job[2]).encode(),
+                    self.rid.encode(),
+                    len(body),
+                    _clock.date(),
+                    body,
+                )
+            else:
+                self.data = _v2_answer(body, self.rid)
             requests = self.submission.requests
             if requests is not None:
                 requests.answered(time.perf_counter() - self.start)
@@ -163,7 +179,9 @@ class _Exchange:
         else:
             shown = unexpected("POST", path, self.rid, error)
         state = self.conn.state
-        body, headers = render_error(state, shown, self.rid, v2=False, sagemaker=self.sagemaker)
+        body, headers = render_error(
+            state, shown, self.rid, v2=self.kind == _V2, sagemaker=self.kind == _SAGEMAKER
+        )
         headers[_CONTENT_TYPE] = _JSON  # after the others, as aiohttp writes them
         self.data = _answer(shown.status_code, headers, body)
         label = failure_label(self.name, self.submission, error)
@@ -311,9 +329,9 @@ class LeanConnection(asyncio.Protocol):
         starts; -1 to leave it (and what follows) to aiohttp; :data:`_BODY_TO_COME` when it is
         the lean path's but its body has not all arrived."""
         length = -1
-        content_type = accept = rid = target = None
-        for name, value in _FIELD.findall(data, head.start(2), head.end(2)):
-            key = name.lower()
+        content_type = accept = rid = target = header_length = None
+        for field, value in _FIELD.findall(data, head.start(2), head.end(2)):
+            key = field.lower()
             if key == b"content-length":
                 if length >= 0 or not value.isdigit():
                     return -1
@@ -326,6 +344,8 @@ class LeanConnection(asyncio.Protocol):
                 rid = rid if rid is not None else value
             elif key == b"x-amzn-sagemaker-target-model":
                 target = target if target is not None else value
+            elif key == b"inference-header-content-length":
+                header_length = header_length if header_length is not None else value
             elif key == b"connection":
                 if value.lower() != b"keep-alive":
                     return -1
@@ -340,19 +360,20 @@ class LeanConnection(asyncio.Protocol):
         path = head.group(1)
         if b"/." in path:
             return -1  # dot segments: aiohttp normalizes the path first
-        sagemaker = True
+        name: bytes | None
         if path.startswith(b"/predictions/"):
-            name = path[13:]
-            sagemaker = False
+            name, kind = path[13:], _DJL
         elif path.startswith(b"/models/") and path.endswith(b"/invoke") and path.count(b"/") == 3:
-            name = path[8:-7]
+            name, kind = path[8:-7], _SAGEMAKER
         elif path == b"/invocations" or (
             path.startswith(b"/endpoints/")
             and path.endswith(b"/invocations")
             and path.count(b"/") == 3
             and len(path) > 23
         ):
-            name = None
+            name, kind = None, _SAGEMAKER
+        elif path.startswith(b"/v2/models/") and path.endswith(b"/infer") and path.count(b"/") == 4:
+            name, kind = path[11:-6], _V2
         else:
             return -1
         if name is not None and (not name or b"/" in name):
@@ -362,10 +383,11 @@ class LeanConnection(asyncio.Protocol):
         self._serve(
             name.decode(),
             path,
-            sagemaker,
+            kind,
             data[body_start:body_end],
             None if content_type is None else content_type.decode(),
             None if accept is None else accept.decode(),
+            None if header_length is None else header_length.decode(),
             rid.decode() if rid else self.state.request_ids.next(),
         )
         return body_end
@@ -374,21 +396,25 @@ class LeanConnection(asyncio.Protocol):
         self,
         name: str,
         path: bytes,
-        sagemaker: bool,
+        kind: int,
         body: bytes,
         content_type: str | None,
         accept: str | None,
+        header_length: str | None,
         rid: str,
     ) -> None:
         self.front.taken += 1
-        exchange = _Exchange(self, name, path, sagemaker, rid)
+        exchange = _Exchange(self, name, path, kind, rid)
         self._answers.append(exchange)
         transport = self.transport
         assert transport is not None
         try:
             if not name:
                 raise missing_target()
-            job = make_request(body, content_type, accept)
+            if kind == _V2:
+                job = v2_request(body, header_length)
+            else:
+                job = make_request(body, content_type, accept)
             submission = self.state.wlm.submit(name, job, transport.is_closing)
         except Exception as exc:
             exchange.fail(exc)
