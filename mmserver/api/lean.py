@@ -13,8 +13,9 @@ aiohttp per request. Pipelined requests are answered in order.
 Anything else hands the connection to aiohttp (:mod:`mmserver.api.connections`) from that
 request's first byte, once the answers before it are written: another path or method, a query
 string or a percent-encoded name, ``HTTP/1.0``, a chunked or compressed body, ``Expect``,
-``Upgrade``, ``Connection: close``, a header that is not plain ASCII, a body over
-``max_request_size``, a request whose headers or body are still arriving. aiohttp then serves
+``Upgrade``, ``Connection: close``, no ``Host`` or a repeated header, a header that is not plain
+ASCII, a body over ``max_request_size``, a request that is not whole in the read that brought it
+(behind pipelined requests: in the next read, and within about a second). aiohttp then serves
 that request and every later one on the connection as it would have from the start, with all its
 rules. So the lean path takes only what it can answer exactly as aiohttp's handler would; what
 it does not take is never half read.
@@ -60,11 +61,24 @@ _TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _HEAD = re.compile(
     rb"POST (/[A-Za-z0-9._~/-]*) HTTP/1\.1\r\n((?:" + _TOKEN + rb":[\t\x20-\x7e]*\r\n)*)"
 )
-_FIELD = re.compile(rb"(" + _TOKEN + rb"):[\t ]*([\t\x20-\x7e]*?)[\t ]*\r\n")
+#: One header field (its value stripped in Python: a lazy match before optional white space
+#: would take time quadratic in a value's spaces).
+_FIELD = re.compile(rb"(" + _TOKEN + rb"):([\t\x20-\x7e]*)\r\n")
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
+#: aiohttp's most header fields: a request with as many is aiohttp's to refuse.
+_MAX_FIELDS = 128
 #: Headers whose presence leaves the request to aiohttp.
-_NOT_LEAN = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
+_NOT_LEAN = frozenset(
+    {
+        b"transfer-encoding",
+        b"content-encoding",
+        b"expect",
+        b"upgrade",
+        b"proxy-connection",
+        b"sec-websocket-key1",
+    }
+)
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
 #: The protocols of the paths the lean path takes (their error answers differ).
@@ -101,7 +115,11 @@ _clock = _Clock()
 
 def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
     """A whole answer: status line, headers, ``Content-Length``, ``Date``, ``Server``, body."""
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = ""  # 499, say: aiohttp writes none either
+    lines = [f"HTTP/1.1 {status} {reason}"]
     lines.extend(f"{name}: {value}" for name, value in headers.items())
     lines.append(f"Content-Length: {len(body)}\r\n")
     head = "\r\n".join(lines).encode()
@@ -141,6 +159,13 @@ class _Exchange:
         self.submission: Submission | None = None
 
     def __call__(self, answer: asyncio.Future[bytes]) -> None:
+        try:
+            self._settle(answer)
+        except Exception:
+            log.exception("unexpected error answering POST %s", self.path.decode())
+            self.conn.abandon()
+
+    def _settle(self, answer: asyncio.Future[bytes]) -> None:
         conn = self.conn
         if answer.cancelled():
             # The server is stopping: no answer and nothing to count, as in aiohttp's handler;
@@ -149,25 +174,30 @@ class _Exchange:
             return
         error = answer.exception()
         if error is None:
-            body = answer.result()
-            job = self.job
-            assert job is not None and self.submission is not None
-            if self.kind != _V2:
-                self.data = _OK % (
-                    response_type(job[2]).encode(),
-                    self.rid.encode(),
-                    len(body),
-                    _clock.date(),
-                    body,
-                )
-            else:
-                self.data = _v2_answer(body, self.rid)
-            requests = self.submission.requests
-            if requests is not None:
-                requests.answered(time.perf_counter() - self.start)
+            try:
+                self._answered(answer.result())
+            except Exception as exc:
+                self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
         else:
             self.fail(error)
         conn.flush()
+
+    def _answered(self, body: bytes) -> None:
+        job = self.job
+        assert job is not None and self.submission is not None
+        if self.kind != _V2:
+            self.data = _OK % (
+                response_type(job[2]).encode(),
+                self.rid.encode(),
+                len(body),
+                _clock.date(),
+                body,
+            )
+        else:
+            self.data = _v2_answer(body, self.rid)
+        requests = self.submission.requests
+        if requests is not None:
+            requests.answered(time.perf_counter() - self.start)
 
     def fail(self, error: BaseException) -> None:
         """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
@@ -216,8 +246,9 @@ class LeanConnection(asyncio.Protocol):
         sock = tcp.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # as aiohttp's
         front = self.front
-        front.connections.add(self)
+        front.add(self)
         if front.refuse_past_limit(tcp):
             self._closing = True
 
@@ -330,27 +361,37 @@ class LeanConnection(asyncio.Protocol):
         the lean path's but its body has not all arrived."""
         length = -1
         content_type = accept = rid = target = header_length = None
-        for field, value in _FIELD.findall(data, head.start(2), head.end(2)):
+        fields = _FIELD.findall(data, head.start(2), head.end(2))
+        if len(fields) >= _MAX_FIELDS:
+            return -1
+        seen: set[bytes] = set()
+        for field, raw in fields:
             key = field.lower()
+            if key in seen:
+                return -1  # aiohttp refuses some repeated fields and joins others
+            seen.add(key)
+            value = raw.strip(b" \t")
             if key == b"content-length":
-                if length >= 0 or not value.isdigit():
+                if len(value) > 18 or not value.isdigit():
                     return -1
                 length = int(value)
             elif key == b"content-type":
-                content_type = content_type if content_type is not None else value
+                content_type = value
             elif key == b"accept":
-                accept = accept if accept is not None else value
+                accept = value
             elif key == b"x-request-id":
-                rid = rid if rid is not None else value
+                rid = value
             elif key == b"x-amzn-sagemaker-target-model":
-                target = target if target is not None else value
+                target = value
             elif key == b"inference-header-content-length":
-                header_length = header_length if header_length is not None else value
+                header_length = value
             elif key == b"connection":
                 if value.lower() != b"keep-alive":
                     return -1
             elif key in _NOT_LEAN:
                 return -1
+        if b"host" not in seen:
+            return -1  # aiohttp refuses an HTTP/1.1 request without one
         limit = self.front.max_request_size
         if length < 0 or (limit and length > limit):
             return -1
@@ -449,6 +490,8 @@ class LeanConnection(asyncio.Protocol):
         """Close the connection without the answers still owed (one of them has none)."""
         self._answers.clear()
         self._held = None
+        self._unread = b""
+        self._closing = True
         if self.transport is not None:
             self.transport.close()
 
@@ -531,7 +574,6 @@ class LeanFront:
         self.refuse_past_limit = refuse_past_limit
         self.max_request_size = config.max_request_size
         self.keepalive_timeout = config.keepalive_timeout
-        self.header_timeout = config.header_timeout or _SWEEP_S
         self.send_timeout = config.send_timeout
         self.connections: set[LeanConnection] = set()
         #: Connections handed to aiohttp so far.
@@ -542,16 +584,20 @@ class LeanFront:
 
     def connection(self) -> LeanConnection:
         """The protocol of a new connection."""
+        return LeanConnection(self)
+
+    def add(self, conn: LeanConnection) -> None:
+        """Count a connection made, and look at the connections' idle time while there are any."""
+        self.connections.add(conn)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
-        return LeanConnection(self)
 
     def _sweep(self) -> None:
         """Close the connections idle for ``keepalive_timeout``."""
         self._sweeper = None
         now = time.monotonic()
         oldest = now - self.keepalive_timeout
-        stalled = now - self.header_timeout
+        stalled = now - _SWEEP_S
         for conn in list(self.connections):
             if conn.idle_since < oldest and conn.idle:
                 conn.close()

@@ -135,7 +135,7 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """(target, measured, passed) for each target of the issue; passed None when not measured."""
     rows: list[tuple[str, str, bool | None]] = []
     closed = summary.get("closed", {})
-    for pattern, share in (("hot", 0.6), ("uniform", 0.4)):
+    for pattern, share in (("hot", 0.75), ("uniform", 0.6)):
         ratio = closed.get(pattern, {}).get("ratio")
         rows.append(
             (

@@ -147,6 +147,41 @@ async def test_other_requests_are_handed_to_aiohttp(
     assert (front.taken, front.handed_over) == (0, 1)
 
 
+_BASE = b"POST /predictions/sklearn-4 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+#: Requests aiohttp refuses: the lean path must leave them to it.
+REFUSED: dict[str, bytes] = {
+    "129 headers": _BASE
+    + b"".join(b"X-H%d: v\r\n" % i for i in range(129))
+    + b"Content-Length: 7\r\n\r\n[[0.5]]",
+    "length and chunked": _BASE
+    + b"Content-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n7\r\n[[0.5]]\r\n0\r\n\r\n",
+    "two lengths": _BASE + b"Content-Length: 7\r\nContent-Length: 8\r\n\r\n[[0.5]] ",
+    "signed length": _BASE + b"Content-Length: +7\r\n\r\n[[0.5]]",
+    "length of 5000 digits": _BASE + b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n[[0.5]]",
+    "no host": _BASE.replace(b"Host: x\r\n", b"") + b"Content-Length: 7\r\n\r\n[[0.5]]",
+    "two content types": _BASE + b"Content-Type: text/csv\r\nContent-Length: 7\r\n\r\n[[0.5]]",
+    "websocket key1": _BASE + b"Sec-WebSocket-Key1: a\r\nContent-Length: 7\r\n\r\n[[0.5]]",
+    "field over 8190 bytes": _BASE
+    + b"X-Big: "
+    + b"v" * 9000
+    + b"\r\nContent-Length: 7\r\n\r\n[[0.5]]",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+async def test_what_aiohttp_refuses_is_left_to_it(
+    serve: Serve, sockets: Sockets, case: str
+) -> None:
+    harness = await serve()
+    reader, writer = await sockets.connect(harness)
+    writer.write(REFUSED[case])
+    answer = await asyncio.wait_for(reader.read(), SAFETY_S)  # answered, then closed
+    assert _STATUS.findall(answer) in ([b"400"], [b"431"]), answer[:300]
+    front = _front(harness)
+    assert (front.taken, front.handed_over) == (0, 1)
+
+
 async def test_a_request_arriving_in_pieces_is_handed_over_whole(
     serve: Serve, sockets: Sockets
 ) -> None:
