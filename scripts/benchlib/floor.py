@@ -1,8 +1,10 @@
 """The HTTP floor: a bare aiohttp server on uvloop answering ``{"predictions": [2.0]}`` (and a
 fixed V2 answer on ``/v2/models/{model}/infer``).
 
-It serves mmserver's inference paths and reads each request's body, but decodes nothing and runs
-no model: the most any server built on aiohttp and uvloop can answer on this machine.
+It serves mmserver's inference paths through aiohttp's web framework (router, request and
+response objects) and reads each request's body, but decodes nothing and runs no model: what a
+server built on that framework answers on this machine with nothing behind it. (mmserver answers
+plain inference requests below that framework, so it can pass this floor.)
 
 Usage: python floor.py --port PORT [--host 127.0.0.1]
 """
