@@ -6,13 +6,17 @@ Four loads, alternated in each run (the order rotates from run to run): the ligh
 same beside the heavy forest (a second wrk keeps ``heavy_connections`` connections busy on it,
 started first and stopped after), the heavy forest alone, and the light models beside cold
 loads (:data:`LOAD_CLIENTS` connections requesting the store's other models, each once, then
-unloading them with ``DELETE /models/{name}`` and starting over, until the light load ends). The
-light models' latency and throughput beside each neighbour are compared with theirs alone, in
-the same run.
+unloading them with ``DELETE /models/{name}`` and starting over, until the light load ends), and
+the light models beside :data:`IDLE_LOOP`, a busy loop at idle CPU priority outside the server:
+what any busy neighbour costs them on this machine, however the server schedules. The light
+models' latency and throughput beside each neighbour are compared with theirs alone, in the
+same run.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -38,7 +42,19 @@ COLD_MODELS = [f"sklearn-{i}" for i in range(LIGHT_MODELS, 1000)]
 #: The key of the cold loads' own figures in the section's results.
 COLD_LOADS = "cold loads beside light"
 
-CASES = ("light alone", "light beside heavy", "heavy alone", "light beside loads")
+#: The machine's own floor for the light models beside a busy neighbour: a Python busy loop
+#: (no memory traffic) at the lowest CPU priority Linux has, SCHED_IDLE, outside the server.
+IDLE_LOOP = (
+    "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
+)
+
+CASES = (
+    "light alone",
+    "light beside heavy",
+    "heavy alone",
+    "light beside loads",
+    "light beside idle loop",
+)
 
 
 def _light(server: Server, settings: Settings, run: int) -> wrk.Load:
@@ -135,6 +151,15 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
             elif case == "heavy alone":
                 load = _heavy(server, settings, settings.duration_s)
                 result = wrk.run(load, server.pid)
+            elif case == "light beside idle loop":
+                loop = subprocess.Popen([sys.executable, "-c", IDLE_LOOP])
+                try:
+                    time.sleep(HEAVY_LEAD_S)
+                    load = _light(server, settings, r)
+                    result = wrk.run(load, server.pid)
+                finally:
+                    loop.kill()
+                    loop.wait()
             elif case == "light beside loads":
                 cold = _ColdLoads(server).start()
                 load = _light(server, settings, r)

@@ -237,11 +237,19 @@ def _neighbour_targets(section: dict[str, Any] | None) -> list[tuple[str, str, b
     )
     share = beside["rps"] / alone["rps"] if alone["rps"] and beside["rps"] else None
     errors = alone["error_count"] + beside["error_count"]
+    loop = (section or {}).get("light beside idle loop")
+    p99_loop = loop["p99_ms"] if loop else None
+    floor = (
+        f"; beside an idle-priority loop {_fmt(p99_loop / p99_alone, '.2f', ' x')}"
+        if p99_loop and p99_alone
+        else ""
+    )
     return [
         (
             p99_label,
             f"{_fmt(p99_beside, '.1f')} vs {_fmt(p99_alone, '.1f')} ms "
-            f"({_fmt(p99_beside / p99_alone if p99_alone and p99_beside else None, '.2f', ' x')})",
+            f"({_fmt(p99_beside / p99_alone if p99_alone and p99_beside else None, '.2f', ' x')}"
+            f"{floor})",
             p99_ok and errors == 0,
         ),
         (
@@ -343,15 +351,17 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
             "Neighbour: light models (8 connections over 100 reference models) alone and beside "
             "a heavy",
             "forest (300 trees, depth 14) saturated by 8 connections of its own; the heavy "
-            "forest alone",
+            "forest alone;",
+            "the light models beside cold loads, and beside a busy loop at idle CPU priority "
+            "outside the server",
         ]
         cases = ("light alone", "light beside heavy", "heavy beside light", "heavy alone")
-        for label in (*cases, "light beside loads"):
+        for label in (*cases, "light beside loads", "light beside idle loop"):
             r = summary["neighbour"].get(label)
             if r:
                 errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"
                 lines.append(
-                    f"  {label:<20}{_fmt(r['rps'], '.0f'):>8} req/s  p50 "
+                    f"  {label:<22}{_fmt(r['rps'], '.0f'):>8} req/s  p50 "
                     f"{_fmt(r['p50_ms'], '.2f'):>6}  p99 {_fmt(r['p99_ms'], '.2f'):>7} ms  "
                     f"cpu {_cpu(r['cpu'])}  errors {errors}"
                 )
