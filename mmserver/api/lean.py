@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import email.utils
 import logging
 import re
 import socket
@@ -41,6 +40,8 @@ import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, cast
+
+from aiohttp.helpers import rfc822_formatted_time
 
 from mmserver.api import REQUEST_ID, ApiState
 from mmserver.api.inference import failure_label, missing_target
@@ -84,6 +85,8 @@ _BINARY = "application/octet-stream"
 #: The protocols of the paths the lean path takes (their error answers differ).
 _DJL, _SAGEMAKER, _V2 = 0, 1, 2
 _CONTENT_TYPE = "Content-Type"
+#: The ``Content-Type`` of a 200 answer, by whether the answer is CSV.
+_RESPONSE_TYPES = {csv: response_type(csv).encode() for csv in (False, True)}
 _OK = (
     b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
     b"Content-Length: %d\r\nDate: %s\r\nServer: mmserver\r\n\r\n%s"
@@ -93,24 +96,6 @@ _MAX_OWED = 128
 _BODY_TO_COME = -2
 #: Seconds between looks at the lean connections' idle time.
 _SWEEP_S = 1.0
-
-
-class _Clock:
-    """The ``Date`` header's value, made again once a second."""
-
-    def __init__(self) -> None:
-        self._second = 0
-        self._value = b""
-
-    def date(self) -> bytes:
-        now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._value = email.utils.formatdate(now, usegmt=True).encode()
-        return self._value
-
-
-_clock = _Clock()
 
 
 def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
@@ -123,7 +108,12 @@ def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
     lines.extend(f"{name}: {value}" for name, value in headers.items())
     lines.append(f"Content-Length: {len(body)}\r\n")
     head = "\r\n".join(lines).encode()
-    return b"%sDate: %s\r\nServer: mmserver\r\n\r\n%s" % (head, _clock.date(), body)
+    return b"%sDate: %s\r\nServer: mmserver\r\n\r\n%s" % (head, _date(), body)
+
+
+def _date() -> bytes:
+    """The ``Date`` header's value, as aiohttp writes it (made again once a second)."""
+    return rfc822_formatted_time().encode()
 
 
 def _may_start_lean(start: bytes) -> bool:
@@ -147,7 +137,7 @@ class _Exchange:
 
     __slots__ = ("conn", "data", "job", "kind", "name", "path", "rid", "start", "submission")
 
-    def __init__(self, conn: LeanConnection, name: str, path: bytes, kind: int, rid: str) -> None:
+    def __init__(self, conn: LeanConnection, name: str, path: bytes, kind: int, rid: bytes) -> None:
         self.conn = conn
         self.name = name
         self.path = path
@@ -186,31 +176,25 @@ class _Exchange:
         job = self.job
         assert job is not None and self.submission is not None
         if self.kind != _V2:
-            self.data = _OK % (
-                response_type(job[2]).encode(),
-                self.rid.encode(),
-                len(body),
-                _clock.date(),
-                body,
-            )
+            self.data = _OK % (_RESPONSE_TYPES[job[2]], self.rid, len(body), _date(), body)
         else:
-            self.data = _v2_answer(body, self.rid)
+            self.data = _v2_answer(body, self.rid.decode())
         requests = self.submission.requests
         if requests is not None:
             requests.answered(time.perf_counter() - self.start)
 
     def fail(self, error: BaseException) -> None:
         """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
-        path = self.path.decode()
+        path, rid = self.path.decode(), self.rid.decode()
         if isinstance(error, MMServerError):
             shown = error
             if error.status_code == 500:
-                log_server_error("POST", path, error, self.rid)
+                log_server_error("POST", path, error, rid)
         else:
-            shown = unexpected("POST", path, self.rid, error)
+            shown = unexpected("POST", path, rid, error)
         state = self.conn.state
         body, headers = render_error(
-            state, shown, self.rid, v2=self.kind == _V2, sagemaker=self.kind == _SAGEMAKER
+            state, shown, rid, v2=self.kind == _V2, sagemaker=self.kind == _SAGEMAKER
         )
         headers[_CONTENT_TYPE] = _JSON  # after the others, as aiohttp writes them
         self.data = _answer(shown.status_code, headers, body)
@@ -429,7 +413,7 @@ class LeanConnection(asyncio.Protocol):
             None if content_type is None else content_type.decode(),
             None if accept is None else accept.decode(),
             None if header_length is None else header_length.decode(),
-            rid.decode() if rid else self.state.request_ids.next(),
+            rid or self.state.request_ids.next().encode(),
         )
         return body_end
 
@@ -442,7 +426,7 @@ class LeanConnection(asyncio.Protocol):
         content_type: str | None,
         accept: str | None,
         header_length: str | None,
-        rid: str,
+        rid: bytes,
     ) -> None:
         self.front.taken += 1
         exchange = _Exchange(self, name, path, kind, rid)
