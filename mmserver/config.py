@@ -195,8 +195,9 @@ class ServerConfig:
     )
     lean_http: bool = _opt(
         True,
-        "Answer plain inference requests (POST on the DJL and SageMaker paths, whole in one "
-        "read) without aiohttp's request objects; off: aiohttp serves every request.",
+        "Answer plain inference requests (POST on the DJL, SageMaker and Open Inference "
+        "Protocol paths, whole in one read) without aiohttp's request objects; off: aiohttp "
+        "serves every request.",
     )
     access_log: bool = _opt(False, "Log one line per request (off: it costs on the hot path).")
     log_level: str = _opt("INFO", "Logging level.")

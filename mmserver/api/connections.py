@@ -168,9 +168,8 @@ class _Connection(web_protocol.RequestHandler):
         if (
             not self._handed_over
             and isinstance(manager, _Server)
-            and self._policy.over_limit(manager.open_connections())
+            and manager.refuse_past_limit(cast(asyncio.Transport, transport))
         ):
-            cast(asyncio.WriteTransport, transport).write(self._policy.busy)
             self.force_close()
 
     def data_received(self, data: bytes) -> None:
@@ -322,11 +321,11 @@ class _Server(web.Server):
         return _Connection(self, handed_over=True, loop=self._loop, **self._kwargs)
 
     def refuse_past_limit(self, transport: asyncio.Transport) -> bool:
-        """Answer 503 and close a new lean connection past ``max_connections``."""
+        """Whether a new connection is one past ``max_connections``: it is then answered 503,
+        and its protocol closes it."""
         if not self.policy.over_limit(self.open_connections()):
             return False
         transport.write(self.policy.busy)
-        transport.close()
         return True
 
     def open_connections(self) -> int:

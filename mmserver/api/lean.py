@@ -234,7 +234,7 @@ class LeanConnection(asyncio.Protocol):
         front = self.front
         front.add(self)
         if front.refuse_past_limit(tcp):
-            self._closing = True
+            self.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
