@@ -112,6 +112,12 @@ class ServerConfig:
         "Run the heavy lane's processes under Linux's SCHED_IDLE: any other work runs first and "
         "is woken on their CPUs; off = the nice value alone.",
     )
+    heavy_reserved_cpus: int = _opt(
+        1,
+        "CPUs the heavy lane's processes keep off while light models have work (they get them "
+        "back 0.2 s after the light models' last batch); at most all but one of the server's "
+        "CPUs; 0 = none.",
+    )
     min_workers: int = _opt(1, "Default minWorkers of a model (0 = scale to zero).")
     max_workers: int = _opt(cpu_count(), "Default maxWorkers of a model.")
     batch_size: int = _opt(

@@ -479,6 +479,11 @@ class Metrics:
             models=live,
             labelled=every,
         )
+        self.heavy_lane_cpus = GaugeFamily(
+            "mmserver_heavy_lane_cpus",
+            "CPUs the heavy lane's processes may run on now: all of the server's while the light "
+            "lane is idle, fewer (heavy_reserved_cpus kept free) while it has work.",
+        )
         self._families: list[_Family[Any]] = [
             value for value in vars(self).values() if isinstance(value, _Family)
         ]

@@ -158,6 +158,7 @@ class WorkLoadManager:
             heavy_nice=config.heavy_nice,
             heavy_sched_idle=config.heavy_sched_idle,
             heavy_batch_ms=config.heavy_batch_ms,
+            heavy_reserved_cpus=config.heavy_reserved_cpus,
         )
         self.accepting = False
         self._stopped = False

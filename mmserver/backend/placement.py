@@ -7,6 +7,7 @@ import multiprocessing
 from collections.abc import Collection
 from multiprocessing.context import BaseContext
 
+from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.backend.thread_slot import ThreadSlot
 from mmserver.metrics import Metrics
@@ -44,7 +45,9 @@ class BackendPool:
     at ``heavy_nice`` and (with ``heavy_sched_idle``) under ``SCHED_IDLE``, make the heavy lane
     and start when a model first needs one. A model whose
     batches take more than ``heavy_batch_ms`` of CPU belongs in the heavy lane
-    (:mod:`mmserver.scheduling`). With ``processes = 0`` there is one thread slot and one lane.
+    (:mod:`mmserver.scheduling`). While the light lane has work, the heavy lane's processes
+    keep off ``heavy_reserved_cpus`` of the CPUs (:class:`~mmserver.backend.cpus.CpuReserve`).
+    With ``processes = 0`` there is one thread slot and one lane.
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class BackendPool:
         heavy_nice: int = 19,
         heavy_sched_idle: bool = True,
         heavy_batch_ms: float = 2.0,
+        heavy_reserved_cpus: int = 1,
     ) -> None:
         self.slots: list[Slot]
         self.lanes = {LIGHT: Lane(LIGHT)}
@@ -65,17 +69,38 @@ class BackendPool:
         #: Above this many seconds a batch, a model moves to the heavy lane (0: no heavy lane;
         #: see :func:`~mmserver.scheduling.lane_bounds`).
         self.heavy_batch_s = 0.0
+        #: Keeps CPUs free of the heavy lane while the light lane has work (None: no heavy lane).
+        self.reserve: CpuReserve | None = None
         if processes == 0:
             self.slots = [ThreadSlot(0, threads, self.lanes[LIGHT])]
             return
         self.context = context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(PRELOAD))
-        self.slots = [ProcessSlot(i, context, metrics, self.lanes[LIGHT]) for i in range(processes)]
+        reserve = None
+        if heavy_processes:
+            reserve = self.reserve = CpuReserve(
+                heavy_reserved_cpus,
+                lambda: self.pids(HEAVY),
+                on_change=metrics.heavy_lane_cpus.set,
+            )
+            metrics.heavy_lane_cpus.set(len(reserve.every))
+        light = self.lanes[LIGHT]
+        self.slots = [
+            ProcessSlot(i, context, metrics, light, reserve=reserve) for i in range(processes)
+        ]
         if heavy_processes:
             self.heavy_batch_s = heavy_batch_ms / 1000.0
             self.lanes[HEAVY] = heavy = Lane(HEAVY)
             self.slots += [
-                ProcessSlot(processes + i, context, metrics, heavy, heavy_nice, heavy_sched_idle)
+                ProcessSlot(
+                    processes + i,
+                    context,
+                    metrics,
+                    heavy,
+                    heavy_nice,
+                    heavy_sched_idle,
+                    reserve=reserve,
+                )
                 for i in range(heavy_processes)
             ]
 
@@ -84,6 +109,8 @@ class BackendPool:
         await asyncio.gather(*(slot.start() for slot in self.slots if slot.lane.name == LIGHT))
 
     async def stop(self) -> None:
+        if self.reserve is not None:
+            self.reserve.close()
         await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
 
     def pick(self, taken: Collection[int], lane: str = LIGHT) -> Slot:
@@ -95,5 +122,12 @@ class BackendPool:
         candidates = free or slots
         return min(candidates, key=lambda s: (s.bound_workers, s.index))
 
-    def pids(self) -> list[int]:
-        return [pid for s in self.slots if isinstance(s, ProcessSlot) and (pid := s.pid)]
+    def pids(self, lane: str | None = None) -> list[int]:
+        """The backend processes' ids (those of ``lane`` only, when given)."""
+        return [
+            pid
+            for s in self.slots
+            if isinstance(s, ProcessSlot)
+            and (lane is None or s.lane.name == lane)
+            and (pid := s.pid)
+        ]

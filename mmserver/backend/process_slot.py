@@ -18,12 +18,13 @@ from typing import Any
 from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.child import child_main
+from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
 from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs import Request
 from mmserver.framing import FrameProtocol, frame
 from mmserver.metrics import Metrics
-from mmserver.scheduling import PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
+from mmserver.scheduling import LIGHT, PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,14 @@ class ProcessSlot:
         lane: Lane,
         nice: int = 0,
         idle: bool = False,
+        reserve: CpuReserve | None = None,
     ) -> None:
         self.index = index
         self.lane = lane
+        #: The CPU reserve: told of every batch a light slot sends; places a heavy slot's
+        #: process when it starts.
+        self._light_reserve = reserve if lane.name == LIGHT else None
+        self._heavy_reserve = reserve if lane.name != LIGHT else None
         self.bound_workers = 0
         #: Batches answered by this slot (a worker's wait is counted against it).
         self.answered = 0
@@ -195,6 +201,8 @@ class ProcessSlot:
         )
         await loop.run_in_executor(None, process.start)
         child.close()
+        if self._heavy_reserve is not None and process.pid is not None:
+            self._heavy_reserve.place(process.pid)
         sock = socket.socket(fileno=os.dup(parent.fileno()))
         parent.close()
         sock.setblocking(False)
@@ -355,6 +363,8 @@ class ProcessSlot:
         seconds, for admitting what follows. Raises :class:`errors.ShuttingDown` at once when
         the slot is stopping."""
         self.admitted += 1
+        if self._light_reserve is not None:
+            self._light_reserve.light_batch()
         message = (wire.PREDICT, key, requests)
         self._enqueue(
             Pending(wire.PREDICT, frame(message), callback=callback, cost=estimate), deadline

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mmserver.backend.cpus import allowed_cpus
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.scheduling import PIPELINE_BUDGET_S
 from mmserver.worker import WorkerState
@@ -309,3 +311,80 @@ async def test_the_lane_gauges_count_a_model_in_the_lane_it_moved_to(
     samples = await harness.samples()
     assert samples[("mmserver_model_lane", (("lane", "heavy"),))] == 0.0
     assert samples[("mmserver_model_lane", (("lane", "light"),))] == 1.0
+
+
+def heavy_cpus(harness: Harness) -> list[set[frozenset[int]]]:
+    """The CPU masks of every thread of each heavy process that runs now (empty while one is
+    being replaced)."""
+    masks = []
+    for pid in harness.wlm.backend.pids("heavy"):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+            masks.append({frozenset(os.sched_getaffinity(int(tid))) for tid in tids})
+        except OSError:
+            return []
+    return masks
+
+
+@pytest.mark.skipif(len(allowed_cpus()) < 2, reason="needs two CPUs to reserve one")
+async def test_the_heavy_lane_keeps_off_a_cpu_while_light_models_have_work(
+    serve: Serve, store: Path
+) -> None:
+    """While light models are answered, the heavy lane's processes (and a replacement started
+    meanwhile) run only on the CPUs but the lowest one; a quiet spell gives them every CPU
+    back; the heavy model is answered throughout."""
+    every = allowed_cpus()
+    narrow = every - {min(every)}
+    gauge = ("mmserver_heavy_lane_cpus", ())
+    harness = await serve_heavy(serve, store, "hog")
+    reserve = harness.wlm.backend.reserve
+    assert reserve is not None and reserve.narrow == narrow
+    # The hog's first batch ran in the light lane; nothing light since.
+    await wait_until(lambda: heavy_cpus(harness) == [{every}], 30)
+    assert (await harness.samples())[gauge] == len(every)
+
+    stop = asyncio.Event()
+
+    async def light_traffic() -> int:
+        for i in range(20_000):
+            if stop.is_set():
+                return i
+            status, body = await answer(harness, f"sklearn-{i % 10}", 0.5)
+            assert status == 200 and body["predictions"][0] == pytest.approx(2.0, abs=0.05)
+        return 20_000
+
+    traffic = asyncio.ensure_future(light_traffic())
+    await wait_until(lambda: heavy_cpus(harness) == [{narrow}], 30)
+    assert (await harness.samples())[gauge] == len(narrow)
+    assert await answer(harness, "hog", 5.0) == (200, {"predictions": [10.0]})
+    (slot,) = (
+        s
+        for s in harness.wlm.backend.slots
+        if isinstance(s, ProcessSlot) and s.lane.name == "heavy" and s.pid
+    )
+    old = slot.pid
+    slot.kill()
+    await wait_until(lambda: slot.pid != old and heavy_cpus(harness) == [{narrow}], 30)
+    assert await answer(harness, "hog", 5.0) == (200, {"predictions": [10.0]})
+    stop.set()
+    assert 0 < await traffic < 20_000
+
+    await wait_until(lambda: heavy_cpus(harness) == [{every}], 30)
+    assert not reserve.narrowed and (await harness.samples())[gauge] == len(every)
+    assert reserve.narrowings >= 2
+    assert await answer(harness, "hog", 5.0) == (200, {"predictions": [10.0]})
+
+
+async def test_no_cpu_is_reserved_with_heavy_reserved_cpus_0(serve: Serve, store: Path) -> None:
+    make_spinning_dir(store / "hog", maxWorkers=1, batch_size=1)
+    harness = await serve(
+        model_store=str(store), backend_processes=1, heavy_processes=1, heavy_reserved_cpus=0
+    )
+    assert (await answer(harness, "hog", 20.0))[0] == 200
+    await settled_in(harness, "hog", "heavy")
+    for i in range(5):
+        assert (await answer(harness, f"sklearn-{i}", 0.5))[0] == 200
+    reserve = harness.wlm.backend.reserve
+    assert reserve is not None and not reserve.enabled and reserve.narrowings == 0
+    assert heavy_cpus(harness) == [{allowed_cpus()}]
+    assert (await harness.samples())[("mmserver_heavy_lane_cpus", ())] == len(allowed_cpus())

@@ -41,6 +41,7 @@ def filled(model_label: str = "all") -> Metrics:
     m.model_memory_bytes.set(123456789)
     m.model_load_seconds.observe(0.02)
     m.backend_restarts.inc()
+    m.heavy_lane_cpus.set(1)
     return m
 
 
@@ -75,6 +76,7 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_model_waited_batches",
         "mmserver_model_lane",
         "mmserver_model_path_batches",
+        "mmserver_heavy_lane_cpus",
     }
 
 
