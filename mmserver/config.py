@@ -115,8 +115,8 @@ class ServerConfig:
     heavy_reserved_cpus: int = _opt(
         1,
         "CPUs the heavy lane's processes keep off while light models have work (they get them "
-        "back 0.2 s after the light models' last batch); at most all but one of the server's "
-        "CPUs; 0 = none.",
+        "back 0.2 to 0.4 s after the light models' last batch); at most all but one of the "
+        "CPUs of the server's affinity mask; 0 = none.",
     )
     min_workers: int = _opt(1, "Default minWorkers of a model (0 = scale to zero).")
     max_workers: int = _opt(cpu_count(), "Default maxWorkers of a model.")

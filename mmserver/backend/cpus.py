@@ -32,21 +32,19 @@ def allowed_cpus() -> frozenset[int]:
 
 def set_process_cpus(pid: int, cpus: Collection[int]) -> bool:
     """Let every thread of process ``pid`` run on ``cpus`` only; ``False`` when the process is
-    gone or the system refuses. A thread the process starts later inherits the mask of the
+    gone. Raises :class:`OSError` when the system refuses (a sandbox that forbids it, CPUs that
+    are no longer the server's). A thread the process starts later inherits the mask of the
     thread that starts it."""
-    setaffinity = getattr(os, "sched_setaffinity", None)
-    if setaffinity is None:
-        return False
     try:
         threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except (OSError, ValueError):
-        threads = [pid]
+    except FileNotFoundError:
+        return False
     done = False
     for tid in threads:
         try:
-            setaffinity(tid, cpus)
+            os.sched_setaffinity(tid, cpus)
             done = True
-        except OSError:  # the thread ended meanwhile, or the mask is refused
+        except ProcessLookupError:  # the thread ended meanwhile
             pass
     return done
 
@@ -55,10 +53,12 @@ class CpuReserve:
     """Keeps ``count`` of the server's CPUs free of the heavy lane while the light lane has work.
 
     The light lane's slots call :meth:`light_batch` for every batch they send (an increment and
-    a test). The first batch after a quiet spell narrows every heavy process to the other CPUs;
-    once the light lane has sent no batch for ``hold`` seconds, they get every CPU again. A heavy
-    process started or replaced meanwhile is placed by :meth:`place`. With fewer than two CPUs,
-    or ``count`` 0, it does nothing.
+    a test). The first batch after a quiet spell narrows every heavy process to the other CPUs
+    (in the next turn of the event loop, once that batch is on its way); a check every ``hold``
+    seconds gives them every CPU again once the light lane has sent no batch since the last
+    check, so between ``hold`` and twice ``hold`` after its last batch. A heavy process started
+    or replaced meanwhile is placed by :meth:`place`. With fewer than two CPUs, ``count`` 0, or
+    a system that refuses (logged once), it does nothing.
     """
 
     def __init__(
@@ -74,8 +74,8 @@ class CpuReserve:
         count = max(0, min(count, len(every) - 1))
         #: Every CPU the server may use; the heavy lane's while the light lane is idle.
         self.every = frozenset(every)
-        #: The heavy lane's CPUs while the light lane has work (the highest-numbered ones: the
-        #: lowest are where interrupts and the system's own work tend to land).
+        #: The heavy lane's CPUs while the light lane has work: the lowest-numbered are kept for
+        #: the light work, as the interrupts its network traffic raises tend to land there.
         self.narrow = frozenset(every[count:])
         self.enabled = count > 0
         #: Whether the heavy lane is kept to :attr:`narrow` now.
@@ -95,28 +95,28 @@ class CpuReserve:
         return self.narrow if self.narrowed else self.every
 
     def light_batch(self) -> None:
-        """A light batch is being sent: keep the reserved CPUs free of the heavy lane."""
+        """A light batch has been sent: keep the reserved CPUs free of the heavy lane."""
         self.batches += 1
         if not self.narrowed and self.enabled:
-            self._narrow()
+            self.narrowed = True
+            self.narrowings += 1
+            self._seen = self.batches
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.hold, self.check)
+            loop.call_soon(self._apply)
 
     def place(self, pid: int) -> None:
         """A heavy process has started: give it the CPUs the heavy lane has now (it was forked
         with every CPU)."""
         if self.narrowed:
-            set_process_cpus(pid, self.narrow)
+            self._set(pid, self.narrow)
 
     def close(self) -> None:
+        """Stop narrowing (the server is stopping)."""
+        self.enabled = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _narrow(self) -> None:
-        self.narrowed = True
-        self.narrowings += 1
-        self._seen = self.batches
-        self._apply(self.narrow)
-        self._timer = asyncio.get_running_loop().call_later(self.hold, self.check)
 
     def check(self) -> None:
         """Runs every ``hold`` seconds while the heavy lane is narrowed: keeps it so if the
@@ -126,15 +126,31 @@ class CpuReserve:
             self._timer = None
         if not self.narrowed:
             return
-        if self.batches != self._seen:  # the light lane is still busy
+        if self.batches != self._seen and self.enabled:  # the light lane is still busy
             self._seen = self.batches
             self._timer = asyncio.get_running_loop().call_later(self.hold, self.check)
             return
         self.narrowed = False
-        self._apply(self.every)
+        self._apply()
 
-    def _apply(self, cpus: frozenset[int]) -> None:
+    def _apply(self) -> None:
+        cpus = self.heavy_cpus
         for pid in self._heavy_pids():
-            set_process_cpus(pid, cpus)
+            self._set(pid, cpus)
         if self._on_change is not None:
-            self._on_change(len(cpus))
+            self._on_change(len(self.heavy_cpus))
+
+    def _set(self, pid: int, cpus: frozenset[int]) -> None:
+        if not self.enabled and cpus != self.every:
+            return
+        try:
+            set_process_cpus(pid, cpus)
+        except OSError as exc:
+            log.warning("the heavy lane's CPUs cannot be set (%s): no CPU is kept free for it", exc)
+            self.enabled = False
+            self.narrowed = False
+            for other in self._heavy_pids():  # undo what was done, as far as it goes
+                try:
+                    set_process_cpus(other, self.every)
+                except OSError:
+                    pass

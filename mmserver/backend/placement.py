@@ -79,11 +79,10 @@ class BackendPool:
         reserve = None
         if heavy_processes:
             reserve = self.reserve = CpuReserve(
-                heavy_reserved_cpus,
-                lambda: self.pids(HEAVY),
-                on_change=metrics.heavy_lane_cpus.set,
+                heavy_reserved_cpus, self._live_heavy_pids, on_change=metrics.heavy_lane_cpus.set
             )
-            metrics.heavy_lane_cpus.set(len(reserve.every))
+            if reserve.every:
+                metrics.heavy_lane_cpus.set(len(reserve.every))
         light = self.lanes[LIGHT]
         self.slots = [
             ProcessSlot(i, context, metrics, light, reserve=reserve) for i in range(processes)
@@ -130,4 +129,11 @@ class BackendPool:
             if isinstance(s, ProcessSlot)
             and (lane is None or s.lane.name == lane)
             and (pid := s.pid)
+        ]
+
+    def _live_heavy_pids(self) -> list[int]:
+        return [
+            pid
+            for s in self.slots
+            if isinstance(s, ProcessSlot) and s.lane.name == HEAVY and (pid := s.live_pid)
         ]

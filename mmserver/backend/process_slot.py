@@ -145,6 +145,12 @@ class ProcessSlot:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def live_pid(self) -> int | None:
+        """The process's id while it runs (not once it has exited: the id may be another's)."""
+        process = self._process
+        return process.pid if process is not None and process.is_alive() else None
+
     def describe(self) -> str:
         return f"backend process {self.index} (pid {self.pid})"
 
@@ -363,12 +369,12 @@ class ProcessSlot:
         seconds, for admitting what follows. Raises :class:`errors.ShuttingDown` at once when
         the slot is stopping."""
         self.admitted += 1
-        if self._light_reserve is not None:
-            self._light_reserve.light_batch()
         message = (wire.PREDICT, key, requests)
         self._enqueue(
             Pending(wire.PREDICT, frame(message), callback=callback, cost=estimate), deadline
         )
+        if self._light_reserve is not None:
+            self._light_reserve.light_batch()
 
     async def unload(self, key: str) -> None:
         turn = self._turns.pop(key, None)
