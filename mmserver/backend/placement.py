@@ -79,7 +79,7 @@ class BackendPool:
         reserve = None
         if heavy_processes:
             reserve = self.reserve = CpuReserve(
-                heavy_reserved_cpus, self._live_heavy_pids, on_change=metrics.heavy_lane_cpus.set
+                heavy_reserved_cpus, lambda: self.pids(HEAVY), on_change=metrics.heavy_lane_cpus.set
             )
             if reserve.every:
                 metrics.heavy_lane_cpus.set(len(reserve.every))
@@ -122,18 +122,11 @@ class BackendPool:
         return min(candidates, key=lambda s: (s.bound_workers, s.index))
 
     def pids(self, lane: str | None = None) -> list[int]:
-        """The backend processes' ids (those of ``lane`` only, when given)."""
+        """The ids of the backend processes that run now (of ``lane`` only, when given)."""
         return [
             pid
             for s in self.slots
             if isinstance(s, ProcessSlot)
             and (lane is None or s.lane.name == lane)
-            and (pid := s.pid)
-        ]
-
-    def _live_heavy_pids(self) -> list[int]:
-        return [
-            pid
-            for s in self.slots
-            if isinstance(s, ProcessSlot) and s.lane.name == HEAVY and (pid := s.live_pid)
+            and (pid := s.live_pid)
         ]
