@@ -151,12 +151,15 @@ def cgroup_memory_bytes(root: Path = ROOT) -> Limit | None:
     return best
 
 
+def affinity_mask() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity mask; none known off Linux)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return frozenset(getaffinity(0)) if getaffinity is not None else frozenset()
+
+
 def affinity_cpus() -> int:
-    """CPUs this process may run on (its affinity mask)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return max(1, os.cpu_count() or 1)
+    """How many CPUs this process may run on (its affinity mask; off Linux, the CPU count)."""
+    return len(affinity_mask()) or max(1, os.cpu_count() or 1)
 
 
 def cpus(root: Path = ROOT, affinity: int | None = None) -> Limit:

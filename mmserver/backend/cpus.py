@@ -18,16 +18,12 @@ import logging
 import os
 from collections.abc import Callable, Collection, Iterable
 
+from mmserver.capacity import affinity_mask
+
 log = logging.getLogger(__name__)
 
 #: How long the light lane must have sent no batch before the heavy lane gets every CPU again.
 HOLD_S = 0.2
-
-
-def allowed_cpus() -> frozenset[int]:
-    """The CPUs this process may run on (none known off Linux)."""
-    getaffinity = getattr(os, "sched_getaffinity", None)
-    return frozenset(getaffinity(0)) if getaffinity is not None else frozenset()
 
 
 def set_process_cpus(pid: int, cpus: Collection[int]) -> bool:
@@ -70,7 +66,7 @@ class CpuReserve:
         hold: float = HOLD_S,
         on_change: Callable[[int], None] | None = None,
     ) -> None:
-        every = sorted(allowed_cpus() if cpus is None else cpus)
+        every = sorted(affinity_mask() if cpus is None else cpus)
         count = max(0, min(count, len(every) - 1))
         #: Every CPU the server may use; the heavy lane's while the light lane is idle.
         self.every = frozenset(every)

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mmserver.backend.cpus import allowed_cpus
 from mmserver.backend.process_slot import ProcessSlot
+from mmserver.capacity import affinity_mask
 from mmserver.scheduling import PIPELINE_BUDGET_S
 from mmserver.worker import WorkerState
 from tests.behaviour_models import make_costly_load_dir, make_slow_load_dir, make_spinning_dir
 from tests.integration.harness import Harness, Serve, describe, wait_until
 from tests.models import make_linked_store
+from tests.unit.test_cpus import thread_cpus
 
 LIGHT_PROCESSES = 2
 
@@ -316,24 +316,20 @@ async def test_the_lane_gauges_count_a_model_in_the_lane_it_moved_to(
 def heavy_cpus(harness: Harness) -> list[set[frozenset[int]]]:
     """The CPU masks of every thread of each heavy process that runs now (empty while one is
     being replaced)."""
-    masks = []
-    for pid in harness.wlm.backend.pids("heavy"):
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-            masks.append({frozenset(os.sched_getaffinity(int(tid))) for tid in tids})
-        except OSError:
-            return []
-    return masks
+    try:
+        return [thread_cpus(pid) for pid in harness.wlm.backend.pids("heavy")]
+    except OSError:
+        return []
 
 
-@pytest.mark.skipif(len(allowed_cpus()) < 2, reason="needs two CPUs to reserve one")
+@pytest.mark.skipif(len(affinity_mask()) < 2, reason="needs two CPUs to reserve one")
 async def test_the_heavy_lane_keeps_off_a_cpu_while_light_models_have_work(
     serve: Serve, store: Path
 ) -> None:
     """While light models are answered, the heavy lane's processes (and a replacement started
     meanwhile) run only on the CPUs but the lowest one; a quiet spell gives them every CPU
     back; the heavy model is answered throughout."""
-    every = allowed_cpus()
+    every = affinity_mask()
     narrow = every - {min(every)}
     gauge = ("mmserver_heavy_lane_cpus", ())
     harness = await serve_heavy(serve, store, "hog")
@@ -395,5 +391,5 @@ async def test_no_cpu_is_reserved_with_heavy_reserved_cpus_0(serve: Serve, store
         assert (await answer(harness, f"sklearn-{i}", 0.5))[0] == 200
     reserve = harness.wlm.backend.reserve
     assert reserve is not None and not reserve.enabled and reserve.narrowings == 0
-    assert heavy_cpus(harness) == [{allowed_cpus()}]
-    assert (await harness.samples())[("mmserver_heavy_lane_cpus", ())] == len(allowed_cpus())
+    assert heavy_cpus(harness) == [{affinity_mask()}]
+    assert (await harness.samples())[("mmserver_heavy_lane_cpus", ())] == len(affinity_mask())

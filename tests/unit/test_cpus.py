@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from mmserver.backend.cpus import CpuReserve, allowed_cpus, set_process_cpus
+from mmserver.backend.cpus import CpuReserve, set_process_cpus
+from mmserver.capacity import affinity_mask
 
-EVERY = allowed_cpus()
+EVERY = affinity_mask()
 needs_two_cpus = pytest.mark.skipif(len(EVERY) < 2, reason="needs two CPUs to reserve one")
 
 
