@@ -46,7 +46,11 @@ def split_pipeline(model: Any) -> tuple[Any, Any]:
     return None, model
 
 
-def candidates(est: Any, method: str, head: Any, rejected: dict[str, str]) -> Made:
+def candidates(
+    est: Any, method: str, head: Any, rejected: dict[str, str], frame: Fn | None = None
+) -> Made:
+    """The candidate paths of ``est.<method>`` behind a pipeline's ``head`` (``None``: no steps
+    before it); ``frame`` turns a matrix into the DataFrame the head was fitted on."""
     made: Made = []
     if method == "predict":
         product = linear_product(est)
@@ -66,7 +70,10 @@ def candidates(est: Any, method: str, head: Any, rejected: dict[str, str]) -> Ma
             made.append((name, fn, tl_model))
     if head is None:
         return made
-    transform = _scalers(head) or head.transform
+    transform = _scalers(head)
+    if transform is None:
+        step = head.transform
+        transform = step if frame is None else (lambda batch: step(frame(batch)))
     return [(name, _after(transform, fn), tm) for name, fn, tm in made]
 
 

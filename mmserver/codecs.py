@@ -1,25 +1,38 @@
-"""Request bodies to arrays, and predictions to response bodies.
+"""Request bodies to a model's inputs, and predictions to response bodies.
 
-A request travels to the model as a :data:`Request`, ``(body, media type, csv answer)``, made by
-:func:`make_request` on the event loop: only the headers are looked at there. The body is decoded
-where the model runs (a backend process): :func:`decode_as` turns it into the 2-D float64 array of
-rows, and :func:`encode_as` turns one output per row into the answer's body. The frontend is one
-process for every request of every model; the backends are as many as the cores, so parsing and
-formatting bodies there keeps the frontend's time per request small.
+A request travels to the model as a :data:`Request`, ``(body, content type, csv answer)``, made
+by :func:`make_request` on the event loop: only the headers are looked at there. The body is
+decoded where the model runs (a backend process): :func:`decode_as` turns it into what the model
+takes (:mod:`mmserver.schema`) — the 2-D float64 matrix of rows for a model fitted on arrays or on
+numbers only, a :class:`~mmserver.tabular.Table` of typed columns for a model fitted on a
+DataFrame with string, boolean or category columns — and :func:`encode_as` turns one output per
+row into the answer's body. The frontend is one process for every request of every model; the
+backends are as many as the cores, so parsing and formatting bodies there keeps the frontend's
+time per request small.
 
-Accepted bodies, by ``Content-Type`` (parameters such as ``charset`` are ignored; no
-``Content-Type`` means JSON):
+Accepted bodies, by ``Content-Type`` (no ``Content-Type`` means JSON):
 
-- ``application/json``: a 2-D array of numbers (rows), a 1-D array (one row), or an object whose
-  ``inputs`` (or ``instances``) member holds either;
-- ``text/csv``: one row per line, comma-separated, no header;
+- ``application/json``: rows (a 2-D array, or a 1-D array for one row); records (an array of
+  objects, column: value); MLflow's ``{"dataframe_split": {"columns": [...], "data": [...]}}``
+  and ``{"dataframe_records": [...]}``; ``{"instances": ...}`` (KServe V1) and ``{"inputs": ...}``
+  (TF Serving) holding rows, records or an object of one list per column; for a model with named
+  columns, one object is one record;
+- ``text/csv``: one row per line, comma-separated, quoted fields as RFC 4180 has them; a header
+  line of column names when the type says ``header=present`` (or the model's
+  ``option.csv_header`` does); an empty field is a missing value;
+- ``text/libsvm`` (and ``text/x-libsvm``): one row per line, ``label index:value ...`` with
+  0-based indices (the label is ignored); an index not given is a missing value for XGBoost and
+  LightGBM models, as the SageMaker XGBoost container reads it, and 0 for others, as
+  scikit-learn's ``load_svmlight_file`` reads it;
 - ``application/x-npy``: a NumPy ``.npy`` array of integers or floats, 1-D or 2-D. The header is
   checked against the body's size before anything is allocated, and object arrays are refused:
   nothing is ever unpickled.
 
-Every value must be a finite number. Anything else raises :class:`~mmserver.errors.InvalidInput`
-with a message that says what was expected; an unknown content type raises
-:class:`~mmserver.errors.UnsupportedMediaType`.
+Values are numbers, strings, booleans or ``null``; ``null``, ``NaN`` and an empty CSV field are
+missing values, which a model takes unless it fails on them (found at load) or its
+``option.missing_values=refuse`` says so; an infinity is never one. Anything else raises
+:class:`~mmserver.errors.InvalidInput` with a message that says what was expected (naming the
+column and row); an unknown content type raises :class:`~mmserver.errors.UnsupportedMediaType`.
 
 Responses are JSON ``{"predictions": [...]}`` unless ``Accept`` prefers ``text/csv`` (one line per
 row). An ``Accept`` naming neither gets JSON.
@@ -37,11 +50,15 @@ from typing import Any
 import numpy as np
 
 from mmserver.errors import InvalidInput, ModelError, UnsupportedMediaType
+from mmserver.schema import Inputs
+from mmserver.tabular import Form, Table, csv_cells, dense, table, to_columns
 
 JSON = "application/json"
 CSV = "text/csv"
 NPY = "application/x-npy"
-SUPPORTED_TYPES = (JSON, CSV, NPY)
+LIBSVM = "text/libsvm"
+X_LIBSVM = "text/x-libsvm"
+SUPPORTED_TYPES = (JSON, CSV, NPY, LIBSVM, X_LIBSVM)
 
 JSON_RESPONSE_TYPE = "application/json"
 CSV_RESPONSE_TYPE = "text/csv; charset=utf-8"
@@ -64,8 +81,9 @@ def media_type(content_type: str | None) -> str:
     return content_type.partition(";")[0].strip().lower() or JSON
 
 
-#: A request on its way to a model: the body, its media type (one of ``SUPPORTED_TYPES``), and
-#: whether the answer is CSV (else JSON). A plain tuple: it is pickled once per request.
+#: A request on its way to a model: the body, its ``Content-Type`` as sent (a media type of
+#: ``SUPPORTED_TYPES`` and its parameters; ``""`` when there was none), and whether the answer
+#: is CSV (else JSON). A plain tuple: it is pickled once per request.
 Request = tuple[bytes, str, bool]
 
 
@@ -78,24 +96,57 @@ def make_request(body: bytes, content_type: str | None, accept: str | None) -> R
         raise UnsupportedMediaType(
             f"content type {kind!r} is not supported; send one of {', '.join(SUPPORTED_TYPES)}"
         )
-    return (body, kind, wants_csv(accept))
+    return (body, content_type or "", wants_csv(accept))
 
 
-def decode_as(body: bytes, kind: str) -> np.ndarray:
-    """Decode a request body of media type ``kind`` (one of ``SUPPORTED_TYPES``, as
-    :func:`make_request` checked) into a C-contiguous 2-D float64 array, one row per input.
+def has_header(content_type: str) -> bool:
+    """Whether a CSV ``Content-Type`` says its first line names the columns
+    (``header=present``, the parameter registered for ``text/csv``)."""
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "header":
+            return value.strip().strip('"').lower() == "present"
+    return False
 
-    Raises :class:`InvalidInput` for a body that is empty, malformed, ragged, non-numeric or
-    non-finite.
+
+#: The inputs of a model that says nothing of them: numbers, no missing values.
+STRICT = Inputs(missing=False)
+
+
+def decode_as(
+    body: bytes,
+    kind: str,
+    inputs: Inputs = STRICT,
+    model: str = "the model",
+    csv_header: bool = False,
+) -> np.ndarray | Table:
+    """Decode a request body sent as ``kind`` (its ``Content-Type``, as :func:`make_request`
+    checked) into what a model with these ``inputs`` takes: a C-contiguous 2-D float64 array, one
+    row per input, or a :class:`Table` when the model takes columns of other kinds than numbers.
+    ``csv_header``: a CSV body's first line names the columns even if its type does not say so.
+
+    Raises :class:`InvalidInput` for a body that is empty, malformed, ragged, of the wrong kinds,
+    with unknown or lacking columns, or with missing values where the model takes none.
     """
-    if kind == JSON:
-        return _decode_json(body)
-    if kind == CSV:
-        return _decode_csv(body)
-    return _decode_npy(body)
+    media = media_type(kind)
+    if media == JSON:
+        return _decode_json(body, inputs, model)
+    if media == CSV:
+        return _decode_csv(body, inputs, model, csv_header or has_header(kind))
+    if media in (LIBSVM, X_LIBSVM):
+        return _decode_libsvm(body, inputs, model)
+    if not inputs.dense:
+        raise InvalidInput(_NOT_NUMBERS.format(model=model, kind=".npy arrays"))
+    return _as_rows(_decode_npy(body), inputs)
 
 
-def _decode_json(body: bytes) -> np.ndarray:
+_NOT_NUMBERS = (
+    "{model} takes named columns that are not all numbers: {kind} cannot hold them; send "
+    "JSON (records, rows or dataframe_split) or CSV"
+)
+
+
+def _decode_json(body: bytes, inputs: Inputs, model: str) -> np.ndarray | Table:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
@@ -104,17 +155,10 @@ def _decode_json(body: bytes) -> np.ndarray:
         raise InvalidInput(
             f"the body is not valid JSON ({short(exc)}); expected {_SHAPE_HINT}"
         ) from None
-    if isinstance(data, dict):
-        for key in ("inputs", "instances"):
-            if key in data:
-                data = data[key]
-                break
-        else:
-            raise InvalidInput(
-                "a JSON object body needs an 'inputs' or 'instances' member holding " + _SHAPE_HINT
-            )
-    if not isinstance(data, list):
-        raise InvalidInput(f"expected {_SHAPE_HINT}, got a JSON {json_kind(data)}")
+    form = _json_form(data, inputs, model)
+    if form[0] != "rows" or form[1] is not None or not inputs.dense:
+        return _from_form(form, inputs, model)
+    data = form[2]
     # Fast path: numpy infers the shape and dtype in C. It turns JSON booleans into numbers
     # silently, so a body that may hold one is checked value by value first.
     if (
@@ -125,24 +169,100 @@ def _decode_json(body: bytes) -> np.ndarray:
             len(body) > 1 and 0 in body[:2]  # UTF-16 or UTF-32 without a BOM
         )
     ):
-        _check_json_rows(data)
+        _check_json_rows(data, inputs.missing)
     try:
         array = np.array(data)
     except (ValueError, TypeError, RecursionError):
-        _check_json_rows(data)
+        _check_json_rows(data, inputs.missing)
         raise InvalidInput(f"expected {_SHAPE_HINT}") from None
     if array.dtype.kind not in "iuf":
         # Strings, booleans, nulls, objects, or integers too large for int64.
-        _check_json_rows(data)
+        _check_json_rows(data, inputs.missing)
         try:
             array = np.array(data, dtype=np.float64)
         except (ValueError, TypeError, OverflowError):
             raise InvalidInput(f"expected {_SHAPE_HINT}") from None
-    return _as_rows(array)
+    return _as_rows(array, inputs)
 
 
-def _check_json_rows(data: list[Any]) -> None:
-    """Raise :class:`InvalidInput` naming the first value or row that is not as expected."""
+def _json_form(data: Any, inputs: Inputs, model: str) -> Form:
+    """Which of the accepted JSON forms ``data`` is, and its rows."""
+    if isinstance(data, dict):
+        if "dataframe_split" in data:
+            split = data["dataframe_split"]
+            if not isinstance(split, dict) or not isinstance(split.get("data"), list):
+                raise InvalidInput(
+                    "dataframe_split must be an object with 'data', a list of rows, and "
+                    "optionally 'columns', a list of column names"
+                )
+            columns = split.get("columns")
+            if columns is not None and not isinstance(columns, list):
+                raise InvalidInput("dataframe_split's 'columns' must be a list of column names")
+            return ("rows", columns if inputs.frame else None, split["data"])
+        if "dataframe_records" in data:
+            return _listed(data["dataframe_records"], "dataframe_records", inputs, model)
+        for key in ("instances", "inputs"):
+            if key in data:
+                inner = data[key]
+                if isinstance(inner, dict):
+                    return _columnar(inner, key, inputs, model)
+                return _listed(inner, key, inputs, model)
+        if inputs.frame and data:
+            return ("records", None, [data])
+        raise InvalidInput(
+            "a JSON object body needs an 'inputs' or 'instances' member (or MLflow's "
+            "'dataframe_split' or 'dataframe_records') holding " + _SHAPE_HINT
+        )
+    return _listed(data, "the body", inputs, model)
+
+
+def _listed(data: Any, where: str, inputs: Inputs, model: str) -> Form:
+    if not isinstance(data, list):
+        raise InvalidInput(f"expected {_SHAPE_HINT}, got a JSON {json_kind(data)} in {where}")
+    if data and isinstance(data[0], dict):
+        if not inputs.frame:
+            raise InvalidInput(_NO_NAMES.format(model=model))
+        return ("records", None, data)
+    if data and not isinstance(data[0], list) and not inputs.dense:
+        return ("rows", None, [data])  # one row
+    return ("rows", None, data)
+
+
+def _columnar(data: dict[str, Any], where: str, inputs: Inputs, model: str) -> Form:
+    if not inputs.frame:
+        raise InvalidInput(_NO_NAMES.format(model=model))
+    for name, values in data.items():
+        if not isinstance(values, list):
+            raise InvalidInput(
+                f"{where}: column {name!r} is a JSON {json_kind(values)}; expected a list of "
+                "values, one per row"
+            )
+    return ("columns", list(data), list(data.values()))
+
+
+_NO_NAMES = (
+    "expected rows of numbers ([[1.0, 2.0], ...]), got a JSON object: {model} was fitted on an "
+    "array and has no column names"
+)
+
+
+def _from_form(form: Form, inputs: Inputs, model: str) -> np.ndarray | Table:
+    if not inputs.columns:  # a model that does not say its columns: rows of numbers
+        return _as_rows(np.array(_numbers(form[2], inputs.missing), dtype=np.float64), inputs)
+    values, rows = to_columns(form, inputs, model)
+    if rows == 0:
+        raise InvalidInput(f"the input has no rows; expected {_SHAPE_HINT}")
+    return dense(values, rows, inputs) if inputs.dense else table(values, rows, inputs)
+
+
+def _numbers(rows: Any, missing: bool) -> Any:
+    _check_json_rows(rows, missing)
+    return rows
+
+
+def _check_json_rows(data: list[Any], missing: bool = False) -> None:
+    """Raise :class:`InvalidInput` naming the first value or row that is not as expected
+    (``missing``: a ``null`` is a missing value)."""
     if data and isinstance(data[0], list):
         width = len(data[0])
         for i, row in enumerate(data):
@@ -157,20 +277,22 @@ def _check_json_rows(data: list[Any]) -> None:
                     f"{len(row)}; every row needs the same number of features"
                 )
             for j, value in enumerate(row):
-                _check_number(value, f"row {i}, column {j}")
+                _check_number(value, f"row {i}, column {j}", missing)
     else:
         for j, value in enumerate(data):
-            _check_number(value, f"position {j}")
+            _check_number(value, f"position {j}", missing)
 
 
-def _check_number(value: Any, where: str) -> None:
+def _check_number(value: Any, where: str, missing: bool = False) -> None:
+    if value is None and missing:
+        return
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(
             f"value at {where} is a JSON {json_kind(value)} ({preview(value)}); expected a number"
         )
 
 
-def _decode_csv(body: bytes) -> np.ndarray:
+def _decode_csv(body: bytes, inputs: Inputs, model: str, header: bool) -> np.ndarray | Table:
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -184,29 +306,90 @@ def _decode_csv(body: bytes) -> np.ndarray:
         ]
     except csv.Error as exc:
         raise InvalidInput(f"the body is not valid CSV ({exc})") from None
+    names: list[str] | None = None
+    if header and rows:
+        names = [name.strip() for name in rows.pop(0)]
     if not rows:
-        raise InvalidInput("the request body is empty; expected CSV: one row of numbers per line")
-    width = len(rows[0])
+        raise InvalidInput("the request body is empty; expected CSV: one row of values per line")
+    width = len(rows[0]) if names is None else len(names)
     for i, row in enumerate(rows):
         if len(row) != width:
             raise InvalidInput(
-                f"CSV rows have different lengths: line 1 has {width} values, line {i + 1} "
-                f"has {len(row)}; every row needs the same number of features"
+                f"CSV rows have different lengths: line 1 has {width} values, line "
+                f"{i + 1 + (names is not None)} has {len(row)}; every row needs the same number "
+                "of features"
             )
+    if inputs.frame and (names is not None or not inputs.dense):
+        if names is not None:
+            values, count = to_columns(("rows", names, rows), inputs, model)
+            rows = [list(row) for row in zip(*values, strict=True)]
+        elif width != len(inputs.columns):
+            raise InvalidInput(
+                f"CSV rows have {width} values; {model} takes {len(inputs.columns)} "
+                f"column(s) ({', '.join(inputs.names)})"
+            )
+        cells = csv_cells(rows, inputs)
+        return dense(cells, len(rows), inputs) if inputs.dense else table(cells, len(rows), inputs)
     try:
         array = np.array(rows, dtype=np.float64)
     except ValueError:
-        for i, row in enumerate(rows):
-            for j, cell in enumerate(row):
-                try:
-                    float(cell)
-                except ValueError:
-                    raise InvalidInput(
-                        f"CSV value {preview(cell)} at line {i + 1}, column {j + 1} is not a "
-                        "number; expected numbers only, with no header line"
-                    ) from None
-        raise InvalidInput("expected CSV of numbers, one row per line") from None
-    return _as_rows(array)
+        # An empty field is a missing value (as the SageMaker XGBoost container reads it).
+        try:
+            array = np.array(
+                [[cell if cell.strip() else "nan" for cell in row] for row in rows],
+                dtype=np.float64,
+            )
+        except ValueError:
+            _csv_culprit(rows)
+            raise InvalidInput("expected CSV of numbers, one row per line") from None
+    return _as_rows(array, inputs)
+
+
+def _csv_culprit(rows: list[list[str]]) -> None:
+    for i, row in enumerate(rows):
+        for j, cell in enumerate(row):
+            try:
+                float(cell or "nan")
+            except ValueError:
+                raise InvalidInput(
+                    f"CSV value {preview(cell)} at line {i + 1}, column {j + 1} is not a "
+                    "number; expected numbers only (a header line needs "
+                    "'Content-Type: text/csv; header=present')"
+                ) from None
+
+
+def _decode_libsvm(body: bytes, inputs: Inputs, model: str) -> np.ndarray:
+    if not inputs.dense:
+        raise InvalidInput(_NOT_NUMBERS.format(model=model, kind="libsvm rows"))
+    try:
+        lines = [line.split() for line in body.decode("utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError:
+        raise InvalidInput("the libsvm body is not valid UTF-8 text") from None
+    if not lines:
+        raise InvalidInput("the request body is empty; expected libsvm: label index:value ...")
+    entries: list[tuple[int, int, float]] = []
+    for i, tokens in enumerate(lines):
+        for token in tokens[1:] if ":" not in tokens[0] else tokens:
+            index, colon, value = token.partition(":")
+            try:
+                if not colon:
+                    raise ValueError
+                entries.append((i, int(index), float(value)))
+            except ValueError:
+                raise InvalidInput(
+                    f"libsvm token {preview(token)} on line {i + 1} is not index:value"
+                ) from None
+    width = inputs.width or (max((j for _, j, _ in entries), default=-1) + 1) or 1
+    fill = np.nan if inputs.sparse_missing else 0.0
+    array = np.full((len(lines), width), fill, dtype=np.float64)
+    for i, j, value in entries:
+        if not 0 <= j < width:
+            raise InvalidInput(
+                f"libsvm index {j} on line {i + 1} is out of range; {model} takes "
+                f"indices 0 to {width - 1}"
+            )
+        array[i, j] = value
+    return _as_rows(array, inputs)
 
 
 def _filled(row: list[str]) -> bool:
@@ -260,11 +443,12 @@ def _decode_npy(body: bytes) -> np.ndarray:
         )
     except ValueError as exc:  # an empty array whose other dimensions overflow numpy's index
         raise InvalidInput(f".npy array of shape {shape} cannot be made ({short(exc)})") from None
-    return _as_rows(array)
+    return array
 
 
-def _as_rows(array: np.ndarray) -> np.ndarray:
-    """Check shape and values; return the rows as a C-contiguous float64 array."""
+def _as_rows(array: np.ndarray, inputs: Inputs = STRICT) -> np.ndarray:
+    """Check shape and values; return the rows as a C-contiguous float64 array. NaN is a
+    missing value, refused unless the model takes them (``inputs.missing``)."""
     if array.ndim == 1:
         if array.shape[0] == 0:
             raise InvalidInput(f"the input is empty; expected {_SHAPE_HINT}")
@@ -275,19 +459,27 @@ def _as_rows(array: np.ndarray) -> np.ndarray:
         raise InvalidInput(f"the input has no values (shape {array.shape}); expected {_SHAPE_HINT}")
     if array.dtype != np.float64 or not array.flags.c_contiguous:
         array = np.ascontiguousarray(array, dtype=np.float64)
-    check_finite(array)
+    check_finite(array, missing=inputs.missing)
     return array
 
 
-def check_finite(array: np.ndarray, where: str = "") -> None:
-    """Raise :class:`InvalidInput` naming the first NaN or infinity of the 2-D ``array`` (its
-    message starts with ``where``)."""
+def check_finite(array: np.ndarray, where: str = "", missing: bool = False) -> None:
+    """Raise :class:`InvalidInput` naming the first infinity of the 2-D ``array``, or its first
+    NaN unless ``missing`` (the model takes missing values); the message starts with ``where``."""
     finite = np.isfinite(array)
     if not finite.all():
-        i, j = np.argwhere(~finite)[0]
+        bad = np.isinf(array) if missing else ~finite
+        if not bad.any():
+            return
+        i, j = np.argwhere(bad)[0]
+        value = float(array[i, j])
         raise InvalidInput(
-            f"{where}value {float(array[i, j])!r} at row {i}, column {j} is not finite; "
-            "expected finite numbers (no NaN or infinity)"
+            f"{where}value {value!r} at row {i}, column {j} is not finite; expected finite "
+            + (
+                "numbers (a missing value is null or NaN)"
+                if missing
+                else "numbers: this model does not take missing values (NaN or null) nor infinities"
+            )
         )
 
 
@@ -357,6 +549,27 @@ def response_type(csv_answer: bool) -> str:
     return CSV_RESPONSE_TYPE if csv_answer else JSON_RESPONSE_TYPE
 
 
+#: The first byte of an answer that says its own content type (:func:`typed_answer`); an
+#: answer of :func:`encode_as` starts with a JSON or CSV character, never this one.
+_TYPED = 1
+
+
+def typed_answer(body: bytes, content_type: str) -> bytes:
+    """An answer whose ``Content-Type`` is its own (a custom handler's bytes, say), as it
+    travels to the frontend: the marker, the type's length and the type before the body."""
+    kind = content_type.encode("latin-1")[:255]
+    return bytes((_TYPED, len(kind))) + kind + body
+
+
+def answer_body(answer: bytes, csv_answer: bool) -> tuple[bytes, str]:
+    """The body of an answer from the backend and its ``Content-Type``: the type it carries
+    (:func:`typed_answer`), else the one the request's ``Accept`` chose."""
+    if not answer or answer[0] != _TYPED:
+        return answer, response_type(csv_answer)
+    end = 2 + answer[1]
+    return answer[end:], answer[2:end].decode("latin-1")
+
+
 def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool) -> bytes:
     """Encode one output per row as an answer's body: CSV if ``csv_answer`` (the request's
     ``Accept`` preferred it, :func:`wants_csv`), else JSON; its type is :func:`response_type`.
@@ -378,6 +591,18 @@ def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool) -> bytes:
     except TypeError as exc:
         raise ModelError(f"the model's output cannot be encoded: {exc}") from None
     return text.encode()
+
+
+def encode_json(value: Any) -> bytes:
+    """Any value JSON can hold as a JSON body (NaN and infinities as ``null``); raises
+    :class:`ModelError` for one that has no JSON form."""
+    try:
+        try:
+            return _ENCODER.encode(value).encode()
+        except ValueError:
+            return _ENCODER.encode(_finite(value)).encode()
+    except TypeError as exc:
+        raise ModelError(f"the model's output cannot be encoded: {exc}") from None
 
 
 def _json_default(value: Any) -> Any:

@@ -470,6 +470,7 @@ def read_properties(path: Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------
 
 METHODS = ("predict", "predict_proba", "decision_function", "transform")
+MISSING_POLICIES = ("auto", "accept", "refuse")
 #: ``engine`` values (lower case): ``python`` and ``sklearn`` load a pickled model, the others a
 #: booster in its library's own format.
 ENGINES = ("python", "sklearn", "xgboost", "lightgbm")
@@ -500,6 +501,13 @@ class ModelConfig:
     fast_path: bool = True
     entry_point: str = "model.py"
     handler: str = "predict"
+    #: Missing values (null, NaN, empty CSV fields): ``auto`` (those the model answers on at
+    #: load), ``accept`` (all, to the model) or ``refuse`` (a 400 naming the column and row).
+    missing_values: str = "auto"
+    #: A CSV body's first line names the columns, whatever its content type says.
+    csv_header: bool = False
+    #: A custom handler takes each request as it came (body, content type, accept).
+    raw_input: bool = False
     #: Every key of serving.properties as written, for custom handlers.
     properties: Mapping[str, str] = field(default_factory=dict)
 
@@ -540,6 +548,11 @@ class ModelConfig:
         if self.min_workers > self.max_workers:
             raise ConfigError(
                 f"minWorkers={self.min_workers} is greater than maxWorkers={self.max_workers}"
+            )
+        if self.missing_values not in MISSING_POLICIES:
+            raise ConfigError(
+                f"option.missing_values={self.missing_values!r} must be one of "
+                f"{', '.join(MISSING_POLICIES)}"
             )
         if self.method not in METHODS:
             raise ConfigError(f"option.method={self.method!r} is not one of {', '.join(METHODS)}")
@@ -597,6 +610,9 @@ _MODEL_KEYS: dict[str, tuple[str, type]] = {
     "option.handler": ("handler", str),
     "option.model_file": ("model_file", str),
     "option.fast_path": ("fast_path", bool),
+    "option.missing_values": ("missing_values", str),
+    "option.csv_header": ("csv_header", bool),
+    "option.raw_input": ("raw_input", bool),
 }
 
 
@@ -608,6 +624,8 @@ def _djl_key(name: str) -> str:
 
 
 _warned_unknown: set[tuple[str, str]] = set()
+#: Keys the backend reads where the model loads (:mod:`mmserver.schema`).
+_READ_AT_LOAD = frozenset({"option.columns"})
 
 
 def model_config_from_properties(
@@ -619,6 +637,8 @@ def model_config_from_properties(
     for key, raw in props.items():
         spec = _MODEL_KEYS.get(key)
         if spec is None:
+            if key in _READ_AT_LOAD:
+                continue
             if (where, key) not in _warned_unknown:
                 _warned_unknown.add((where, key))
                 log.info("%s: key %r is not used by mmserver; kept for the handler", where, key)

@@ -17,7 +17,11 @@ candidate paths of a model's method are built:
 For a pipeline whose last step has candidates, the steps before it transform the batch first.
 A candidate is kept only if it gives the own method's answers on probe rows (rows that straddle
 the model's split thresholds, where float32 and float64 comparisons part), for a batch and for
-one row: the same shape and type, and values equal, or within 1e-9 of the largest answer.
+one row: the same shape and type, and values equal, or within 1e-9 of the largest answer. For a
+model that takes missing values, the probes are checked again with NaN in some of their values;
+a candidate that answers otherwise there is kept only for batches without a missing value
+(:attr:`Plan.finite_only`). For a model fitted on a DataFrame of numbers, the own method gets the
+batch as a DataFrame, the candidates as the matrix they compute on.
 Each kept path is timed for one row and for a full batch, and each batch size goes to the path
 that is fastest at that size (costs taken as linear in the rows between the two). Any failure
 or doubt leaves the own method. :class:`Plan` is the result.
@@ -83,6 +87,9 @@ class Plan:
     measured: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     convert_s: float = 0.0
+    #: Paths that answer otherwise than the own method on a missing value: a batch that holds
+    #: one goes to the own method.
+    finite_only: frozenset[str] = frozenset()
 
     @property
     def uses(self) -> set[str]:
@@ -111,6 +118,7 @@ class Plan:
                 for name, (one, full) in self.measured.items()
             },
             "rejected": dict(self.rejected),
+            "withoutMissingValuesOnly": sorted(self.finite_only),
             "conversionMillis": _ms(self.convert_s),
         }
 
@@ -150,14 +158,25 @@ def own_plan(fn: Fn, batch_rows: int, why: str | None = None) -> Plan:
     return Plan([(math.inf, OWN, fn)], batch_rows, rejected={"all": why} if why else {})
 
 
-def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: int) -> Plan:
+def plan_paths(
+    model: Any,
+    method: str,
+    own: Fn,
+    n_features: int,
+    batch_rows: int,
+    *,
+    frame: Fn | None = None,
+    missing: bool = False,
+) -> Plan:
     """Build, verify and time the candidate paths of ``model.<method>`` (``own``); the plan of
-    which one each batch size takes."""
+    which one each batch size takes. ``frame`` makes the DataFrame a pipeline's first steps
+    take from a matrix (a model fitted on one); ``missing``: the model takes missing values,
+    and the candidates are checked on them too."""
     started = time.perf_counter()
     batch_rows = min(batch_rows, _TIMED_ROWS)  # past it, the full batch's path (see _routes)
     rejected: dict[str, str] = {}
     head, last = split_pipeline(model)
-    made = candidates(last, method, head, rejected)
+    made = candidates(last, method, head, rejected, frame)
     convert_s = time.perf_counter() - started
     if not made:
         return Plan([(math.inf, OWN, own)], batch_rows, rejected=rejected, convert_s=convert_s)
@@ -171,7 +190,15 @@ def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: in
         return own_plan(own, batch_rows, f"the own {method} fails on probe rows: {reason(exc)}")
     if not isinstance(want_batch, np.ndarray) or not isinstance(want_row, np.ndarray):
         return own_plan(own, batch_rows, f"the own {method} does not return an array")
+    gaps = _with_gaps(probes) if missing else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want_gaps = None if gaps is None else np.asarray(own(gaps))
+    except Exception:
+        want_gaps = None  # the own method fails on these: batches with gaps fail the same way
     kept = [Candidate(OWN, own)]
+    finite_only: set[str] = set()
     for name, fn, _ in made:
         fitted = _shaped(fn, want_batch)
         why = _disagreement(fitted, probes, want_batch) or _disagreement(
@@ -179,11 +206,15 @@ def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: in
         )
         if why is None:
             kept.append(Candidate(name, fitted))
+            if gaps is not None and (
+                want_gaps is None or _disagreement(fitted, gaps, want_gaps) is not None
+            ):
+                finite_only.add(name)
         else:
             rejected[name] = why
     if len(kept) == 1:
         return Plan([(math.inf, OWN, own)], batch_rows, rejected=rejected, convert_s=convert_s)
-    if [c.name for c in kept] == [OWN, LINEAR]:
+    if [c.name for c in kept] == [OWN, LINEAR] and not finite_only:
         # The product is what the own predict computes after its checks: faster at any size,
         # and not worth the load time of measuring.
         return Plan(
@@ -199,7 +230,17 @@ def plan_paths(model: Any, method: str, own: Fn, n_features: int, batch_rows: in
         measured={c.name: (c.one_row_s, c.batch_s) for c in kept},
         rejected=rejected,
         convert_s=convert_s,
+        finite_only=frozenset(finite_only),
     )
+
+
+def _with_gaps(probes: np.ndarray) -> np.ndarray:
+    """The probe rows with about a third of their values missing (NaN), one row all missing."""
+    rng = np.random.default_rng(1)
+    gaps = probes.copy()
+    gaps[rng.random(gaps.shape) < 0.35] = np.nan
+    gaps[0] = np.nan
+    return gaps
 
 
 # ------------------------------------------------------------------------------------------------

@@ -3,10 +3,14 @@
 This runs inside the backend processes (or their threads): no asyncio, no HTTP. Two handlers:
 
 - the default one loads ``model.joblib`` and calls the estimator method named by
-  ``option.method`` (``predict`` unless told otherwise);
+  ``option.method`` (``predict`` unless told otherwise) on what the model takes
+  (:mod:`mmserver.schema`): a float64 matrix, or one DataFrame per batch for a model fitted on
+  one;
 - a custom one imports the model's ``model.py`` (or ``option.entryPoint``), gets the model from its
   ``load(model_dir, properties)`` and predicts with its ``predict(model, batch)`` (or the function
-  named by ``option.handler``, e.g. DJL's ``handle``).
+  named by ``option.handler``, e.g. DJL's ``handle``): ``batch`` is a float64 matrix, a DataFrame
+  when the model declares its columns, or, with ``option.raw_input=true``, a list of
+  :class:`RawRequest` (each request as it came) to be answered one item per request.
 
 Failures while loading become :class:`~mmserver.errors.ModelLoadError` with a one-line reason;
 exceptions from the model's own predict code propagate unchanged for the caller to wrap.
@@ -21,8 +25,9 @@ import logging
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -30,10 +35,29 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmserver.candidates import NATIVE, NUMPY, TREELITE
+from mmserver.codecs import encode_json, typed_answer
 from mmserver.config import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
-from mmserver.families import SKLEARN, find_model_file, inside, load_model, reason
+from mmserver.families import (
+    LIGHTGBM,
+    SKLEARN,
+    XGBOOST,
+    find_model_file,
+    inside,
+    load_model,
+    reason,
+)
 from mmserver.fastpath import own_plan, plan_paths
+from mmserver.schema import (
+    Column,
+    Inputs,
+    declared,
+    feature_names,
+    fitted_columns,
+    matrix_inputs,
+    probe_missing,
+)
+from mmserver.tabular import Table, row_table, to_frame
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +66,34 @@ log = logging.getLogger(__name__)
 _IMPORT_LOCK = threading.Lock()
 
 
+#: A batch as the model takes it: rows of numbers, or a table of typed columns.
+Batch = np.ndarray | Table
+
+
 class Predictor(Protocol):
-    """A loaded model. ``predict`` takes a 2-D float64 batch and returns one output per row.
+    """A loaded model. ``predict`` takes a batch of what the model takes (``inputs``) and
+    returns one output per row.
 
     ``outputs`` names what the model can answer, ``predict``'s answer first; ``output`` answers
     the batch with one of them (the V2 API's requested outputs)."""
 
     n_features: int | None
     outputs: tuple[str, ...]
+    inputs: Inputs
 
-    def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]: ...
+    def predict(self, batch: Batch) -> np.ndarray | list[Any]: ...
 
-    def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]: ...
+    def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RawRequest:
+    """A request as it came, for a custom handler with ``option.raw_input=true``: the body,
+    its ``Content-Type`` (``""`` when none was sent) and whether the client asked for CSV."""
+
+    body: bytes
+    content_type: str
+    wants_csv: bool
 
 
 def _n_features(model: Any) -> int | None:
@@ -83,7 +123,7 @@ def _step(model: Any, index: int) -> Any:
     return None
 
 
-def _check_rows(out: Any, batch: np.ndarray) -> np.ndarray | list[Any]:
+def _check_rows(out: Any, batch: Any) -> np.ndarray | list[Any]:
     expected = len(batch)
     if isinstance(out, np.ndarray):
         got = out.shape[0] if out.ndim > 0 else None
@@ -124,6 +164,8 @@ class EstimatorPredictor:
         family: str = SKLEARN,
         fast_path: bool = True,
         batch_rows: int = 32,
+        config: ModelConfig | None = None,
+        model_dir: Path | None = None,
     ) -> None:
         fn = getattr(model, method, None)
         if not callable(fn):
@@ -137,26 +179,51 @@ class EstimatorPredictor:
         self.method = method
         self.family = family
         self.n_features: int | None = _n_features(model)
+        final = _step(model, -1)
+        booster = _is_booster(model if final is None else final)
+        self.inputs = find_inputs(
+            model, fn, self.n_features, config, model_dir, family in (XGBOOST, LIGHTGBM) or booster
+        )
+        self.n_features = self.inputs.width or self.n_features
+        inputs = self.inputs
+        if inputs.frame:
+            own: Callable[[Any], Any] = lambda batch: fn(to_frame(batch, inputs))  # noqa: E731
+        else:
+            own = fn
+        self._own = own
         others = [m for m in METHODS if m != method and callable(getattr(model, m, None))]
         self.outputs: tuple[str, ...] = (method, *others)
-        final = _step(model, -1)
         self.output_facts = [
             _output_facts(model if final is None else final, m) for m in self.outputs
         ]
-        if self.n_features and _is_booster(model if final is None else final):
+        if self.n_features and booster and inputs.dense:
             # A booster's fitted attributes do not say its answer's type and shape: one call
             # on two rows of zeros does (cheap for a booster).
             self.output_facts = [
-                _called_facts(model, m, self.n_features) or facts
+                _called_facts(self._method(m), m, self.n_features) or facts
                 for m, facts in zip(self.outputs, self.output_facts, strict=True)
             ]
+        missing = any(c.missing for c in inputs.columns)
         if not fast_path:
-            self.plan = own_plan(fn, batch_rows, "option.fast_path=false")
+            self.plan = own_plan(own, batch_rows, "option.fast_path=false")
         elif self.n_features is None:
-            self.plan = own_plan(fn, batch_rows, "the model does not say its number of features")
+            self.plan = own_plan(own, batch_rows, "the model does not say its number of features")
+        elif not inputs.dense:
+            self.plan = own_plan(
+                own, batch_rows, "the model takes a DataFrame with columns other than numbers"
+            )
         else:
-            self.plan = plan_paths(model, method, fn, self.n_features, batch_rows)
+            self.plan = plan_paths(
+                model,
+                method,
+                own,
+                self.n_features,
+                batch_rows,
+                frame=(lambda x: to_frame(x, inputs)) if inputs.frame else None,
+                missing=missing,
+            )
         self._routes = self.plan.routes
+        self._finite_only = self.plan.finite_only
         self.last_path = self._routes[0][1]
         if not self.plan.uses <= {TREELITE, NATIVE, NUMPY} or len(self.outputs) > 1:
             return
@@ -167,11 +234,22 @@ class EstimatorPredictor:
         self.model = None
         _release_freed_memory()
 
-    def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
+    def _method(self, name: str) -> Callable[[Any], Any]:
+        """The model's method ``name`` on a batch as the model takes it."""
+        fn = getattr(self.model, name)
+        if not self.inputs.frame:
+            return fn  # type: ignore[no-any-return]
+        inputs = self.inputs
+        return lambda batch: fn(to_frame(batch, inputs))
+
+    def predict(self, batch: Batch) -> np.ndarray | list[Any]:
         rows, routes, i = len(batch), self._routes, 0
         while rows > routes[i][0]:  # the last route takes any number of rows
             i += 1
         _, self.last_path, fn = routes[i]
+        if self.last_path in self._finite_only and np.isnan(batch).any():  # type: ignore[arg-type]
+            # This path answers otherwise than the model on missing values (found at load).
+            self.last_path, fn = "own", self._own
         return _check_rows(fn(batch), batch)
 
     def describe(self) -> dict[str, Any]:
@@ -183,11 +261,18 @@ class EstimatorPredictor:
             "summary": self.plan.summary(),
         }
 
-    def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]:
+    def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]:
         """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``."""
         if name == self.method:
             return self.predict(batch)
-        return _check_rows(getattr(self.model, name)(batch), batch)
+        return _check_rows(self._method(name)(batch), batch)
+
+    def sample(self) -> Batch:
+        """One row of plain values, as this model takes it (the load's timing probe)."""
+        row = [_plain(c) for c in self.inputs.columns]
+        if self.inputs.dense:
+            return np.array([row], dtype=np.float64)
+        return row_table(self.inputs.columns, row)
 
 
 def _release_freed_memory() -> None:
@@ -200,20 +285,136 @@ def _release_freed_memory() -> None:
 
 
 class CustomPredictor:
-    """A handler from the model's own ``model.py``: ``predict(model, batch) -> rows``."""
+    """A handler from the model's own ``model.py``: ``predict(model, batch) -> rows``; with
+    ``option.raw_input=true``, ``predict(model, requests) -> answers`` on
+    :class:`RawRequest` items, one answer per request: ``bytes`` (sent as they are, typed as
+    the request's ``Accept`` asked, JSON or CSV), a ``(bytes, content type)`` pair, or any object
+    JSON can hold (sent as JSON)."""
 
     outputs: tuple[str, ...] = ("predict",)
 
-    def __init__(self, model: Any, fn: Callable[[Any, np.ndarray], Any]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        fn: Callable[[Any, Any], Any],
+        config: ModelConfig | None = None,
+        model_dir: Path | None = None,
+    ) -> None:
         self.model = model
         self.n_features: int | None = _n_features(model) if model is not None else None
         self._fn = fn
+        if config is not None and config.raw_input:
+            self.inputs = Inputs(raw=True)
+            return
+        columns = declared(model_dir, config.properties) if model_dir and config else None
+        refuse = config is not None and config.missing_values == "refuse"
+        if columns:
+            self.inputs = Inputs(
+                tuple(replace(c, missing=not refuse) for c in columns),
+                frame=True,
+                csv_header=bool(config and config.csv_header),
+            )
+            self.n_features = len(columns)
+        else:
+            self.inputs = replace(
+                matrix_inputs(self.n_features, missing=not refuse),
+                csv_header=bool(config and config.csv_header),
+            )
+            if not self.n_features:
+                self.inputs = replace(self.inputs, missing=not refuse)
 
-    def predict(self, batch: np.ndarray) -> np.ndarray | list[Any]:
+    def predict(self, batch: Batch) -> np.ndarray | list[Any]:
+        if self.inputs.frame:
+            return _check_rows(self._fn(self.model, to_frame(batch, self.inputs)), batch)
         return _check_rows(self._fn(self.model, batch), batch)
 
-    def output(self, name: str, batch: np.ndarray) -> np.ndarray | list[Any]:
+    def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]:
         return self.predict(batch)
+
+    def answer_raw(
+        self, requests: Sequence[tuple[bytes, str, bool]]
+    ) -> list[bytes | tuple[str, str]]:
+        """Each request's answer from the handler, encoded (``option.raw_input``); an Open
+        Inference Protocol request is refused: its answer is a tensor, not the handler's."""
+        out: list[bytes | tuple[str, str]] = [
+            (
+                "InvalidInput",
+                "this model's handler takes requests as they came (option.raw_input): call it "
+                "on its DJL or SageMaker path, not the Open Inference Protocol",
+            )
+        ] * len(requests)
+        taken = [i for i, (_, kind, _) in enumerate(requests) if not kind.startswith("v2")]
+        if not taken:
+            return out
+        raw = [RawRequest(*requests[i]) for i in taken]
+        answers = _check_rows(self._fn(self.model, raw), raw)
+        for i, answer in zip(taken, answers, strict=True):
+            out[i] = _raw_answer(answer, requests[i][2])
+        return out
+
+
+def _raw_answer(answer: Any, csv: bool) -> bytes:
+    if isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], str):
+        body, content_type = answer
+        if not isinstance(body, bytes | bytearray | str):
+            raise ModelError("a handler's (body, content type) answer needs bytes or text")
+        data = body.encode() if isinstance(body, str) else bytes(body)
+        return typed_answer(data, content_type)
+    if isinstance(answer, bytes | bytearray):
+        return typed_answer(bytes(answer), "text/csv; charset=utf-8" if csv else "application/json")
+    return encode_json(answer)
+
+
+def _plain(column: Column) -> Any:
+    """A value of ``column``'s kind the model was fitted on (for the timing probe)."""
+    if column.categories:
+        return column.categories[0]
+    return {"number": 0.0, "string": "", "boolean": False}.get(column.kind)
+
+
+def find_inputs(
+    model: Any,
+    fn: Callable[[Any], Any],
+    width: int | None,
+    config: ModelConfig | None,
+    model_dir: Path | None,
+    sparse_missing: bool,
+) -> Inputs:
+    """What the model takes (:mod:`mmserver.schema`): its declared or fitted columns, and
+    where it takes missing values (found by calling ``fn``, its method, unless configured)."""
+    names = feature_names(model)
+    columns = declared(model_dir, config.properties) if model_dir and config else None
+    if columns is not None and names is not None:
+        kinds = {c.name: c for c in columns}
+        if set(kinds) != set(names):
+            raise ModelLoadError(
+                f"the declared columns ({', '.join(kinds)}) are not the model's "
+                f"({', '.join(names)})"
+            )
+        fitted = {c.name: c for c in fitted_columns(model, names)}
+        columns = [
+            replace(kinds[n], categories=kinds[n].categories or fitted[n].categories) for n in names
+        ]
+    elif columns is None and names is not None:
+        columns = fitted_columns(model, names)
+    frame = columns is not None
+    if columns is None:
+        columns = list(matrix_inputs(width).columns)
+    policy = config.missing_values if config is not None else "auto"
+    csv_header = bool(config and config.csv_header)
+    if policy != "auto" or not columns:
+        accept = policy != "refuse"
+        columns = [replace(c, missing=accept) for c in columns]
+    else:
+
+        def call(cols: list[Column], row: list[Any]) -> Any:
+            if frame:
+                return fn(to_frame(row_table(cols, row), Inputs(tuple(cols), frame=True)))
+            return fn(np.array([row], dtype=np.float64))
+
+        columns = probe_missing(columns, call, frame)
+    missing = all(c.missing for c in columns) if columns else policy != "refuse"
+    return Inputs(tuple(columns), frame, False, missing, sparse_missing, csv_header)
 
 
 def signature(predictor: Predictor) -> dict[str, Any]:
@@ -222,14 +423,16 @@ def signature(predictor: Predictor) -> dict[str, Any]:
     ``None``), and ``outputs``: per output its ``name``, the NumPy ``dtype`` string of its values
     and its ``shape`` (-1 where unknown), from the estimator's fitted attributes at load; a
     custom handler's output is listed by name only (``dtype`` and ``shape`` ``None``)."""
+    inputs = predictor.inputs
+    facts = {
+        "n_features": predictor.n_features,
+        "inputs": inputs.describe() if inputs.frame else None,
+        "raw": inputs.raw,
+    }
     if not isinstance(predictor, EstimatorPredictor):
         outputs = [{"name": name, "dtype": None, "shape": None} for name in predictor.outputs]
-        return {"platform": "python", "n_features": predictor.n_features, "outputs": outputs}
-    return {
-        "platform": predictor.family,
-        "n_features": predictor.n_features,
-        "outputs": predictor.output_facts,
-    }
+        return {"platform": "python", **facts, "outputs": outputs}
+    return {"platform": predictor.family, **facts, "outputs": predictor.output_facts}
 
 
 def _output_facts(estimator: Any, method: str) -> dict[str, Any]:
@@ -265,11 +468,13 @@ def _is_booster(estimator: Any) -> bool:
     )
 
 
-def _called_facts(model: Any, method: str, width: int) -> dict[str, Any] | None:
+def _called_facts(
+    call: Callable[[np.ndarray], Any], method: str, width: int
+) -> dict[str, Any] | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            answer = np.asarray(getattr(model, method)(np.zeros((2, width))))
+            answer = np.asarray(call(np.zeros((2, width))))
     except Exception:
         return None
     return {"name": method, "dtype": answer.dtype.str, "shape": [-1, *answer.shape[1:]]}
@@ -317,6 +522,8 @@ def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
         family=found.family,
         fast_path=config.fast_path,
         batch_rows=config.batch_size,
+        config=config,
+        model_dir=model_dir,
     )
 
 
@@ -418,4 +625,4 @@ def _make_custom(
     else:
         found = find_model_file(model_dir, config)
         model = load_model(found) if found is not None else None
-    return CustomPredictor(model, fn)
+    return CustomPredictor(model, fn, config, model_dir)

@@ -8,10 +8,13 @@ the outputs asked for), :func:`encode_v2` turns the model's outputs into the ans
 Inputs: each tensor has a ``name``, a ``shape``, a ``datatype`` and its values, as JSON
 ``data`` (flat or nested, row-major) or, with Triton's binary tensor data extension, as
 ``parameters.binary_data_size`` bytes after the JSON header (little-endian, row-major; a BOOL is
-one byte). Numeric datatypes are accepted (BOOL, INT8..INT64, UINT8..UINT64, FP16, FP32, FP64);
-the values are read as the declared datatype, then as float64. A tensor of shape ``[n, k]`` is
-``n`` rows of ``k`` features, one of shape ``[n]`` is ``n`` rows of one feature; several inputs
-are placed side by side, in order, as columns of the same rows.
+one byte; BYTES items each a 4-byte little-endian length and the bytes). Numeric datatypes (BOOL,
+INT8..INT64, UINT8..UINT64, FP16, FP32, FP64) are read as the declared datatype, then as float64;
+a JSON ``null`` is a missing value. A tensor of shape ``[n, k]`` is ``n`` rows of ``k``
+features, one of shape ``[n]`` (or ``[n, 1]``) is ``n`` rows of one feature; several inputs are
+placed side by side, in order, as columns of the same rows. For a model with named columns
+(:mod:`mmserver.schema`), inputs named after its columns are its columns, in any order, as
+MLServer's pandas codec sends a DataFrame: one input per column, ``BYTES`` for strings.
 
 Outputs: the outputs a model has are named after the estimator's methods (``predict``,
 ``predict_proba``, ``decision_function``, ``transform``), the one ``option.method`` names first;
@@ -38,8 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.codecs import Request, check_finite, json_kind, preview, short
+from mmserver.codecs import STRICT, Request, check_finite, json_kind, preview, short
 from mmserver.errors import InvalidInput, ModelError
+from mmserver.schema import Inputs
+from mmserver.tabular import Table, dense, table, to_columns
 
 #: The kind (see :data:`mmserver.codecs.Request`) of a V2 request with a JSON body; with binary
 #: data the kind is ``"v2:<length of the JSON header>"``.
@@ -106,7 +111,7 @@ class InferRequest:
     whether each goes as binary data."""
 
     id: str | None
-    rows: np.ndarray
+    rows: np.ndarray | Table
     outputs: list[str]
     binary: list[bool]
 
@@ -116,9 +121,16 @@ class InferRequest:
 # ------------------------------------------------------------------------------------------------
 
 
-def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
+def decode_v2(
+    body: bytes,
+    kind: str,
+    available: Sequence[str],
+    inputs: Inputs = STRICT,
+    model: str = "the model",
+) -> InferRequest:
     """Decode a V2 request of ``kind`` for a model whose outputs are ``available`` (the first
-    is the default). Raises :class:`InvalidInput` saying what is wrong."""
+    is the default) and that takes ``inputs``. Raises :class:`InvalidInput` saying what is
+    wrong."""
     _, _, length = kind.partition(":")
     header_length = int(length) if length else len(body)
     try:
@@ -138,8 +150,8 @@ def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
         raise InvalidInput(f"'id' is a JSON {json_kind(request_id)}; expected a string")
     parameters = parameters_of(data, "the request")
     binary_default = _flag(parameters, "binary_data_output", "the request", default=False)
-    inputs = data.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
+    tensors = data.get("inputs")
+    if not isinstance(tensors, list) or not tensors:
         raise InvalidInput("the inference request needs 'inputs', a non-empty list of tensors")
     binary = memoryview(body)[header_length:]
     offset = 0
@@ -147,9 +159,10 @@ def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
     # A JSON true or false among numbers would become 1 or 0: looked for only when the text
     # has one (JSON's literals are ASCII in every encoding json.loads reads but UTF-16/32).
     head = body[:header_length]
+    strings = inputs.frame and not inputs.dense  # a model with string or category columns
     booleans = b"true" in head or b"false" in head or head[:2] in (b"\xff\xfe", b"\xfe\xff")
-    for index, tensor in enumerate(inputs):
-        name, array, offset = _input(tensor, index, binary, offset, booleans)
+    for index, tensor in enumerate(tensors):
+        name, array, offset = _input(tensor, index, binary, offset, booleans, strings)
         if columns and any(name == seen for seen, _ in columns):
             raise InvalidInput(f"two inputs are named {name!r}; input names must be unique")
         columns.append((name, array))
@@ -159,14 +172,20 @@ def decode_v2(body: bytes, kind: str, available: Sequence[str]) -> InferRequest:
             f"binary_data_size add up to {offset}"
         )
     outputs, binary_outputs = _outputs(data.get("outputs"), available, binary_default)
-    return InferRequest(request_id, _rows(columns), outputs, binary_outputs)
+    return InferRequest(request_id, _rows(columns, inputs, model), outputs, binary_outputs)
 
 
 def _input(
-    tensor: Any, index: int, binary: memoryview, offset: int, booleans: bool = True
+    tensor: Any,
+    index: int,
+    binary: memoryview,
+    offset: int,
+    booleans: bool = True,
+    strings: bool = False,
 ) -> tuple[str, np.ndarray, int]:
-    """One input tensor: its name, its values as float64 in its shape, and the offset of the
-    next input's binary data."""
+    """One input tensor: its name, its values as float64 in its shape (strings in an object
+    array for BYTES, which only a model that takes strings, ``strings``, is sent), and the
+    offset of the next input's binary data."""
     if not isinstance(tensor, dict):
         raise InvalidInput(f"input {index} is a JSON {json_kind(tensor)}; expected {_TENSOR_HINT}")
     name = tensor.get("name")
@@ -177,7 +196,9 @@ def _input(
     if not (isinstance(shape, list) and all(type(dim) is int and dim >= 0 for dim in shape)):
         raise InvalidInput(f"{where} needs 'shape', a list of non-negative integers")
     datatype = tensor.get("datatype")
-    if not isinstance(datatype, str) or datatype not in NUMERIC:
+    if not isinstance(datatype, str) or (
+        datatype not in NUMERIC and (datatype != "BYTES" or not strings)
+    ):
         if datatype in DATATYPES:
             raise InvalidInput(
                 f"{where} has datatype {datatype}; the model takes numbers: send one of "
@@ -186,7 +207,6 @@ def _input(
         raise InvalidInput(
             f"{where} has datatype {preview(datatype)}; expected one of {', '.join(DATATYPES)}"
         )
-    dtype = NUMERIC[datatype]
     parameters = parameters_of(tensor, where)
     for key in parameters:
         if key.startswith("shared_memory"):
@@ -195,6 +215,10 @@ def _input(
                 "supported: send the values as data or as binary data"
             )
     count = math.prod(shape)
+    if datatype == "BYTES":
+        strings, offset = _strings(tensor, parameters, count, binary, offset, where)
+        return name, strings.reshape(shape), offset
+    dtype = NUMERIC[datatype]
     size = parameters.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0:
@@ -224,6 +248,63 @@ def _input(
     return name, array.astype(np.float64, copy=False).reshape(shape), offset
 
 
+def _strings(
+    tensor: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    count: int,
+    binary: memoryview,
+    offset: int,
+    where: str,
+) -> tuple[np.ndarray, int]:
+    """A BYTES tensor's items as an object array of strings (``None`` for a JSON null), and the
+    offset of the next input's binary data."""
+    out = np.empty(count, dtype=object)
+    size = parameters.get("binary_data_size")
+    if size is not None:
+        if type(size) is not int or size < 0 or offset + size > len(binary):
+            raise InvalidInput(
+                f"{where}: binary_data_size must be a non-negative integer within the "
+                f"{len(binary)} bytes after the JSON header"
+            )
+        end, at = offset + size, offset
+        for i in range(count):
+            if at + 4 > end:
+                raise InvalidInput(f"{where}: its binary data holds fewer than {count} items")
+            (length,) = _BYTES_LENGTH.unpack_from(binary, at)
+            if at + 4 + length > end:
+                raise InvalidInput(f"{where}: item {i} runs past its binary data")
+            out[i] = _text(bytes(binary[at + 4 : at + 4 + length]), where, i)
+            at += 4 + length
+        if at != end:
+            raise InvalidInput(f"{where}: its binary data holds more than {count} items")
+        return out, end
+    if "data" not in tensor:
+        raise InvalidInput(f"{where} has no 'data' (nor parameters.binary_data_size)")
+    data = tensor["data"]
+    if not isinstance(data, list):
+        raise InvalidInput(f"{where}: 'data' is a JSON {json_kind(data)}; expected an array")
+    items = list(_leaves(data))
+    if len(items) != count:
+        raise InvalidInput(
+            f"{where} has {count} value(s) by its shape, but its data has {len(items)}"
+        )
+    for i, item in enumerate(items):
+        if item is not None and not isinstance(item, str):
+            raise InvalidInput(
+                f"{where} is BYTES; item {i} is a JSON {json_kind(item)} ({preview(item)}); "
+                "expected strings (or null for a missing value)"
+            )
+        out[i] = item
+    return out, offset
+
+
+def _text(data: bytes, where: str, index: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{where}: item {index} is not UTF-8 text") from None
+
+
 def _json_data(
     data: Any, datatype: str, shape: list[int], where: str, booleans: bool = True
 ) -> np.ndarray:
@@ -244,8 +325,15 @@ def _json_data(
         )
     kind = array.dtype.kind
     if count and kind not in "biuf":
-        bad = next((v for v in _leaves(data) if not _is_number(v)), None)
-        if bad is None:  # numbers, but an integer beyond 64 bits
+        bad = next((v for v in _leaves(data) if not _is_number(v)), _END)
+        if (
+            bad is None
+            and datatype != "BOOL"
+            and all(v is None or (_is_number(v) and type(v) is not bool) for v in _leaves(data))
+        ):
+            # A null is a missing value: NaN, refused later where the model takes none.
+            return np.array(data, dtype=np.float64)
+        if bad is _END:  # numbers, but an integer beyond 64 bits
             raise InvalidInput(f"{where}: an integer is beyond 64 bits; datatype {datatype}")
         raise InvalidInput(
             f"{where}: value {preview(bad)} is not a number; datatype {datatype} takes "
@@ -301,8 +389,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float)
 
 
-def _rows(columns: list[tuple[str, np.ndarray]]) -> np.ndarray:
-    """The inputs side by side: one row per first dimension, C-contiguous float64, finite."""
+def _rows(columns: list[tuple[str, np.ndarray]], inputs: Inputs, model: str) -> np.ndarray | Table:
+    """The inputs as the model takes them: its named columns when every input is named after
+    one of them, else side by side, one row per first dimension (a C-contiguous float64 matrix
+    of finite numbers, NaN where the model takes missing values)."""
+    names = set(inputs.names)
+    if inputs.frame and all(name in names for name, _ in columns):
+        return _named(columns, inputs, model)
     parts: list[np.ndarray] = []
     first, count = "", 0
     for name, array in columns:
@@ -319,14 +412,44 @@ def _rows(columns: list[tuple[str, np.ndarray]]) -> np.ndarray:
                 f"{preview(name)} has {len(array)}; each input is one or more columns of the "
                 "same rows"
             )
+        if array.dtype.kind == "O":
+            raise InvalidInput(
+                f"input {preview(name)} is BYTES; {model} takes numbers"
+                + (
+                    f" unless inputs are named after its columns ({', '.join(inputs.names)})"
+                    if inputs.frame
+                    else ""
+                )
+            )
         parts.append(array.reshape(-1, 1) if array.ndim == 1 else array)
     rows = parts[0] if len(parts) == 1 else np.hstack(parts)
     if rows.size == 0:
         raise InvalidInput("the inputs hold no values; expected at least one row of features")
     if not np.isfinite(rows).all():
         for (name, _), part in zip(columns, parts, strict=True):
-            check_finite(part, f"input {preview(name)}: ")
+            check_finite(part, f"input {preview(name)}: ", inputs.missing)
     return np.ascontiguousarray(rows, dtype=np.float64)
+
+
+def _named(columns: list[tuple[str, np.ndarray]], inputs: Inputs, model: str) -> np.ndarray | Table:
+    """One input per column (MLServer's pandas codec): each of shape [rows] or [rows, 1]."""
+    lists: list[list[Any]] = []
+    for name, array in columns:
+        if array.ndim == 2 and array.shape[1] == 1:
+            array = array.reshape(-1)
+        if array.ndim != 1:
+            raise InvalidInput(
+                f"input {preview(name)} has shape {list(array.shape)}; a column is [rows] or "
+                "[rows, 1]"
+            )
+        values = array.tolist()
+        if array.dtype.kind == "f":  # NaN: a missing value, as null is
+            values = [None if v != v else v for v in values]
+        lists.append(values)
+    values, rows = to_columns(("columns", [n for n, _ in columns], lists), inputs, model)
+    if rows == 0:
+        raise InvalidInput("the inputs hold no values; expected at least one row")
+    return dense(values, rows, inputs) if inputs.dense else table(values, rows, inputs)
 
 
 def _outputs(

@@ -124,6 +124,9 @@ class ModelView:
     paths: dict[str, Any] | None = None
     path_batches: dict[str, int] | None = None
     error: str | None = None
+    #: The named columns a loaded model takes (:mod:`mmserver.schema`); ``None`` for a model
+    #: that takes rows of numbers.
+    inputs: list[dict[str, Any]] | None = None
 
 
 class ModelListing(NamedTuple):
@@ -829,6 +832,7 @@ class WorkLoadManager:
             config=config,
             startup=record.startup if record is not None else False,
             error=failure.error.message if failure is not None else None,
+            inputs=(record.signature or {}).get("inputs") if record is not None else None,
         )
         if pool is None:
             return view

@@ -23,7 +23,7 @@ from multidict import CIMultiDictProxy
 
 from mmserver.api import REQUEST_ID, STATE, read_body, request_id
 from mmserver.api.middleware import Handler, answer_error, answer_unexpected
-from mmserver.codecs import Request, make_request, response_type
+from mmserver.codecs import Request, answer_body, make_request
 from mmserver.errors import (
     InvalidInput,
     InvalidModelName,
@@ -142,7 +142,8 @@ def _make_job(body: bytes, headers: CIMultiDictProxy[str]) -> Request:
 
 
 def _respond(answer: bytes, job: Request) -> web.Response:
-    return web.Response(body=answer, headers={hdrs.CONTENT_TYPE: response_type(job[2])})
+    body, content_type = answer_body(answer, job[2])
+    return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
 
 
 #: The four inference paths of DJL and SageMaker: ``POST /predictions/{model}`` (DJL),

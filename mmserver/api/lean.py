@@ -46,7 +46,7 @@ from aiohttp.helpers import rfc822_formatted_time
 from mmserver.api import REQUEST_ID, ApiState
 from mmserver.api.inference import failure_label, missing_target
 from mmserver.api.middleware import log_server_error, render_error, unexpected
-from mmserver.codecs import Request, make_request, response_type
+from mmserver.codecs import Request, answer_body, make_request, response_type
 from mmserver.errors import MMServerError
 from mmserver.v2codec import HEADER_LENGTH, split_answer, v2_request
 
@@ -87,6 +87,7 @@ _DJL, _SAGEMAKER, _V2 = 0, 1, 2
 _CONTENT_TYPE = "Content-Type"
 #: The ``Content-Type`` of a 200 answer, by whether the answer is CSV.
 _RESPONSE_TYPES = {csv: response_type(csv).encode() for csv in (False, True)}
+_TYPED = b"\x01"
 _OK = (
     b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
     b"Content-Length: %d\r\nDate: %s\r\nServer: mmserver\r\n\r\n%s"
@@ -176,7 +177,11 @@ class _Exchange:
         job = self.job
         assert job is not None and self.submission is not None
         if self.kind != _V2:
-            self.data = _OK % (_RESPONSE_TYPES[job[2]], self.rid, len(body), _date(), body)
+            content_type = _RESPONSE_TYPES[job[2]]
+            if body[:1] == _TYPED:  # a custom handler's answer, with a type of its own
+                body, text = answer_body(body, job[2])
+                content_type = text.encode("latin-1")
+            self.data = _OK % (content_type, self.rid, len(body), _date(), body)
         else:
             self.data = _v2_answer(body, self.rid.decode())
         requests = self.submission.requests

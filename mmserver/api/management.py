@@ -136,6 +136,8 @@ def _describe(model: ModelView) -> dict[str, Any]:
             paths["batches"] = model.path_batches or {}
             result["family"] = model.paths.get("family")
             result["predictPaths"] = paths
+    if model.inputs is not None:
+        result["inputs"] = model.inputs
     if model.error is not None:
         result["error"] = model.error
     return result

@@ -111,6 +111,10 @@ async def model_metadata(request: web.Request) -> web.Response:
     return web.json_response(describe(name, wlm.signature(name)))
 
 
+#: A column's kind (:mod:`mmserver.schema`) to the datatype of its V2 input.
+_COLUMN_DATATYPES = {"number": "FP64", "string": "BYTES", "boolean": "BOOL", "category": "BYTES"}
+
+
 def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
     """V2 model metadata from a model's :func:`~mmserver.predictor.signature` (``None``: not
     known yet, the model has not been loaded into a backend; no inputs nor outputs then)."""
@@ -119,8 +123,15 @@ def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
     outputs: list[dict[str, Any]] = []
     if signature is not None:
         metadata["platform"] = signature["platform"]
-        width = signature["n_features"] or -1
-        inputs.append({"name": INPUT_NAME, "datatype": "FP64", "shape": [-1, width]})
+        columns = signature.get("inputs")
+        if columns:  # a model fitted on a DataFrame: one input per column (MLServer's pandas)
+            inputs.extend(
+                {"name": c["name"], "datatype": _COLUMN_DATATYPES[c["kind"]], "shape": [-1]}
+                for c in columns
+            )
+        else:
+            width = signature["n_features"] or -1
+            inputs.append({"name": INPUT_NAME, "datatype": "FP64", "shape": [-1, width]})
         for output in signature["outputs"]:
             if output["dtype"] is not None:  # a custom handler's output: not known before
                 outputs.append(

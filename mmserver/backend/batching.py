@@ -1,9 +1,10 @@
 """Answering a batch where the model runs: in a backend process, or a thread slot's thread.
 
 A batch's requests come as they came to the frontend (bodies, not arrays): :func:`answer_batch`
-decodes each body, makes one call to the model for all the valid rows, and encodes one answer per
-request. A body that does not decode, or has the wrong number of features, gets its own error; the
-others in its batch are answered.
+decodes each body into what the model takes (:mod:`mmserver.schema`), makes one call to the model
+for all the valid rows — one matrix, or one DataFrame for a model that takes one — and encodes
+one answer per request. A body that does not decode, or has the wrong number of features, gets
+its own error; the others in its batch are answered.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmserver import errors
-from mmserver.codecs import Request, decode_as, encode_as
+from mmserver.codecs import STRICT, Request, decode_as, encode_as
+from mmserver.schema import Inputs, matrix_inputs
+from mmserver.tabular import Table, merge_tables
 from mmserver.v2codec import decode_v2, encode_v2, is_v2
+
+#: A batch's rows: a float64 matrix, or a table of typed columns.
+Rows = np.ndarray | Table
 
 #: One request's answer from :func:`answer_batch`: the encoded body, or the name of an
 #: :class:`~mmserver.errors.MMServerError` class and its message.
@@ -26,33 +32,38 @@ class Predict(Protocol):
     """The model of a batch: ``predict(rows)`` answers one output per row; with ``output``,
     one of the outputs the model names (:attr:`mmserver.predictor.Predictor.outputs`)."""
 
-    def __call__(self, batch: np.ndarray, output: str | None = None, /) -> Any: ...
+    def __call__(self, batch: Rows, output: str | None = None, /) -> Any: ...
 
 
 def answer_batch(
     requests: Sequence[Request],
     predict: Predict,
-    n_features: int | None,
+    inputs: Inputs | int | None,
     name: str,
     output_names: Sequence[str] = ("predict",),
 ) -> list[Answer]:
     """Decode each request, predict every valid row in one call, and encode each answer.
 
-    A request that does not decode, or whose rows do not have ``n_features`` values, is answered
-    with its error and left out of the call. When the model does not say how many features it
-    takes, requests of different widths go to it in one call per width. V2 requests go in calls
-    of their own (:func:`answer_v2`); ``output_names`` are the outputs they may ask for, the
-    first being what ``predict(rows)`` answers. An exception from ``predict``, or outputs that
-    do not match the rows, is the whole batch's and is raised."""
+    ``inputs`` is what the model takes (a width alone: that many numbers, no missing values;
+    ``None``: numbers, any width). A request that does not decode, or whose rows do not have the
+    model's width, is answered with its error and left out of the call. When the model does not
+    say how many features it takes, requests of different widths go to it in one call per
+    width. V2 requests go in calls of their own (:func:`answer_v2`); ``output_names`` are the
+    outputs they may ask for, the first being what ``predict(rows)`` answers. An exception from
+    ``predict``, or outputs that do not match the rows, is the whole batch's and is raised."""
+    if not isinstance(inputs, Inputs):
+        inputs = STRICT if inputs is None else matrix_inputs(inputs, missing=False)
+    n_features = inputs.width
+    model = f"model {name}"
     answers: list[Answer] = [b""] * len(requests)
-    groups: dict[int, list[tuple[int, np.ndarray]]] = {}
+    groups: dict[int, list[tuple[int, Rows]]] = {}
     v2: list[int] = []
     for i, (body, kind, _) in enumerate(requests):
         if is_v2(kind):
             v2.append(i)
             continue
         try:
-            rows = decode_as(body, kind)
+            rows = decode_as(body, kind, inputs, model, inputs.csv_header)
             if n_features is not None and rows.shape[1] != n_features:
                 raise feature_error(name, n_features, rows.shape[1])
         except errors.MMServerError as exc:
@@ -68,7 +79,7 @@ def answer_batch(
             except errors.MMServerError as exc:
                 answers[i] = (type(exc).__name__, exc.message)
     if v2:
-        answer_v2(requests, v2, answers, predict, n_features, name, output_names)
+        answer_v2(requests, v2, answers, predict, inputs, name, output_names)
     return answers
 
 
@@ -77,19 +88,20 @@ def answer_v2(
     indices: Sequence[int],
     answers: list[Answer],
     predict: Predict,
-    n_features: int | None,
+    inputs: Inputs,
     name: str,
     output_names: Sequence[str],
 ) -> None:
     """Answer the V2 requests at ``indices`` of ``requests`` (in ``answers``): one call per
     output asked for (and per width, when the model does not say its own), the rows of every
     request asking for it together."""
+    n_features = inputs.width
     decoded = {}
-    groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}
+    groups: dict[tuple[str, int], list[tuple[int, Rows]]] = {}
     for i in indices:
         body, kind, _ = requests[i]
         try:
-            request = decode_v2(body, kind, output_names)
+            request = decode_v2(body, kind, output_names, inputs, f"model {name}")
             width = request.rows.shape[1]
             if n_features is not None and width != n_features:
                 raise feature_error(name, n_features, width)
@@ -115,10 +127,12 @@ def feature_error(name: str, expected: int, got: int) -> errors.InvalidInput:
     return errors.InvalidInput(f"model {name} expects {expected} feature(s) per row, got {got}")
 
 
-def merge(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """The rows of every part, in order, as one 2-D array."""
+def merge(parts: Sequence[Rows]) -> Rows:
+    """The rows of every part, in order, as one 2-D array (or one table)."""
     if len(parts) == 1:
         return parts[0]
+    if isinstance(parts[0], Table):
+        return merge_tables(parts)  # type: ignore[arg-type]
     return np.concatenate(parts, axis=0)
 
 

@@ -79,7 +79,7 @@ class Models:
         width = getattr(predictor, "n_features", None)
         if not isinstance(predictor, EstimatorPredictor) or not width:
             return None  # a custom handler's predict may have effects of its own
-        row = np.zeros((1, width))
+        row = predictor.sample()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -98,7 +98,7 @@ class Models:
             raise errors.BackendDied(f"model {name} is not loaded in this backend")
         rows = 0
 
-        def predict(batch: np.ndarray, output: str | None = None) -> Any:
+        def predict(batch: Any, output: str | None = None) -> Any:
             nonlocal rows
             rows += len(batch)
             return predictor.predict(batch) if output is None else predictor.output(output, batch)
@@ -109,7 +109,11 @@ class Models:
         cpu = self._clock() if timed else 0.0
         started = time.perf_counter()
         try:
-            answers = answer_batch(requests, predict, predictor.n_features, name, predictor.outputs)
+            if predictor.inputs.raw:
+                answers: list[Any] = predictor.answer_raw(requests)
+                rows = len(requests)
+            else:
+                answers = answer_batch(requests, predict, predictor.inputs, name, predictor.outputs)
         except errors.MMServerError:
             raise
         except Exception as exc:
@@ -145,8 +149,9 @@ def child_main(
     # KillMode=control-group. Exiting here would fail the batches the frontend is draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Every request body is checked for NaN and infinity when it is decoded, so scikit-learn's
-    # own check (a fifth of a small predict's time) would only repeat it.
+    # Every request body is checked for infinities when it is decoded, and for NaN where the
+    # model does not take missing values (found at load, with the check on: mmserver.schema),
+    # so scikit-learn's own check (a fifth of a small predict's time) would only repeat it.
     import sklearn
 
     sklearn.set_config(assume_finite=True)

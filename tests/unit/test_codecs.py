@@ -162,7 +162,7 @@ def test_media_type(content_type: str | None, expected: str) -> None:
         (b"\n \n", "text/csv", "the request body is empty"),
         (b"x,y\n1,2\n", "text/csv", "CSV value 'x' at line 1, column 1 is not a number"),
         (b"1,2\n3,abc\n", "text/csv", "CSV value 'abc' at line 2, column 2 is not a number"),
-        (b"1,,2\n", "text/csv", "CSV value '' at line 1, column 2 is not a number"),
+        (b"1,,2\n", "text/csv", "value nan at row 0, column 1 is not finite"),
         (b"1,2\n3\n", "text/csv", "line 1 has 2 values, line 2 has 1"),
         (b"1,nan\n", "text/csv", "value nan at row 0, column 1 is not finite"),
         (b"inf\n", "text/csv", "value inf at row 0, column 0 is not finite"),
@@ -250,7 +250,7 @@ def test_decode_unsupported_media_type(content_type: str) -> None:
     kind = content_type.partition(";")[0]
     assert caught.value.message == (
         f"content type {kind!r} is not supported; send one of application/json, text/csv, "
-        "application/x-npy"
+        "application/x-npy, text/libsvm, text/x-libsvm"
     )
 
 

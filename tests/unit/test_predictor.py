@@ -434,6 +434,8 @@ def test_a_classifier_names_its_methods_as_outputs(tmp_path: Path) -> None:
     assert signature(predictor) == {
         "platform": "sklearn",
         "n_features": 4,
+        "inputs": None,
+        "raw": False,
         "outputs": [
             {"name": "predict_proba", "dtype": "<f8", "shape": [-1, 3]},
             {"name": "predict", "dtype": "<i8", "shape": [-1]},
@@ -447,6 +449,8 @@ def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Pat
     assert signature(linear) == {
         "platform": "sklearn",
         "n_features": 1,
+        "inputs": None,
+        "raw": False,
         "outputs": [{"name": "predict", "dtype": "<f8", "shape": [-1]}],
     }
     pipeline = load_predictor(make_pipeline_dir(tmp_path / "pipe"), DEFAULTS)
@@ -456,6 +460,8 @@ def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Pat
     assert signature(custom) == {
         "platform": "python",
         "n_features": 1,
+        "inputs": None,
+        "raw": False,
         "outputs": [{"name": "predict", "dtype": None, "shape": None}],
     }
 

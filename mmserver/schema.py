@@ -1,0 +1,361 @@
+"""What a model takes as input: its columns, their kinds, and where it takes missing values.
+
+Runs inside the backend processes, at load. A model fitted on a NumPy array takes a 2-D float64
+matrix, as it always did (:attr:`Inputs.frame` is false, no pandas work per request). A model
+fitted on a pandas DataFrame (it has ``feature_names_in_``, or a booster that names its features)
+takes a DataFrame with those columns in its order, each of a kind:
+
+- ``number``: float64 (integers too; a missing value is NaN);
+- ``string``: Python strings in an object column (a missing value is ``None``);
+- ``boolean``: ``True``/``False``;
+- ``category``: a pandas categorical column with the categories the model was fitted on
+  (LightGBM's ``pandas_categorical``).
+
+The kinds come from a declared schema when there is one (``option.columns`` in
+``serving.properties``, or ``input_schema.json`` beside the model file, in MLflow's column-spec
+form), otherwise from the fitted model: a OneHotEncoder's or OrdinalEncoder's string categories
+make a column a string one (and, with ``handle_unknown='error'``, its categories the only values
+accepted), LightGBM's categorical features make category columns, everything else is a number.
+
+Whether a model takes missing values is found by calling it at load (``option.missing_values``,
+``auto`` by default): a row of valid values, then that row with each column missing in turn (all
+columns at once for a matrix model). A column the model fails on refuses missing values with a
+400 that names it; ``refuse`` refuses them everywhere, ``accept`` hands them all to the model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmserver.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+NUMBER, STRING, BOOLEAN, CATEGORY = "number", "string", "boolean", "category"
+KINDS = (NUMBER, STRING, BOOLEAN, CATEGORY)
+#: MLflow's column types (and a few common spellings) to kinds.
+_TYPE_NAMES = {
+    "number": NUMBER,
+    "double": NUMBER,
+    "float": NUMBER,
+    "long": NUMBER,
+    "integer": NUMBER,
+    "int": NUMBER,
+    "string": STRING,
+    "str": STRING,
+    "boolean": BOOLEAN,
+    "bool": BOOLEAN,
+    "category": CATEGORY,
+}
+SCHEMA_FILE = "input_schema.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One input column. ``categories``: the values the model knows (a category column's, or a
+    string column's when ``closed``: any other value is refused, as the model's encoder would
+    fail on it). ``missing``: whether the model takes a missing value here."""
+
+    name: str
+    kind: str = NUMBER
+    categories: tuple[Any, ...] | None = None
+    closed: bool = False
+    missing: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What a model takes. ``columns`` is empty when the model does not say (a custom handler,
+    or a model that does not tell its width); ``frame``: the model takes a DataFrame (it was
+    fitted on one), else a float64 matrix; ``raw``: a custom handler that takes each request as
+    it came; ``missing``: a matrix model takes missing values (NaN); ``sparse_missing``: an index
+    a libsvm row leaves out is a missing value (XGBoost's and LightGBM's reading), not 0."""
+
+    columns: tuple[Column, ...] = ()
+    frame: bool = False
+    raw: bool = False
+    missing: bool = True
+    sparse_missing: bool = False
+    #: A CSV body's first line names the columns (``option.csv_header``).
+    csv_header: bool = False
+
+    @property
+    def width(self) -> int | None:
+        return len(self.columns) or None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def dense(self) -> bool:
+        """Every column is a number: the rows travel as one float64 matrix."""
+        return all(c.kind == NUMBER for c in self.columns)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Per column its name, kind and whether it takes missing values (the signature)."""
+        return [
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "missing": c.missing,
+                **({"categories": list(c.categories)} if c.categories is not None else {}),
+            }
+            for c in self.columns
+        ]
+
+
+def matrix_inputs(width: int | None, missing: bool = True) -> Inputs:
+    """The inputs of a model fitted on arrays: ``width`` unnamed numbers."""
+    return Inputs(
+        tuple(Column(f"x{j}", missing=missing) for j in range(width or 0)), missing=missing
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Declared schemas
+# ------------------------------------------------------------------------------------------------
+
+
+def declared(model_dir: Path, properties: Mapping[str, str]) -> list[Column] | None:
+    """The columns ``option.columns`` (``name:kind, ...``) or ``input_schema.json`` declare."""
+    text = properties.get("option.columns")
+    if text is not None:
+        columns = []
+        for part in text.split(","):
+            name, _, kind = part.strip().rpartition(":")
+            if not name:
+                name, kind = kind, NUMBER
+            columns.append(_column(name.strip(), kind.strip(), "option.columns"))
+        return _unique(columns, "option.columns")
+    path = model_dir / SCHEMA_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{SCHEMA_FILE} is not valid JSON: {exc}") from None
+    if isinstance(data, dict):
+        data = data.get("inputs")
+    if not isinstance(data, list) or not all(
+        isinstance(item, dict) and isinstance(item.get("name"), str) for item in data
+    ):
+        raise ModelLoadError(
+            f'{SCHEMA_FILE} must be a list of columns, each {{"name": ..., "type": ...}}'
+        )
+    out = []
+    for item in data:
+        column = _column(item["name"], str(item.get("type", NUMBER)), SCHEMA_FILE)
+        categories = item.get("categories")
+        if categories is not None:
+            if not isinstance(categories, list):
+                raise ModelLoadError(f"{SCHEMA_FILE}: categories of {column.name!r} must be a list")
+            column = replace(column, categories=tuple(categories), closed=column.kind == STRING)
+        out.append(column)
+    return _unique(out, SCHEMA_FILE)
+
+
+def _column(name: str, kind: str, where: str) -> Column:
+    found = _TYPE_NAMES.get(kind.lower())
+    if not name or found is None:
+        raise ModelLoadError(
+            f"{where}: column {name!r} has type {kind!r}; expected one of "
+            f"{', '.join(sorted(_TYPE_NAMES))}"
+        )
+    return Column(name, found)
+
+
+def _unique(columns: list[Column], where: str) -> list[Column]:
+    seen: set[str] = set()
+    for c in columns:
+        if c.name in seen:
+            raise ModelLoadError(f"{where}: column {c.name!r} is declared twice")
+        seen.add(c.name)
+    if not columns:
+        raise ModelLoadError(f"{where} declares no column")
+    return columns
+
+
+# ------------------------------------------------------------------------------------------------
+# What the fitted model says
+# ------------------------------------------------------------------------------------------------
+
+
+def feature_names(model: Any) -> list[str] | None:
+    """The column names the model was fitted on: ``feature_names_in_`` of the estimator or of a
+    pipeline's first step, or the feature names a booster keeps (LightGBM's generic
+    ``Column_N`` names and XGBoost's ``fN`` ones are no names)."""
+    for candidate in (model, _first_step(model)):
+        if candidate is None:
+            continue
+        try:
+            names = getattr(candidate, "feature_names_in_", None)
+        except Exception:
+            names = None
+        if isinstance(names, np.ndarray) and names.ndim == 1 and names.dtype.kind in "OU":
+            return [str(n) for n in names]
+    booster = _booster(model)
+    if booster is None:
+        return None
+    try:
+        if hasattr(booster, "feature_name"):  # LightGBM
+            names = list(booster.feature_name())
+            generic = [f"Column_{j}" for j in range(len(names))]
+        else:  # XGBoost
+            names = list(booster.feature_names or [])
+            generic = [f"f{j}" for j in range(len(names))]
+    except Exception:
+        return None
+    return [str(n) for n in names] if names and names != generic else None
+
+
+def fitted_columns(model: Any, names: Sequence[str]) -> list[Column]:
+    """The columns of a model fitted on a DataFrame with ``names``, their kinds from its
+    encoders and its booster."""
+    columns = [Column(name) for name in names]
+    for index, column in _encoded(model, len(names)):
+        columns[index] = replace(column, name=names[index])
+    for index, categories in _lightgbm_categories(model, len(names)):
+        columns[index] = Column(names[index], CATEGORY, categories)
+    return columns
+
+
+def _first_step(model: Any) -> Any:
+    steps = getattr(model, "steps", None)
+    if isinstance(steps, list) and steps and isinstance(steps[0], tuple) and len(steps[0]) == 2:
+        return steps[0][1]
+    return None
+
+
+def _booster(model: Any) -> Any:
+    for candidate in (model, _last_step(model)):
+        for attribute in ("booster", "booster_"):
+            booster = getattr(candidate, attribute, None)
+            if booster is not None and not isinstance(booster, str):
+                return booster
+        if type(candidate).__name__ == "Booster":
+            return candidate
+        get = getattr(candidate, "get_booster", None)
+        if callable(get):
+            try:
+                return get()
+            except Exception:
+                return None
+    return None
+
+
+def _last_step(model: Any) -> Any:
+    steps = getattr(model, "steps", None)
+    if isinstance(steps, list) and steps and isinstance(steps[-1], tuple):
+        return steps[-1][1]
+    return None
+
+
+def _encoded(model: Any, width: int) -> Iterator[tuple[int, Column]]:
+    """``(input index, column)`` of each input a fitted encoder reads strings from."""
+    head = _first_step(model) or model
+    transformers = getattr(head, "transformers_", None)
+    indices = getattr(head, "_transformer_to_input_indices", None)
+    if isinstance(transformers, list) and isinstance(indices, dict):
+        for name, transformer, _ in transformers:
+            taken = list(indices.get(name, ()))
+            yield from _string_inputs(transformer, taken)
+    else:
+        yield from _string_inputs(head, list(range(width)))
+
+
+def _string_inputs(transformer: Any, taken: list[int]) -> Iterator[tuple[int, Column]]:
+    """The string columns among ``taken`` (the inputs of ``transformer``, in order)."""
+    steps = getattr(transformer, "steps", None)
+    parts = [s for _, s in steps] if isinstance(steps, list) else [transformer]
+    for part in parts:
+        categories = getattr(part, "categories_", None)
+        if isinstance(categories, list) and len(categories) == len(taken):
+            closed = getattr(part, "handle_unknown", "error") == "error"
+            for index, values in zip(taken, categories, strict=True):
+                if isinstance(values, np.ndarray) and values.dtype.kind in "OU":
+                    known = tuple(v for v in values.tolist() if isinstance(v, str))
+                    yield index, Column("", STRING, known, closed)
+            return
+        statistics = getattr(part, "statistics_", None)
+        if isinstance(statistics, np.ndarray) and statistics.dtype.kind == "O":
+            for index, value in zip(taken, statistics.tolist(), strict=False):
+                if isinstance(value, str):
+                    yield index, Column("", STRING)
+
+
+def _lightgbm_categories(model: Any, width: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """``(input index, categories)`` of a LightGBM model's pandas categorical features."""
+    booster = _booster(model)
+    categories = getattr(booster, "pandas_categorical", None)
+    if not categories or not hasattr(booster, "model_to_string"):
+        return
+    try:
+        text = booster.model_to_string(num_iteration=0)
+    except Exception:
+        return
+    infos = next((line for line in text.splitlines() if line.startswith("feature_infos=")), "")
+    fields = infos.partition("=")[2].split(" ")
+    # A categorical feature's info lists its values ("1:0:2"); a numeric one is "[min:max]".
+    categorical = [j for j, f in enumerate(fields) if f and f != "none" and f[0] != "["]
+    for index, values in zip(categorical, categories, strict=False):
+        if index < width:
+            yield index, tuple(values)
+
+
+# ------------------------------------------------------------------------------------------------
+# Missing values
+# ------------------------------------------------------------------------------------------------
+
+
+def probe_missing(
+    columns: Sequence[Column], call: Callable[[list[Column], list[Any]], Any], frame: bool
+) -> list[Column]:
+    """``columns`` with ``missing`` set to whether the model's own method (``call``, on one row
+    of these values) answers when that column is missing. A model that fails on the valid row
+    itself is left to say so at predict time (every column takes missing values)."""
+    base = [_valid_value(c) for c in columns]
+    if not _answers(call, list(columns), base):
+        log.info("the model fails on a row of plain values; missing values are passed to it")
+        return list(columns)
+    if not frame:
+        gaps = [float("nan")] * len(columns)
+        ok = _answers(call, list(columns), gaps)
+        return [replace(c, missing=ok) for c in columns]
+    out = []
+    for j, column in enumerate(columns):
+        row = list(base)
+        row[j] = float("nan") if column.kind == NUMBER else None
+        out.append(replace(column, missing=_answers(call, list(columns), row)))
+    return out
+
+
+def _valid_value(column: Column) -> Any:
+    if column.categories:
+        return column.categories[0]
+    return {NUMBER: 0.0, STRING: "", BOOLEAN: False, CATEGORY: None}[column.kind]
+
+
+def _answers(
+    call: Callable[[list[Column], list[Any]], Any], columns: list[Column], row: list[Any]
+) -> bool:
+    """Whether the model answers this row with values (an answer of NaN is no answer). The
+    backends skip scikit-learn's finiteness checks; here they are on, so that a model that
+    does not take NaN says so."""
+    import sklearn
+
+    try:
+        with warnings.catch_warnings(), sklearn.config_context(assume_finite=False):
+            warnings.simplefilter("ignore")
+            answer = np.asarray(call(columns, row))
+    except Exception:
+        return False
+    return not (answer.dtype.kind == "f" and bool(np.isnan(answer).any()))
