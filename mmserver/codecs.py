@@ -260,7 +260,7 @@ def _numbers(rows: Any, missing: bool) -> Any:
     return rows
 
 
-def _check_json_rows(data: list[Any], missing: bool = False) -> None:
+def _check_json_rows(data: Any, missing: bool = False) -> None:
     """Raise :class:`InvalidInput` naming the first value or row that is not as expected
     (``missing``: a ``null`` is a missing value)."""
     if data and isinstance(data[0], list):
@@ -321,7 +321,7 @@ def _decode_csv(body: bytes, inputs: Inputs, model: str, header: bool) -> np.nda
             )
     if inputs.frame and (names is not None or not inputs.dense):
         if names is not None:
-            values, count = to_columns(("rows", names, rows), inputs, model)
+            values, _ = to_columns(("rows", names, rows), inputs, model)
             rows = [list(row) for row in zip(*values, strict=True)]
         elif width != len(inputs.columns):
             raise InvalidInput(
@@ -382,13 +382,13 @@ def _decode_libsvm(body: bytes, inputs: Inputs, model: str) -> np.ndarray:
     width = inputs.width or (max((j for _, j, _ in entries), default=-1) + 1) or 1
     fill = np.nan if inputs.sparse_missing else 0.0
     array = np.full((len(lines), width), fill, dtype=np.float64)
-    for i, j, value in entries:
+    for i, j, number in entries:
         if not 0 <= j < width:
             raise InvalidInput(
                 f"libsvm index {j} on line {i + 1} is out of range; {model} takes "
                 f"indices 0 to {width - 1}"
             )
-        array[i, j] = value
+        array[i, j] = number
     return _as_rows(array, inputs)
 
 

@@ -247,10 +247,14 @@ class EstimatorPredictor:
         while rows > routes[i][0]:  # the last route takes any number of rows
             i += 1
         _, self.last_path, fn = routes[i]
-        if self.last_path in self._finite_only and np.isnan(batch).any():  # type: ignore[arg-type]
+        if (
+            self.last_path in self._finite_only
+            and isinstance(batch, np.ndarray)
+            and np.isnan(batch).any()
+        ):
             # This path answers otherwise than the model on missing values (found at load).
             self.last_path, fn = "own", self._own
-        return _check_rows(fn(batch), batch)
+        return _check_rows(fn(batch), batch)  # type: ignore[arg-type]  # (a table: own only)
 
     def describe(self) -> dict[str, Any]:
         """The family and the predict paths, for the load log and the describe call."""

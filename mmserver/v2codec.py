@@ -216,8 +216,8 @@ def _input(
             )
     count = math.prod(shape)
     if datatype == "BYTES":
-        strings, offset = _strings(tensor, parameters, count, binary, offset, where)
-        return name, strings.reshape(shape), offset
+        texts, offset = _strings(tensor, parameters, count, binary, offset, where)
+        return name, texts.reshape(shape), offset
     dtype = NUMERIC[datatype]
     size = parameters.get("binary_data_size")
     if size is not None:

@@ -133,7 +133,7 @@ def merge(parts: Sequence[Rows]) -> Rows:
         return parts[0]
     if isinstance(parts[0], Table):
         return merge_tables(parts)  # type: ignore[arg-type]
-    return np.concatenate(parts, axis=0)
+    return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
 
 
 def split(outputs: Any, counts: Sequence[int]) -> list[Any]:

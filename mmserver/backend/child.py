@@ -14,8 +14,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from mmserver import errors, heap
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
