@@ -284,8 +284,13 @@ def _check_json_rows(data: Any, missing: bool = False) -> None:
 
 
 def _check_number(value: Any, where: str, missing: bool = False) -> None:
-    if value is None and missing:
-        return
+    if value is None:
+        if missing:
+            return
+        raise InvalidInput(
+            f"value at {where} is null, a missing value; expected a number: this model does not "
+            "take missing values"
+        )
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(
             f"value at {where} is a JSON {json_kind(value)} ({preview(value)}); expected a number"

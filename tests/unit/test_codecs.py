@@ -149,7 +149,7 @@ def test_media_type(content_type: str | None, expected: str) -> None:
         (b"[1, [2]]", "application/json", "value at position 1 is a JSON array"),
         (b'[[1, "a"]]', "application/json", "value at row 0, column 1 is a JSON string ('a')"),
         (b'["1.5"]', "application/json", "value at position 0 is a JSON string ('1.5')"),
-        (b"[[1, null]]", "application/json", "value at row 0, column 1 is a JSON null"),
+        (b"[[1, null]]", "application/json", "value at row 0, column 1 is null, a missing value"),
         (b"[[true, 2]]", "application/json", "value at row 0, column 0 is a JSON boolean"),
         (b"[false]", "application/json", "value at position 0 is a JSON boolean"),
         (b'[[1, {"a": 1}]]', "application/json", "value at row 0, column 1 is a JSON object"),
