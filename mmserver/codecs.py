@@ -83,8 +83,9 @@ def media_type(content_type: str | None) -> str:
 
 #: A request on its way to a model: the body, its ``Content-Type`` as sent (a media type of
 #: ``SUPPORTED_TYPES`` and its parameters; ``""`` when there was none), and whether the answer
-#: is CSV (else JSON). A plain tuple: it is pickled once per request.
-Request = tuple[bytes, str, bool]
+#: is CSV (else JSON; ``None``: the client said neither, no ``Accept`` or ``*/*``: JSON, or what
+#: the model answers by default). A plain tuple: it is pickled once per request.
+Request = tuple[bytes, str, bool | None]
 
 
 def make_request(body: bytes, content_type: str | None, accept: str | None) -> Request:
@@ -96,7 +97,8 @@ def make_request(body: bytes, content_type: str | None, accept: str | None) -> R
         raise UnsupportedMediaType(
             f"content type {kind!r} is not supported; send one of {', '.join(SUPPORTED_TYPES)}"
         )
-    return (body, content_type or "", wants_csv(accept))
+    preference = None if not accept or accept == "*/*" else wants_csv(accept)
+    return (body, content_type or "", preference)
 
 
 def has_header(content_type: str) -> bool:
@@ -128,7 +130,7 @@ def decode_as(
     Raises :class:`InvalidInput` for a body that is empty, malformed, ragged, of the wrong kinds,
     with unknown or lacking columns, or with missing values where the model takes none.
     """
-    media = media_type(kind)
+    media = media_type(kind) if kind or not inputs.sagemaker_xgboost else CSV
     if media == JSON:
         return _decode_json(body, inputs, model)
     if media == CSV:
@@ -201,7 +203,7 @@ def _json_form(data: Any, inputs: Inputs, model: str) -> Form:
             return ("rows", columns if inputs.frame else None, split["data"])
         if "dataframe_records" in data:
             return _listed(data["dataframe_records"], "dataframe_records", inputs, model)
-        for key in ("instances", "inputs"):
+        for key in ("inputs", "instances"):
             if key in data:
                 inner = data[key]
                 if isinstance(inner, dict):
@@ -549,7 +551,7 @@ def wants_csv(accept: str | None) -> bool:
     return choice_csv
 
 
-def response_type(csv_answer: bool) -> str:
+def response_type(csv_answer: bool | None) -> str:
     """The ``Content-Type`` of an answer encoded by :func:`encode_as`."""
     return CSV_RESPONSE_TYPE if csv_answer else JSON_RESPONSE_TYPE
 
@@ -566,7 +568,7 @@ def typed_answer(body: bytes, content_type: str) -> bytes:
     return bytes((_TYPED, len(kind))) + kind + body
 
 
-def answer_body(answer: bytes, csv_answer: bool) -> tuple[bytes, str]:
+def answer_body(answer: bytes, csv_answer: bool | None) -> tuple[bytes, str]:
     """The body of an answer from the backend and its ``Content-Type``: the type it carries
     (:func:`typed_answer`), else the one the request's ``Accept`` chose."""
     if not answer or answer[0] != _TYPED:
@@ -575,7 +577,7 @@ def answer_body(answer: bytes, csv_answer: bool) -> tuple[bytes, str]:
     return answer[end:], answer[2:end].decode("latin-1")
 
 
-def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool) -> bytes:
+def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool | None) -> bytes:
     """Encode one output per row as an answer's body: CSV if ``csv_answer`` (the request's
     ``Accept`` preferred it, :func:`wants_csv`), else JSON; its type is :func:`response_type`.
 
@@ -596,6 +598,16 @@ def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool) -> bytes:
     except TypeError as exc:
         raise ModelError(f"the model's output cannot be encoded: {exc}") from None
     return text.encode()
+
+
+def encode_sagemaker_xgboost(outputs: np.ndarray | Sequence[Any], csv_answer: bool | None) -> bytes:
+    """An answer as the SageMaker XGBoost container writes it: CSV unless JSON was asked for,
+    the predictions comma-separated on one line (a row of several values as its list), or a
+    bare JSON array. Typed (:func:`typed_answer`): its content type is its own."""
+    values = outputs.tolist() if isinstance(outputs, np.ndarray) else list(outputs)
+    if csv_answer is False:
+        return typed_answer(encode_json(values), JSON_RESPONSE_TYPE)
+    return typed_answer(",".join(map(str, values)).encode(), CSV)
 
 
 def encode_json(value: Any) -> bytes:

@@ -508,6 +508,8 @@ class ModelConfig:
     csv_header: bool = False
     #: A custom handler takes each request as it came (body, content type, accept).
     raw_input: bool = False
+    #: Read and answer as the SageMaker XGBoost container; ``None``: for an ``xgboost-model``.
+    sagemaker_xgboost: bool | None = None
     #: Every key of serving.properties as written, for custom handlers.
     properties: Mapping[str, str] = field(default_factory=dict)
 
@@ -613,6 +615,7 @@ _MODEL_KEYS: dict[str, tuple[str, type]] = {
     "option.missing_values": ("missing_values", str),
     "option.csv_header": ("csv_header", bool),
     "option.raw_input": ("raw_input", bool),
+    "option.sagemaker_xgboost": ("sagemaker_xgboost", bool),
 }
 
 

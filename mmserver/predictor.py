@@ -519,7 +519,7 @@ def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
             f", and no {config.entry_point}",
             model=model_dir.name,
         )
-    return EstimatorPredictor(
+    predictor = EstimatorPredictor(
         load_model(found),
         config.method,
         model_dir.name,
@@ -529,6 +529,12 @@ def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
         config=config,
         model_dir=model_dir,
     )
+    sagemaker = config.sagemaker_xgboost
+    if sagemaker is None:  # the SageMaker XGBoost container's own artifact
+        sagemaker = found.family == XGBOOST and found.path.name == "xgboost-model"
+    if sagemaker:
+        predictor.inputs = replace(predictor.inputs, sagemaker_xgboost=True)
+    return predictor
 
 
 _ALL = (

@@ -86,6 +86,9 @@ class Inputs:
     sparse_missing: bool = False
     #: A CSV body's first line names the columns (``option.csv_header``).
     csv_header: bool = False
+    #: Read and answer as the SageMaker XGBoost container does (``option.sagemaker_xgboost``):
+    #: a body without a ``Content-Type`` is CSV, and answers are its CSV line or JSON array.
+    sagemaker_xgboost: bool = False
 
     @property
     def width(self) -> int | None:

@@ -86,7 +86,7 @@ _BINARY = "application/octet-stream"
 _DJL, _SAGEMAKER, _V2 = 0, 1, 2
 _CONTENT_TYPE = "Content-Type"
 #: The ``Content-Type`` of a 200 answer, by whether the answer is CSV.
-_RESPONSE_TYPES = {csv: response_type(csv).encode() for csv in (False, True)}
+_RESPONSE_TYPES = {csv: response_type(csv).encode() for csv in (None, False, True)}
 _TYPED = b"\x01"
 _OK = (
     b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"

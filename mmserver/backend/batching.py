@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmserver import errors
-from mmserver.codecs import STRICT, Request, decode_as, encode_as
+from mmserver.codecs import STRICT, Request, decode_as, encode_as, encode_sagemaker_xgboost
 from mmserver.schema import Inputs, matrix_inputs
 from mmserver.tabular import Table, merge_tables
 from mmserver.v2codec import decode_v2, encode_v2, is_v2
@@ -55,6 +55,7 @@ def answer_batch(
         inputs = STRICT if inputs is None else matrix_inputs(inputs, missing=False)
     n_features = inputs.width
     model = f"model {name}"
+    encode = encode_sagemaker_xgboost if inputs.sagemaker_xgboost else encode_as
     answers: list[Answer] = [b""] * len(requests)
     groups: dict[int, list[tuple[int, Rows]]] = {}
     v2: list[int] = []
@@ -75,7 +76,7 @@ def answer_batch(
         pieces = split(outputs, [len(rows) for _, rows in group])
         for (i, _), piece in zip(group, pieces, strict=True):
             try:
-                answers[i] = encode_as(piece, requests[i][2])
+                answers[i] = encode(piece, requests[i][2])
             except errors.MMServerError as exc:
                 answers[i] = (type(exc).__name__, exc.message)
     if v2:
