@@ -29,7 +29,7 @@ import json
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,19 +89,17 @@ class Inputs:
     #: Read and answer as the SageMaker XGBoost container does (``option.sagemaker_xgboost``):
     #: a body without a ``Content-Type`` is CSV, and answers are its CSV line or JSON array.
     sagemaker_xgboost: bool = False
+    #: Read per request, so kept, not derived each time: the number of columns (``None`` when
+    #: not known), their names, and whether every column is a number (the rows then travel as
+    #: one float64 matrix).
+    width: int | None = field(init=False, compare=False)
+    names: tuple[str, ...] = field(init=False, compare=False)
+    dense: bool = field(init=False, compare=False)
 
-    @property
-    def width(self) -> int | None:
-        return len(self.columns) or None
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
-
-    @property
-    def dense(self) -> bool:
-        """Every column is a number: the rows travel as one float64 matrix."""
-        return all(c.kind == NUMBER for c in self.columns)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "width", len(self.columns) or None)
+        object.__setattr__(self, "names", tuple(c.name for c in self.columns))
+        object.__setattr__(self, "dense", all(c.kind == NUMBER for c in self.columns))
 
     def describe(self) -> list[dict[str, Any]]:
         """Per column its name, kind and whether it takes missing values (the signature)."""
