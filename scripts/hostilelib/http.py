@@ -210,14 +210,15 @@ async def _exchange(
     the server closes it: (statuses answered, whether it closed within --seconds, seconds)."""
     started = time.monotonic()
     reader, writer = await asyncio.open_connection(*_address(args))
-    received = b""
+    received = bytearray()
     closed = False
     try:
         writer.write(first)
         if then:
-            received = await asyncio.wait_for(reader.readuntil(b"}"), args.seconds)
+            received += await asyncio.wait_for(reader.readuntil(b"}"), args.seconds)
             writer.write(then)
-        received += await asyncio.wait_for(reader.read(), args.seconds)
+        while chunk := await asyncio.wait_for(reader.read(65536), args.seconds):
+            received += chunk
         closed = True
     except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
         pass
