@@ -124,7 +124,9 @@ class ServerConfig:
         32, "Default most jobs per predict call (a worker takes what is queued, up to this)."
     )
     max_batch_delay: int = _opt(
-        0, "Default ms a worker waits to fill a batch; 0 = never wait, take what is queued."
+        0,
+        "Default ms a worker waits to fill a batch; 0 = never wait, take what is queued. At "
+        "most 10000 (MAX_BATCH_DELAY_MS), for every model.",
     )
     max_batch_bytes: int = _opt(
         6 * 1024 * 1024,
@@ -536,6 +538,12 @@ class ModelConfig:
                 raise ConfigError(f"{_djl_key(name)}={value!r} must not be negative")
             if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic
                 raise ConfigError(f"{_djl_key(name)}={_short_number(value)} is too large")
+        if self.max_batch_delay > MAX_BATCH_DELAY_MS:
+            raise ConfigError(
+                f"max_batch_delay={_short_number(self.max_batch_delay)} is over the limit of "
+                f"{MAX_BATCH_DELAY_MS} ms: a batch waiting longer for company only delays its "
+                "requests"
+            )
         for name in ("batch_size", "job_queue_size", "max_batch_bytes"):  # maxWorkers may be 0
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_djl_key(name)}={getattr(self, name)!r} must be >= 1")
@@ -579,6 +587,11 @@ class ModelConfig:
     def batch_delay_s(self) -> float:
         return self.max_batch_delay / 1000.0
 
+
+#: The longest ``max_batch_delay`` (ms) of any model: a hundred times DJL's default of 100 ms
+#: and a sixth of the default ``predict_timeout``. Waiting for a fuller batch pays off within
+#: milliseconds; a longer wait holds every request of a quiet model for nothing.
+MAX_BATCH_DELAY_MS = 10_000
 
 #: The server computes with the numbers of a configuration as floats: an integer above this has
 #: no float form, and a size must be finite. (An infinite ``predict_timeout`` means no timeout.)

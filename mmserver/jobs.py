@@ -122,6 +122,16 @@ class JobQueue:
         self.tally.jobs -= len(items)
         return items
 
+    def expire(self, now: float) -> tuple[list[Job], float | None]:
+        """Take out the jobs whose deadline has passed at ``now`` (to answer them 504), and
+        the earliest deadline of those left (``None`` when none is left)."""
+        items = self._items
+        expired = [job for job in items if job.deadline <= now]
+        if expired:
+            self._items = items = collections.deque(job for job in items if job.deadline > now)
+            self.tally.jobs -= len(expired)
+        return expired, min((job.deadline for job in items), default=None)
+
     def oldest_enqueued_at(self) -> float | None:
         return self._items[0].enqueued_at if self._items else None
 
@@ -183,6 +193,13 @@ def _unloading() -> errors.MMServerError:
     return errors.ShuttingDown("the model is unloading; retry the request")
 
 
+def waited_too_long() -> errors.PredictTimeout:
+    """The answer of a job whose deadline passed before it was computed."""
+    return errors.PredictTimeout(
+        "the request waited longer than option.predict_timeout and was not computed"
+    )
+
+
 def partition_live(batch: Sequence[Job], now: float) -> list[Job]:
     """Answer the jobs that must not be computed (deadline passed, client gone, already
     answered) and return the rest, in order."""
@@ -191,11 +208,7 @@ def partition_live(batch: Sequence[Job], now: float) -> list[Job]:
         if job.future.done():
             continue
         if job.deadline <= now:
-            job.fail(
-                errors.PredictTimeout(
-                    "the request waited longer than option.predict_timeout and was not computed"
-                )
-            )
+            job.fail(waited_too_long())
         elif job.client_gone is not None and job.client_gone():
             job.fail(errors.ClientGone("the client closed the connection before computing"))
         else:

@@ -25,7 +25,7 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
-from mmserver.jobs import Job, JobQueue, Tally, cut_batch
+from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for
@@ -82,6 +82,9 @@ class ModelPool:
         self._idle: list[Worker] = []
         self._dispatch_handle: asyncio.Handle | None = None
         self._delay_handle: asyncio.TimerHandle | None = None
+        #: Answers queued jobs 504 at their deadline (:meth:`_expire`), armed for the earliest.
+        self._expiry_handle: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
         self._reap_handle: asyncio.TimerHandle | None = None
         self._slot_loads: dict[int, asyncio.Future[LoadInfo]] = {}
         self._on_load = on_load
@@ -115,17 +118,22 @@ class ModelPool:
         request: Request,
         deadline: float | None,
         client_gone: Callable[[], bool] | None,
+        arrived: float | None = None,
     ) -> asyncio.Future[bytes]:
         """Queue one request (raises :class:`errors.QueueFull` at once when full), then apply
         the scaling rule. The future's result is the answer's body. ``deadline`` is on the event
-        loop's clock; by default the model's predict_timeout from now."""
+        loop's clock; by default the model's predict_timeout from ``arrived`` (the request's
+        arrival, before a load it waited for; by default now). A job still queued at its
+        deadline is answered 504 then, not when a batch would have taken it."""
         loop = self._loop
         now = loop.time()
         if deadline is None:
-            deadline = now + self.config.predict_timeout
+            deadline = (now if arrived is None else arrived) + self.config.predict_timeout
         future: asyncio.Future[bytes] = loop.create_future()
         queue = self.queue
         queue.put(Job(request, future, now, deadline, client_gone))
+        if self._expiry_handle is None or deadline < self._expiry_at:
+            self._expire_at(deadline)
         if self._idle and self._dispatch_handle is None:
             if self.running:
                 # A batch of this model is running: the requests arriving in this turn of the
@@ -238,6 +246,22 @@ class ModelPool:
                 return
             handle.cancel()
         self._delay_handle = self._loop.call_at(when, self._dispatch_delayed)
+
+    def _expire_at(self, when: float) -> None:
+        if self._expiry_handle is not None:
+            self._expiry_handle.cancel()
+        self._expiry_at = when
+        self._expiry_handle = self._loop.call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        """Answer 504 the queued jobs whose deadline has passed (waiting for a batch, a
+        worker or a turn on a process), and watch the earliest deadline left."""
+        self._expiry_handle = None
+        expired, earliest = self.queue.expire(self._loop.time())
+        for job in expired:
+            job.fail(waited_too_long())
+        if earliest is not None and not self._stopped:
+            self._expire_at(earliest)
 
     def _dispatch_delayed(self) -> None:
         self._delay_handle = None
@@ -495,10 +519,16 @@ class ModelPool:
         if waits and drain_timeout:
             await asyncio.wait(waits, timeout=drain_timeout)
         self._stopped = True
-        for handle in (self._dispatch_handle, self._delay_handle, self._reap_handle):
+        for handle in (
+            self._dispatch_handle,
+            self._delay_handle,
+            self._reap_handle,
+            self._expiry_handle,
+        ):
             if handle is not None:
                 handle.cancel()
         self._dispatch_handle = self._delay_handle = self._reap_handle = None
+        self._expiry_handle = None
         for job in self.queue.drain():
             job.fail(errors.ShuttingDown("the model was unloaded before this request ran"))
         workers = list(self.workers.values())

@@ -245,7 +245,10 @@ def _input(
         raise InvalidInput(
             f"{where} has no 'data' (nor parameters.binary_data_size for binary data)"
         )
-    return name, array.astype(np.float64, copy=False).reshape(shape), offset
+    try:
+        return name, array.astype(np.float64, copy=False).reshape(shape), offset
+    except ValueError:  # a dimension past what an array can have, e.g. [0, 2**70]
+        raise InvalidInput(f"{where} has shape {preview(shape)}, beyond any array") from None
 
 
 def _strings(

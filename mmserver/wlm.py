@@ -350,9 +350,10 @@ class WorkLoadManager:
         client_gone: Callable[[], bool] | None,
         submission: Submission,
     ) -> bytes:
+        arrived = asyncio.get_running_loop().time()  # the load it waits for counts
         pool = await self._get_pool(name)
         submission.requests = pool.requests
-        return await pool.submit(request, deadline, client_gone)
+        return await pool.submit(request, deadline, client_gone, arrived)
 
     async def infer(
         self,

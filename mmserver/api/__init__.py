@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from mmserver.config import ServerConfig
-from mmserver.errors import ClientClosed, RequestTimeout, RequestTooLarge
+from mmserver.errors import ClientClosed, InvalidInput, RequestTimeout, RequestTooLarge
 from mmserver.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -93,7 +95,8 @@ def request_id(request: web.Request) -> str:
 async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> bytes:
     """The request body, refused with :class:`RequestTooLarge` once it passes ``limit`` bytes,
     and with :class:`RequestTimeout` when it has not arrived whole within ``timeout`` seconds
-    (0: no limit). A client that closes its connection meanwhile raises :class:`ClientClosed`.
+    (0: no limit). A client that closes its connection meanwhile raises :class:`ClientClosed`;
+    a body its ``Content-Encoding`` does not decode raises :class:`InvalidInput`.
 
     A declared ``Content-Length`` over the limit is refused before anything is read; a chunked
     body is read incrementally and refused as soon as it passes the limit (aiohttp's
@@ -107,11 +110,13 @@ async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> b
     if length == 0:
         return b""
     payload = request.content
-    if length is not None and payload.is_eof():
-        return payload.read_nowait()  # all of it has arrived (the common case): no await
     try:
+        if length is not None and payload.is_eof():
+            return payload.read_nowait()  # all of it has arrived (the common case): no await
         async with asyncio.timeout(timeout or None):
             return await request.read()
+    except RequestPayloadError as exc:
+        raise _undecodable(request, exc) from None
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(None, limit) from None
     except TimeoutError:
@@ -122,6 +127,21 @@ async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> b
         raise ClientClosed(
             f"the client closed its connection while sending the body: {exc}"
         ) from None
+
+
+def _undecodable(request: web.Request, exc: RequestPayloadError) -> InvalidInput:
+    """The error of a body whose framing or content coding is broken: the client's fault, said
+    as such (aiohttp's own exception would be a 500 and a traceback per request)."""
+    if isinstance(exc.__cause__, ContentEncodingError):
+        coding = request.headers.get("Content-Encoding", "")[:40]
+        return InvalidInput(
+            f"the request body is not valid {coding!r} data, as its Content-Encoding says; "
+            "it was not read further and the connection is closed"
+        )
+    return InvalidInput(
+        "the request body's chunked framing is not valid HTTP/1.1; it was not read further "
+        "and the connection is closed"
+    )
 
 
 def _too_large(length: int | None, limit: int) -> RequestTooLarge:

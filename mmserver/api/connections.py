@@ -34,9 +34,10 @@ import json
 import logging
 import resource
 import time
+from collections.abc import Sequence
 from typing import Any, cast
 
-from aiohttp import web, web_protocol, web_response
+from aiohttp import hdrs, web, web_protocol, web_response
 from aiohttp.web_request import BaseRequest
 
 from mmserver.api import REQUEST_ID, STATE, RequestIds
@@ -79,6 +80,33 @@ def default_max_connections() -> int:
         except (ValueError, OSError):
             pass
     return max(64, soft - RESERVED_DESCRIPTORS)
+
+
+def partial_head_after(data: bytes, messages: Sequence[tuple[Any, Any]]) -> bool:
+    """Whether ``data``, a read that completed the last request of ``messages`` (aiohttp's
+    queue of parsed requests), ends with the beginning of another request's head.
+
+    aiohttp's parser keeps such a beginning to itself, so it is found from the bytes: the last
+    request's body (``Content-Length`` bytes, whole) follows the last blank line that leaves
+    room for it, and whatever follows that body is a head begun. Nothing is found behind a
+    chunked body or one still arriving (``body_timeout`` covers it), nor when a blank line
+    inside the body is ambiguous: the connection then has ``keepalive_timeout``, as before.
+    """
+    if not messages:
+        return False
+    message, payload = messages[-1]
+    # (A parse error queued in place of a request has no ``chunked``: its connection closes.)
+    if getattr(message, "chunked", True) or not payload.is_eof():
+        return False
+    try:
+        length = int(message.headers.get(hdrs.CONTENT_LENGTH) or 0)
+    except ValueError:
+        return False
+    end = len(data) - length
+    blank = data.rfind(b"\r\n\r\n", 0, end)
+    if blank < 0:
+        return False
+    return bool(data[blank + 4 + length :].strip(b"\r\n"))
 
 
 def _raw_error(error: MMServerError, reason: str, extra: str = "") -> bytes:
@@ -176,9 +204,9 @@ class _Connection(web_protocol.RequestHandler):
         count = self._request_count
         super().data_received(data)
         if self._request_count != count:  # a request's headers are complete
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+            self._stop_header_timer()
+            if self._policy.header_timeout and partial_head_after(data, self._messages):
+                self._start_header_timer()
         elif (
             data
             and self._header_timer is None
@@ -187,14 +215,27 @@ class _Connection(web_protocol.RequestHandler):
             and not self._force_close
             and self._policy.header_timeout
         ):
-            self._header_timer = self._loop.call_later(
-                self._policy.header_timeout, self._headers_too_slow
-            )
+            self._start_header_timer()
+
+    def _start_header_timer(self) -> None:
+        self._header_timer = self._loop.call_later(
+            self._policy.header_timeout, self._headers_too_slow
+        )
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
         transport = self.transport
-        if transport is None or self._request_in_progress or self._messages:
+        if transport is None or self._force_close:
+            return
+        if self._request_in_progress or self._messages:
+            # The head began behind requests still being answered: its time runs again from
+            # when they are (a pipelined head waits for them, a trickled one does not).
+            self._start_header_timer()
             return
         log.debug("closing a connection whose request headers are late")
         cast(asyncio.WriteTransport, transport).write(self._policy.slow_headers)
@@ -203,14 +244,19 @@ class _Connection(web_protocol.RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._gone is not None and not self._gone.done():
             self._gone.set_result(None)
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._stop_header_timer()
         super().connection_lost(exc)
 
     async def finish_response(
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
+        if request.method == hdrs.METH_CONNECT or hdrs.UPGRADE in request.headers:
+            # No protocol is switched to (no WebSocket, no h2c), and aiohttp would parse the
+            # bytes behind an upgrade request out of step (a body read as a request): the
+            # request is answered, and the connection closed, its unread bytes dropped.
+            self._message_tail = b""
+            self._close = True
+            resp.force_close()
         unread = not request.content.is_eof()
         if unread:
             # Answered before its body was read whole: what more arrives is dropped unparsed

@@ -26,6 +26,8 @@ from __future__ import annotations
 import csv
 import enum
 import io
+import json
+import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +37,7 @@ from string import Template
 
 from mmserver.cluster.procfs import HOST
 from mmserver.cluster.procs import LoggedChild, http_get, reap, wait_gone, wait_until
+from mmserver.errors import Unauthorized
 
 TEMPLATE = Path(__file__).resolve().parent / "haproxy.cfg.in"
 BACKEND = "instances"
@@ -88,6 +91,47 @@ class BalancerSpec:
     check_inter_ms: int = 500
     bind: str = HOST
     stats_bind: str = HOST
+    #: When set, HAProxy itself answers 401 to a management call without
+    #: ``Authorization: Bearer <token>`` (:func:`management_rules`).
+    management_token: str = ""
+
+
+#: The calls anyone may make through a balancer that checks the management token: reads (GET,
+#: HEAD), and POST on an inference path whose names are plain (no dot segment, no
+#: percent-encoding, so that no spelling of a management path passes for one of these).
+_NAME = "[A-Za-z0-9_~-][A-Za-z0-9_.~-]*"
+_INFERENCE_PATH = (
+    f"^/(predictions/{_NAME}|invocations|endpoints/{_NAME}/invocations|models/{_NAME}/invoke"
+    f"|v2/models/{_NAME}(/versions/{_NAME})?/infer|v2/repository/index)$"
+)
+#: What a management token may hold to be written into the configuration as it is.
+TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]{1,256}")
+
+
+def management_rules(token: str) -> str:
+    """Frontend rules answering 401, as mmserver would, every call but a read or an inference
+    request that lacks ``Authorization: Bearer <token>``: the instances behind the balancer
+    decide by their own (loopback) address, and would take management calls from anyone."""
+    if not token:
+        return ""
+    if not TOKEN.fullmatch(token):
+        raise ValueError(
+            "the management token must be 1-256 characters of A-Z a-z 0-9 . _ ~ + / = -"
+        )
+    body = json.dumps(
+        Unauthorized(
+            "this management call needs the header 'Authorization: Bearer <management token>'"
+        ).to_dict()
+    )
+    quoted = body.replace("\\", "\\\\").replace('"', '\\"')
+    return (
+        "    # Management calls need the token here: the instances decide by their own address.\n"
+        "    acl open_call method GET HEAD\n"
+        f"    acl open_call path_reg {_INFERENCE_PATH}\n"
+        f'    acl has_token req.hdr(authorization) -m str "Bearer {token}"\n'
+        "    http-request return status 401 content-type application/json "
+        f'string "{quoted}" if !open_call !has_token\n'
+    )
 
 
 def render(spec: BalancerSpec) -> str:
@@ -103,6 +147,7 @@ def render(spec: BalancerSpec) -> str:
         hard_stop_after=f"{HARD_STOP_AFTER_S}s",
         bind=spec.bind,
         port=spec.port,
+        management=management_rules(spec.management_token),
         balance=balance_block(spec.strategy, spec.hash_balance_factor),
         inter_ms=spec.check_inter_ms,
         fastinter_ms=max(100, spec.check_inter_ms // 2),

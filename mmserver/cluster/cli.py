@@ -24,6 +24,7 @@ from mmserver.cluster import balancer, cluster
 from mmserver.cluster.instances import InstanceSpec
 from mmserver.cluster.procfs import HOST
 from mmserver.cluster.procs import ProcessId
+from mmserver.config import resolves_to_loopback
 
 PROG = "mmserver cluster"
 DEFAULT_STATE_DIR = Path(".cache/cluster")
@@ -127,6 +128,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     config.add_argument("--strategy", choices=STRATEGIES, default="LEAST_OUTSTANDING_REQUESTS")
     config.add_argument("--bind", default=HOST, help="address HAProxy listens on (127.0.0.1)")
     config.add_argument("--port", type=int, default=8080)
+    config.add_argument(
+        "--management-token",
+        default="",
+        help="token HAProxy asks of management calls (Authorization: Bearer TOKEN); needed "
+        "with a --bind that is not loopback",
+    )
+    config.add_argument(
+        "--insecure-management",
+        action="store_true",
+        help="allow a non-loopback --bind without a management token",
+    )
+    config.add_argument(
+        "--stats-bind",
+        default=HOST,
+        help="address of the stats page and HAProxy's metrics, which have no token (127.0.0.1)",
+    )
     config.add_argument("--stats-port", type=int, default=8404)
     config.add_argument("--hash-balance-factor", type=int, default=150)
     config.add_argument("--check-interval-ms", type=int, default=500)
@@ -297,6 +314,16 @@ def config(args: argparse.Namespace) -> int:
         if not host or not port.isdigit():
             raise SystemExit(f"{PROG}: --server {each!r} is not HOST:PORT")
         servers.append((f"i{n}", host, int(port)))
+    if not (args.management_token or args.insecure_management or resolves_to_loopback(args.bind)):
+        print(
+            f"{PROG}: refusing to bind {args.bind}: the instances behind HAProxy take "
+            "management calls (POST, PUT and DELETE on /models, the /v2/repository load and "
+            "unload calls) from whoever reaches them; pass --management-token TOKEN for "
+            "HAProxy to ask it of those calls, or --insecure-management to publish them "
+            "without one",
+            file=sys.stderr,
+        )
+        return 2
     spec = balancer.BalancerSpec(
         strategy=balancer.Strategy(args.strategy),
         port=args.port,
@@ -305,9 +332,15 @@ def config(args: argparse.Namespace) -> int:
         hash_balance_factor=args.hash_balance_factor,
         check_inter_ms=args.check_interval_ms,
         bind=args.bind,
-        stats_bind=args.bind,
+        stats_bind=args.stats_bind,
+        management_token=args.management_token,
     )
-    sys.stdout.write(balancer.render(spec))
+    try:
+        text = balancer.render(spec)
+    except ValueError as exc:
+        print(f"{PROG}: --management-token: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 

@@ -1,11 +1,15 @@
 """Hostile HTTP clients: connection floods, slow headers and bodies, readers that never read,
-compressed bombs, clients leaving mid-upload, and bytes that are not HTTP."""
+compressed bombs, clients leaving mid-upload, bytes that are not HTTP, bytes behind an upgrade
+request, a head begun behind a whole request, undecodable bodies, V2 shapes beyond any array and
+an unbounded batch delay."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gzip
+import json
+import re
 import socket
 import time
 from urllib.parse import urlsplit
@@ -199,6 +203,92 @@ async def garbage(args: argparse.Namespace) -> Verdict:
     return Verdict(good, f"answers {sorted(shapes)}; /ping {status}")
 
 
+async def _exchange(
+    args: argparse.Namespace, first: bytes, then: bytes = b""
+) -> tuple[list[int], bool, float]:
+    """Send ``first`` on a new connection, once something is answered ``then``, and read until
+    the server closes it: (statuses answered, whether it closed within --seconds, seconds)."""
+    started = time.monotonic()
+    reader, writer = await asyncio.open_connection(*_address(args))
+    received = bytearray()
+    closed = False
+    try:
+        writer.write(first)
+        if then:
+            received += await asyncio.wait_for(reader.readuntil(b"}"), args.seconds)
+            writer.write(then)
+        while chunk := await asyncio.wait_for(reader.read(65536), args.seconds):
+            received += chunk
+        closed = True
+    except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.transport.abort()
+    statuses = [int(s) for s in re.findall(rb"HTTP/1\.1 (\d{3}) ", received)]
+    return statuses, closed, time.monotonic() - started
+
+
+async def upgrade_desync(args: argparse.Namespace) -> Verdict:
+    """An h2c upgrade request followed by a request whose body, sent later, is a request."""
+    inner = b"DELETE /models/sklearn-0 HTTP/1.1\r\nHost: x\r\n\r\n"
+    first = b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+    first += _post("/predictions/sklearn-0", inner)[: -len(inner)]
+    statuses, closed, _ = await _exchange(args, first, inner)
+    return Verdict(
+        statuses == [200] and closed,
+        f"answered {statuses} (the body that is a request must not be answered), closed: {closed}",
+    )
+
+
+async def head_behind(args: argparse.Namespace) -> Verdict:
+    """A whole request and the beginning of another in one packet, then silence."""
+    first = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    first += b"POST /predictions/sklearn-0 HTTP/1.1\r\nHost: x\r\nContent-Type: appl"
+    statuses, closed, took = await _exchange(args, first)
+    return Verdict(
+        statuses == [200, 408] and closed,
+        f"answered {statuses}, closed after {took:.1f} s (header_timeout, not keepalive_timeout)",
+    )
+
+
+async def bad_coding(args: argparse.Namespace) -> Verdict:
+    """Bodies their Content-Encoding does not decode: not brotli, gzip with trailing bytes."""
+    bodies = [
+        ("br", b"this is not brotli at all, not at all" * 3),
+        ("gzip", gzip.compress(b"[[0.5]]") + b"trailing bytes"),
+        ("deflate", b"not deflate"),
+    ]
+    seen = []
+    for coding, body in bodies:
+        statuses, _, _ = await _exchange(
+            args, _post("/predictions/sklearn-0", body, f"Content-Encoding: {coding}")
+        )
+        seen.append((coding, statuses))
+    status, _ = await ping(args)
+    return Verdict(
+        all(s == [400] for _, s in seen) and status == 200,
+        f"answered {seen} (see the server's log: no tracebacks); /ping {status}",
+    )
+
+
+async def v2_shape(args: argparse.Namespace) -> Verdict:
+    """A V2 tensor of shape [0, 2**70] with no data."""
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [0, 2**70], "datatype": "FP64", "data": []}]}
+    ).encode()
+    statuses, _, _ = await _exchange(
+        args, _post("/v2/models/sklearn-0/infer", body, "Connection: close")
+    )
+    return Verdict(statuses == [400], f"answered {statuses}")
+
+
+async def batch_delay(args: argparse.Namespace) -> Verdict:
+    """A batch delay of 10**17 ms set through the management API."""
+    put = b"PUT /models/sklearn-0?max_batch_delay=100000000000000000 HTTP/1.1\r\nHost: x\r\n"
+    statuses, _, _ = await _exchange(args, put + b"Connection: close\r\n\r\n")
+    return Verdict(statuses == [400], f"answered {statuses}")
+
+
 CASES = {
     "idle-flood": Case("many idle connections; /ping must still answer", idle_flood),
     "slow-headers": Case("half-sent headers (slowloris): 408 and closed", slow_headers),
@@ -207,4 +297,9 @@ CASES = {
     "gzip-bomb": Case("a compressed body inflating past the limit: 413 and closed", gzip_bomb),
     "mid-upload": Case("clients leaving mid-upload: counted 499, no traceback", mid_upload),
     "garbage": Case("bytes that are not HTTP: JSON 400s, no version disclosed", garbage),
+    "upgrade-desync": Case("bytes behind an upgrade request: never a request", upgrade_desync),
+    "head-behind": Case("a head begun behind a whole request: 408 at header_timeout", head_behind),
+    "bad-coding": Case("bodies their Content-Encoding does not decode: 400", bad_coding),
+    "v2-shape": Case("a V2 shape beyond any array: 400, not the model's 424", v2_shape),
+    "batch-delay": Case("max_batch_delay of 10**17 ms: refused 400", batch_delay),
 }

@@ -14,6 +14,8 @@ import pytest
 from aiohttp import web
 
 from mmserver.api.middleware import answers_errors
+from mmserver.config import MAX_BATCH_DELAY_MS, ServerConfig
+from mmserver.errors import ConfigError
 from tests.integration.gate import Gate
 from tests.integration.harness import Harness, Serve, error_of, hold_gate, wait_until
 
@@ -373,3 +375,39 @@ async def test_client_gone_is_not_computed(server: Harness, gate: Gate) -> None:
         await asyncio.sleep(0.01)
     assert samples.get(key) == 1.0
     assert gate.passed == 1  # the left request never reached the model
+
+
+# ------------------------------------------------------------------------------------------------
+# Batch delay and deadlines
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_max_batch_delay_is_bounded(server: Harness) -> None:
+    for delay in ("100000000000000000", str(MAX_BATCH_DELAY_MS + 1)):
+        response = await server.client.put(
+            "/models/sklearn-1", params={"max_batch_delay": delay, "batch_size": "4"}
+        )
+        body = await check(response, 400, "BadRequestException", "max_batch_delay=", None)
+        assert f"over the limit of {MAX_BATCH_DELAY_MS} ms" in body["message"]
+    response = await server.client.put(
+        "/models/sklearn-1", params={"max_batch_delay": str(MAX_BATCH_DELAY_MS)}
+    )
+    assert response.status == 200, await response.text()
+    with pytest.raises(ConfigError, match="max_batch_delay"):
+        ServerConfig(max_batch_delay=MAX_BATCH_DELAY_MS + 1)
+
+
+async def test_a_request_waiting_for_its_batch_is_answered_504_at_its_deadline(
+    serve: Serve,
+) -> None:
+    harness = await serve(predict_timeout=0.3)
+    response = await harness.client.put(
+        "/models/sklearn-2", params={"max_batch_delay": str(MAX_BATCH_DELAY_MS), "batch_size": "4"}
+    )
+    assert response.status == 200, await response.text()
+    # Alone, the request waits for company for 10 s; its deadline passes long before.
+    started = asyncio.get_running_loop().time()
+    response = await asyncio.wait_for(harness.post("/predictions/sklearn-2", "[[0.5]]"), 5.0)
+    await check(response, 504, "TimeoutException", "longer than option.predict_timeout", None)
+    assert asyncio.get_running_loop().time() - started < 5.0
+    assert queue_length(harness, "sklearn-2") == 0

@@ -327,3 +327,74 @@ def test_loopback_is_decided_on_the_resolved_addresses() -> None:
     assert not config.is_loopback
     with pytest.raises(ConfigError, match="non-loopback address needs a management token"):
         check_security(config)
+
+
+@pytest.mark.parametrize("lean_http", [True, False], ids=["lean", "aiohttp"])
+async def test_bytes_behind_an_upgrade_request_are_never_parsed_as_a_request(
+    serve: Serve, sockets: Sockets, lean_http: bool
+) -> None:
+    harness = await serve(lean_http=lean_http)
+    reader, writer = await sockets.connect(harness)
+    inner = b"DELETE /models/sklearn-0 HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert (await harness.post("/predictions/sklearn-0", "[[0.5]]")).status == 200
+    writer.write(
+        b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+        + _request("/predictions/sklearn-0", inner)[: -len(inner)]
+    )
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.readuntil(b"}"), SAFETY_S)  # the ping's answer
+    writer.write(inner)  # the second request's body, in a read of its own
+    answer += await _until_closed(reader)
+    # The upgrade request is answered, with the connection closed; nothing after it is read.
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200"]
+    assert _split(answer)[1]["connection"] == "close"
+    assert "sklearn-0" in harness.wlm.loaded
+
+
+@pytest.mark.parametrize("lean_http", [True, False], ids=["lean", "aiohttp"])
+async def test_a_head_begun_behind_a_whole_request_has_the_header_timeout(
+    serve: Serve, sockets: Sockets, lean_http: bool
+) -> None:
+    harness = await serve(header_timeout=0.2, keepalive_timeout=SAFETY_S * 2, lean_http=lean_http)
+    reader, writer = await sockets.connect(harness)
+    writer.write(
+        b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"POST /predictions/sklearn-0 HTTP/1.1\r\nHost: x\r\nContent-Type: appl"
+    )
+    answer = await _until_closed(reader)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200", b"408"]
+    assert "header_timeout" in _json_error(answer[answer.index(b"HTTP/1.1 408") :], 408)["message"]
+    # Whole pipelined requests with bodies, and an idle connection after them, are not affected.
+    reader, writer = await sockets.connect(harness)
+    writer.write(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" + _request("/predictions/sklearn-0"))
+    answer = await asyncio.wait_for(reader.readuntil(b"]}"), SAFETY_S)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200", b"200"]
+    writer.write(_request("/predictions/sklearn-0", Connection="close"))
+    assert _split(await _until_closed(reader))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("coding", "body"),
+    [
+        ("br", b"this is not brotli at all, not at all" * 3),
+        ("gzip", gzip.compress(b"[[0.5]]") + b"trailing bytes"),
+        ("gzip", b"not gzip at all"),
+        ("deflate", b"not deflate"),
+    ],
+    ids=["br-not-brotli", "gzip-trailing-bytes", "gzip-not-gzip", "deflate-not-deflate"],
+)
+async def test_a_body_its_content_coding_does_not_decode_is_a_400_without_a_traceback(
+    serve: Serve, sockets: Sockets, caplog: pytest.LogCaptureFixture, coding: str, body: bytes
+) -> None:
+    harness = await serve()
+    for path in ("/predictions/sklearn-0", "/v2/models/sklearn-0/infer"):
+        reader, writer = await sockets.connect(harness)
+        writer.write(_request(path, body, Content_Encoding=coding))
+        answer = await _until_closed(reader)
+        status, headers, raw = _split(answer)
+        assert status == 400, answer[:300]
+        message = json.loads(raw[: int(headers["content-length"])])
+        text = message.get("message") or message["error"]
+        assert f"not valid '{coding}' data, as its Content-Encoding says" in text
+    assert await _count(harness, "500") == 0
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]

@@ -277,3 +277,13 @@ async def test_repository_load_and_unload_follow_the_management_rules(serve: Ser
     assert response.status == 200
     response = await client.post("/v2/repository/models/sklearn-3/unload", headers=good)
     assert response.status == 200
+
+
+@pytest.mark.parametrize("shape", [[0, 2**70], [0, 2**62], [0, 2**62, 4]])
+async def test_a_shape_beyond_any_array_is_the_request_s_fault(
+    server: Harness, shape: list[int]
+) -> None:
+    response = await server.client.post("/v2/models/sklearn-0/infer", json=infer_body([], shape))
+    assert "beyond any array" in await v2_error(response, 400)
+    samples = await server.samples()
+    assert not [k for k in samples if k[0] == "mmserver_requests_total" and ("code", "424") in k[1]]
