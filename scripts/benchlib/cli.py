@@ -23,7 +23,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import loads, neighbour, peers, probes, report, scale, servers, store, trees, wrk
+from benchlib import (
+    loads,
+    neighbour,
+    peers,
+    probes,
+    report,
+    scale,
+    servers,
+    store,
+    tabular,
+    trees,
+    wrk,
+)
 
 SECTIONS = (
     "cold",
@@ -34,6 +46,7 @@ SECTIONS = (
     "batching",
     "neighbour",
     "trees",
+    "tabular",
     "scale",
 )
 PATTERNS = report.PATTERNS
@@ -283,6 +296,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.ensure_heavy(model_store)
     if "trees" in args.sections:
         trees.ensure(model_store)
+    if "tabular" in args.sections:
+        tabular.ensure(model_store)
     needs_floor = {"closed", "open"} & set(args.sections)
     with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
         server = servers.mmserver(
@@ -306,6 +321,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peer = None
         if args.peer == "mlserver" and needs_floor:
             peer = peers.mlserver(model_store, Path(tmp), args.out / "mlserver.log")
+        tabular_peer = None
+        if args.peer == "mlserver" and "tabular" in args.sections:
+            tabular_peer = peers.mlserver_tabular(
+                model_store,
+                list(tabular.MODELS.values()),
+                Path(tmp),
+                args.out / "mlserver-tabular.log",
+            )
         try:
             server.start()
             _log(f"mmserver pid {server.pid} on {server.url}")
@@ -314,8 +337,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     other.start()
                     _log(f"{other.name} pid {other.pid} on {other.url}")
             _measure(args, settings, server, floor, raw, peer)
+            if "tabular" in args.sections:
+                if tabular_peer is not None:  # only now: it would idle beside the others
+                    tabular_peer.start()
+                    _log(f"{tabular_peer.name} pid {tabular_peer.pid} on {tabular_peer.url}")
+                raw["tabular"] = tabular.run(server, tabular_peer, model_store, settings, _log)
         finally:
-            for each in (server, floor, peer):
+            for each in (server, floor, peer, tabular_peer):
                 if each is not None:
                     each.stop()
     return raw

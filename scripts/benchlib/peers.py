@@ -8,12 +8,19 @@ store's ``model.joblib`` (hard links of one file) with a ``model-settings.json``
 ``SKLearnModel``; ``settings.json`` sets ``parallel_workers`` to 0 (inference in the server's own
 process, its fastest setting for small models on two cores). It loads every model at start and
 is called on the Open Inference Protocol path, ``POST /v2/models/NAME/infer``.
+
+The tabular section runs a second MLServer of its own (:func:`mlserver_tabular`) whose
+repository holds only that section's DataFrame pipelines, each with ``"content_type": "pd"`` in
+its ``model-settings.json`` parameters: MLServer's pandas codec decodes requests into a
+DataFrame (one input a column), which the scikit-learn runtime hands to the pipeline's
+``predict``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -78,6 +85,12 @@ def mlserver_repository(store: Path, root: Path, port: int, count: int = 1000) -
         }
         (folder / "model-settings.json").write_text(json.dumps(settings))
     model.unlink()
+    _write_settings(root, port)
+    return root
+
+
+def _write_settings(root: Path, port: int) -> None:
+    """MLServer's ``settings.json``: loopback, free ports, inference in its own process."""
     server = {
         "host": HOST,
         "http_port": port,
@@ -87,7 +100,35 @@ def mlserver_repository(store: Path, root: Path, port: int, count: int = 1000) -
         "debug": False,
     }
     (root / "settings.json").write_text(json.dumps(server))
-    return root
+
+
+def mlserver_tabular(store: Path, models: list[str], tmp: Path, log: Path) -> Server:
+    """MLServer serving the store's folders ``models`` (each a ``model.joblib`` of a pipeline
+    fitted on a DataFrame) with its pandas codec (started by the caller)."""
+    exe = ensure_mlserver_venv()
+    port = free_port()
+    root = tmp / "mlserver-tabular-repository"
+    root.mkdir(parents=True)
+    for name in models:
+        folder = root / name
+        folder.mkdir()
+        shutil.copyfile(store / name / "model.joblib", folder / "model.joblib")
+        settings = {
+            "name": name,
+            "implementation": "mlserver_sklearn.SKLearnModel",
+            "parameters": {"uri": "./model.joblib", "content_type": "pd"},
+        }
+        (folder / "model-settings.json").write_text(json.dumps(settings))
+    _write_settings(root, port)
+    return Server(
+        "mlserver",
+        [str(exe), "start", str(root)],
+        port,
+        log,
+        cwd=tmp,
+        health="/v2/health/ready",
+        api="v2",
+    )
 
 
 def mlserver(store: Path, tmp: Path, log: Path) -> Server:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from benchlib import scale, trees
+from benchlib import scale, tabular, trees
 from benchlib.neighbour import COLD_LOADS, LOAD_CLIENTS
 
 PATTERNS = ("hot", "uniform", "zipf")
@@ -115,6 +115,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             }
     if "trees" in raw:
         out["trees"] = raw["trees"]
+    if "tabular" in raw:
+        out["tabular"] = _summarize_tabular(raw["tabular"])
     if "scale" in raw:
         out["scale"] = raw["scale"]
     if "batching" in raw:
@@ -123,6 +125,22 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         if b1 and b32 and b1["rps"]:
             out["batching"]["ratio"] = b32["rps"] / b1["rps"]
     return out
+
+
+def _summarize_tabular(raw: dict[str, Any]) -> dict[str, Any]:
+    """Medians per model, form and server; mmserver / MLServer req/s; the check as it was."""
+    loads: dict[str, Any] = {}
+    for key, forms in raw.get("loads", {}).items():
+        loads[key] = {}
+        for form, by_server in forms.items():
+            entry: dict[str, Any] = {
+                name: summarize_runs(runs) for name, runs in by_server.items() if runs
+            }
+            server, peer = entry.get("mmserver"), entry.get("mlserver")
+            if server and peer and server["rps"] and peer["rps"]:
+                entry["ratio"] = server["rps"] / peer["rps"]
+            loads[key][form] = entry
+    return {"loads": loads, "check": raw.get("check", {})}
 
 
 def _fmt(value: float | None, spec: str = ".1f", unit: str = "") -> str:
@@ -203,6 +221,7 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     )
     rows += _neighbour_targets(summary.get("neighbour"))
     rows += trees.targets(summary.get("trees"))
+    rows += tabular.targets(summary.get("tabular"))
     rows += scale.targets(summary.get("scale"))
     hot = closed.get("hot", {})
     if "to_max_ms" in hot:
@@ -277,6 +296,13 @@ def _other_cpu(summary: dict[str, Any]) -> float | None:
         if isinstance(entry, dict)
         for name in ("mmserver", "floor")
         if name in entry and entry[name]["cpu"].get("other") is not None
+    ]
+    values += [
+        result["cpu"]["other"]
+        for forms in summary.get("tabular", {}).get("loads", {}).values()
+        for entry in forms.values()
+        for name, result in entry.items()
+        if name != "ratio" and result["cpu"].get("other") is not None
     ]
     return statistics.median(values) if values else None
 
@@ -373,6 +399,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
             )
     if "trees" in summary:
         lines += trees.lines(summary["trees"])
+    if "tabular" in summary:
+        lines += tabular.lines(summary["tabular"])
     if "scale" in summary:
         lines += scale.lines(summary["scale"])
     info = summary.get("info", {})

@@ -47,6 +47,7 @@ class Load:
     seed: int = 1
     start: int = 0  # the cycle pattern's first model
     body: str = "[[0.5]]"  # rows; the v2 API sends them as a V2 inference request
+    raw_body: bool = False  # send ``body`` as it is, whatever the API (e.g. a V2 request)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
         BENCH_THREAD_RATE=f"{load.rate / load.threads:.6f}" if load.rate else "0",
         BENCH_SEED=str(load.seed),
         BENCH_START=str(load.start),
-        BENCH_BODY=request_body(load.api, load.body),
+        BENCH_BODY=load.body if load.raw_body else request_body(load.api, load.body),
     )
     return argv, env
 
