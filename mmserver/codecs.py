@@ -51,7 +51,7 @@ import numpy as np
 
 from mmserver.errors import InvalidInput, ModelError, UnsupportedMediaType
 from mmserver.schema import Inputs
-from mmserver.tabular import Form, Table, csv_cells, dense, table, to_columns
+from mmserver.tabular import Form, Table, csv_cells, dense, json_kind, table, to_columns
 
 JSON = "application/json"
 CSV = "text/csv"
@@ -488,20 +488,6 @@ def check_finite(array: np.ndarray, where: str = "", missing: bool = False) -> N
                 else "numbers: this model does not take missing values (NaN or null) nor infinities"
             )
         )
-
-
-def json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def preview(value: Any, limit: int = 40) -> str:

@@ -105,7 +105,7 @@ def to_columns(form: Form, inputs: Inputs, model: str) -> tuple[list[list[Any]],
     for i, row in enumerate(items):
         if not isinstance(row, list):
             raise InvalidInput(
-                f"row {i} is a JSON {_kind(row)}; expected every row to be a list of values"
+                f"row {i} is a JSON {json_kind(row)}; expected every row to be a list of values"
             )
         if len(row) != width:
             raise InvalidInput(
@@ -145,7 +145,7 @@ def _from_records(
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise InvalidInput(
-                f"record {i} is a JSON {_kind(record)}; expected an object of column: value"
+                f"record {i} is a JSON {json_kind(record)}; expected an object of column: value"
             )
         if len(record) != len(names) or not known.issuperset(record):
             for key in record:
@@ -247,7 +247,7 @@ def _missing(column: Column, row: int) -> InvalidInput:
 def _wrong(column: Column, row: int, value: Any, expected: str) -> InvalidInput:
     text = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     return InvalidInput(
-        f"column {column.name!r}, row {row}: {text} is a {_kind(value)}; the model takes "
+        f"column {column.name!r}, row {row}: {text} is a {json_kind(value)}; the model takes "
         f"{expected} in this column"
     )
 
@@ -257,7 +257,8 @@ def _listing(values: Sequence[Any], limit: int = 8) -> str:
     return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words (``null``, ``number``, ``array``, ...)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
