@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.codecs import STRICT, Request, check_finite, json_kind, preview, short
+from mmserver.codecs import STRICT, Request, check_finite, preview, short
 from mmserver.errors import InvalidInput, ModelError
 from mmserver.schema import Inputs
-from mmserver.tabular import Table, dense, table, to_columns
+from mmserver.tabular import Table, dense, json_kind, table, to_columns
 
 #: The kind (see :data:`mmserver.codecs.Request`) of a V2 request with a JSON body; with binary
 #: data the kind is ``"v2:<length of the JSON header>"``.
