@@ -50,8 +50,10 @@ from mmserver.candidates import (
 from mmserver.families import reason
 
 OWN = "own"
+#: A pipeline's last step on its compiled first steps (:mod:`mmserver.tablepath`).
+COMPILED = "compiled"
 #: Every path's name, in the order of preference among equals.
-PATHS = (LINEAR, NATIVE, NUMPY, TREELITE, OWN)
+PATHS = (LINEAR, NATIVE, NUMPY, TREELITE, COMPILED, OWN)
 
 _PROBE_ROWS = 64
 _RELATIVE = 1e-9
@@ -173,7 +175,7 @@ def plan_paths(
     take from a matrix (a model fitted on one); ``missing``: the model takes missing values,
     and the candidates are checked on them too."""
     started = time.perf_counter()
-    batch_rows = min(batch_rows, _TIMED_ROWS)  # past it, the full batch's path (see _routes)
+    batch_rows = min(batch_rows, _TIMED_ROWS)  # past it, the full batch's path (see routes)
     rejected: dict[str, str] = {}
     head, last = split_pipeline(model)
     made = candidates(last, method, head, rejected, frame)
@@ -201,13 +203,11 @@ def plan_paths(
     finite_only: set[str] = set()
     for name, fn, _ in made:
         fitted = _shaped(fn, want_batch)
-        why = _disagreement(fitted, probes, want_batch) or _disagreement(
-            fitted, probes[:1], want_row
-        )
+        why = disagreement(fitted, probes, want_batch) or disagreement(fitted, probes[:1], want_row)
         if why is None:
             kept.append(Candidate(name, fitted))
             if gaps is not None and (
-                want_gaps is None or _disagreement(fitted, gaps, want_gaps) is not None
+                want_gaps is None or disagreement(fitted, gaps, want_gaps) is not None
             ):
                 finite_only.add(name)
         else:
@@ -225,7 +225,7 @@ def plan_paths(
     except Exception as exc:  # e.g. no memory for a huge batch: the own method, as any doubt
         return own_plan(own, batch_rows, f"the paths could not be timed: {reason(exc)}")
     return Plan(
-        _routes(kept, batch_rows),
+        routes(kept, batch_rows),
         batch_rows,
         measured={c.name: (c.one_row_s, c.batch_s) for c in kept},
         rejected=rejected,
@@ -262,7 +262,7 @@ def _shaped(fn: Fn, like: np.ndarray) -> Fn:
     return shaped
 
 
-def _disagreement(fn: Fn, rows: np.ndarray, want: np.ndarray) -> str | None:
+def disagreement(fn: Fn, rows: Any, want: np.ndarray) -> str | None:
     """Why ``fn(rows)`` is not ``want`` (``None`` when it is)."""
     try:
         with warnings.catch_warnings():
@@ -283,7 +283,7 @@ def _disagreement(fn: Fn, rows: np.ndarray, want: np.ndarray) -> str | None:
     return f"differs on probe rows by {worst:.3g} (largest answer {scale:.3g})"
 
 
-def _seconds(fn: Fn, rows: np.ndarray) -> float:
+def fastest(fn: Fn, rows: Any) -> float:
     """The fastest of a few calls (the first call was made when verifying)."""
     best = math.inf
     spent = 0.0
@@ -304,11 +304,11 @@ def _time_all(kept: list[Candidate], probes: np.ndarray, batch_rows: int) -> Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for c in kept:
-            c.one_row_s = _seconds(c.fn, probes[:1])
-            c.batch_s = _seconds(c.fn, full) if batch_rows > 1 else c.one_row_s
+            c.one_row_s = fastest(c.fn, probes[:1])
+            c.batch_s = fastest(c.fn, full) if batch_rows > 1 else c.one_row_s
 
 
-def _routes(kept: Sequence[Candidate], batch_rows: int) -> list[tuple[float, str, Fn]]:
+def routes(kept: Sequence[Candidate], batch_rows: int) -> list[tuple[float, str, Fn]]:
     """The fastest path for every number of rows up to a full batch, costs taken as lines
     through the two measured points; past a full batch (one request may hold many rows), the
     full batch's path, since nothing was measured there."""

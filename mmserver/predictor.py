@@ -57,6 +57,7 @@ from mmserver.schema import (
     matrix_inputs,
     probe_missing,
 )
+from mmserver.tablepath import plan_table_paths
 from mmserver.tabular import Table, row_table, to_frame
 
 log = logging.getLogger(__name__)
@@ -209,8 +210,12 @@ class EstimatorPredictor:
         elif self.n_features is None:
             self.plan = own_plan(own, batch_rows, "the model does not say its number of features")
         elif not inputs.dense:
-            self.plan = own_plan(
-                own, batch_rows, "the model takes a DataFrame with columns other than numbers"
+            self.plan = plan_table_paths(model, method, own, inputs, batch_rows) or own_plan(
+                own,
+                batch_rows,
+                "the model takes a DataFrame with columns other than numbers, and its first "
+                "steps are not all ones that compile (a ColumnTransformer of OneHotEncoder, "
+                "SimpleImputer, StandardScaler, passthrough)",
             )
         else:
             self.plan = plan_paths(
