@@ -44,6 +44,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -365,6 +366,10 @@ def _csv_culprit(rows: list[list[str]]) -> None:
                 ) from None
 
 
+#: The most values a libsvm body makes for a model that does not say its width (80 MB).
+_LIBSVM_MAX_CELLS = 10_000_000
+
+
 def _decode_libsvm(body: bytes, inputs: Inputs, model: str) -> np.ndarray:
     if not inputs.dense:
         raise InvalidInput(_NOT_NUMBERS.format(model=model, kind="libsvm rows"))
@@ -386,7 +391,15 @@ def _decode_libsvm(body: bytes, inputs: Inputs, model: str) -> np.ndarray:
                 raise InvalidInput(
                     f"libsvm token {preview(token)} on line {i + 1} is not index:value"
                 ) from None
+    if inputs.sagemaker_xgboost and entries and min(j for _, j, _ in entries) >= 1:
+        # XGBoost's own libsvm reader (the container's): indices all from 1 are 1-based.
+        entries = [(i, j - 1, number) for i, j, number in entries]
     width = inputs.width or (max((j for _, j, _ in entries), default=-1) + 1) or 1
+    if inputs.width is None and width * len(lines) > _LIBSVM_MAX_CELLS:
+        raise InvalidInput(
+            f"libsvm rows of {width} columns ({len(lines)} rows): {model} does not say its "
+            f"width, and at most {_LIBSVM_MAX_CELLS} values are made from a libsvm body"
+        )
     fill = np.nan if inputs.sparse_missing else 0.0
     array = np.full((len(lines), width), fill, dtype=np.float64)
     for i, j, number in entries:
@@ -549,9 +562,19 @@ _TYPED = 1
 
 def typed_answer(body: bytes, content_type: str) -> bytes:
     """An answer whose ``Content-Type`` is its own (a custom handler's bytes, say), as it
-    travels to the frontend: the marker, the type's length and the type before the body."""
-    kind = content_type.encode("latin-1")[:255]
+    travels to the frontend: the marker, the type's length and the type before the body.
+    Raises :class:`ModelError` for a type that is not a header value (printable ASCII, at most
+    255 characters)."""
+    if not _HEADER_VALUE.fullmatch(content_type):
+        raise ModelError(
+            f"the content type {content_type[:60]!r} the model answered with is not a header "
+            "value (printable ASCII, at most 255 characters)"
+        )
+    kind = content_type.encode("ascii")
     return bytes((_TYPED, len(kind))) + kind + body
+
+
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]{1,255}")
 
 
 def answer_body(answer: bytes, csv_answer: bool | None) -> tuple[bytes, str]:
@@ -576,7 +599,9 @@ def encode_as(outputs: np.ndarray | Sequence[Any], csv_answer: bool | None) -> b
     values = outputs.tolist() if isinstance(outputs, np.ndarray) else outputs
     try:
         if csv_answer:
-            return _encode_csv(values)
+            body = _encode_csv(values)
+            # A first byte that would read as a typed answer's marker is sent typed.
+            return typed_answer(body, CSV_RESPONSE_TYPE) if body[:1] == b"\x01" else body
         try:
             text = _ENCODER.encode({"predictions": values})
         except ValueError:  # NaN or infinity somewhere

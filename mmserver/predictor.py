@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmserver.candidates import NATIVE, NUMPY, TREELITE
-from mmserver.codecs import encode_json, typed_answer
+from mmserver.codecs import encode_json, response_type, typed_answer
 from mmserver.config import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
 from mmserver.families import (
@@ -94,7 +94,7 @@ class RawRequest:
 
     body: bytes
     content_type: str
-    wants_csv: bool
+    wants_csv: bool | None
 
 
 def _n_features(model: Any) -> int | None:
@@ -316,7 +316,8 @@ class CustomPredictor:
             self.inputs = Inputs(raw=True)
             return
         columns = declared(model_dir, config.properties) if model_dir and config else None
-        refuse = config is not None and config.missing_values == "refuse"
+        # Not probed: the handler gets missing values only when its configuration says so.
+        refuse = config is None or config.missing_values != "accept"
         if columns:
             self.inputs = Inputs(
                 tuple(replace(c, missing=not refuse) for c in columns),
@@ -341,7 +342,7 @@ class CustomPredictor:
         return self.predict(batch)
 
     def answer_raw(
-        self, requests: Sequence[tuple[bytes, str, bool]]
+        self, requests: Sequence[tuple[bytes, str, bool | None]]
     ) -> list[bytes | tuple[str, str]]:
         """Each request's answer from the handler, encoded (``option.raw_input``); an Open
         Inference Protocol request is refused: its answer is a tensor, not the handler's."""
@@ -358,11 +359,14 @@ class CustomPredictor:
         raw = [RawRequest(*requests[i]) for i in taken]
         answers = _check_rows(self._fn(self.model, raw), raw)
         for i, answer in zip(taken, answers, strict=True):
-            out[i] = _raw_answer(answer, requests[i][2])
+            try:
+                out[i] = _raw_answer(answer, requests[i][2])
+            except ModelError as exc:  # this request's answer only
+                out[i] = (type(exc).__name__, exc.message)
         return out
 
 
-def _raw_answer(answer: Any, csv: bool) -> bytes:
+def _raw_answer(answer: Any, csv: bool | None) -> bytes:
     if isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], str):
         body, content_type = answer
         if not isinstance(body, bytes | bytearray | str):
@@ -370,7 +374,7 @@ def _raw_answer(answer: Any, csv: bool) -> bytes:
         data = body.encode() if isinstance(body, str) else bytes(body)
         return typed_answer(data, content_type)
     if isinstance(answer, bytes | bytearray):
-        return typed_answer(bytes(answer), "text/csv; charset=utf-8" if csv else "application/json")
+        return typed_answer(bytes(answer), response_type(csv))
     return encode_json(answer)
 
 

@@ -20,13 +20,16 @@ accepted), LightGBM's categorical features make category columns, everything els
 Whether a model takes missing values is found by calling it at load (``option.missing_values``,
 ``auto`` by default): a row of valid values, then that row with each column missing in turn (all
 columns at once for a matrix model). A column the model fails on refuses missing values with a
-400 that names it; ``refuse`` refuses them everywhere, ``accept`` hands them all to the model.
+400 that names it (every column, when the model fails on the valid row itself); ``refuse``
+refuses them everywhere, ``accept`` hands them all to the model. A custom handler is not probed:
+it gets missing values only with ``accept``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -69,6 +72,18 @@ class Column:
     categories: tuple[Any, ...] | None = None
     closed: bool = False
     missing: bool = True
+    #: The categories of a closed column, for a look-up per value (numbers as floats).
+    known: frozenset[Any] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        known: frozenset[Any] = frozenset()
+        if self.closed and self.categories is not None:
+            known = frozenset(
+                float(v) if self.kind == NUMBER else v
+                for v in self.categories
+                if not (isinstance(v, float) and math.isnan(v))
+            )
+        object.__setattr__(self, "known", known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,20 +276,25 @@ def _last_step(model: Any) -> Any:
 
 
 def _encoded(model: Any, width: int) -> Iterator[tuple[int, Column]]:
-    """``(input index, column)`` of each input a fitted encoder reads strings from."""
+    """``(input index, column)`` of each input a fitted encoder reads categories from: a
+    ColumnTransformer's (first in a pipeline, or a HistGradientBoosting model's own for its
+    categorical features), or the first step's."""
     head = _first_step(model) or model
-    transformers = getattr(head, "transformers_", None)
-    indices = getattr(head, "_transformer_to_input_indices", None)
-    if isinstance(transformers, list) and isinstance(indices, dict):
-        for name, transformer, _ in transformers:
-            taken = list(indices.get(name, ()))
-            yield from _string_inputs(transformer, taken)
-    else:
-        yield from _string_inputs(head, list(range(width)))
+    final = _last_step(model) or model
+    for candidate in (head, getattr(final, "_preprocessor", None)):
+        transformers = getattr(candidate, "transformers_", None)
+        indices = getattr(candidate, "_transformer_to_input_indices", None)
+        if isinstance(transformers, list) and isinstance(indices, dict):
+            for name, transformer, _ in transformers:
+                taken = list(indices.get(name, ()))
+                yield from _string_inputs(transformer, taken)
+            return
+    yield from _string_inputs(head, list(range(width)))
 
 
 def _string_inputs(transformer: Any, taken: list[int]) -> Iterator[tuple[int, Column]]:
-    """The string columns among ``taken`` (the inputs of ``transformer``, in order)."""
+    """The columns among ``taken`` (the inputs of ``transformer``, in order) an encoder reads:
+    strings, or numbers that are categories (closed where the encoder fails on others)."""
     steps = getattr(transformer, "steps", None)
     parts = [s for _, s in steps] if isinstance(steps, list) else [transformer]
     for part in parts:
@@ -282,9 +302,13 @@ def _string_inputs(transformer: Any, taken: list[int]) -> Iterator[tuple[int, Co
         if isinstance(categories, list) and len(categories) == len(taken):
             closed = getattr(part, "handle_unknown", "error") == "error"
             for index, values in zip(taken, categories, strict=True):
-                if isinstance(values, np.ndarray) and values.dtype.kind in "OU":
+                if not isinstance(values, np.ndarray):
+                    continue
+                if values.dtype.kind in "OU":
                     known = tuple(v for v in values.tolist() if isinstance(v, str))
                     yield index, Column("", STRING, known, closed)
+                elif values.dtype.kind in "iuf":
+                    yield index, Column("", NUMBER, tuple(values.tolist()), closed)
             return
         statistics = getattr(part, "statistics_", None)
         if isinstance(statistics, np.ndarray) and statistics.dtype.kind == "O":
@@ -303,13 +327,22 @@ def _lightgbm_categories(model: Any, width: int) -> Iterator[tuple[int, tuple[An
         text = booster.model_to_string(num_iteration=0)
     except Exception:
         return
-    infos = next((line for line in text.splitlines() if line.startswith("feature_infos=")), "")
-    fields = infos.partition("=")[2].split(" ")
-    # A categorical feature's info lists its values ("1:0:2"); a numeric one is "[min:max]".
-    categorical = [j for j, f in enumerate(fields) if f and f != "none" and f[0] != "["]
-    for index, values in zip(categorical, categories, strict=False):
-        if index < width:
-            yield index, tuple(values)
+    # The parameters at the end of the model text name the categorical features by index.
+    line = next(
+        (ln for ln in reversed(text.splitlines()) if ln.startswith("[categorical_feature:")), ""
+    )
+    listed = line.partition(":")[2].rstrip("]").strip()
+    try:
+        categorical = [int(j) for j in listed.replace(",", " ").split()]
+    except ValueError:
+        categorical = []
+    if len(categorical) != len(categories) or any(not 0 <= j < width for j in categorical):
+        raise ModelLoadError(
+            "the LightGBM model's categorical features do not match its pandas categories; "
+            "declare the columns (option.columns or input_schema.json)"
+        )
+    for index, values in zip(categorical, categories, strict=True):
+        yield index, tuple(values)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,8 +358,12 @@ def probe_missing(
     itself is left to say so at predict time (every column takes missing values)."""
     base = [_valid_value(c) for c in columns]
     if not _answers(call, list(columns), base):
-        log.info("the model fails on a row of plain values; missing values are passed to it")
-        return list(columns)
+        log.warning(
+            "the model fails on a row of plain values (%s): it is not sent missing values; "
+            "declare its columns if their kinds were not found right",
+            ", ".join(f"{c.name}={v!r}" for c, v in zip(columns, base, strict=True)),
+        )
+        return [replace(c, missing=False) for c in columns]
     if not frame:
         gaps = [float("nan")] * len(columns)
         ok = _answers(call, list(columns), gaps)

@@ -127,7 +127,7 @@ def _positions(names: Sequence[str], inputs: Inputs, model: str, where: str) -> 
         if name not in known:
             raise InvalidInput(_unknown(name, inputs, model))
         if name in index:
-            raise InvalidInput(f"column {name!r} is named twice{where}")
+            raise InvalidInput(f"column {name!r} is named twice{where.replace(' of ', ' in ')}")
         index[name] = position
     lacking = [c for c in inputs.names if c not in index]
     if lacking:
@@ -195,13 +195,21 @@ def _array(cells: Sequence[Any], column: Column) -> np.ndarray:
                     v = _nan_or_refuse(v, column, i)
                 out[i] = v
             elif t is int or t is bool:
-                out[i] = v
+                try:
+                    out[i] = v
+                except OverflowError:
+                    raise _wrong(column, i, v, "a number within a float's range") from None
             elif v is None:
                 out[i] = _nan_or_refuse(None, column, i)
             elif isinstance(v, int | float | np.number):
                 out[i] = float(v)
             else:
                 raise _wrong(column, i, v, "a number")
+        if column.known:
+            known = column.known
+            for i, v in enumerate(out.tolist()):
+                if v == v and v not in known:
+                    raise _unknown_category(column, i, v)
         return out
     values: list[Any] = list(cells)
     for i, v in enumerate(values):
@@ -214,16 +222,22 @@ def _array(cells: Sequence[Any], column: Column) -> np.ndarray:
                 raise _wrong(column, i, v, "true or false")
         elif kind == STRING and type(v) is not str:
             raise _wrong(column, i, v, "a string")
-        elif column.closed and column.categories is not None and v not in column.categories:
-            raise InvalidInput(
-                f"column {column.name!r}, row {i}: {v!r} is not a category the model knows "
-                f"({_listing(column.categories)})"
-            )
+        elif kind == CATEGORY and not isinstance(v, str | int | float):
+            raise _wrong(column, i, v, "a category (a string or a number)")
+        elif column.known and v not in column.known:
+            raise _unknown_category(column, i, v)
     if kind == BOOLEAN and None not in values:
         return np.array(values, dtype=bool)
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
+
+
+def _unknown_category(column: Column, row: int, value: Any) -> InvalidInput:
+    return InvalidInput(
+        f"column {column.name!r}, row {row}: {value!r} is not a category the model knows "
+        f"({_listing(column.categories or ())})"
+    )
 
 
 def _nan_or_refuse(value: Any, column: Column, row: int) -> float:
@@ -247,9 +261,14 @@ def _missing(column: Column, row: int) -> InvalidInput:
 def _wrong(column: Column, row: int, value: Any, expected: str) -> InvalidInput:
     text = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     return InvalidInput(
-        f"column {column.name!r}, row {row}: {text} is a {json_kind(value)}; the model takes "
+        f"column {column.name!r}, row {row}: {text} is {_article(json_kind(value))}; the model "
+        "takes "
         f"{expected} in this column"
     )
+
+
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _listing(values: Sequence[Any], limit: int = 8) -> str:
@@ -283,13 +302,15 @@ def csv_cells(rows: list[list[str]], inputs: Inputs) -> list[list[Any]]:
     out: list[list[Any]] = []
     for j, column in enumerate(inputs.columns):
         cells: list[Any] = []
+        named = frozenset(v for v in column.categories or () if isinstance(v, str))
         for i, row in enumerate(rows):
             text = row[j]
             if not text.strip():
                 cells.append(None)
             elif column.kind == NUMBER:
+                flag = _CSV_NUMBERS.get(text.strip().lower())
                 try:
-                    cells.append(float(text))
+                    cells.append(flag if flag is not None else float(text))
                 except ValueError:
                     raise InvalidInput(
                         f"column {column.name!r}, line {i + 1}: {text[:40]!r} is not a number; "
@@ -302,7 +323,7 @@ def csv_cells(rows: list[list[str]], inputs: Inputs) -> list[list[Any]]:
                         f"column {column.name!r}, line {i + 1}: {text[:40]!r} is not true or false"
                     )
                 cells.append(flag)
-            elif column.kind == CATEGORY and column.categories and text not in column.categories:
+            elif column.kind == CATEGORY and column.categories and text not in named:
                 cells.append(_category(text, column))
             else:
                 cells.append(text)
@@ -311,6 +332,8 @@ def csv_cells(rows: list[list[str]], inputs: Inputs) -> list[list[Any]]:
 
 
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
+#: A boolean in a number column (a model fitted on a bool column counts it as 1 and 0).
+_CSV_NUMBERS = {"true": 1.0, "false": 0.0}
 
 
 def _category(text: str, column: Column) -> Any:

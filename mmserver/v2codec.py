@@ -260,8 +260,8 @@ def _strings(
     where: str,
 ) -> tuple[np.ndarray, int]:
     """A BYTES tensor's items as an object array of strings (``None`` for a JSON null), and the
-    offset of the next input's binary data."""
-    out = np.empty(count, dtype=object)
+    offset of the next input's binary data. The shape's count is checked against the data before
+    anything is allocated."""
     size = parameters.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
@@ -269,6 +269,12 @@ def _strings(
                 f"{where}: binary_data_size must be a non-negative integer within the "
                 f"{len(binary)} bytes after the JSON header"
             )
+        if count > size // 4:  # each item takes at least its 4-byte length
+            raise InvalidInput(
+                f"{where} has {count} item(s) by its shape, more than its {size} bytes of "
+                "binary data can hold"
+            )
+        out = np.empty(count, dtype=object)
         end, at = offset + size, offset
         for i in range(count):
             if at + 4 > end:
@@ -291,6 +297,7 @@ def _strings(
         raise InvalidInput(
             f"{where} has {count} value(s) by its shape, but its data has {len(items)}"
         )
+    out = np.empty(count, dtype=object)
     for i, item in enumerate(items):
         if item is not None and not isinstance(item, str):
             raise InvalidInput(
@@ -399,6 +406,12 @@ def _rows(columns: list[tuple[str, np.ndarray]], inputs: Inputs, model: str) -> 
     names = set(inputs.names)
     if inputs.frame and all(name in names for name, _ in columns):
         return _named(columns, inputs, model)
+    if inputs.frame and not inputs.dense:
+        stray = next(name for name, _ in columns if name not in names)
+        raise InvalidInput(
+            f"input {preview(stray)} is not one of {model}'s columns; it takes one input per "
+            f"column, named {', '.join(inputs.names)}"
+        )
     parts: list[np.ndarray] = []
     first, count = "", 0
     for name, array in columns:

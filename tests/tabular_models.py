@@ -16,6 +16,14 @@ import pandas as pd
 
 CITIES = ["paris", "lyon", "nice"]
 COLUMNS = ["city", "age", "income"]
+#: Three customers to ask about, one with a missing age.
+ROWS_OF_CUSTOMERS = pd.DataFrame(
+    {
+        "city": ["paris", "nice", "lyon"],
+        "age": [31.0, np.nan, 52.5],
+        "income": [250.0, 410.0, 300.0],
+    }
+)
 
 
 def customers(rows: int = 300, seed: int = 0) -> pd.DataFrame:

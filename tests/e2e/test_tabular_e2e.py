@@ -21,6 +21,7 @@ from botocore.config import Config
 
 from tests.e2e.server_process import ServerProcess
 from tests.tabular_models import (
+    ROWS_OF_CUSTOMERS,
     lightgbm_frame,
     make_hist_gradient_boosting,
     make_lightgbm_categorical,
@@ -31,13 +32,7 @@ from tests.tabular_models import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-ROWS = pd.DataFrame(
-    {
-        "city": ["paris", "nice", "lyon"],
-        "age": [31.0, np.nan, 52.5],
-        "income": [250.0, 410.0, 300.0],
-    }
-)
+ROWS = ROWS_OF_CUSTOMERS
 
 
 @pytest.fixture
