@@ -109,7 +109,14 @@ def _column_transformer(ct: Any, inputs: Inputs) -> Callable[[Table], np.ndarray
 
 
 def _stack(columns: list[np.ndarray]) -> np.ndarray:
-    return np.column_stack([np.asarray(c, dtype=np.float64) for c in columns])
+    """Columns of numbers (or booleans, ``None`` where one is missing) as a float matrix."""
+    return np.column_stack([_floats(c) for c in columns])
+
+
+def _floats(column: np.ndarray) -> np.ndarray:
+    if column.dtype.kind != "O":
+        return np.asarray(column, dtype=np.float64)
+    return np.array([math.nan if v is None else v for v in column.tolist()], dtype=np.float64)
 
 
 def _transformer(transformer: Any) -> Step | None:
