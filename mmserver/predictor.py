@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mmserver.answers import encode_json, response_type, typed_answer
 from mmserver.candidates import NATIVE, NUMPY, TREELITE
-from mmserver.codecs import encode_json, response_type, typed_answer
 from mmserver.config import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
 from mmserver.families import (

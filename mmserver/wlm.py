@@ -317,7 +317,7 @@ class WorkLoadManager:
         """Queue ``request`` for model ``name`` (any spelling), loading the model first if
         needed: every inference path comes in here. The answer's body is the result of the
         submission's future (its type follows from the request,
-        :func:`~mmserver.codecs.response_type`).
+        :func:`~mmserver.answers.response_type`).
 
         A loaded model named exactly ``name`` gets the request queued at once, with no task of
         its own; otherwise a task finds (or loads) the model, then queues it. Raises

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.codecs import Request, decode_as, encode_as, make_request, response_type, wants_csv
+from mmserver.answers import encode_as, response_type, wants_csv
+from mmserver.codecs import Request, decode_as, make_request
 
 _SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

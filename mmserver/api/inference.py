@@ -21,9 +21,10 @@ from collections.abc import Callable
 from aiohttp import hdrs, web
 from multidict import CIMultiDictProxy
 
+from mmserver.answers import answer_body
 from mmserver.api import REQUEST_ID, STATE, read_body, request_id
 from mmserver.api.middleware import Handler, answer_error, answer_unexpected
-from mmserver.codecs import Request, answer_body, make_request
+from mmserver.codecs import Request, make_request
 from mmserver.errors import (
     InvalidInput,
     InvalidModelName,

@@ -43,10 +43,11 @@ from typing import TYPE_CHECKING, cast
 
 from aiohttp.helpers import rfc822_formatted_time
 
+from mmserver.answers import answer_body, response_type
 from mmserver.api import REQUEST_ID, ApiState
 from mmserver.api.inference import failure_label, missing_target
 from mmserver.api.middleware import log_server_error, render_error, unexpected
-from mmserver.codecs import Request, answer_body, make_request, response_type
+from mmserver.codecs import Request, make_request
 from mmserver.errors import MMServerError
 from mmserver.v2codec import HEADER_LENGTH, split_answer, v2_request
 

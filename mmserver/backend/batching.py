@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmserver import errors
-from mmserver.codecs import STRICT, Request, decode_as, encode_as, encode_sagemaker_xgboost
+from mmserver.answers import encode_as, encode_sagemaker_xgboost
+from mmserver.codecs import STRICT, Request, decode_as
 from mmserver.schema import Inputs, matrix_inputs
 from mmserver.tabular import Table, merge_tables
 from mmserver.v2codec import decode_v2, encode_v2, is_v2

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmserver.codecs import CSV_RESPONSE_TYPE, media_type, wants_csv
+from mmserver.answers import CSV_RESPONSE_TYPE, wants_csv
+from mmserver.codecs import media_type
 from mmserver.errors import InvalidInput, ModelError, UnsupportedMediaType
 from tests.models import decode, encode
 

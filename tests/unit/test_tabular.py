@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mmserver.answers import answer_body
 from mmserver.backend.batching import answer_batch
-from mmserver.codecs import answer_body, make_request
+from mmserver.codecs import make_request
 from mmserver.config import ModelConfig
 from mmserver.predictor import EstimatorPredictor, Predictor, load_predictor
 from mmserver.v2codec import V2
