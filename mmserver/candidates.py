@@ -89,20 +89,31 @@ def _scalers(head: Any) -> Fn | None:
     for _, step in head.steps:
         if type(step) is not StandardScaler:
             return None
-        mean = step.mean_ if step.with_mean else None
-        scale = step.scale_ if step.with_std else None
-        steps.append((mean, scale))
+        steps.append(scaler_arithmetic(step))
 
     def transform(batch: np.ndarray) -> np.ndarray:
-        out = batch.copy()
-        for mean, scale in steps:
-            if mean is not None:
-                out -= mean
-            if scale is not None:
-                out /= scale
-        return out
+        for step in steps:
+            batch = step(batch)
+        return batch
 
     return transform
+
+
+def scaler_arithmetic(scaler: Any) -> Fn:
+    """A fitted StandardScaler's ``transform`` as arithmetic on a copy of the batch: subtract the
+    mean, divide by the scale."""
+    mean = scaler.mean_ if scaler.with_mean else None
+    scale = scaler.scale_ if scaler.with_std else None
+
+    def scaled(batch: np.ndarray) -> np.ndarray:
+        out = np.array(batch, dtype=np.float64)
+        if mean is not None:
+            out -= mean
+        if scale is not None:
+            out /= scale
+        return out
+
+    return scaled
 
 
 def _after(transform: Fn, fn: Fn) -> Fn:

@@ -98,6 +98,13 @@ def make_request(body: bytes, content_type: str | None, accept: str | None) -> R
     return (body, content_type or "", preference)
 
 
+def sagemaker_container_kind(kind: str) -> bool:
+    """Whether a body sent as ``kind`` is one SageMaker's XGBoost container reads (CSV, libsvm,
+    or no ``Content-Type``): a model read as the container is answered as the container answers
+    it; a JSON or ``.npy`` body, which the container refuses, is answered as mmserver answers."""
+    return not kind or media_type(kind) in (CSV, LIBSVM, X_LIBSVM)
+
+
 def has_header(content_type: str) -> bool:
     """Whether a CSV ``Content-Type`` says its first line names the columns
     (``header=present``, the parameter registered for ``text/csv``)."""

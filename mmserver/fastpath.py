@@ -220,8 +220,29 @@ def plan_paths(
         return Plan(
             [(math.inf, LINEAR, kept[1].fn)], batch_rows, rejected=rejected, convert_s=convert_s
         )
+    reps = -(-batch_rows // len(probes))
+    full = np.ascontiguousarray(np.tile(probes, (reps, 1))[:batch_rows])
+    return timed_plan(own, kept, probes[:1], full, batch_rows, rejected, convert_s, finite_only)
+
+
+def timed_plan(
+    own: Fn,
+    kept: list[Candidate],
+    one: Any,
+    full: Any,
+    batch_rows: int,
+    rejected: dict[str, str],
+    convert_s: float,
+    finite_only: set[str] | frozenset[str] = frozenset(),
+) -> Plan:
+    """The plan of the verified paths ``kept`` (the own method first), each timed on one row
+    (``one``) and on a full batch (``full``); the own method alone when timing fails."""
     try:
-        _time_all(kept, probes, batch_rows)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for c in kept:
+                c.one_row_s = fastest(c.fn, one)
+                c.batch_s = fastest(c.fn, full) if batch_rows > 1 else c.one_row_s
     except Exception as exc:  # e.g. no memory for a huge batch: the own method, as any doubt
         return own_plan(own, batch_rows, f"the paths could not be timed: {reason(exc)}")
     return Plan(
@@ -296,16 +317,6 @@ def fastest(fn: Fn, rows: Any) -> float:
         if repeat >= 1 and spent > _TIME_BUDGET_S:
             break
     return best
-
-
-def _time_all(kept: list[Candidate], probes: np.ndarray, batch_rows: int) -> None:
-    reps = -(-batch_rows // len(probes))
-    full = np.ascontiguousarray(np.tile(probes, (reps, 1))[:batch_rows])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for c in kept:
-            c.one_row_s = fastest(c.fn, probes[:1])
-            c.batch_s = fastest(c.fn, full) if batch_rows > 1 else c.one_row_s
 
 
 def routes(kept: Sequence[Candidate], batch_rows: int) -> list[tuple[float, str, Fn]]:

@@ -32,18 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.candidates import Fn, candidates, split_pipeline
+from mmserver.candidates import Fn, candidates, scaler_arithmetic, split_pipeline
 from mmserver.families import reason
-from mmserver.fastpath import (
-    COMPILED,
-    OWN,
-    Candidate,
-    Plan,
-    disagreement,
-    fastest,
-    own_plan,
-    routes,
-)
+from mmserver.fastpath import COMPILED, OWN, Candidate, Plan, disagreement, own_plan, timed_plan
 from mmserver.schema import BOOLEAN, NUMBER, Inputs
 from mmserver.tabular import Table
 
@@ -155,18 +146,7 @@ def _numeric(step: Any) -> Callable[[np.ndarray], np.ndarray] | None:
     """A fitted step on a matrix of numbers, as arithmetic."""
     kind = type(step).__name__
     if kind == "StandardScaler":
-        mean = step.mean_ if step.with_mean else None
-        scale = step.scale_ if step.with_std else None
-
-        def scaled(x: np.ndarray) -> np.ndarray:
-            out = np.array(x, dtype=np.float64)
-            if mean is not None:
-                out -= mean
-            if scale is not None:
-                out /= scale
-            return out
-
-        return scaled
+        return scaler_arithmetic(step)
     if kind == "SimpleImputer" and not getattr(step, "add_indicator", False):
         stats = getattr(step, "statistics_", None)
         if not isinstance(stats, np.ndarray) or stats.dtype.kind != "f":
@@ -294,22 +274,7 @@ def plan_table_paths(
             rejected[name] = why
     if len(kept) == 1:
         return Plan([(math.inf, OWN, own)], batch_rows, rejected=rejected, convert_s=convert_s)
-    full = _rows(probes, batch_rows)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for c in kept:
-                c.one_row_s = fastest(c.fn, one)
-                c.batch_s = fastest(c.fn, full) if batch_rows > 1 else c.one_row_s
-    except Exception as exc:
-        return own_plan(own, batch_rows, f"the paths could not be timed: {reason(exc)}")
-    return Plan(
-        routes(kept, batch_rows),
-        batch_rows,
-        measured={c.name: (c.one_row_s, c.batch_s) for c in kept},
-        rejected=rejected,
-        convert_s=convert_s,
-    )
+    return timed_plan(own, kept, one, _rows(probes, batch_rows), batch_rows, rejected, convert_s)
 
 
 def _behind(transform: Callable[[Table], np.ndarray], fn: Fn, like: np.ndarray) -> Fn:

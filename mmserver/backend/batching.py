@@ -16,7 +16,7 @@ import numpy as np
 
 from mmserver import errors
 from mmserver.answers import encode_as, encode_sagemaker_xgboost
-from mmserver.codecs import STRICT, Request, decode_as
+from mmserver.codecs import STRICT, Request, decode_as, sagemaker_container_kind
 from mmserver.schema import Inputs, matrix_inputs
 from mmserver.tabular import Table, merge_tables
 from mmserver.v2codec import decode_v2, encode_v2, is_v2
@@ -56,7 +56,6 @@ def answer_batch(
         inputs = STRICT if inputs is None else matrix_inputs(inputs, missing=False)
     n_features = inputs.width
     model = f"model {name}"
-    encode = encode_sagemaker_xgboost if inputs.sagemaker_xgboost else encode_as
     answers: list[Answer] = [b""] * len(requests)
     groups: dict[int, list[tuple[int, Rows]]] = {}
     v2: list[int] = []
@@ -76,8 +75,13 @@ def answer_batch(
         outputs = predict(merge([rows for _, rows in group]))
         pieces = split(outputs, [len(rows) for _, rows in group])
         for (i, _), piece in zip(group, pieces, strict=True):
+            _, kind, csv_answer = requests[i]
+            container = inputs.sagemaker_xgboost and sagemaker_container_kind(kind)
             try:
-                answers[i] = encode(piece, requests[i][2])
+                if container:
+                    answers[i] = encode_sagemaker_xgboost(piece, csv_answer)
+                else:
+                    answers[i] = encode_as(piece, csv_answer)
             except errors.MMServerError as exc:
                 answers[i] = (type(exc).__name__, exc.message)
     if v2:

@@ -120,15 +120,7 @@ def mlserver_tabular(store: Path, models: list[str], tmp: Path, log: Path) -> Se
         }
         (folder / "model-settings.json").write_text(json.dumps(settings))
     _write_settings(root, port)
-    return Server(
-        "mlserver",
-        [str(exe), "start", str(root)],
-        port,
-        log,
-        cwd=tmp,
-        health="/v2/health/ready",
-        api="v2",
-    )
+    return _mlserver_at(exe, root, port, log, tmp, "v2")
 
 
 def mlserver(store: Path, tmp: Path, log: Path) -> Server:
@@ -136,6 +128,11 @@ def mlserver(store: Path, tmp: Path, log: Path) -> Server:
     exe = ensure_mlserver_venv()
     port = free_port()
     repository = mlserver_repository(store, tmp / "mlserver-repository", port)
+    return _mlserver_at(exe, repository, port, log, tmp, "mlserver")
+
+
+def _mlserver_at(exe: Path, repository: Path, port: int, log: Path, tmp: Path, api: str) -> Server:
+    """``mlserver start`` on a repository whose settings name ``port``."""
     return Server(
         "mlserver",
         [str(exe), "start", str(repository)],
@@ -143,5 +140,5 @@ def mlserver(store: Path, tmp: Path, log: Path) -> Server:
         log,
         cwd=tmp,
         health="/v2/health/ready",
-        api="mlserver",
+        api=api,
     )
