@@ -18,7 +18,6 @@ exceptions from the model's own predict code propagate unchanged for the caller 
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.util
 import logging
@@ -34,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mmserver import heap
 from mmserver.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.codecs import encode_json, typed_answer
 from mmserver.config import METHODS, ModelConfig
@@ -232,7 +232,7 @@ class EstimatorPredictor:
         # can go, and the heap it leaves back to the system, so that the load's measured memory
         # is what the model keeps. (A classifier keeps it for its other methods' outputs.)
         self.model = None
-        _release_freed_memory()
+        heap.release_freed()
 
     def _method(self, name: str) -> Callable[[Any], Any]:
         """The model's method ``name`` on a batch as the model takes it."""
@@ -277,15 +277,6 @@ class EstimatorPredictor:
         if self.inputs.dense:
             return np.array([row], dtype=np.float64)
         return row_table(self.inputs.columns, row)
-
-
-def _release_freed_memory() -> None:
-    """glibc keeps freed small blocks (a tree's arrays are ~100 KB each) for reuse; give them
-    back to the system. A no-op where there is no glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class CustomPredictor:
