@@ -227,11 +227,15 @@ class EstimatorPredictor:
         self.last_path = self._routes[0][1]
         if not self.plan.uses <= {TREELITE, NATIVE, NUMPY} or len(self.outputs) > 1:
             return
+        if self._finite_only:
+            return  # a batch with missing values on such a path goes to the model's own method
         # The chosen paths hold what they need (a converted model, a booster), and the model
         # answers no other output: the model object (the estimator's own copy of its trees)
-        # can go, and the heap it leaves back to the system, so that the load's measured memory
-        # is what the model keeps. (A classifier keeps it for its other methods' outputs.)
+        # can go, with its own method, which holds it, and the heap it leaves back to the
+        # system, so that the load's measured memory is what the model keeps. (A classifier
+        # keeps it for its other methods' outputs.)
         self.model = None
+        self._own = _dropped
         heap.release_freed()
 
     def _method(self, name: str) -> Callable[[Any], Any]:
@@ -277,6 +281,11 @@ class EstimatorPredictor:
         if self.inputs.dense:
             return np.array([row], dtype=np.float64)
         return row_table(self.inputs.columns, row)
+
+
+def _dropped(batch: Batch) -> Any:
+    """The own method of a model whose object was dropped: no route leads here."""
+    raise AssertionError("the model's own method was dropped after its paths were chosen")
 
 
 class CustomPredictor:
