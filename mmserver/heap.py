@@ -77,6 +77,17 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, threshold) == 1)
 
 
+def release_freed() -> None:
+    """Give the pages of freed blocks back to the system (glibc's ``malloc_trim``): glibc keeps
+    freed small blocks (a tree's arrays are ~100 KB each) for reuse, so a process that unloaded
+    a model would otherwise stay as large as it was, and the next load, reusing those pages,
+    would seem to cost nothing. A no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def tune_collector() -> int:
     """Set the collector's thresholds as the module docstring says (the oldest generation's is
     left as it is), then freeze every object there is now: call it once start-up is done.

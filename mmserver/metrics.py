@@ -448,7 +448,9 @@ class Metrics:
             "mmserver_model_load_seconds", "Time to load a model.", (), _LOAD
         )
         self.backend_restarts = CounterFamily(
-            "mmserver_backend_restarts", "Backend processes replaced after dying."
+            "mmserver_backend_restarts",
+            "Backend processes replaced after dying, or for holding more than their share of "
+            "the memory budget beyond their models.",
         )
         self.model_cpu_seconds = CounterFamily(
             "mmserver_model_cpu_seconds",

@@ -18,7 +18,6 @@ exceptions from the model's own predict code propagate unchanged for the caller 
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.util
 import logging
@@ -34,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mmserver import heap
 from mmserver.answers import encode_json, response_type, typed_answer
 from mmserver.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.config import METHODS, ModelConfig
@@ -232,12 +232,16 @@ class EstimatorPredictor:
         self.last_path = self._routes[0][1]
         if not self.plan.uses <= {TREELITE, NATIVE, NUMPY} or len(self.outputs) > 1:
             return
+        if self._finite_only:
+            return  # a batch with missing values on such a path goes to the model's own method
         # The chosen paths hold what they need (a converted model, a booster), and the model
         # answers no other output: the model object (the estimator's own copy of its trees)
-        # can go, and the heap it leaves back to the system, so that the load's measured memory
-        # is what the model keeps. (A classifier keeps it for its other methods' outputs.)
+        # can go, with its own method, which holds it, and the heap it leaves back to the
+        # system, so that the load's measured memory is what the model keeps. (A classifier
+        # keeps it for its other methods' outputs.)
         self.model = None
-        _release_freed_memory()
+        self._own = _dropped
+        heap.release_freed()
 
     def _method(self, name: str) -> Callable[[Any], Any]:
         """The model's method ``name`` on a batch as the model takes it."""
@@ -284,13 +288,9 @@ class EstimatorPredictor:
         return row_table(self.inputs.columns, row)
 
 
-def _release_freed_memory() -> None:
-    """glibc keeps freed small blocks (a tree's arrays are ~100 KB each) for reuse; give them
-    back to the system. A no-op where there is no glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+def _dropped(batch: Batch) -> Any:
+    """The own method of a model whose object was dropped: no route leads here."""
+    raise AssertionError("the model's own method was dropped after its paths were chosen")
 
 
 class CustomPredictor:

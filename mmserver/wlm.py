@@ -77,6 +77,10 @@ UNPACK_PROCESSES = 2
 MAX_FAILURES = 1000
 #: Models whose measured size and cost are remembered after they unload, at most.
 MAX_REMEMBERED = 10_000
+#: Seconds between two readings of the backend processes' resident memory (a read of
+#: ``/proc/PID/statm`` each, ~10 µs), and after a load ends: how long what a model's predictions
+#: keep, or a leak, may stay over the budget before models are evicted or a process replaced.
+MEMORY_WATCH_S = 1.0
 
 
 class Submission:
@@ -208,6 +212,8 @@ class WorkLoadManager:
         self._reserved_count = 0
         #: Set when room may have been made: a load ended or a loaded model went idle.
         self._room_changed = asyncio.Event()
+        #: Set when a load ended: the memory watch reads the backends' memory then.
+        self._loaded_one = asyncio.Event()
         self._generation = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The scan of a local store begun at :meth:`start` (which does not wait for it).
@@ -223,14 +229,24 @@ class WorkLoadManager:
         if self._unpack_processes is not None:
             self._unpack_processes.bind(asyncio.get_running_loop())
         if not self.config.max_memory_mb:
-            # What the server holds before any model: the frontend and its backend processes.
-            own = capacity.rss_bytes([os.getpid(), *self.backend.pids()])
+            # What the server holds before any model: the frontend and its backend processes,
+            # and as much again as a backend for each process started on first use (the heavy
+            # lane's and the unpacking ones).
+            started = self.backend.pids()
+            own = capacity.rss_bytes([os.getpid(), *started])
+            later = len(self.backend.slots) - len(started)
+            if self._unpack_processes is not None:
+                later += UNPACK_PROCESSES
+            if started and later:
+                own += later * max(capacity.rss_bytes([pid]) for pid in started)
             self.budget = self.config.memory_budget(own)
             self._budget_bytes = self.budget.value * 2**20
         self.accepting = True
         self.first_scan = self._background(
             self._scan_local_store(), "mmserver-store-index-first-scan"
         )
+        if self.backend.context is not None:
+            self._background(self._watch_memory(), "mmserver-memory-watch")
         wanted = self.config.load_models.strip()
         if wanted.upper() == "NONE" or not wanted:
             return
@@ -589,6 +605,7 @@ class WorkLoadManager:
             self._reserved_bytes -= need
             self._reserved_count -= 1
             self._room_changed.set()
+            self._loaded_one.set()
         record.source = entry.url
         return pool
 
@@ -693,7 +710,7 @@ class WorkLoadManager:
                     if r.pool is not None
                 ),
                 loaded=self._loaded + self._reserved_count,
-                used_bytes=self._used_bytes() + self._reserved_bytes,
+                used_bytes=self._used_bytes() + self._reserved_bytes + self._unaccounted(),
                 need_bytes=need,
                 max_models=self.config.max_loaded_models,
                 budget_bytes=self._budget_bytes,
@@ -717,6 +734,56 @@ class WorkLoadManager:
         self._reserved_count += 1
         for victim in victims:
             await self._unload(victim, reason=f"evicted (least recently used) to load {name}")
+            self.metrics.model_evictions.inc()
+
+    def _unaccounted(self) -> int:
+        """What the backend processes hold beyond their start and their models' measured
+        loads (:meth:`~mmserver.backend.ProcessSlot.unaccounted_bytes`): counted against the
+        budget with the models."""
+        return sum(slot.unaccounted_bytes() for slot in self.backend.slots)
+
+    async def _watch_memory(self) -> None:
+        """Every :data:`MEMORY_WATCH_S`, and after each load, keep the backends' memory in the
+        budget (:meth:`_keep_in_budget`)."""
+        while True:
+            try:
+                await asyncio.wait_for(self._loaded_one.wait(), MEMORY_WATCH_S)
+            except TimeoutError:
+                pass
+            self._loaded_one.clear()
+            try:
+                await self._keep_in_budget()
+            except Exception:
+                log.exception("the memory watch failed; it goes on")
+
+    async def _keep_in_budget(self) -> None:
+        """Replace each backend process that holds more than its share of the budget
+        (the budget over the processes running) beyond what its models' loads measured, once
+        it is idle; then, while the loaded models and what the processes hold beyond them pass
+        the budget, unload the least recently used idle model (an unload gives its pages back,
+        and with them what its predictions kept)."""
+        share = self._budget_bytes // max(1, len(self.backend.pids()))
+        for slot in self.backend.slots:
+            extra = slot.unaccounted_bytes()
+            if extra > share:
+                slot.recycle(
+                    f"it held {extra / 2**20:.0f} MiB beyond its models' measured loads, more "
+                    f"than its share of the memory budget ({share / 2**20:.0f} MiB)"
+                )
+        for _ in range(self._loaded):
+            unaccounted = self._unaccounted()
+            used = self._used_bytes() + self._reserved_bytes + unaccounted
+            if used <= self._budget_bytes:
+                return
+            victim = next((n for n, r in self._models.items() if r.pool and not r.pool.busy), None)
+            if victim is None:
+                return
+            await self._unload(
+                victim,
+                reason=f"evicted (least recently used): the models and the backend processes held "
+                f"{used / 2**20:.0f} MiB ({unaccounted / 2**20:.0f} MiB of it beyond the models' "
+                f"measured loads), over the memory budget of {self._budget_bytes / 2**20:.0f} MiB",
+            )
             self.metrics.model_evictions.inc()
 
     async def _unload(self, name: str, reason: str, drain_timeout: float | None = None) -> None:

@@ -1,24 +1,39 @@
 #!/usr/bin/env python3
 """What loaded models cost in memory: every process of the server with one model loaded, then
-with N, and the difference per model.
+with N, and the difference per model; or, with ``--forests``, whether the memory budget holds.
 
 Runs a WorkLoadManager with real backend processes over a store (default: a temporary reference
 store of N archives), loads one model, then N, and prints each process's RSS and PSS.
 
+With ``--forests N``: writes N RandomForestRegressors (``--trees`` unbounded-depth trees each,
+13.6 MB on disk at 75; hard links of one forest) into a temporary store, starts
+``mmserver serve`` (``--server-exe``) on a free loopback port with ``--max-memory-mb``, sends
+``--requests`` one-row requests to forests drawn at random (seeded), one at a time, and prints
+the PSS of the server's whole process tree before the first request and after the last, each
+process's, and the growth against the budget.
+
 Usage: .venv/bin/python scripts/model_memory.py [--models N] [--backend-processes K] [--store DIR]
+       .venv/bin/python scripts/model_memory.py --forests 60 --max-memory-mb 150 --requests 600
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import random
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from proctools import free_port, kill_left, tree_memory  # noqa: E402
 
 from mmserver.codecs import make_request  # noqa: E402
 from mmserver.config import ServerConfig  # noqa: E402
@@ -78,12 +93,90 @@ async def measure(store: Path, models: int, processes: int) -> None:
     )
 
 
+def tree_pss(pid: int) -> tuple[float, str]:
+    """The PSS of ``pid`` and its descendants in MiB, and each process's (name pid: MiB)."""
+    procs = tree_memory(pid)
+    each = ", ".join(f"{p.name} {p.pid}: {p.pss_kb / 1024:.0f}" for p in procs)
+    return sum(p.pss_kb for p in procs) / 1024, each
+
+
+def forests(args: argparse.Namespace) -> None:
+    """The ``--forests`` measurement (see the module docstring)."""
+    import tree_models
+
+    with tempfile.TemporaryDirectory() as folder:
+        store = Path(folder)
+        tree_models.write_pickle(store / "forest-0", tree_models.forest(args.trees, depth=None))
+        for i in range(1, args.forests):
+            (store / f"forest-{i}").mkdir()
+            os.link(store / "forest-0" / "model.joblib", store / f"forest-{i}" / "model.joblib")
+        size = (store / "forest-0" / "model.joblib").stat().st_size
+        port = free_port()
+        command = [
+            str(args.server_exe),
+            "serve",
+            "--model-store",
+            str(store),
+            "--port",
+            str(port),
+            "--max-memory-mb",
+            str(args.max_memory_mb),
+            "--log-level",
+            "warning",
+        ]
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(600):  # up to 60 s to start
+                try:
+                    urllib.request.urlopen(base + "/ping", timeout=1).read()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            before, each_before = tree_pss(server.pid)
+            rng = random.Random(0)
+            body = json.dumps([[0.1 * i for i in range(tree_models.FEATURES)]]).encode()
+            errors = 0
+            started = time.monotonic()
+            for _ in range(args.requests):
+                request = urllib.request.Request(
+                    f"{base}/predictions/forest-{rng.randrange(args.forests)}",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                try:
+                    urllib.request.urlopen(request, timeout=60).read()
+                except OSError:
+                    errors += 1
+            seconds = time.monotonic() - started
+            after, each_after = tree_pss(server.pid)
+            metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        finally:
+            server.terminate()
+            server.wait(30)
+            kill_left([server.pid], 5.0)
+    loaded = [line for line in metrics.splitlines() if line.startswith("mmserver_models_loaded ")]
+    print(f"{args.forests} forests of {size / 1e6:.1f} MB, --max-memory-mb {args.max_memory_mb}")
+    print(f"{args.requests} requests in {seconds:.0f} s, {errors} errors; {', '.join(loaded)}")
+    print(f"PSS before: {before:.1f} MiB ({each_before})")
+    print(f"PSS after:  {after:.1f} MiB ({each_after})")
+    print(f"growth: {after - before:+.1f} MiB against a budget of {args.max_memory_mb} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=1000)
     parser.add_argument("--backend-processes", type=int, default=2)
     parser.add_argument("--store", type=Path, help="a reference store (default: a temporary one)")
+    parser.add_argument("--forests", type=int, default=0, help="the budget measurement's forests")
+    parser.add_argument("--trees", type=int, default=75, help="trees of each forest")
+    parser.add_argument("--max-memory-mb", type=int, default=150)
+    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--server-exe", type=Path, default=ROOT / ".venv" / "bin" / "mmserver")
     args = parser.parse_args()
+    if args.forests:
+        forests(args)
+        return
     if args.store is not None:
         asyncio.run(measure(args.store, args.models, args.backend_processes))
         return

@@ -54,16 +54,22 @@ class Models:
         if existing is not None:
             return LoadInfo(0)
         started = time.perf_counter()
+        # Measured between two trimmed heaps: freed pages that the allocator kept (from models
+        # unloaded, batches answered) would otherwise be reused by this load, which would then
+        # seem to cost nothing, and the pages its own work freed would count as its cost.
+        heap.release_freed()
         before = rss_bytes()
         predictor = load_predictor(spec.model_dir, spec.config)
-        measured = max(0, rss_bytes() - before)
         self.predictors[spec.key] = predictor
+        probe = self._probe(predictor)  # what its first predictions keep counts too
+        heap.release_freed()
+        measured = max(0, rss_bytes() - before)
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
         describe = getattr(predictor, "describe", None)
         return LoadInfo(
             memory,
-            self._probe(predictor),
+            probe,
             pickle.dumps(describe(), pickle.HIGHEST_PROTOCOL) if describe else None,
             signature(predictor),
             time.perf_counter() - started,
@@ -125,7 +131,8 @@ class Models:
         return answers, cpu, wall, rows, getattr(predictor, "last_path", "own")
 
     def unload(self, key: str) -> None:
-        self.predictors.pop(key, None)
+        if self.predictors.pop(key, None) is not None:
+            heap.release_freed()  # the process shrinks by what the model held
         self._long.discard(key)
 
 

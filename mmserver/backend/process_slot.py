@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mmserver import errors
+from mmserver import capacity, errors
 from mmserver.backend import wire
 from mmserver.backend.child import child_main
 from mmserver.backend.cpus import CpuReserve
@@ -139,6 +139,15 @@ class ProcessSlot:
         self._restarting: asyncio.Task[None] | None = None
         self._stopping = False
         self._restarts: collections.deque[float] = collections.deque(maxlen=5)
+        #: What each model loaded here measured at its load, their sum, and the process's
+        #: resident bytes once it had started, with no model (:meth:`unaccounted_bytes`).
+        self._charged: dict[str, int] = {}
+        self._charged_total = 0
+        self._baseline = 0
+        #: Why the process is being replaced though it did not die (:meth:`recycle`).
+        self._recycling: str | None = None
+        #: A replacement is starting or loading its models again: its memory is not settled.
+        self._settling = False
         self._loop: asyncio.AbstractEventLoop  # the event loop the slot was started on
 
     @property
@@ -226,6 +235,9 @@ class ProcessSlot:
             raise errors.BackendDied(
                 f"{self.describe()} did not answer within {_START_TIMEOUT:.0f} s of starting"
             ) from None
+        self._baseline = capacity.rss_bytes([process.pid]) if process.pid is not None else 0
+        self._charged.clear()
+        self._charged_total = 0
 
     async def stop(self) -> None:
         """Close the pipe (the process exits after answering what it holds) and reap it."""
@@ -283,7 +295,40 @@ class ProcessSlot:
             raise
         if info.seconds > 0:
             self.load_cost.observe(info.seconds, info.seconds, 1)
+        self._charge(spec.key, info)
         return info
+
+    # Memory -----------------------------------------------------------------------------------
+
+    def _charge(self, key: str, info: LoadInfo) -> None:
+        """Count what the load of ``key`` measured here (a load of a model already loaded
+        measures 0 and changes nothing)."""
+        if key in self._loaded and info.memory_bytes and key not in self._charged:
+            self._charged[key] = info.memory_bytes
+            self._charged_total += info.memory_bytes
+
+    def unaccounted_bytes(self) -> int:
+        """Resident bytes the process holds beyond what it held at start and what its models'
+        loads measured: what their predictions keep, pages the allocator kept, a leak. 0 while
+        the process does not run."""
+        pid = self.live_pid
+        if pid is None or not self._baseline or self._holding or self._settling:
+            return 0
+        held = capacity.rss_bytes([pid]) - self._baseline - self._charged_total
+        return max(0, held)
+
+    def recycle(self, reason: str) -> bool:
+        """Replace the process with a new one that loads the same models, if it has nothing to
+        do (nothing is answered with an error); whether it did. What arrives meanwhile is held
+        for the replacement, as after a crash."""
+        if not self.free() or self._stopping or self._restarting is not None or self._settling:
+            return False
+        if self.live_pid is None:
+            return False
+        self._recycling = reason
+        self._holding = True  # nothing more goes to this process
+        self.kill()
+        return True
 
     # Scheduling -------------------------------------------------------------------------------
 
@@ -387,6 +432,9 @@ class ProcessSlot:
             await self._send((wire.UNLOAD, key), deadline=None, cost=0.0)
         except errors.MMServerError:
             pass  # a process that died holds nothing
+        finally:
+            # Counted until the process has let it go: its pages are held until then.
+            self._charged_total -= self._charged.pop(key, 0)
 
     def _send(
         self, message: tuple[Any, ...], deadline: float | None, cost: float = math.inf
@@ -503,6 +551,7 @@ class ProcessSlot:
         loop = asyncio.get_running_loop()
         reloads: list[asyncio.Future[Any]] = []
         specs: list[LoadSpec] = []
+        self._settling = True
         while not self._stopping:
             process = self._process
             exit_code: int | None = None
@@ -519,9 +568,12 @@ class ProcessSlot:
                     )
                 )
             self._metrics.backend_restarts.inc()
-            log.warning(
-                "%s died; starting a replacement to reload %d model(s) and resend %d message(s)",
+            recycling, self._recycling = self._recycling, None
+            log.log(
+                logging.INFO if recycling else logging.WARNING,
+                "%s %s; starting a replacement to reload %d model(s) and resend %d message(s)",
                 described,
+                f"replaced: {recycling}" if recycling else "died",
                 len(self._loaded),
                 len(self._held),
             )
@@ -552,8 +604,10 @@ class ProcessSlot:
             log.info("backend process %d replaced by pid %s", self.index, self.pid)
             break
         self._restarting = None
-        for spec, result in zip(
-            specs, await asyncio.gather(*reloads, return_exceptions=True), strict=True
-        ):
+        results = await asyncio.gather(*reloads, return_exceptions=True)
+        self._settling = False
+        for spec, result in zip(specs, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("reloading %s into %s failed: %s", spec.key, self.describe(), result)
+            else:
+                self._charge(spec.key, result)

@@ -45,6 +45,14 @@ class ThreadSlot:
     def free(self) -> bool:
         return True
 
+    def unaccounted_bytes(self) -> int:
+        """0: the models' memory is the frontend's own, which has no baseline of its own."""
+        return 0
+
+    def recycle(self, reason: str) -> bool:
+        """A thread pool is never replaced."""
+        return False
+
     async def start(self) -> None:
         return None
 

@@ -561,7 +561,10 @@ def test_a_classifier_on_a_fast_path_keeps_its_other_outputs() -> None:
     assert "predict_proba" in predictor.outputs
     assert np.array_equal(predictor.output("predict_proba", X), forest.predict_proba(X))
     assert np.array_equal(predictor.predict(X), forest.predict(X))
-    # A model with one output only drops the estimator once its trees are converted.
+    # A model with one output only drops the estimator once its trees are converted, unless a
+    # chosen path leaves batches with missing values to the estimator's own method.
     regressor = RandomForestRegressor(10, random_state=0).fit(X, X[:, 0])
     lean = EstimatorPredictor(regressor, "predict", "m")
-    assert lean.outputs == ("predict",) and lean.model is None
+    assert lean.outputs == ("predict",)
+    assert (lean.model is None) == (not lean.plan.finite_only)
+    assert np.array_equal(lean.predict(X), regressor.predict(X))
