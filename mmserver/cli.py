@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
             serve.add_argument(
                 _flag(field.name),
                 dest=field.name,
-                # An option that is on by default can be turned off: --no-<name>.
-                action=argparse.BooleanOptionalAction if field.default else "store_true",
+                # Either way, --<name> or --no-<name>: a command line keeps working when a
+                # default changes (heavy_sched_idle was on until issue 34).
+                action=argparse.BooleanOptionalAction,
                 default=None,
                 help=full_help,
             )

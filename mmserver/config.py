@@ -105,12 +105,16 @@ class ServerConfig:
         "moves back below half of it.",
     )
     heavy_nice: int = _opt(
-        19, "Nice value of the heavy lane's processes (1-19; higher yields more to the others)."
+        5,
+        "Nice value of the heavy lane's processes (1-19; higher yields more to the others). "
+        "A weight, not a last place: at 5 a busy heavy process gets about a quarter of a CPU "
+        "it shares with one light process, so a heavy model is never starved by light traffic.",
     )
     heavy_sched_idle: bool = _opt(
-        True,
-        "Run the heavy lane's processes under Linux's SCHED_IDLE: any other work runs first and "
-        "is woken on their CPUs; off = the nice value alone.",
+        False,
+        "Run the heavy lane's processes under Linux's SCHED_IDLE instead of at heavy_nice: any "
+        "other work runs first, so light traffic that keeps every CPU busy starves the heavy "
+        "models (and so does any other program on the machine).",
     )
     heavy_reserved_cpus: int = _opt(
         1,

@@ -1,8 +1,10 @@
 """Sharing the backends fairly: measured cost per model, lanes, and which batch runs next.
 
 Every backend slot belongs to a *lane*. The light lane's processes run at normal priority; the
-heavy lane's processes run at a lower one (``nice``), so the operating system lets short work
-preempt a long prediction, something Python cannot do inside one process. A model runs in the
+heavy lane's processes run at a lower CPU weight (``nice``), so the operating system lets short
+work preempt a long prediction, something Python cannot do inside one process, yet gives the
+heavy lane its share of a busy CPU: light traffic that keeps every CPU busy slows a heavy model
+down, it does not starve it. A model runs in the
 lane its measured cost calls for (:func:`lane_for`): a model whose batches hold a process for
 more than ``heavy_batch_ms`` on average (computing, or waiting on something) moves to the heavy
 lane, and back once they take less than half of that. When the light lane is idle the heavy

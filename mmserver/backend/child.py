@@ -140,8 +140,8 @@ def child_main(
     conn: multiprocessing.connection.Connection, index: int, nice: int, idle: bool
 ) -> None:
     """The backend process: answer each message in order until the frontend closes the pipe.
-    ``nice`` lowers its CPU priority and ``idle`` puts it under ``SCHED_IDLE`` (the heavy lane's
-    processes)."""
+    ``nice`` lowers its CPU weight (the heavy lane's processes) and ``idle`` puts it under
+    ``SCHED_IDLE`` instead (the heavy lane with ``heavy_sched_idle``)."""
     if nice:
         os.nice(nice)
     if idle:

@@ -1,14 +1,14 @@
 """Which CPUs the heavy lane's processes may run on: all of them while the light lane is idle,
 all but ``heavy_reserved_cpus`` while it has work (:class:`CpuReserve`).
 
-The heavy lane's processes run at the lowest CPU priority, so light work preempts them the
-moment it wakes up; yet a CPU that a heavy process keeps busy still serves light work worse than
-an idle one does. Measured on a 2-CPU virtual machine (light models under 8 connections, p99
-against their p99 alone, five alternated rounds): beside an idle-priority busy loop free to run
-on either CPU, 2.2-3.2 x; beside the same loop kept to one CPU, 0.95-1.9 x; beside two such
-loops, one kept to each CPU, 2.7-3.5 x. What the light work needs is one CPU that no heavy
-process touches. It needs it only while it has work: when the light lane is idle the heavy
-processes get every CPU again, so a heavy model alone still has the whole machine.
+The heavy lane's processes run at a lower CPU weight (or, on request, at the lowest priority), so
+light work preempts them when it wakes up; yet a CPU that a heavy process keeps busy still serves
+light work worse than an idle one does. Measured on a 2-CPU virtual machine (light models under
+8 connections, p99 against their p99 alone, five alternated rounds): beside an idle-priority busy
+loop free to run on either CPU, 2.2-3.2 x; beside the same loop kept to one CPU, 0.95-1.9 x;
+beside two such loops, one kept to each CPU, 2.7-3.5 x. What the light work needs is one CPU
+that no heavy process touches. It needs it only while it has work: when the light lane is idle
+the heavy processes get every CPU again, so a heavy model alone still has the whole machine.
 """
 
 from __future__ import annotations

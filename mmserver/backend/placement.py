@@ -42,7 +42,7 @@ class BackendPool:
     """The backend slots of the server, in their lanes, and the choice of slot for a new worker.
 
     ``processes`` slots make the light lane and start with the server; ``heavy_processes`` more,
-    at ``heavy_nice`` and (with ``heavy_sched_idle``) under ``SCHED_IDLE``, make the heavy lane
+    at ``heavy_nice`` (or, with ``heavy_sched_idle``, under ``SCHED_IDLE``), make the heavy lane
     and start when a model first needs one. A model whose
     batches take more than ``heavy_batch_ms`` of CPU belongs in the heavy lane
     (:mod:`mmserver.scheduling`). While the light lane has work, the heavy lane's processes
@@ -57,8 +57,8 @@ class BackendPool:
         threads: int = 8,
         *,
         heavy_processes: int = 0,
-        heavy_nice: int = 19,
-        heavy_sched_idle: bool = True,
+        heavy_nice: int = 5,
+        heavy_sched_idle: bool = False,
         heavy_batch_ms: float = 2.0,
         heavy_reserved_cpus: int = 1,
     ) -> None:

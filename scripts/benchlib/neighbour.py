@@ -10,7 +10,8 @@ unloading them with ``DELETE /models/{name}`` and starting over, until the light
 the light models beside :data:`IDLE_LOOP`, a busy loop at idle CPU priority outside the server:
 what any busy neighbour costs them on this machine, however the server schedules. The light
 models' latency and throughput beside each neighbour are compared with theirs alone, in the
-same run.
+same run, and so are the heavy model's beside the light models with its own alone: every model
+gets a floor, not only the light ones (issue 34).
 """
 
 from __future__ import annotations

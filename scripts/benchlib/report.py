@@ -39,6 +39,8 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["late_share"] = max((r["late"] / r["sent"] for r in runs if r["sent"]), default=0.0)
     out["errors"] = errors
     out["error_count"] = sum(errors.values())
+    # The slowest request of any run (the median of the runs' maxima is in max_ms).
+    out["worst_ms"] = max((r["max_ms"] for r in runs), default=None)
     cpu_keys = {k for r in runs for k in r.get("cpu", {})}
     out["cpu"] = {k: median(r.get("cpu", {}).get(k, 0.0) for r in runs) for k in cpu_keys}
     out["runs"] = len(runs)
@@ -238,15 +240,24 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
+#: The heavy model beside saturating light traffic: at least this share of its throughput alone,
+#: and no request slower than this (issue 34: a floor for every model, not idle priority).
+HEAVY_SHARE_TARGET = 0.25
+HEAVY_MAX_TARGET_MS = 1000.0
+
+
 def _neighbour_targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
     """Light models beside a saturating heavy one: p99 within 2 x (and 20 ms) of theirs alone,
-    throughput at least 60 % of theirs alone."""
+    throughput at least 60 % of theirs alone; the heavy model beside them: at least
+    :data:`HEAVY_SHARE_TARGET` of its throughput alone, no request past
+    :data:`HEAVY_MAX_TARGET_MS` in any run."""
     p99_label = "neighbour: light p99 beside heavy <= 2 x alone, <= 20 ms"
     rps_label = "neighbour: light req/s beside heavy >= 60 % of alone"
     alone = (section or {}).get("light alone")
     beside = (section or {}).get("light beside heavy")
+    rows = _heavy_targets(section)
     if not alone or not beside:
-        return [(p99_label, "-", None), (rps_label, "-", None)]
+        return [(p99_label, "-", None), (rps_label, "-", None), *rows]
     p99_alone, p99_beside = alone["p99_ms"], beside["p99_ms"]
     p99_ok = (
         p99_alone is not None
@@ -276,6 +287,44 @@ def _neighbour_targets(section: dict[str, Any] | None) -> list[tuple[str, str, b
             f"{_fmt(beside['rps'], '.0f')} vs {_fmt(alone['rps'], '.0f')} req/s "
             f"({_fmt(None if share is None else 100 * share, '.0f', ' %')})",
             None if share is None else share >= 0.6 and errors == 0,
+        ),
+        *rows,
+    ]
+
+
+def heavy_share(section: dict[str, Any]) -> float | None:
+    """The heavy model's throughput beside the light models as a share of its throughput
+    alone (medians of the runs), or None when either is missing."""
+    alone, beside = section.get("heavy alone"), section.get("heavy beside light")
+    if not alone or not beside or not alone["rps"] or beside["rps"] is None:
+        return None
+    return float(beside["rps"] / alone["rps"])
+
+
+def _heavy_targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
+    share_label = (
+        f"neighbour: heavy req/s beside light >= {100 * HEAVY_SHARE_TARGET:.0f} % of alone"
+    )
+    max_label = f"neighbour: heavy requests beside light all <= {HEAVY_MAX_TARGET_MS:.0f} ms"
+    beside = (section or {}).get("heavy beside light")
+    alone = (section or {}).get("heavy alone")
+    if not beside or not alone:
+        return [(share_label, "-", None), (max_label, "-", None)]
+    share = heavy_share(section or {})
+    errors = beside["error_count"]
+    worst = beside["worst_ms"]
+    return [
+        (
+            share_label,
+            f"{_fmt(beside['rps'], '.0f')} vs {_fmt(alone['rps'], '.0f')} req/s "
+            f"({_fmt(None if share is None else 100 * share, '.0f', ' %')})",
+            None if share is None else share >= HEAVY_SHARE_TARGET and errors == 0,
+        ),
+        (
+            max_label,
+            f"slowest {_fmt(worst, '.0f', ' ms')}, p99 {_fmt(beside['p99_ms'], '.0f', ' ms')}"
+            f" (alone: p99 {_fmt(alone['p99_ms'], '.0f', ' ms')}), errors {errors}",
+            None if worst is None else worst <= HEAVY_MAX_TARGET_MS and errors == 0,
         ),
     ]
 
@@ -391,6 +440,13 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
                     f"{_fmt(r['p50_ms'], '.2f'):>6}  p99 {_fmt(r['p99_ms'], '.2f'):>7} ms  "
                     f"cpu {_cpu(r['cpu'])}  errors {errors}"
                 )
+                if label == "heavy beside light":
+                    share = heavy_share(summary["neighbour"])
+                    lines.append(
+                        f"  {'':<22}{_fmt(None if share is None else 100 * share, '.0f', ' %'):>8}"
+                        f" of the heavy model alone; slowest request "
+                        f"{_fmt(r['worst_ms'], '.0f', ' ms')}"
+                    )
         loads = summary["neighbour"].get(COLD_LOADS)
         if loads:
             lines.append(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -393,3 +394,76 @@ async def test_no_cpu_is_reserved_with_heavy_reserved_cpus_0(serve: Serve, store
     assert reserve is not None and not reserve.enabled and reserve.narrowings == 0
     assert heavy_cpus(harness) == [{affinity_mask()}]
     assert (await harness.samples())[("mmserver_heavy_lane_cpus", ())] == len(affinity_mask())
+
+
+#: Light batches the light lane may answer while the heavy model answers HEAVY_BATCHES: with a
+#: weight the heavy lane gets a share of its CPU (on a 2-CPU machine about 230 light batches
+#: per heavy one, 700 for the three); under SCHED_IDLE it gets only the gaps the light work
+#: leaves (its first batch had not ended after 1,200 light ones on a quiet machine, after 550
+#: on a busy one).
+LIGHT_LIMIT = 1200
+HEAVY_BATCHES = 3
+
+
+@pytest.mark.skipif(len(affinity_mask()) < 2, reason="needs two CPUs to reserve one")
+async def test_a_heavy_model_gets_a_share_of_the_machine_beside_saturating_light_traffic(
+    serve: Serve, store: Path
+) -> None:
+    """More light processes than CPUs, each kept busy by light batches that compute, leave the
+    heavy lane no idle CPU time at all. The heavy model's batches still run, interleaved with
+    the light ones: the heavy lane runs with a CPU weight (a nice value), not under SCHED_IDLE.
+    Counted, not timed: the heavy model answers HEAVY_BATCHES batches while the light traffic
+    answers fewer than LIGHT_LIMIT requests, and the light traffic goes on meanwhile."""
+    light_models = [f"light-{i}" for i in range(8)]
+    for name in light_models:
+        make_spinning_dir(store / name, maxWorkers=2, batch_size=1)
+    make_spinning_dir(store / "hog", maxWorkers=1, batch_size=1)
+    cpus = len(affinity_mask())
+    harness = await serve(
+        model_store=str(store),
+        backend_processes=3 * cpus,
+        heavy_processes=1,
+        heavy_batch_ms=100.0,
+    )
+    assert (await answer(harness, "hog", 150.0))[0] == 200
+    await settled_in(harness, "hog", "heavy")
+    for name in light_models:  # loaded, their cost measured
+        assert (await answer(harness, name, 10.0))[0] == 200
+
+    light = 0
+    #: The light answers counted when each heavy batch was asked and when it was answered.
+    light_at_heavy: list[tuple[int, int]] = []
+    done = asyncio.Event()
+
+    async def light_traffic(worker: int) -> None:
+        nonlocal light
+        for i in range(LIGHT_LIMIT):
+            if done.is_set():
+                return
+            model = light_models[(worker + i) % len(light_models)]
+            assert await answer(harness, model, 10.0) == (200, {"predictions": [20.0]})
+            light += 1
+            if light >= LIGHT_LIMIT:
+                done.set()
+
+    async def heavy_traffic() -> None:
+        for _ in range(HEAVY_BATCHES):
+            if done.is_set():
+                return
+            asked = light
+            assert await answer(harness, "hog", 150.0) == (200, {"predictions": [300.0]})
+            light_at_heavy.append((asked, light))
+        done.set()
+
+    clients = [asyncio.ensure_future(light_traffic(w)) for w in range(6 * cpus)]
+    await wait_until(lambda: light >= 10 * cpus, 30)  # every light process busy
+    await asyncio.gather(heavy_traffic(), *clients)
+    assert len(light_at_heavy) == HEAVY_BATCHES, (light, light_at_heavy)
+    assert light_at_heavy[-1][1] < LIGHT_LIMIT
+    # The light traffic went on while each heavy batch ran, and stayed in its lane.
+    assert all(answered > asked for asked, answered in light_at_heavy), light_at_heavy
+    for name in light_models:
+        assert set(lanes_of(harness, name)) == {"light"}
+    (pid,) = harness.wlm.backend.pids("heavy")
+    assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+    assert os.getpriority(os.PRIO_PROCESS, pid) == harness.config.heavy_nice

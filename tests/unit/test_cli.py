@@ -142,9 +142,14 @@ def test_bool_flags(tmp_path: Path) -> None:
     env = {"MMSERVER_INSECURE_MANAGEMENT": "1"}
     assert build_config(["serve"], env).insecure_management is True
     # An option that is on by default is turned off with --no-<name> (or its variable).
-    assert build_config(["serve"], {}).heavy_sched_idle is True
+    assert build_config(["serve"], {}).lean_http is True
+    assert build_config(["serve", "--no-lean-http"], {}).lean_http is False
+    assert build_config(["serve"], {"MMSERVER_LEAN_HTTP": "0"}).lean_http is False
+    # The heavy lane runs at a nice value unless asked for SCHED_IDLE.
+    assert build_config(["serve"], {}).heavy_sched_idle is False
+    assert build_config(["serve", "--heavy-sched-idle"], {}).heavy_sched_idle is True
     assert build_config(["serve", "--no-heavy-sched-idle"], {}).heavy_sched_idle is False
-    assert build_config(["serve"], {"MMSERVER_HEAVY_SCHED_IDLE": "0"}).heavy_sched_idle is False
+    assert build_config(["serve"], {}).heavy_nice == 5
 
 
 def test_every_flag_reaches_the_config() -> None:
