@@ -86,6 +86,14 @@ def typed_answer(body: bytes, content_type: str) -> bytes:
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]{1,255}")
 
 
+def is_typed(answer: bytes) -> bool:
+    """Whether an answer from the backend carries its own content type (:func:`typed_answer`)."""
+    return answer[:1] == _TYPED_BYTE
+
+
+_TYPED_BYTE = bytes((_TYPED,))
+
+
 def answer_body(answer: bytes, csv_answer: bool | None) -> tuple[bytes, str]:
     """The body of an answer from the backend and its ``Content-Type``: the type it carries
     (:func:`typed_answer`), else the one the request's ``Accept`` chose."""

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, cast
 
 from aiohttp.helpers import rfc822_formatted_time
 
-from mmserver.answers import answer_body, response_type
+from mmserver.answers import answer_body, is_typed, response_type
 from mmserver.api import REQUEST_ID, ApiState
 from mmserver.api.inference import failure_label, missing_target
 from mmserver.api.middleware import log_server_error, render_error, unexpected
@@ -88,7 +88,6 @@ _DJL, _SAGEMAKER, _V2 = 0, 1, 2
 _CONTENT_TYPE = "Content-Type"
 #: The ``Content-Type`` of a 200 answer, by whether the answer is CSV.
 _RESPONSE_TYPES = {csv: response_type(csv).encode() for csv in (None, False, True)}
-_TYPED = b"\x01"
 _OK = (
     b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
     b"Content-Length: %d\r\nDate: %s\r\nServer: mmserver\r\n\r\n%s"
@@ -179,7 +178,7 @@ class _Exchange:
         assert job is not None and self.submission is not None
         if self.kind != _V2:
             content_type = _RESPONSE_TYPES[job[2]]
-            if body[:1] == _TYPED:  # a custom handler's answer, with a type of its own
+            if is_typed(body):  # a custom handler's answer, with a type of its own
                 body, text = answer_body(body, job[2])
                 content_type = text.encode("latin-1")
             self.data = _OK % (content_type, self.rid, len(body), _date(), body)
