@@ -416,7 +416,8 @@ def find_inputs(
     policy = config.missing_values if config is not None else "auto"
     csv_header = bool(config and config.csv_header)
     if policy != "auto" or not columns:
-        accept = policy != "refuse"
+        # A model that does not say its width cannot be probed: missing values only if asked.
+        accept = policy == "accept"
         columns = [replace(c, missing=accept) for c in columns]
     else:
 
@@ -426,7 +427,7 @@ def find_inputs(
             return fn(np.array([row], dtype=np.float64))
 
         columns = probe_missing(columns, call, frame)
-    missing = all(c.missing for c in columns) if columns else policy != "refuse"
+    missing = all(c.missing for c in columns) if columns else policy == "accept"
     return Inputs(tuple(columns), frame, False, missing, sparse_missing, csv_header)
 
 
