@@ -124,12 +124,10 @@ def decode_as(
     kind: str,
     inputs: Inputs = STRICT,
     model: str = "the model",
-    csv_header: bool = False,
 ) -> np.ndarray | Table:
     """Decode a request body sent as ``kind`` (its ``Content-Type``, as :func:`make_request`
     checked) into what a model with these ``inputs`` takes: a C-contiguous 2-D float64 array, one
     row per input, or a :class:`Table` when the model takes columns of other kinds than numbers.
-    ``csv_header``: a CSV body's first line names the columns even if its type does not say so.
 
     Raises :class:`InvalidInput` for a body that is empty, malformed, ragged, of the wrong kinds,
     with unknown or lacking columns, or with missing values where the model takes none.
@@ -138,7 +136,7 @@ def decode_as(
     if media == JSON:
         return _decode_json(body, inputs, model)
     if media == CSV:
-        return _decode_csv(body, inputs, model, csv_header or has_header(kind))
+        return _decode_csv(body, inputs, model, inputs.csv_header or has_header(kind))
     if media in (LIBSVM, X_LIBSVM):
         return _decode_libsvm(body, inputs, model)
     if not inputs.dense:
@@ -254,16 +252,12 @@ _NO_NAMES = (
 
 def _from_form(form: Form, inputs: Inputs, model: str) -> np.ndarray | Table:
     if not inputs.columns:  # a model that does not say its columns: rows of numbers
-        return _as_rows(np.array(_numbers(form[2], inputs.missing), dtype=np.float64), inputs)
+        _check_json_rows(form[2], inputs.missing)
+        return _as_rows(np.array(form[2], dtype=np.float64), inputs)
     values, rows = to_columns(form, inputs, model)
     if rows == 0:
         raise InvalidInput(f"the input has no rows; expected {_SHAPE_HINT}")
     return dense(values, rows, inputs) if inputs.dense else table(values, rows, inputs)
-
-
-def _numbers(rows: Any, missing: bool) -> Any:
-    _check_json_rows(rows, missing)
-    return rows
 
 
 def _check_json_rows(data: Any, missing: bool = False) -> None:

@@ -64,7 +64,7 @@ def answer_batch(
             v2.append(i)
             continue
         try:
-            rows = decode_as(body, kind, inputs, model, inputs.csv_header)
+            rows = decode_as(body, kind, inputs, model)
             if n_features is not None and rows.shape[1] != n_features:
                 raise feature_error(name, n_features, rows.shape[1])
         except errors.MMServerError as exc:
