@@ -814,8 +814,8 @@ class WorkLoadManager:
             record.become(ModelStatus.UNLOADED)
             record.source = None
             record.signature = None
-            if pool.cost.hold is not None:
-                self._holds[record.name] = pool.cost.hold
+            if pool.cost.hold is not None:  # its lane, when it loads again
+                self._holds[record.name] = pool.cost.single
             self._release_series(record)
             self._drop_if_unkept(record)
         log.info("model %s unloaded: %s (%d loaded)", record.name, reason, self._loaded)

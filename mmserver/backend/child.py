@@ -36,6 +36,16 @@ def rss_bytes() -> int:
         return 0
 
 
+def cpu_wait_seconds() -> float:
+    """The seconds the calling thread has spent waiting for a CPU, runnable but not running
+    (Linux's ``schedstat``; 0.0 where it is not known)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class Models:
     """The models loaded in one slot, and the three operations on them (runs in the backend).
 
@@ -108,9 +118,12 @@ class Models:
             return predictor.predict(batch) if output is None else predictor.output(output, batch)
 
         # The CPU clock costs a system call, twice a batch: it is read for the models whose
-        # last batch was long; a short batch's CPU time is taken as its wall time.
+        # last batch was long; a short batch's CPU time is taken as its wall time. A long
+        # batch's wall time leaves out what it spent waiting for a CPU: on a busy machine other
+        # processes' work would otherwise count as the model's (and make a light one heavy).
         timed = key in self._long
         cpu = self._clock() if timed else 0.0
+        waited = cpu_wait_seconds() if timed else 0.0
         started = time.perf_counter()
         try:
             if predictor.inputs.raw:
@@ -123,12 +136,16 @@ class Models:
         except Exception as exc:
             raise errors.ModelError(f"{type(exc).__name__}: {exc}") from None
         wall = time.perf_counter() - started
-        cpu = self._clock() - cpu if timed else wall
+        if timed:
+            cpu = self._clock() - cpu
+            held = wall - (cpu_wait_seconds() - waited)
+        else:
+            cpu = held = wall
         if wall > _CPU_CLOCK_ABOVE_S:
             self._long.add(key)
         elif timed:
             self._long.discard(key)
-        return answers, cpu, wall, rows, getattr(predictor, "last_path", "own")
+        return answers, cpu, held, rows, getattr(predictor, "last_path", "own")
 
     def unload(self, key: str) -> None:
         if self.predictors.pop(key, None) is not None:
