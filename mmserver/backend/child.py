@@ -14,6 +14,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import setproctitle
+
 from mmserver import errors, heap
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
@@ -154,11 +156,13 @@ class Models:
 
 
 def child_main(
-    conn: multiprocessing.connection.Connection, index: int, nice: int, idle: bool
+    conn: multiprocessing.connection.Connection, index: int, nice: int, idle: bool, lane: str
 ) -> None:
     """The backend process: answer each message in order until the frontend closes the pipe.
     ``nice`` lowers its CPU weight (the heavy lane's processes) and ``idle`` puts it under
-    ``SCHED_IDLE`` instead (the heavy lane with ``heavy_sched_idle``)."""
+    ``SCHED_IDLE`` instead (the heavy lane with ``heavy_sched_idle``). ``ps`` shows it as
+    ``mmserver: backend LANE INDEX``."""
+    setproctitle.setproctitle(f"mmserver: backend {lane} {index}")
     if nice:
         os.nice(nice)
     if idle:
