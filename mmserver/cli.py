@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from mmserver import __version__
 from mmserver.config import ENV_PREFIX, ServerConfig
 from mmserver.errors import ConfigError
+from mmserver.store.opening import check_store
 
 _METAVARS = {int: "INT", float: "NUMBER", str: "TEXT"}
 
@@ -113,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         config = build_config(args, os.environ)
+        check_store(config)
     except ConfigError as exc:
         print(f"mmserver: {exc.message}", file=sys.stderr)
         return 2
