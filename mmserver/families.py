@@ -218,6 +218,11 @@ def _load_booster(family: str, path: Path) -> Any:
         raise ModelLoadError(
             f"{path.name} is a {package} model: {missing_extra(package)}"
         ) from None
+    except OSError as exc:  # its native library needs one the system lacks (libgomp, say)
+        raise ModelLoadError(
+            f"{path.name} is a {package} model, and {package} cannot load its native library: "
+            f"{reason(exc)}"
+        ) from None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

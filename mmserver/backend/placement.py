@@ -33,8 +33,7 @@ PRELOAD = (
     "treelite",
     "treelite.sklearn",
     "treelite.gtil",
-    "xgboost",
-    "lightgbm",
+    "mmserver.backend.optional",  # xgboost and lightgbm, where they load
 )
 
 
