@@ -602,6 +602,17 @@ MAX_BATCH_DELAY_MS = 10_000
 _LARGEST = sys.float_info.max
 
 
+#: Management overrides that may change on a loaded model (DJL's PUT /models/{model}).
+RESCALABLE = (
+    "min_workers",
+    "max_workers",
+    "batch_size",
+    "max_batch_delay",
+    "max_idle_time",
+    "job_queue_size",
+)
+
+
 def _short_number(value: float) -> str:
     text = repr(value)
     return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
