@@ -232,7 +232,8 @@ class WorkLoadManager:
         its own; otherwise a task finds (or loads) the model, then queues it. Raises
         :class:`errors.ShuttingDown` at once; every other error is the future's.
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout."""
-        self._refuse_if_stopping()
+        if not self.accepting:  # checked inline: this is every request's path
+            self._refuse_if_stopping()
         return self._submitter.submit(name, request, client_gone, deadline)
 
     async def infer(
