@@ -79,8 +79,6 @@ class Worker:
         self._binding: asyncio.Task[None] | None = None
         self._batch: list[Job] = []
         self._started = 0.0
-        #: Its slot's count of answered batches when it became ready (the slot's bookkeeping).
-        self.mark = 0
 
     @property
     def cost(self) -> Cost:
