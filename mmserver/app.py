@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from mmserver.api import STATE, ApiState, inference, management, v2
-from mmserver.api.middleware import check_security, unmatched
+from mmserver.api.middleware import Handler, check_security, unmatched
+from mmserver.api.protocols import INFER, ROUTES
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 
@@ -29,9 +30,16 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     (§15) on one port."""
     app = web.Application(client_max_size=config.max_request_size)
     app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics)
-    app.add_routes(inference.ROUTES)
-    app.add_routes(management.ROUTES)
-    app.add_routes(v2.ROUTES)
+    handlers: dict[str, Handler] = {**inference.HANDLERS, **management.HANDLERS, **v2.HANDLERS}
+    for route in ROUTES:
+        if route.operation == INFER:
+            handler = inference.inference_handler(route)
+        else:
+            handler = handlers[route.operation]
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)  # HEAD too, as aiohttp's GET routes
+        else:
+            app.router.add_route(route.method, route.path, handler)
     app.router.add_route("*", "/{path:.*}", unmatched)  # last: 404 and 405, as JSON errors
     return app
 

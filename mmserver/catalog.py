@@ -135,8 +135,8 @@ class Catalog:
         the rest of the load."""
         record.source = None
         record.signature = None
-        if pool.cost.hold is not None:
-            record.measured.hold = pool.cost.hold
+        if pool.cost.hold is not None:  # its lane, when it loads again
+            record.measured.hold = pool.cost.single
             self._remembered[record.name] = record.measured
         self.release_series(record)
         self.drop_if_unkept(record)

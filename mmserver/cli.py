@@ -14,10 +14,12 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from mmserver import __version__
 from mmserver.config import ENV_PREFIX, ServerConfig
 from mmserver.errors import ConfigError
+from mmserver.store.opening import check_store
 
 _METAVARS = {int: "INT", float: "NUMBER", str: "TEXT"}
 
@@ -81,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar=_METAVARS.get(type(field.default), "VALUE"),
                 help=full_help,
             )
+    examples = commands.add_parser(
+        "example-store",
+        help="write the example models into a model store folder",
+        description=(
+            "Write the example models (a classifier answering predict_proba, a DataFrame "
+            "pipeline with string columns and missing values, a Pipeline, a custom handler, a "
+            "model with its own serving.properties) into DIRECTORY, each as a folder; other "
+            "entries there are left as they are. Then: mmserver serve --model-store DIRECTORY."
+        ),
+    )
+    examples.add_argument("directory", metavar="DIRECTORY", help="the model store folder")
     # Listed for the help only: main() hands `cluster ...` to the cluster's own parser.
     commands.add_parser(
         "cluster",
@@ -108,11 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return cluster_main(args[1:])
     parser = build_parser()
-    if not args or parser.parse_args(args).command is None:
+    parsed = parser.parse_args(args) if args else None
+    if parsed is None or parsed.command is None:
         parser.print_help()
         return 0
+    if parsed.command == "example-store":
+        return _example_store(Path(parsed.directory))
     try:
         config = build_config(args, os.environ)
+        check_store(config)
     except ConfigError as exc:
         print(f"mmserver: {exc.message}", file=sys.stderr)
         return 2
@@ -120,3 +137,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mmserver import server  # only here: the CLI must work without starting anything
 
     return server.run(config)
+
+
+def _example_store(directory: Path) -> int:
+    from mmserver.examples import write_examples  # trains the models: only when asked
+
+    try:
+        names = write_examples(directory)
+    except OSError as exc:
+        print(f"mmserver: cannot write the examples into {directory}: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {', '.join(names)} into {directory}")
+    print(f"serve them with: mmserver serve --model-store {directory}")
+    return 0

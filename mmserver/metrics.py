@@ -492,6 +492,10 @@ class Metrics:
         self._per_model = [f for f in self._families if f.per_model and f.labelled]
         self.registry.register(_Collector(self._families))
 
+    def families(self) -> list[_Family[Any]]:
+        """Every family, in the order the exposition lists them."""
+        return list(self._families)
+
     def open_model(self, model: str) -> None:
         """Let ``model`` have series of its own (a load of it begins)."""
         self._live.add(model)

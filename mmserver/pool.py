@@ -17,6 +17,7 @@ import asyncio
 import collections
 import logging
 import pickle
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -29,7 +30,7 @@ from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.record import Measured
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
-from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for
+from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
 from mmserver.worker import Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class ModelPool:
         self.lane = lane_for(LIGHT, hold, backend.heavy_batch_s)
         #: The seconds a batch may hold a process for the model to stay in its lane.
         self._stay_low, self._stay_high = lane_bounds(self.lane, backend.heavy_batch_s)
+        self._lane_since = -float("inf")  # when it last moved (time.monotonic())
         self._next_id = 1
         self._loop = asyncio.get_running_loop()
         #: Idle workers, the most recently idle last: it is the one given the next batch, so
@@ -236,21 +238,27 @@ class ModelPool:
         cost = self.cost
         cost.observe(cpu_seconds, wall_seconds, rows)
         self._m_cpu.value += cpu_seconds
-        if not self._stay_low <= cost.estimate <= self._stay_high and not self._unloading:
-            self._move(lane_for(self.lane, cost.estimate, self.backend.heavy_batch_s))
+        single = cost.single
+        if not self._stay_low <= single <= self._stay_high and not self._unloading:
+            heavy_batch_s = self.backend.heavy_batch_s
+            if may_move(single, heavy_batch_s, time.monotonic() - self._lane_since):
+                self._move(lane_for(self.lane, single, heavy_batch_s))
 
     def _move(self, lane: str) -> None:
         """Run in ``lane`` from now on: workers start there (at least one, at least
         ``minWorkers``; the scaling rule adds more as the queue asks), and those elsewhere leave
         once they are not running a batch or loading (:meth:`worker_idle`)."""
         old, self.lane = self.lane, lane
+        self._lane_since = time.monotonic()
         self.events.pool_moved(self, old)
         self._stay_low, self._stay_high = lane_bounds(lane, self.backend.heavy_batch_s)
         self._metrics.model_lane.remove(self.name, old)  # the scrape sets the new one
         log.info(
-            "model %s: moves to the %s lane (its batches hold a backend %.3f ms)",
+            "model %s: moves to the %s lane (a one-row batch holds a backend %.3f ms, its "
+            "batches %.3f ms)",
             self.name,
             lane,
+            self.cost.single * 1000,
             (self.cost.hold or 0.0) * 1000,
         )
         for worker in list(self.workers.values()):

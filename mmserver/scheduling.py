@@ -5,10 +5,16 @@ heavy lane's processes run at a lower CPU weight (``nice``), so the operating sy
 work preempt a long prediction, something Python cannot do inside one process, yet gives the
 heavy lane its share of a busy CPU: light traffic that keeps every CPU busy slows a heavy model
 down, it does not starve it. A model runs in the
-lane its measured cost calls for (:func:`lane_for`): a model whose batches hold a process for
-more than ``heavy_batch_ms`` on average (computing, or waiting on something) moves to the heavy
-lane, and back once they take less than half of that. When the light lane is idle the heavy
-lane's processes get the whole machine.
+lane its measured cost calls for (:func:`lane_for`): a model whose one-row batch would hold a
+process for more than ``heavy_batch_ms`` (computing, or waiting on something;
+:attr:`Cost.single`) moves to the heavy lane, and back once it takes less than half of that. A
+cheap model that is popular makes large batches, which hold a process longer, but each of its
+requests is still cheap: it stays in the light lane, where it would otherwise move back and
+forth as its traffic rose and fell (each move starts its workers anew). A cost near the
+threshold (between a quarter of it and twice it, where a busy machine's preemptions alone can
+move a model's measure back and forth) moves a model at most once per :data:`LANE_DWELL_S`;
+a cost clearly on one side moves it at once (:func:`may_move`). When the light lane is idle
+the heavy lane's processes get the whole machine.
 
 Within a lane, the frontend decides which batch runs next. A worker whose model has queued jobs
 waits in its slot's :class:`RunQueue` (not in the slot's pipe), ordered by start-time fair
@@ -33,8 +39,14 @@ HEAVY = "heavy"
 #: between cheap batches while the frontend is busy.
 PIPELINE_BUDGET_S = 0.001
 
+#: Seconds a model stays in a lane before a cost near the threshold may move it again.
+LANE_DWELL_S = 10.0
+
 #: Weight of the newest batch in the moving averages of a model's cost.
 _ALPHA = 0.2
+#: The variance of the batch sizes (in rows squared) below which they are taken as one size and
+#: the hold is not split (every row is taken to cost the same).
+_STEADY_ROWS = 0.25
 
 
 class Cost:
@@ -47,6 +59,11 @@ class Cost:
     next batch is expected to hold its process, infinite while nothing is known."""
 
     __slots__ = (
+        "_hh",
+        "_n",
+        "_nh",
+        "_nn",
+        "_probe",
         "batches",
         "cpu_seconds",
         "estimate",
@@ -69,6 +86,9 @@ class Cost:
         #: Batches of other models that ran on a slot while one of this model's waited there.
         self.waited = 0
         self.vfinish = 0.0
+        # Moving averages of a batch's rows, hold, rows squared and rows times hold.
+        self._n = self._hh = self._nn = self._nh = 0.0
+        self._probe = 0.0
 
     def observe(self, cpu_seconds: float, wall_seconds: float, rows: int) -> None:
         """Count one batch of ``rows`` rows that took ``cpu_seconds`` of CPU and
@@ -84,10 +104,36 @@ class Cost:
         else:
             self.per_batch += _ALPHA * (cpu_seconds - self.per_batch)
             self.per_row += _ALPHA * (per_row - self.per_row)
+        n = float(rows if rows > 1 else 1)
+        if self.batches == 1:
+            self._n, self._hh, self._nn, self._nh = n, held, n * n, n * held
+        else:
+            self._n += _ALPHA * (n - self._n)
+            self._hh += _ALPHA * (held - self._hh)
+            self._nn += _ALPHA * (n * n - self._nn)
+            self._nh += _ALPHA * (n * held - self._nh)
+
+    @property
+    def single(self) -> float:
+        """The seconds a batch of one row is expected to hold its process: what the model's
+        lane is chosen by. The batches' holds are fitted to a fixed part and a part per row
+        (least squares over moving averages). While the batches keep one size that cannot be
+        done: the hold of a row's share of a batch, or of the probe row timed at load if that
+        took longer. Before any batch, :attr:`estimate` (the probe's, or the hold remembered
+        from an earlier load)."""
+        if not self.batches:
+            return self.estimate
+        n, hold = self._n, self._hh
+        spread = self._nn - n * n
+        if spread < _STEADY_ROWS:
+            return min(hold, max(self._probe, hold / n))
+        per_row = max(0.0, (self._nh - n * hold) / spread)
+        fixed = max(0.0, hold - per_row * n)
+        return fixed + per_row
 
     def set_probe(self, seconds: float) -> None:
         """A first estimate, from a probe row timed at load."""
-        self.hold = self.estimate = seconds
+        self.hold = self.estimate = self._probe = seconds
 
 
 def lane_bounds(lane: str, heavy_batch_s: float) -> tuple[float, float]:
@@ -112,6 +158,14 @@ def lane_for(current: str, hold: float | None, heavy_batch_s: float) -> str:
     if hold < low:
         return LIGHT
     return current
+
+
+def may_move(hold: float, heavy_batch_s: float, in_lane_s: float) -> bool:
+    """Whether a model whose one-row batch holds a process ``hold`` seconds, in its lane for
+    ``in_lane_s`` seconds, may move to the lane that cost calls for now: at once when the cost
+    is clearly light or heavy (under a quarter of ``heavy_batch_s``, over twice it), otherwise
+    once it has been :data:`LANE_DWELL_S` in its lane."""
+    return in_lane_s >= LANE_DWELL_S or hold > 2 * heavy_batch_s or hold < heavy_batch_s / 4
 
 
 def admits(inflight: int, inflight_cost: float, estimate: float) -> bool:

@@ -4,7 +4,8 @@
 ``sklearn-0.tar.gz`` ... ``sklearn-{N-1}.tar.gz``: copies of one LinearRegression trained on
 ``y = 2x + 1 + noise`` (one feature), saved with joblib and packed as ``model.tar.gz`` with
 ``model.joblib`` at its root, as in the DJL/SageMaker multi-model walkthrough. Plus a few richer
-examples as folders: a classifier answering ``predict_proba``, a Pipeline, a custom handler and a
+examples as folders (:mod:`mmserver.examples`, which ``mmserver example-store DIR`` writes too): a
+classifier answering ``predict_proba``, a DataFrame pipeline, a Pipeline, a custom handler and a
 model with its own ``serving.properties``.
 
 Models are trained here, on the machine that serves them, so they load without version warnings.
@@ -21,7 +22,6 @@ import importlib.util
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -36,118 +36,38 @@ if (
     # Run directly with a Python that lacks scikit-learn: use the repository's .venv instead.
     os.execv(_VENV_PYTHON, [str(_VENV_PYTHON), *sys.argv])
 
-import joblib  # noqa: E402
-import numpy as np  # noqa: E402
 import sklearn  # noqa: E402
-from sklearn.datasets import load_iris  # noqa: E402
-from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge  # noqa: E402
-from sklearn.pipeline import Pipeline  # noqa: E402
-from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+from mmserver.examples import (  # noqa: E402
+    EXAMPLES,
+    SEED,
+    pack,
+    train_linear,
+    write_classifier_dir,
+    write_custom_handler_dir,
+    write_examples,
+    write_linear_archive,
+    write_linear_dir,
+    write_pipeline_dir,
+    write_tuned_dir,
+)
+
+__all__ = [
+    "EXAMPLES",
+    "SEED",
+    "generate",
+    "is_current",
+    "pack",
+    "train_linear",
+    "write_classifier_dir",
+    "write_custom_handler_dir",
+    "write_linear_archive",
+    "write_linear_dir",
+    "write_pipeline_dir",
+    "write_tuned_dir",
+]
 
 STAMP = ".generated"
-SEED = 42
-
-CUSTOM_HANDLER = '''\
-"""Custom handler: the linear model's prediction, rounded, and twice that, per row."""
-
-from pathlib import Path
-
-import joblib
-
-
-def load(model_dir, properties):
-    return joblib.load(Path(model_dir) / "model.joblib")
-
-
-def predict(model, batch):
-    digits = 4
-    return [
-        {"value": round(float(y), digits), "doubled": round(2 * float(y), digits)}
-        for y in model.predict(batch)
-    ]
-'''
-
-TUNED_PROPERTIES = """\
-# A model tuned by its own serving.properties (DJL's keys and units).
-engine=Python
-batch_size=8
-max_batch_delay=5
-minWorkers=1
-maxWorkers=2
-job_queue_size=100
-"""
-
-
-def train_linear() -> LinearRegression:
-    """The reference model: y = 2x + 1 + noise, 1,000 points with x uniform in [0, 1]."""
-    rng = np.random.default_rng(SEED)
-    x = rng.uniform(0.0, 1.0, size=(1000, 1))
-    y = 2.0 * x[:, 0] + 1.0 + rng.normal(0.0, 0.05, size=1000)
-    return LinearRegression().fit(x, y)
-
-
-def write_linear_dir(folder: Path) -> Path:
-    """``folder/model.joblib`` holding the reference model; returns ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    joblib.dump(train_linear(), folder / "model.joblib")
-    return folder
-
-
-def pack(folder: Path, archive: Path) -> Path:
-    """Pack the files of ``folder`` at the root of the ``.tar.gz`` ``archive``."""
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
-        for path in sorted(folder.iterdir()):
-            tar.add(path, arcname=path.name)
-    return archive
-
-
-def write_linear_archive(archive: Path) -> Path:
-    """The reference ``model.tar.gz`` (``model.joblib`` at its root), at ``archive``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return pack(write_linear_dir(Path(tmp)), archive)
-
-
-def write_classifier_dir(folder: Path) -> Path:
-    """A LogisticRegression on iris (4 features, 3 classes) answering ``predict_proba``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    x, y = load_iris(return_X_y=True)
-    joblib.dump(LogisticRegression(max_iter=1000).fit(x, y), folder / "model.joblib")
-    (folder / "serving.properties").write_text("option.method=predict_proba\n")
-    return folder
-
-
-def write_pipeline_dir(folder: Path) -> Path:
-    """A Pipeline (StandardScaler, Ridge) on 3 features: y = x0 + 2 x1 - 3 x2."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(SEED)
-    x = rng.normal(size=(500, 3))
-    y = x @ np.array([1.0, 2.0, -3.0]) + rng.normal(0.0, 0.01, size=500)
-    pipeline = Pipeline([("scale", StandardScaler()), ("ridge", Ridge(alpha=1e-3))]).fit(x, y)
-    joblib.dump(pipeline, folder / "model.joblib")
-    return folder
-
-
-def write_custom_handler_dir(folder: Path) -> Path:
-    """The reference model with a ``model.py`` answering ``{"value", "doubled"}`` per row."""
-    write_linear_dir(folder)
-    (folder / "model.py").write_text(CUSTOM_HANDLER)
-    return folder
-
-
-def write_tuned_dir(folder: Path) -> Path:
-    """The reference model with its own ``serving.properties``."""
-    write_linear_dir(folder)
-    (folder / "serving.properties").write_text(TUNED_PROPERTIES)
-    return folder
-
-
-EXAMPLES = {
-    "iris-classifier": write_classifier_dir,
-    "pipeline-scaler": write_pipeline_dir,
-    "custom-handler": write_custom_handler_dir,
-    "tuned-linear": write_tuned_dir,
-}
 
 
 def _stamp_text(count: int) -> str:
@@ -181,10 +101,7 @@ def generate(out: Path, count: int) -> None:
             partial = Path(tmp) / target.name
             shutil.copyfile(archive, partial)
             partial.replace(target)
-        for name, write in EXAMPLES.items():
-            staging = write(Path(tmp) / name)
-            shutil.rmtree(out / name, ignore_errors=True)
-            staging.replace(out / name)
+    write_examples(out)
     (out / STAMP).write_text(_stamp_text(count))
 
 

@@ -41,6 +41,11 @@ use_venv() {
     stamp=.venv/.mmserver-$name
     want=$(sha256sum pyproject.toml | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+        # The xgboost extra installs XGBoost's CPU-only build, which brings the same module as
+        # the full one: a venv made before it had the full one, which goes first.
+        if .venv/bin/python -m pip show -q xgboost >/dev/null 2>&1; then
+            .venv/bin/python -m pip uninstall -y -q xgboost nvidia-nccl-cu12 >/dev/null 2>&1 || true
+        fi
         .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
         echo "$want" >"$stamp"
     fi

@@ -39,20 +39,14 @@ import socket
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from aiohttp.helpers import rfc822_formatted_time
 
-from mmserver.answers import answer_body, is_typed, response_type
 from mmserver.api import REQUEST_ID, ApiState
-from mmserver.api.inference import failure_label, missing_target
-from mmserver.api.middleware import log_server_error, render_error, unexpected
-from mmserver.codecs import Request, make_request
-from mmserver.errors import MMServerError
-from mmserver.v2codec import HEADER_LENGTH, split_answer, v2_request
-
-if TYPE_CHECKING:
-    from mmserver.wlm import Submission
+from mmserver.api.dataplane import Exchange
+from mmserver.api.middleware import render_error
+from mmserver.api.protocols import JSON, Protocol, Route, match_inference
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +75,7 @@ _NOT_LEAN = frozenset(
         b"sec-websocket-key1",
     }
 )
-_JSON = "application/json"
-_BINARY = "application/octet-stream"
-#: The protocols of the paths the lean path takes (their error answers differ).
-_DJL, _SAGEMAKER, _V2 = 0, 1, 2
 _CONTENT_TYPE = "Content-Type"
-#: The ``Content-Type`` of a 200 answer, by whether the answer is CSV.
-_RESPONSE_TYPES = {csv: response_type(csv).encode() for csv in (None, False, True)}
 _OK = (
     b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
     b"Content-Length: %d\r\nDate: %s\r\nServer: mmserver\r\n\r\n%s"
@@ -122,32 +110,17 @@ def _may_start_lean(start: bytes) -> bool:
     return b"\r\n\r\n" not in start and start[:6] == b"POST /"[: len(start)]
 
 
-def _v2_answer(answer: bytes, rid: str) -> bytes:
-    """The whole answer of an Open Inference Protocol request, as :mod:`mmserver.api.v2`'s."""
-    body, header_length = split_answer(answer)
-    if header_length is None:
-        headers = {_CONTENT_TYPE: _JSON, REQUEST_ID: rid}
-    else:
-        headers = {_CONTENT_TYPE: _BINARY, HEADER_LENGTH: str(header_length), REQUEST_ID: rid}
-    return _answer(200, headers, bytes(body))
-
-
-class _Exchange:
+class _Exchange(Exchange):
     """One request taken by the lean path, until its answer is written: its answer is ``data``
     once known. Called with the submission's future when that is done."""
 
-    __slots__ = ("conn", "data", "job", "kind", "name", "path", "rid", "start", "submission")
+    __slots__ = ("conn", "data", "path")
 
-    def __init__(self, conn: LeanConnection, name: str, path: bytes, kind: int, rid: bytes) -> None:
+    def __init__(self, conn: LeanConnection, protocol: Protocol, path: bytes, rid: str) -> None:
+        super().__init__(conn.state, protocol, rid)
         self.conn = conn
-        self.name = name
         self.path = path
-        self.kind = kind
-        self.rid = rid
-        self.start = time.perf_counter()
         self.data: bytes | None = None
-        self.job: Request | None = None
-        self.submission: Submission | None = None
 
     def __call__(self, answer: asyncio.Future[bytes]) -> None:
         try:
@@ -173,38 +146,26 @@ class _Exchange:
             self.fail(error)
         conn.flush()
 
-    def _answered(self, body: bytes) -> None:
-        job = self.job
-        assert job is not None and self.submission is not None
-        if self.kind != _V2:
-            content_type = _RESPONSE_TYPES[job[2]]
-            if is_typed(body):  # a custom handler's answer, with a type of its own
-                body, text = answer_body(body, job[2])
-                content_type = text.encode("latin-1")
-            self.data = _OK % (content_type, self.rid, len(body), _date(), body)
+    def _answered(self, answer: bytes) -> None:
+        body, content_type, extra = self.answered(answer)
+        if extra is None:
+            self.data = _OK % (
+                content_type.encode("latin-1"),
+                self.rid.encode(),
+                len(body),
+                _date(),
+                body,
+            )
         else:
-            self.data = _v2_answer(body, self.rid.decode())
-        requests = self.submission.requests
-        if requests is not None:
-            requests.answered(time.perf_counter() - self.start)
+            headers = {_CONTENT_TYPE: content_type, **extra, REQUEST_ID: self.rid}
+            self.data = _answer(200, headers, body)
 
     def fail(self, error: BaseException) -> None:
         """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
-        path, rid = self.path.decode(), self.rid.decode()
-        if isinstance(error, MMServerError):
-            shown = error
-            if error.status_code == 500:
-                log_server_error("POST", path, error, rid)
-        else:
-            shown = unexpected("POST", path, rid, error)
-        state = self.conn.state
-        body, headers = render_error(
-            state, shown, rid, v2=self.kind == _V2, sagemaker=self.kind == _SAGEMAKER
-        )
-        headers[_CONTENT_TYPE] = _JSON  # after the others, as aiohttp writes them
+        shown = self.failed(error, "POST", self.path.decode())
+        body, headers = render_error(self.state, shown, self.rid, self.protocol)
+        headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
         self.data = _answer(shown.status_code, headers, body)
-        label = failure_label(self.name, self.submission, error)
-        state.observe_request(label, shown.status_code, time.perf_counter() - self.start)
 
 
 class LeanConnection(asyncio.Protocol):
@@ -390,69 +351,50 @@ class LeanConnection(asyncio.Protocol):
         path = head.group(1)
         if b"/." in path:
             return -1  # dot segments: aiohttp normalizes the path first
-        name: bytes | None
-        if path.startswith(b"/predictions/"):
-            name, kind = path[13:], _DJL
-        elif path.startswith(b"/models/") and path.endswith(b"/invoke") and path.count(b"/") == 3:
-            name, kind = path[8:-7], _SAGEMAKER
-        elif path == b"/invocations" or (
-            path.startswith(b"/endpoints/")
-            and path.endswith(b"/invocations")
-            and path.count(b"/") == 3
-            and len(path) > 23
-        ):
-            name, kind = None, _SAGEMAKER
-        elif path.startswith(b"/v2/models/") and path.endswith(b"/infer") and path.count(b"/") == 4:
-            name, kind = path[11:-6], _V2
-        else:
-            return -1
-        if name is not None and (not name or b"/" in name):
-            return -1  # not a route: aiohttp answers 404
-        if name is None:
-            name = target or b""  # none: answered 400 (the query's model_name goes to aiohttp)
+        matched = match_inference(path.decode())
+        if matched is None:
+            return -1  # not a lean route: aiohttp answers it (or 404)
+        route, params = matched
         self._serve(
-            name.decode(),
+            route,
+            params,
+            target,
             path,
-            kind,
             data[body_start:body_end],
             None if content_type is None else content_type.decode(),
             None if accept is None else accept.decode(),
             None if header_length is None else header_length.decode(),
-            rid or self.state.request_ids.next().encode(),
+            self.state.request_ids.next() if rid is None else rid.decode(),
         )
         return body_end
 
     def _serve(
         self,
-        name: str,
+        route: Route,
+        params: dict[str, str],
+        target: bytes | None,
         path: bytes,
-        kind: int,
         body: bytes,
         content_type: str | None,
         accept: str | None,
         header_length: str | None,
-        rid: bytes,
+        rid: str,
     ) -> None:
         self.front.taken += 1
-        exchange = _Exchange(self, name, path, kind, rid)
+        exchange = _Exchange(self, route.protocol, path, rid)
         self._answers.append(exchange)
         transport = self.transport
         assert transport is not None
         try:
-            if not name:
-                raise missing_target()
-            if kind == _V2:
-                job = v2_request(body, header_length)
-            else:
-                job = make_request(body, content_type, accept)
-            submission = self.state.wlm.submit(name, job, transport.is_closing)
+            name = route.model_name(params, None if target is None else target.decode(), None)
+            answer = exchange.submit(
+                name, body, content_type, accept, header_length, transport.is_closing
+            )
         except Exception as exc:
             exchange.fail(exc)
             self.flush()
             return
-        exchange.job = job
-        exchange.submission = submission
-        submission.answer.add_done_callback(exchange)
+        answer.add_done_callback(exchange)
 
     # -- answers ----------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from mmserver.api import STATE, read_body
-from mmserver.api.middleware import answers_errors, authorize
+from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.codecs import media_type
 from mmserver.config import boolean
 from mmserver.errors import InvalidInput, InvalidModelName
@@ -301,11 +301,12 @@ def _shown(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-ROUTES = [
-    web.get("/models", answers_errors(list_models)),
-    web.post("/models", answers_errors(register_model)),
-    web.get("/models/{model}", answers_errors(describe_model)),
-    web.put("/models/{model}", answers_errors(rescale_model)),
-    web.delete("/models/{model}", answers_errors(unload_model)),
-    web.get("/metrics", answers_errors(metrics)),
-]
+#: The handlers of the management routes, by operation (:data:`~mmserver.api.protocols.ROUTES`).
+HANDLERS: dict[str, Handler] = {
+    "list_models": answers_errors(list_models),
+    "register_model": answers_errors(register_model),
+    "describe_model": answers_errors(describe_model),
+    "rescale_model": answers_errors(rescale_model),
+    "unload_model": answers_errors(unload_model),
+    "metrics": answers_errors(metrics),
+}

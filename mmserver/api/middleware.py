@@ -5,18 +5,18 @@ Java exception name for the error, :data:`~mmserver.errors.DJL_TYPES`; on the Op
 Protocol's paths, under ``/v2``, the protocol's ``{"error": message}``), the status and headers
 its :class:`~mmserver.errors.MMServerError` asks for, and the ``X-Request-Id`` header that every
 answer has (:func:`~mmserver.api.request_id`), whose value also ends the message, so a client's
-report can be matched with the server's log line. On the SageMaker paths (``/invocations``,
-``/endpoints/{endpoint}/invocations``, ``/models/{model}/invoke``) the ``x-amzn-ErrorType``
-header names the error shape of the SageMaker Runtime API (``ValidationError``, ``ModelError``,
-``ServiceUnavailable``, ``InternalFailure``), which botocore reads to raise the matching
-exception. Any other exception is logged with its traceback and answered 500 with a generic
-message: a traceback never reaches the client.
+report can be matched with the server's log line. On the SageMaker paths (the routes of
+:data:`~mmserver.api.protocols.SAGEMAKER`) the ``x-amzn-ErrorType`` header names the error shape
+of the SageMaker Runtime API (``ValidationError``, ``ModelError``, ``ServiceUnavailable``,
+``InternalFailure``), which botocore reads to raise the matching exception. Any other exception
+is logged with its traceback and answered 500 with a generic message: a traceback never reaches
+the client.
 
 The rule is applied per route, not as an aiohttp middleware (which would add two coroutine frames
 and a wrapper to every request, inference included): :func:`answers_errors` wraps the management
-handlers (and puts ``X-Request-Id`` on their answers), the inference handler calls
-:func:`answer_error` itself, and :func:`unmatched`, the last route, answers any path or method no
-other route takes (404, or 405 with ``Allow``).
+handlers (and puts ``X-Request-Id`` on their answers), the inference handler renders the data
+plane's errors itself (:func:`render_error`), and :func:`unmatched`, the last route, answers any
+path or method no other route takes (404, or 405 with ``Allow``).
 
 Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``, and the V2
 repository's ``load`` and ``unload``) pass
@@ -30,12 +30,13 @@ from __future__ import annotations
 import functools
 import hmac
 import json
-import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
 from mmserver.api import REQUEST_ID, STATE, ApiState, request_id
+from mmserver.api.dataplane import log_server_error, shown_path, unexpected
+from mmserver.api.protocols import Protocol, known_paths, protocol_of
 from mmserver.config import ServerConfig
 from mmserver.errors import (
     ConfigError,
@@ -48,14 +49,7 @@ from mmserver.errors import (
     djl_type,
 )
 
-log = logging.getLogger(__name__)
-
 AMZN_ERROR_TYPE = "x-amzn-ErrorType"
-
-#: The SageMaker paths: their errors carry ``x-amzn-ErrorType``.
-SAGEMAKER_PATHS = frozenset(
-    {"/invocations", "/endpoints/{endpoint}/invocations", "/models/{model}/invoke"}
-)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -103,38 +97,11 @@ def answer_error(request: web.Request, error: MMServerError) -> web.Response:
     return response
 
 
-def log_server_error(method: str, path: str, error: MMServerError, rid: str) -> None:
-    """The warning line of an error answered 500."""
-    log.warning(
-        "%s %s answered 500 %s: %s (%s)",
-        method,
-        _shown(path),
-        error.error_type,
-        error.message,
-        rid,
-    )
-
-
 def answer_unexpected(request: web.Request) -> web.Response:
     """The answer to ``request`` for an exception outside the error tree (call it from the
     ``except`` clause): logged with its traceback, answered 500 with a generic message."""
     rid = request_id(request)
     return error_response(request, unexpected(request.method, request.path, rid), rid=rid)
-
-
-def unexpected(
-    method: str, path: str, rid: str, exc_info: BaseException | bool = True
-) -> MMServerError:
-    """Log an exception outside the error tree with its traceback (by default the one being
-    handled) and return the generic error it is answered with."""
-    log.error(
-        "unexpected error answering %s %s (request id %s)",
-        method,
-        _shown(path),
-        rid,
-        exc_info=exc_info,
-    )
-    return MMServerError("the server failed to answer this request; it has logged the cause")
 
 
 @answers_errors
@@ -146,7 +113,7 @@ async def unmatched(request: web.Request) -> web.StreamResponse:
         if resource is not own:
             _, methods = await resource.resolve(request)
             allowed |= methods
-    path = _shown(request.path)
+    path = shown_path(request.path)
     if allowed:
         shown = ",".join(sorted(allowed))
         error = MethodNotAllowed(
@@ -154,9 +121,8 @@ async def unmatched(request: web.Request) -> web.StreamResponse:
         )
         return error_response(request, error, {hdrs.ALLOW: shown})
     raise NotFound(
-        f"no such path: {request.method} {path}. The paths are /ping, /predictions/{{model}}, "
-        "/invocations, /endpoints/{endpoint}/invocations, /models, /models/{model}, "
-        "/models/{model}/invoke, /metrics, and the Open Inference Protocol's under /v2"
+        f"no such path: {request.method} {path}. The paths are {known_paths()}, "
+        "and the Open Inference Protocol's under /v2"
     )
 
 
@@ -170,14 +136,9 @@ def error_response(
     """The HTTP answer for ``error`` to ``request``."""
     if rid is None:
         rid = request_id(request)
-    body, headers = render_error(
-        request.app[STATE],
-        error,
-        rid,
-        v2=is_v2_request(request),
-        sagemaker=is_sagemaker_request(request),
-        extra_headers=extra_headers,
-    )
+    resource = request.match_info.route.resource
+    protocol = protocol_of(resource.canonical if resource is not None else None, request.path)
+    body, headers = render_error(request.app[STATE], error, rid, protocol, extra_headers)
     return web.Response(
         status=error.status_code, body=body, content_type="application/json", headers=headers
     )
@@ -187,17 +148,15 @@ def render_error(
     state: ApiState,
     error: MMServerError,
     rid: str,
-    *,
-    v2: bool,
-    sagemaker: bool,
+    protocol: Protocol,
     extra_headers: dict[str, str] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The JSON body and the headers (all but ``Content-Type``) of the answer for ``error`` to
-    request ``rid``: on a V2 path (``v2``) or a SageMaker path (``sagemaker``)."""
+    request ``rid`` of ``protocol``."""
     without_paths = state.without_paths
     message = f"{without_paths(error.message)} (request id {rid})"
     body: dict[str, object]
-    if v2:
+    if protocol.v2_errors:
         body = {"error": message}
     else:
         body = error.to_dict()
@@ -208,22 +167,9 @@ def render_error(
     if extra_headers:
         headers.update(extra_headers)
     headers.update(error.headers())
-    if error.amzn_error_type is not None and sagemaker:
+    if error.amzn_error_type is not None and protocol.amzn_errors:
         headers[AMZN_ERROR_TYPE] = error.amzn_error_type
     return json.dumps(body).encode(), headers
-
-
-def is_sagemaker_request(request: web.Request) -> bool:
-    """Whether ``request`` was routed to one of the SageMaker inference paths."""
-    resource = request.match_info.route.resource
-    return resource is not None and resource.canonical in SAGEMAKER_PATHS
-
-
-def is_v2_request(request: web.Request) -> bool:
-    """Whether ``request`` is one of the Open Inference Protocol's (its path is under ``/v2``):
-    its errors have the protocol's body, ``{"error": message}``."""
-    path = request.path
-    return path.startswith("/v2/") or path == "/v2"
 
 
 def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
@@ -238,10 +184,6 @@ def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
 def _passed_headers(exc: web.HTTPException) -> dict[str, str]:
     allow = exc.headers.get(hdrs.ALLOW)
     return {hdrs.ALLOW: allow} if allow is not None else {}
-
-
-def _shown(path: str, limit: int = 200) -> str:
-    return path if len(path) <= limit else path[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@
 - metadata: ``GET /v2`` (server) and ``GET /v2/models/{model}[/versions/{version}]`` (loads the
   model if needed: its inputs and outputs are what its backend found in the estimator);
 - inference: ``POST /v2/models/{model}[/versions/{version}]/infer``, JSON tensors or Triton's
-  binary tensor data extension (:mod:`mmserver.v2codec`), through the same handler as the other
-  inference paths (:func:`mmserver.api.inference.inference_handler`): same queues, batching,
-  scaling and metrics, the body decoded in the backend;
+  binary tensor data extension (:mod:`mmserver.v2codec`), through the data plane like every
+  other inference route (:data:`mmserver.api.protocols.V2`): same queues, batching, scaling and
+  metrics, the body decoded in the backend;
 - Triton's model repository extension: ``POST /v2/repository/index``,
   ``POST /v2/repository/models/{model}/load`` and ``.../unload``, over the WorkLoadManager, the
   last two under the management access rule (:func:`~mmserver.api.middleware.authorize`).
@@ -23,25 +23,20 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from aiohttp import hdrs, web
-from multidict import CIMultiDictProxy
+from aiohttp import web
 
 from mmserver import __version__
 from mmserver.api import REQUEST_ID, STATE, request_id
-from mmserver.api.inference import inference_handler
 from mmserver.api.management import bool_param, request_params
-from mmserver.api.middleware import answers_errors, authorize
-from mmserver.codecs import Request
+from mmserver.api.middleware import Handler, answers_errors, authorize
+from mmserver.api.protocols import versioned
 from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
 from mmserver.record import ModelStatus
 from mmserver.store import normalize_name
 from mmserver.v2codec import (
-    HEADER_LENGTH,
     VERSION,
     datatype_of,
     parameters_of,
-    split_answer,
-    v2_request,
 )
 
 SERVER_NAME = "mmserver"
@@ -148,34 +143,7 @@ def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
 
 def _model_of(request: web.Request) -> str:
     """The model named by the path; :class:`ModelNotFound` for a version other than ``1``."""
-    name = request.match_info["model"]
-    version = request.match_info.get("version")
-    if version is not None and version != VERSION:
-        raise ModelNotFound(
-            f"model {name} has one version, {VERSION}; there is no version {version[:40]!r}"
-        )
-    return name
-
-
-# ------------------------------------------------------------------------------------------------
-# Inference
-# ------------------------------------------------------------------------------------------------
-
-
-def _make_job(body: bytes, headers: CIMultiDictProxy[str]) -> Request:
-    return v2_request(body, headers.get(HEADER_LENGTH))
-
-
-def _respond(answer: bytes, job: Request) -> web.Response:
-    body, header_length = split_answer(answer)
-    if header_length is None:
-        return web.Response(body=body, headers={hdrs.CONTENT_TYPE: _JSON})
-    return web.Response(
-        body=body, headers={hdrs.CONTENT_TYPE: _BINARY, HEADER_LENGTH: str(header_length)}
-    )
-
-
-infer = inference_handler(_model_of, _make_job, _respond)
+    return versioned(request.match_info["model"], request.match_info.get("version"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,18 +200,15 @@ async def repository_unload(request: web.Request) -> web.Response:
     return web.Response()
 
 
-#: Inference first: aiohttp tries the routes sharing a path prefix in this order.
-ROUTES = [
-    web.post("/v2/models/{model}/infer", infer),
-    web.post("/v2/models/{model}/versions/{version}/infer", infer),
-    web.get("/v2", answers_errors(server_metadata)),
-    web.get("/v2/health/live", live),
-    web.get("/v2/health/ready", ready),
-    web.get("/v2/models/{model}/ready", answers_errors(model_ready)),
-    web.get("/v2/models/{model}/versions/{version}/ready", answers_errors(model_ready)),
-    web.get("/v2/models/{model}", answers_errors(model_metadata)),
-    web.get("/v2/models/{model}/versions/{version}", answers_errors(model_metadata)),
-    web.post("/v2/repository/index", answers_errors(repository_index)),
-    web.post("/v2/repository/models/{model}/load", answers_errors(repository_load)),
-    web.post("/v2/repository/models/{model}/unload", answers_errors(repository_unload)),
-]
+#: The handlers of the V2 routes other than inference, by operation
+#: (:data:`~mmserver.api.protocols.ROUTES`).
+HANDLERS: dict[str, Handler] = {
+    "server_metadata": answers_errors(server_metadata),
+    "live": live,
+    "ready": ready,
+    "model_ready": answers_errors(model_ready),
+    "model_metadata": answers_errors(model_metadata),
+    "repository_index": answers_errors(repository_index),
+    "repository_load": answers_errors(repository_load),
+    "repository_unload": answers_errors(repository_unload),
+}

@@ -14,6 +14,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import setproctitle
+
 from mmserver import errors, heap
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
@@ -34,6 +36,16 @@ def rss_bytes() -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def cpu_wait_seconds() -> float:
+    """The seconds the calling thread has spent waiting for a CPU, runnable but not running
+    (Linux's ``schedstat``; 0.0 where it is not known)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 class Models:
@@ -108,9 +120,12 @@ class Models:
             return predictor.predict(batch) if output is None else predictor.output(output, batch)
 
         # The CPU clock costs a system call, twice a batch: it is read for the models whose
-        # last batch was long; a short batch's CPU time is taken as its wall time.
+        # last batch was long; a short batch's CPU time is taken as its wall time. A long
+        # batch's wall time leaves out what it spent waiting for a CPU: on a busy machine other
+        # processes' work would otherwise count as the model's (and make a light one heavy).
         timed = key in self._long
         cpu = self._clock() if timed else 0.0
+        waited = cpu_wait_seconds() if timed else 0.0
         started = time.perf_counter()
         try:
             if predictor.inputs.raw:
@@ -123,12 +138,16 @@ class Models:
         except Exception as exc:
             raise errors.ModelError(f"{type(exc).__name__}: {exc}") from None
         wall = time.perf_counter() - started
-        cpu = self._clock() - cpu if timed else wall
+        if timed:
+            cpu = self._clock() - cpu
+            held = wall - (cpu_wait_seconds() - waited)
+        else:
+            cpu = held = wall
         if wall > _CPU_CLOCK_ABOVE_S:
             self._long.add(key)
         elif timed:
             self._long.discard(key)
-        return answers, cpu, wall, rows, getattr(predictor, "last_path", "own")
+        return answers, cpu, held, rows, getattr(predictor, "last_path", "own")
 
     def unload(self, key: str) -> None:
         if self.predictors.pop(key, None) is not None:
@@ -137,11 +156,13 @@ class Models:
 
 
 def child_main(
-    conn: multiprocessing.connection.Connection, index: int, nice: int, idle: bool
+    conn: multiprocessing.connection.Connection, index: int, nice: int, idle: bool, lane: str
 ) -> None:
     """The backend process: answer each message in order until the frontend closes the pipe.
     ``nice`` lowers its CPU weight (the heavy lane's processes) and ``idle`` puts it under
-    ``SCHED_IDLE`` instead (the heavy lane with ``heavy_sched_idle``)."""
+    ``SCHED_IDLE`` instead (the heavy lane with ``heavy_sched_idle``). ``ps`` shows it as
+    ``mmserver: backend LANE INDEX``."""
+    setproctitle.setproctitle(f"mmserver: backend {lane} {index}")
     if nice:
         os.nice(nice)
     if idle:

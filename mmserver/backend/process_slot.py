@@ -211,7 +211,7 @@ class ProcessSlot:
         parent, child = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=child_main,
-            args=(child, self.index, self._nice, self._idle_policy),
+            args=(child, self.index, self._nice, self._idle_policy, self.lane.name),
             name=f"mmserver-backend-{self.index}",
             daemon=True,
         )

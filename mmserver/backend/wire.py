@@ -47,6 +47,7 @@ class LoadInfo:
     seconds: float = 0.0
 
 
-#: A batch's answers (one per request), the CPU and wall seconds they took, the rows
-#: predicted, and the predict path they took (``own`` for a custom handler).
+#: A batch's answers (one per request), the CPU and wall seconds they took (the wall time less
+#: what the batch spent waiting for a CPU), the rows predicted, and the predict path they took
+#: (``own`` for a custom handler).
 BatchResult = tuple[list[Answer], float, float, int, str]

@@ -36,6 +36,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+import setproctitle
+
 from mmserver.errors import ModelLoadError, ShuttingDown
 from mmserver.framing import FrameProtocol, frame
 from mmserver.store.archive import unpack_archive
@@ -51,6 +53,7 @@ PROCESS_NAME = "mmserver-unpack"
 def _serve(conn: Connection) -> None:
     """An unpacking process: answer each request ``(model name, function, arguments)`` with
     ``(True, result)`` or ``(False, error)``, in turn, until the pipe closes."""
+    setproctitle.setproctitle("mmserver: unpacking")  # what ps shows
     try:
         with open("/proc/self/comm", "w") as fh:
             fh.write(PROCESS_NAME)

@@ -26,6 +26,7 @@ from tests.e2e.server_process import (
     alive,
     descendants,
     unpacking,
+    unpacking_pids,
     until,
     wait_gone,
 )
@@ -270,6 +271,18 @@ async def test_backend_killed_while_loading_a_model_loads_it_again(tmp_path: Pat
         status, _, _ = await predict(session, server.url, "sklearn-0", 0.5)
         assert status == 200
         assert "loading it again" in server.log()
+        # ps names the processes, the replacement too.
+        titles = sorted(process_title(pid) for pid in backend_pids(server.pid))
+        assert titles == ["mmserver: backend light 0", "mmserver: backend light 1"]
+        unpackers = unpacking_pids(server.pid)
+        assert unpackers
+        assert {process_title(pid) for pid in unpackers} == {"mmserver: unpacking"}
+
+
+def process_title(pid: int) -> str:
+    """What ``ps`` shows for ``pid``: its command line, as the process may have rewritten it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode().strip()
 
 
 # ------------------------------------------------------------------------------------------------

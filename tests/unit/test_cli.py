@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +176,25 @@ def test_every_flag_reaches_the_config() -> None:
             expected[field.name] = value
     config = build_config(argv, {})
     assert {name: getattr(config, name) for name in expected} == expected
+
+
+def _file(path: Path) -> Path:
+    path.write_text("")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda p: p / "missing", "does not exist: create it, or pass the folder"),
+        (lambda p: _file(p / "file"), "is not a directory"),
+    ],
+)
+def test_a_store_that_cannot_serve_exits_2_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, expected: str
+) -> None:
+    store = make(tmp_path)
+    assert main(["serve", "--model-store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mmserver: the model store {store} ")
+    assert expected in err

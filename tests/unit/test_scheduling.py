@@ -9,6 +9,7 @@ import pytest
 
 from mmserver.scheduling import (
     HEAVY,
+    LANE_DWELL_S,
     LIGHT,
     PIPELINE_BUDGET_S,
     Cost,
@@ -17,6 +18,7 @@ from mmserver.scheduling import (
     admits,
     lane_bounds,
     lane_for,
+    may_move,
 )
 
 MS = 0.001
@@ -142,3 +144,59 @@ def test_an_idle_model_earns_no_credit() -> None:
     # The model that was idle starts at the lane's clock, not 100 batches ahead of the other.
     assert lane.tag(idle) == lane.vtime
     assert lane.tag(busy) - lane.tag(idle) == pytest.approx(MS)
+
+
+def _batches(cost: Cost, fixed: float, per_row: float, sizes: list[int]) -> None:
+    for rows in sizes:
+        held = fixed + per_row * rows
+        cost.observe(cpu_seconds=held, wall_seconds=held, rows=rows)
+
+
+def test_a_popular_cheap_model_is_judged_by_its_one_row_batch() -> None:
+    """Batches of 1 to 64 rows of a model costing 0.3 ms plus 0.05 ms a row: its batches hold a
+    process up to 3.5 ms, yet a one-row batch would take 0.35 ms, and that chooses its lane."""
+    cost = Cost()
+    _batches(cost, 0.3 * MS, 0.05 * MS, [1, 8, 64, 32, 2, 48, 16, 64, 4, 64] * 20)
+    assert cost.estimate > 2 * MS  # the batches themselves hold a process long
+    assert cost.single == pytest.approx(0.35 * MS, rel=0.01)
+    assert lane_for(LIGHT, cost.single, 2 * MS) == LIGHT
+
+
+@pytest.mark.parametrize(
+    ("fixed", "per_row", "sizes", "single"),
+    [
+        (20 * MS, 0.0, [1, 4, 2, 8] * 20, 20 * MS),  # a fixed cost: heavy whatever the size
+        (0.0, 5 * MS, [1, 4, 2, 8] * 20, 5 * MS),  # costly rows
+        (0.2 * MS, 1 * MS, [1] * 50, 1.2 * MS),  # one row at a time: the hold itself
+        (0.0, 0.1 * MS, [10] * 50, 0.1 * MS),  # one size: a row's share of the hold
+    ],
+)
+def test_one_row_hold(fixed: float, per_row: float, sizes: list[int], single: float) -> None:
+    cost = Cost()
+    _batches(cost, fixed, per_row, sizes)
+    assert cost.single == pytest.approx(single, rel=0.01)
+
+
+def test_one_row_hold_before_batches_and_with_a_probe() -> None:
+    assert Cost().single == math.inf
+    assert Cost(hold=3 * MS).single == 3 * MS  # remembered from an earlier load
+    cost = Cost()
+    cost.set_probe(20 * MS)  # a 20 ms model whose batches keep ten rows
+    assert cost.single == 20 * MS
+    _batches(cost, 20 * MS, 0.0, [10] * 50)
+    assert cost.single == pytest.approx(20 * MS)
+
+
+@pytest.mark.parametrize(
+    ("hold", "in_lane", "expected"),
+    [
+        (20 * MS, 0.0, True),  # clearly heavy: at once
+        (0.4 * MS, 0.0, True),  # clearly light: at once
+        (2.5 * MS, 0.0, False),  # near the threshold: not right after a move
+        (0.9 * MS, 3.0, False),
+        (2.5 * MS, LANE_DWELL_S, True),  # ... but once it has stayed a while
+        (0.9 * MS, math.inf, True),  # never moved
+    ],
+)
+def test_may_move(hold: float, in_lane: float, expected: bool) -> None:
+    assert may_move(hold, 2 * MS, in_lane) == expected

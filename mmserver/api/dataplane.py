@@ -1,0 +1,149 @@
+"""One inference request, whichever door it came through: the data plane.
+
+A door (aiohttp's handler, :mod:`mmserver.api.inference`; the lean path,
+:mod:`mmserver.api.lean`; V2 over gRPC, :mod:`mmserver.api.grpc`) reads a request in its own
+way, then makes an :class:`Exchange` and calls it in this order:
+
+1. :meth:`Exchange.submit` — the job made by the route's protocol, queued on the model (loaded
+   first if needed); the future of the answer's body comes back;
+2. :meth:`Exchange.answered` with that body — the protocol's answer (body, ``Content-Type``,
+   headers), counted; or :meth:`Exchange.failed` with the error — the error shown to the
+   client (a 500 logged), counted.
+
+The door writes what comes back in its own framing (HTTP through aiohttp or by hand, a gRPC
+message). So an answer is the same whichever door it came through, and so are the metrics:
+``mmserver_requests_total{model,code}`` and ``mmserver_request_seconds{model}`` carry the
+model's name only once the request reached a model; one that never did (an unsupported content
+type, a bad or unknown name, refused during shutdown) is counted under ``model="-"``, so
+clients cannot create series at will.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mmserver.api.protocols import Protocol
+from mmserver.codecs import Request
+from mmserver.errors import InvalidModelName, MMServerError, ModelNotFound, ShuttingDown
+from mmserver.store import normalize_name
+
+if TYPE_CHECKING:
+    from mmserver.api import ApiState
+    from mmserver.wlm import Submission
+
+log = logging.getLogger(__name__)
+
+UNRESOLVED = "-"
+
+# Errors from WorkLoadManager.submit that say the name did not lead to a model.
+_UNRESOLVED_ERRORS = (InvalidModelName, ModelNotFound, ShuttingDown)
+
+
+class Exchange:
+    """One inference request from its arrival until it is answered and counted."""
+
+    __slots__ = ("job", "name", "protocol", "rid", "start", "state", "submission")
+
+    def __init__(self, state: ApiState, protocol: Protocol, rid: str) -> None:
+        self.state = state
+        self.protocol = protocol
+        self.rid = rid
+        self.start = time.perf_counter()
+        self.name = UNRESOLVED
+        self.job: Request | None = None
+        self.submission: Submission | None = None
+
+    def submit(
+        self,
+        name: str,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None,
+        header_length: str | None,
+        client_gone: Callable[[], bool] | None,
+    ) -> asyncio.Future[bytes]:
+        """Make the job and queue it on model ``name``: the future of the answer's body. Raises
+        what the job's headers or the server's state refuse at once."""
+        self.name = name
+        self.job = job = self.protocol.make_job(body, content_type, accept, header_length)
+        self.submission = submission = self.state.wlm.submit(name, job, client_gone)
+        return submission.answer
+
+    def answered(self, answer: bytes) -> tuple[bytes, str, dict[str, str] | None]:
+        """The answer's body, ``Content-Type`` and other headers, counted as answered."""
+        job = self.job
+        assert job is not None and self.submission is not None
+        rendered = self.protocol.render(answer, job)
+        requests = self.submission.requests
+        if requests is not None:
+            requests.answered(time.perf_counter() - self.start)
+        return rendered
+
+    def failed(self, error: BaseException, method: str, path: str) -> MMServerError:
+        """The error the client is shown for ``error`` (a generic 500 for one outside the error
+        tree, logged with its traceback; any 500 logged), counted as failed."""
+        if isinstance(error, MMServerError):
+            shown = error
+            if error.status_code == 500:
+                log_server_error(method, path, error, self.rid)
+        else:
+            shown = unexpected(method, path, self.rid, error)
+        label = failure_label(self.name, self.submission, error)
+        self.state.observe_request(label, shown.status_code, time.perf_counter() - self.start)
+        return shown
+
+
+def failure_label(name: str, submission: Submission | None, error: BaseException | None) -> str:
+    """The model a request that failed with ``error`` is counted under: its model once the
+    request reached one, the name it asked for when that name led to a model that failed (to
+    load, say), otherwise :data:`UNRESOLVED`."""
+    if submission is None:
+        return UNRESOLVED
+    if submission.requests is not None:
+        return submission.requests.model
+    if isinstance(error, MMServerError) and not isinstance(error, _UNRESOLVED_ERRORS):
+        return _label(name)
+    return UNRESOLVED
+
+
+def _label(name: str) -> str:
+    try:
+        return normalize_name(name)
+    except InvalidModelName:
+        return UNRESOLVED
+
+
+def log_server_error(method: str, path: str, error: MMServerError, rid: str) -> None:
+    """The warning line of an error answered 500."""
+    log.warning(
+        "%s %s answered 500 %s: %s (%s)",
+        method,
+        shown_path(path),
+        error.error_type,
+        error.message,
+        rid,
+    )
+
+
+def unexpected(
+    method: str, path: str, rid: str, exc_info: BaseException | bool = True
+) -> MMServerError:
+    """Log an exception outside the error tree with its traceback (by default the one being
+    handled) and return the generic error it is answered with."""
+    log.error(
+        "unexpected error answering %s %s (request id %s)",
+        method,
+        shown_path(path),
+        rid,
+        exc_info=exc_info,
+    )
+    return MMServerError("the server failed to answer this request; it has logged the cause")
+
+
+def shown_path(path: str, limit: int = 200) -> str:
+    """``path`` as a log line or an error message shows it (cut past ``limit`` characters)."""
+    return path if len(path) <= limit else path[: limit - 3] + "..."

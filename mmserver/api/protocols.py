@@ -1,0 +1,204 @@
+"""The protocols mmserver speaks and the one table of its routes.
+
+A :class:`Protocol` says how an inference request of that protocol becomes a job for the
+WorkLoadManager (:data:`~mmserver.codecs.Request`), how the answer its model's backend encoded
+becomes the body and headers sent back, and what shape its errors take. :data:`ROUTES` lists
+every path the server answers, with its method, protocol and operation; the doors read it:
+
+- aiohttp's application (:mod:`mmserver.app`) adds one route per entry, in this order;
+- the lean path (:mod:`mmserver.api.lean`) takes the inference routes marked ``lean``
+  (:func:`match_inference`);
+- error answers take their shape from the route's protocol (:func:`protocol_of`), and the 404
+  answer lists the paths (:func:`known_paths`);
+- V2 over gRPC (:mod:`mmserver.api.grpc`) makes its jobs and reads its answers with :data:`V2`.
+
+A new protocol is a :class:`Protocol` and its rows here; a door that serves it calls
+:class:`mmserver.api.dataplane.Exchange`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from mmserver.answers import answer_body
+from mmserver.codecs import Request, make_request
+from mmserver.errors import InvalidInput, ModelNotFound
+from mmserver.v2codec import HEADER_LENGTH, VERSION, split_answer, v2_request
+
+JSON = "application/json"
+BINARY = "application/octet-stream"
+TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
+
+#: Makes the job of a request from its body and the headers that matter
+#: (``Content-Type``, ``Accept``, ``Inference-Header-Content-Length``), checking only those.
+MakeJob = Callable[[bytes, "str | None", "str | None", "str | None"], Request]
+#: An answer's body, ``Content-Type`` and other headers (``None``: none) from the bytes the
+#: model's backend encoded and the job they answer.
+Render = Callable[[bytes, Request], "tuple[bytes, str, dict[str, str] | None]"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Protocol:
+    name: str
+    make_job: MakeJob
+    render: Render
+    #: Errors have the Open Inference Protocol's body, ``{"error": message}`` (otherwise DJL
+    #: Serving's ``{"code", "type", "message"}``).
+    v2_errors: bool = False
+    #: Errors carry ``x-amzn-ErrorType``, which botocore reads to raise the matching exception.
+    amzn_errors: bool = False
+
+
+def _plain_job(
+    body: bytes, content_type: str | None, accept: str | None, header_length: str | None
+) -> Request:
+    return make_request(body, content_type, accept)
+
+
+def _plain_answer(answer: bytes, job: Request) -> tuple[bytes, str, dict[str, str] | None]:
+    body, content_type = answer_body(answer, job[2])
+    return body, content_type, None
+
+
+def _v2_job(
+    body: bytes, content_type: str | None, accept: str | None, header_length: str | None
+) -> Request:
+    return v2_request(body, header_length)
+
+
+def _v2_answer(answer: bytes, job: Request) -> tuple[bytes, str, dict[str, str] | None]:
+    body, header_length = split_answer(answer)
+    if header_length is None:
+        return bytes(body), JSON, None
+    return bytes(body), BINARY, {HEADER_LENGTH: str(header_length)}
+
+
+DJL = Protocol("djl", _plain_job, _plain_answer)
+SAGEMAKER = Protocol("sagemaker", _plain_job, _plain_answer, amzn_errors=True)
+V2 = Protocol("v2", _v2_job, _v2_answer, v2_errors=True)
+
+#: The operation of the inference routes (the data plane's); the others name their handler.
+INFER = "infer"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Route:
+    method: str
+    path: str
+    protocol: Protocol
+    operation: str
+    #: The lean path takes it (inference routes only).
+    lean: bool = False
+    segments: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", tuple(self.path.split("/")[1:]))
+
+    def model_name(self, params: Mapping[str, str], target: str | None, query: str | None) -> str:
+        """The model an inference request on this route names: the path's ``{model}``; on the
+        SageMaker paths without one, the ``X-Amzn-SageMaker-Target-Model`` header (boto3's
+        ``TargetModel``) or the ``model_name`` query parameter. A V2 path's version must be
+        ``1`` (:class:`ModelNotFound` otherwise)."""
+        name = params.get("model") or target or query
+        if not name:
+            raise missing_target()
+        return versioned(name, params.get("version"))
+
+
+def versioned(name: str, version: str | None) -> str:
+    """``name``, when ``version`` (a V2 path's, ``None`` for none) is one the model has: every
+    model has one version, ``1`` (:class:`ModelNotFound` for another)."""
+    if version is not None and version != VERSION:
+        raise ModelNotFound(
+            f"model {name} has one version, {VERSION}; there is no version {version[:40]!r}"
+        )
+    return name
+
+
+def missing_target() -> InvalidInput:
+    """The error of a ``/invocations`` request that names no model."""
+    return InvalidInput(
+        f"missing target model: set the {TARGET_MODEL} header (boto3: TargetModel=...) "
+        "or the model_name query parameter"
+    )
+
+
+_V2_MODEL = "/v2/models/{model}"
+_V2_VERSION = "/v2/models/{model}/versions/{version}"
+
+#: Every route, in the order aiohttp tries them (inference first: routes sharing a path prefix
+#: are tried in order).
+ROUTES: tuple[Route, ...] = (
+    # Inference: DJL, the SageMaker multi-model container, SageMaker Runtime, V2.
+    Route("POST", "/predictions/{model}", DJL, INFER, lean=True),
+    Route("POST", "/invocations", SAGEMAKER, INFER, lean=True),
+    Route("POST", "/endpoints/{endpoint}/invocations", SAGEMAKER, INFER, lean=True),
+    Route("POST", "/models/{model}/invoke", SAGEMAKER, INFER, lean=True),
+    Route("POST", _V2_MODEL + "/infer", V2, INFER, lean=True),
+    Route("POST", _V2_VERSION + "/infer", V2, INFER),
+    # Health.
+    Route("GET", "/ping", DJL, "ping"),
+    # Management (DJL Serving's API) and metrics.
+    Route("GET", "/models", DJL, "list_models"),
+    Route("POST", "/models", DJL, "register_model"),
+    Route("GET", "/models/{model}", DJL, "describe_model"),
+    Route("PUT", "/models/{model}", DJL, "rescale_model"),
+    Route("DELETE", "/models/{model}", DJL, "unload_model"),
+    Route("GET", "/metrics", DJL, "metrics"),
+    # The Open Inference Protocol's health, metadata and model repository.
+    Route("GET", "/v2", V2, "server_metadata"),
+    Route("GET", "/v2/health/live", V2, "live"),
+    Route("GET", "/v2/health/ready", V2, "ready"),
+    Route("GET", _V2_MODEL + "/ready", V2, "model_ready"),
+    Route("GET", _V2_VERSION + "/ready", V2, "model_ready"),
+    Route("GET", _V2_MODEL, V2, "model_metadata"),
+    Route("GET", _V2_VERSION, V2, "model_metadata"),
+    Route("POST", "/v2/repository/index", V2, "repository_index"),
+    Route("POST", "/v2/repository/models/{model}/load", V2, "repository_load"),
+    Route("POST", "/v2/repository/models/{model}/unload", V2, "repository_unload"),
+)
+
+_BY_PATH: dict[str, Route] = {}
+for _route in ROUTES:
+    _BY_PATH.setdefault(_route.path, _route)
+
+#: The lean inference routes by their number of path segments.
+_LEAN: dict[int, tuple[Route, ...]] = {}
+for _route in ROUTES:
+    if _route.lean:
+        _LEAN[len(_route.segments)] = (*_LEAN.get(len(_route.segments), ()), _route)
+
+
+def match_inference(path: str) -> tuple[Route, dict[str, str]] | None:
+    """The lean inference route ``path`` (already checked to hold no query, percent-encoding or
+    dot segment) matches, with the values of its placeholders; ``None`` for any other path."""
+    parts = path.split("/")
+    del parts[0]
+    for route in _LEAN.get(len(parts), ()):
+        params: dict[str, str] = {}
+        for pattern, part in zip(route.segments, parts, strict=True):
+            if pattern[:1] == "{":
+                if not part:
+                    break
+                params[pattern[1:-1]] = part
+            elif pattern != part:
+                break
+        else:
+            return route, params
+    return None
+
+
+def protocol_of(canonical: str | None, path: str) -> Protocol:
+    """The protocol of a request routed to the route whose path is ``canonical`` (``None``: to
+    none); a path no route serves is the Open Inference Protocol's under ``/v2``."""
+    route = _BY_PATH.get(canonical) if canonical is not None else None
+    if route is not None:
+        return route.protocol
+    return V2 if path == "/v2" or path.startswith("/v2/") else DJL
+
+
+def known_paths() -> str:
+    """The paths outside ``/v2`` the server answers, for the 404 answer."""
+    paths = dict.fromkeys(r.path for r in ROUTES if r.protocol is not V2)
+    return ", ".join(paths)
