@@ -1,9 +1,13 @@
-"""Configuration: the server's global options and each model's ``serving.properties``.
+"""Configuration: the server's global options, and (from :mod:`mmserver.model_config`) each
+model's settings.
 
 Every global option is declared once, as a field of :class:`ServerConfig` with its help text in
-the field's metadata. The command-line flags (``--max-workers``), the environment variables
-(``MMSERVER_MAX_WORKERS``) and the properties-file keys (``max_workers``) all derive from that one
-declaration. Precedence, lowest first: defaults < ``--config FILE`` < environment < flags.
+the field's metadata; an option that is every model's default (``batch_size``...) is declared
+once as a :class:`ModelConfig` field, and its :class:`ServerConfig` field takes its default and
+help from there (:func:`~mmserver.model_config.server_option`). The command-line flags
+(``--max-workers``), the environment variables (``MMSERVER_MAX_WORKERS``) and the properties-file
+keys (``max_workers``) all derive from the :class:`ServerConfig` fields. Precedence, lowest
+first: defaults < ``--config FILE`` < environment < flags.
 
 Per model, :func:`load_model_config` reads ``serving.properties`` (DJL's key names and units) over
 the global defaults; a management call overrides both through :meth:`ModelConfig.replace`.
@@ -19,35 +23,53 @@ import logging
 import os
 import re
 import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import javaproperties
-
 from mmserver import capacity
 from mmserver.capacity import Limit
-from mmserver.errors import ConfigError, InvalidInput
+from mmserver.errors import ConfigError
 from mmserver.metrics import MODEL_LABEL_CHOICES
+from mmserver.model_config import (
+    MAX_BATCH_DELAY_MS,
+    METHODS,
+    PROPERTIES_FILE,
+    RESCALABLE,
+    SERVER_DEFAULTS,
+    ModelConfig,
+    cpu_count,
+    default_cpus,
+    load_model_config,
+    model_config_from_properties,
+    server_option,
+)
+from mmserver.properties import BOOLEANS, boolean, parse_properties, read_properties
 from mmserver.store import split_object_url
+
+__all__ = [
+    "BOOLEANS",
+    "ENV_PREFIX",
+    "MAX_BATCH_DELAY_MS",
+    "METHODS",
+    "PROPERTIES_FILE",
+    "RESCALABLE",
+    "ModelConfig",
+    "ServerConfig",
+    "boolean",
+    "cpu_count",
+    "default_cpus",
+    "load_model_config",
+    "model_config_from_properties",
+    "parse_properties",
+    "read_properties",
+    "resolves_to_loopback",
+]
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "MMSERVER_"
-PROPERTIES_FILE = "serving.properties"
-
-
-@functools.cache
-def default_cpus() -> Limit:
-    """The CPUs the server is sized by when not told: the container's CPU quota, capped by the
-    affinity mask (:func:`mmserver.capacity.cpus`), read once."""
-    return capacity.cpus()
-
-
-def cpu_count() -> int:
-    return default_cpus().value
 
 
 @functools.cache
@@ -122,24 +144,13 @@ class ServerConfig:
         "back 0.2 to 0.4 s after the light models' last batch); at most all but one of the "
         "CPUs of the server's affinity mask; 0 = none.",
     )
-    min_workers: int = _opt(1, "Default minWorkers of a model (0 = scale to zero).")
-    max_workers: int = _opt(cpu_count(), "Default maxWorkers of a model.")
-    batch_size: int = _opt(
-        32, "Default most jobs per predict call (a worker takes what is queued, up to this)."
-    )
-    max_batch_delay: int = _opt(
-        0,
-        "Default ms a worker waits to fill a batch; 0 = never wait, take what is queued. At "
-        "most 10000 (MAX_BATCH_DELAY_MS), for every model.",
-    )
-    max_batch_bytes: int = _opt(
-        6 * 1024 * 1024,
-        "Default most request bytes in one batch (serving.properties max_batch_bytes): many "
-        "large requests are not one batch that outlasts predict_timeout; a request larger than "
-        "this is a batch of its own.",
-    )
-    max_idle_time: int = _opt(60, "Default s before a worker above minWorkers retires.")
-    job_queue_size: int = _opt(1000, "Default capacity of a model's request queue.")
+    min_workers: int = server_option("min_workers")
+    max_workers: int = server_option("max_workers")
+    batch_size: int = server_option("batch_size")
+    max_batch_delay: int = server_option("max_batch_delay")
+    max_batch_bytes: int = server_option("max_batch_bytes")
+    max_idle_time: int = server_option("max_idle_time")
+    job_queue_size: int = server_option("job_queue_size")
     max_loaded_models: int = _opt(0, "Most models loaded at once; 0 = no limit but memory.")
     max_memory_mb: int = _opt(
         0,
@@ -147,7 +158,7 @@ class ServerConfig:
         "(cgroup memory.max) less what the server uses, or of the available memory without one.",
     )
     max_request_size: int = _opt(6 * 1024 * 1024, "Largest request body in bytes.")
-    predict_timeout: float = _opt(60.0, "Default s a request may take before it is answered 504.")
+    predict_timeout: float = server_option("predict_timeout")
     keepalive_timeout: float = _opt(
         75.0,
         "s an idle keep-alive connection stays open; longer than the 60 s idle timeout of "
@@ -338,16 +349,7 @@ class ServerConfig:
 
     def model_defaults(self) -> ModelConfig:
         """Per-model defaults taken from the global options."""
-        return ModelConfig(
-            min_workers=self.min_workers,
-            max_workers=self.max_workers,
-            batch_size=self.batch_size,
-            max_batch_delay=self.max_batch_delay,
-            max_batch_bytes=self.max_batch_bytes,
-            max_idle_time=self.max_idle_time,
-            job_queue_size=self.job_queue_size,
-            predict_timeout=self.predict_timeout,
-        )
+        return ModelConfig(**{name: getattr(self, name) for name in SERVER_DEFAULTS})
 
     # Building ---------------------------------------------------------------------------------
 
@@ -394,25 +396,6 @@ class ServerConfig:
 
 _URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
-#: The spellings of true and false (lower case) in the environment, on the command line, in
-#: serving.properties and in the management API's parameters.
-BOOLEANS: Mapping[str, bool] = {
-    "true": True,
-    "false": False,
-    "1": True,
-    "0": False,
-    "yes": True,
-    "no": False,
-    "on": True,
-    "off": False,
-}
-
-
-def boolean(text: str) -> bool | None:
-    """``text`` as true or false (:data:`BOOLEANS`, in any case, white space around it
-    ignored), or ``None`` when it spells neither."""
-    return BOOLEANS.get(text.strip().lower())
-
 
 def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
     kind: type[Any] = type(f.default)
@@ -432,267 +415,3 @@ def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
     except ValueError:
         raise ConfigError(f"{where}: value {raw!r} is not a valid {kind.__name__}") from None
     return text
-
-
-# ------------------------------------------------------------------------------------------------
-# Java-properties files
-# ------------------------------------------------------------------------------------------------
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """Parse Java-properties text as ``java.util.Properties.load`` does: ``key=value``,
-    ``key: value`` or ``key value``; ``#``/``!`` comment lines; a line ending in an odd number of
-    backslashes continues on the next; the escapes ``\\t``, ``\\n``, ``\\f``, ``\\r``,
-    ``\\uXXXX`` and backslash before any other character (``\\#``, ``\\=``, ``\\\\``...).
-    A value keeps its trailing white space, as in Java (the server strips it when it reads a
-    number or a name). Later keys win. A malformed ``\\uXXXX`` raises :class:`ConfigError`."""
-    try:
-        return javaproperties.loads(text)
-    except javaproperties.InvalidUEscapeError as exc:
-        raise ConfigError(f"malformed \\uXXXX escape {exc.escape!r}") from None
-
-
-def read_properties(path: Path) -> dict[str, str]:
-    """The properties of the file ``path``, read as UTF-8, or as ISO-8859-1 (what
-    ``Properties.load(InputStream)`` reads) when it is not valid UTF-8."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("iso-8859-1")
-    try:
-        return parse_properties(text)
-    except ConfigError as exc:
-        raise ConfigError(f"config file {path}: {exc.message}") from None
-
-
-# ------------------------------------------------------------------------------------------------
-# Per-model configuration (serving.properties)
-# ------------------------------------------------------------------------------------------------
-
-METHODS = ("predict", "predict_proba", "decision_function", "transform")
-MISSING_POLICIES = ("auto", "accept", "refuse")
-#: ``engine`` values (lower case): ``python`` and ``sklearn`` load a pickled model, the others a
-#: booster in its library's own format.
-ENGINES = ("python", "sklearn", "xgboost", "lightgbm")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """One model's settings: global defaults, then its ``serving.properties``, then management.
-
-    ``max_batch_delay`` is in milliseconds and ``max_idle_time`` in seconds, as in DJL.
-    """
-
-    min_workers: int = 1
-    max_workers: int = field(default_factory=cpu_count)
-    batch_size: int = 32
-    max_batch_delay: int = 0
-    #: Request bytes one batch may hold (a request larger than this is a batch alone).
-    max_batch_bytes: int = 6 * 1024 * 1024
-    max_idle_time: int = 60
-    job_queue_size: int = 1000
-    required_memory_mb: float | None = None
-    predict_timeout: float = 60.0
-    engine: str | None = None
-    method: str = "predict"
-    #: The model file inside the model folder (``option.model_file``); found by its name otherwise.
-    model_file: str | None = None
-    #: Whether verified fast predict paths may replace the estimator's own method.
-    fast_path: bool = True
-    entry_point: str = "model.py"
-    handler: str = "predict"
-    #: Missing values (null, NaN, empty CSV fields): ``auto`` (those the model answers on at
-    #: load), ``accept`` (all, to the model) or ``refuse`` (a 400 naming the column and row).
-    missing_values: str = "auto"
-    #: A CSV body's first line names the columns, whatever its content type says.
-    csv_header: bool = False
-    #: A custom handler takes each request as it came (body, content type, accept).
-    raw_input: bool = False
-    #: Read and answer as the SageMaker XGBoost container; ``None``: for an ``xgboost-model``.
-    sagemaker_xgboost: bool | None = None
-    #: Every key of serving.properties as written, for custom handlers.
-    properties: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` saying which key and value are wrong; the caller adds
-        where they came from (a file, an option, a request)."""
-        for name in (
-            "min_workers",
-            "max_workers",
-            "batch_size",
-            "max_batch_delay",
-            "max_batch_bytes",
-            "max_idle_time",
-            "job_queue_size",
-            "predict_timeout",
-        ):
-            value = getattr(self, name)
-            if value != value:  # NaN
-                raise ConfigError(f"{_djl_key(name)}={value!r} is not a valid number")
-            if value < 0:
-                raise ConfigError(f"{_djl_key(name)}={value!r} must not be negative")
-            if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic
-                raise ConfigError(f"{_djl_key(name)}={_short_number(value)} is too large")
-        if self.max_batch_delay > MAX_BATCH_DELAY_MS:
-            raise ConfigError(
-                f"max_batch_delay={_short_number(self.max_batch_delay)} is over the limit of "
-                f"{MAX_BATCH_DELAY_MS} ms: a batch waiting longer for company only delays its "
-                "requests"
-            )
-        for name in ("batch_size", "job_queue_size", "max_batch_bytes"):  # maxWorkers may be 0
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{_djl_key(name)}={getattr(self, name)!r} must be >= 1")
-        if self.required_memory_mb is not None and self.required_memory_mb < 0:
-            raise ConfigError(
-                f"required_memory_mb={self.required_memory_mb!r} must not be negative"
-            )
-        if self.required_memory_mb is not None and not self.required_memory_mb * 2**20 <= _LARGEST:
-            raise ConfigError(
-                f"required_memory_mb={self.required_memory_mb!r} must be a finite number of MiB"
-            )
-        if self.min_workers > self.max_workers:
-            raise ConfigError(
-                f"minWorkers={self.min_workers} is greater than maxWorkers={self.max_workers}"
-            )
-        if self.missing_values not in MISSING_POLICIES:
-            raise ConfigError(
-                f"option.missing_values={self.missing_values!r} must be one of "
-                f"{', '.join(MISSING_POLICIES)}"
-            )
-        if self.method not in METHODS:
-            raise ConfigError(f"option.method={self.method!r} is not one of {', '.join(METHODS)}")
-        if self.engine is not None and self.engine.lower() not in ENGINES:
-            raise ConfigError(
-                f"engine={self.engine!r} must be one of Python, sklearn, XGBoost, LightGBM"
-            )
-
-    def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with ``changes`` applied (validated; raises :class:`ConfigError`)."""
-        return dataclasses.replace(self, **changes)
-
-    def requested(self, **changes: Any) -> ModelConfig:
-        """A copy with the ``changes`` a management request asks for: a value the model cannot
-        take is the request's fault (:class:`InvalidInput`, 400), not the configuration's."""
-        try:
-            return dataclasses.replace(self, **changes)
-        except ConfigError as exc:
-            raise InvalidInput(exc.message) from None
-
-    @property
-    def batch_delay_s(self) -> float:
-        return self.max_batch_delay / 1000.0
-
-
-#: The longest ``max_batch_delay`` (ms) of any model: a hundred times DJL's default of 100 ms
-#: and a sixth of the default ``predict_timeout``. Waiting for a fuller batch pays off within
-#: milliseconds; a longer wait holds every request of a quiet model for nothing.
-MAX_BATCH_DELAY_MS = 10_000
-
-#: The server computes with the numbers of a configuration as floats: an integer above this has
-#: no float form, and a size must be finite. (An infinite ``predict_timeout`` means no timeout.)
-_LARGEST = sys.float_info.max
-
-
-def _short_number(value: float) -> str:
-    text = repr(value)
-    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
-
-
-# serving.properties key -> (ModelConfig field, type). DJL's spellings, plus the common aliases.
-_MODEL_KEYS: dict[str, tuple[str, type]] = {
-    "minWorkers": ("min_workers", int),
-    "maxWorkers": ("max_workers", int),
-    "cpu.minWorkers": ("min_workers", int),
-    "cpu.maxWorkers": ("max_workers", int),
-    "batch_size": ("batch_size", int),
-    "batchSize": ("batch_size", int),
-    "max_batch_delay": ("max_batch_delay", int),
-    "maxBatchDelay": ("max_batch_delay", int),
-    "max_batch_bytes": ("max_batch_bytes", int),
-    "max_idle_time": ("max_idle_time", int),
-    "maxIdleTime": ("max_idle_time", int),
-    "job_queue_size": ("job_queue_size", int),
-    "required_memory_mb": ("required_memory_mb", float),
-    "option.predict_timeout": ("predict_timeout", float),
-    "engine": ("engine", str),
-    "option.method": ("method", str),
-    "option.entryPoint": ("entry_point", str),
-    "option.handler": ("handler", str),
-    "option.model_file": ("model_file", str),
-    "option.fast_path": ("fast_path", bool),
-    "option.missing_values": ("missing_values", str),
-    "option.csv_header": ("csv_header", bool),
-    "option.raw_input": ("raw_input", bool),
-    "option.sagemaker_xgboost": ("sagemaker_xgboost", bool),
-}
-
-
-def _djl_key(name: str) -> str:
-    for key, (fname, _) in _MODEL_KEYS.items():
-        if fname == name:
-            return key
-    return name
-
-
-_warned_unknown: set[tuple[str, str]] = set()
-#: Keys the backend reads where the model loads (:mod:`mmserver.schema`).
-_READ_AT_LOAD = frozenset({"option.columns"})
-
-
-def model_config_from_properties(
-    props: Mapping[str, str], defaults: ModelConfig, where: str
-) -> ModelConfig:
-    """Apply ``props`` (serving.properties keys) over ``defaults``. Raises :class:`ConfigError`
-    naming ``where`` (the file), the key and the value."""
-    changes: dict[str, Any] = {}
-    for key, raw in props.items():
-        spec = _MODEL_KEYS.get(key)
-        if spec is None:
-            if key in _READ_AT_LOAD:
-                continue
-            if (where, key) not in _warned_unknown:
-                _warned_unknown.add((where, key))
-                log.info("%s: key %r is not used by mmserver; kept for the handler", where, key)
-            continue
-        name, kind = spec
-        text = raw.strip()
-        if kind is str:
-            changes[name] = text
-            continue
-        if kind is bool:
-            value = boolean(text)
-            if value is None:
-                raise ConfigError(f"{where}: {key}={raw!r} must be true or false")
-            changes[name] = value
-            continue
-        try:
-            number = kind(text)
-        except ValueError:
-            raise ConfigError(
-                f"{where}: {key}={raw!r} is not a valid {'integer' if kind is int else 'number'}"
-            ) from None
-        if isinstance(number, float) and number != number:  # NaN
-            raise ConfigError(f"{where}: {key}={raw!r} is not a valid number")
-        changes[name] = number
-    changes["properties"] = dict(props)
-    try:
-        return dataclasses.replace(defaults, **changes)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc.message}") from None
-
-
-def load_model_config(model_dir: Path, defaults: ModelConfig) -> ModelConfig:
-    """Read ``model_dir/serving.properties`` (if any) over ``defaults``."""
-    path = model_dir / PROPERTIES_FILE
-    if not path.is_file():
-        return defaults
-    return model_config_from_properties(read_properties(path), defaults, str(path))

@@ -1,14 +1,26 @@
 """A load's file work: the model's store entry, its files fetched and unpacked, and its
-``serving.properties``. Blocking; it runs where the WorkLoadManager sends it, an unpacking
-process (:class:`mmserver.store.UnpackProcesses`) or an unpacking thread, so these are plain
-functions of picklable arguments."""
+``serving.properties``. The work is blocking; :class:`FileWork` runs it in an unpacking process
+(:class:`mmserver.store.UnpackProcesses`) or an unpacking thread, so :func:`prepare` and
+:func:`find_and_prepare` are plain functions of picklable arguments."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.context import BaseContext
 from pathlib import Path
+from typing import Any
 
 from mmserver.config import ModelConfig, load_model_config
-from mmserver.store import ModelSource, StoreEntry
+from mmserver.store import ModelSource, StoreEntry, UnpackProcesses
+
+#: Threads doing a load's file work where the unpacking processes do not: without backend
+#: processes, and an object store's downloads.
+UNPACK_THREADS = 4
+#: Processes doing a load's file work (with backend processes).
+UNPACK_PROCESSES = 2
 
 #: A model's files, ready to load: their directory, and ``serving.properties`` over the server's
 #: defaults (``None``: the model has none, the defaults apply as they are).
@@ -37,3 +49,47 @@ def find_and_prepare(
         return entry, prepare(store, entry, defaults)
     except Exception as exc:
         return entry, exc
+
+
+class FileWork:
+    """Where a load's file work runs: threads of its own, so that look-ups of unknown names,
+    scrapes and the other blocking calls of the default pool never wait behind a slow archive;
+    and with backend processes (``context``), processes of its own, so that a stream of cold
+    loads does not take the interpreter lock from the event loop."""
+
+    def __init__(
+        self, store: ModelSource, defaults: ModelConfig, context: BaseContext | None
+    ) -> None:
+        self.store = store
+        self.defaults = defaults
+        self._threads = ThreadPoolExecutor(UNPACK_THREADS, thread_name_prefix="mmserver-unpack")
+        self.processes: UnpackProcesses | None = None
+        #: The store as an unpacking process opens it (``None``: an object store, whose
+        #: downloads stay in the frontend's threads and hand only their archives over).
+        self._portable = store.portable()
+        if context is not None:
+            self.processes = UnpackProcesses(UNPACK_PROCESSES, context)
+            if self._portable is None:
+                store.unpack = self.processes.unpack
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop the unpacking processes hand their work back to."""
+        if self.processes is not None:
+            self.processes.bind(loop)
+
+    async def run(self, name: str, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(store, *args, defaults)``, :func:`prepare` or :func:`find_and_prepare`, for
+        model ``name``: in an unpacking process when the store can be opened there (a
+        directory), else in an unpacking thread."""
+        processes, portable = self.processes, self._portable
+        if processes is not None and portable is not None:
+            what = "preparing its files"
+            return await processes.run(name, what, work, portable, *args, self.defaults)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._threads, functools.partial(work, self.store, *args, self.defaults)
+        )
+
+    async def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        if self.processes is not None:
+            await self.processes.close()

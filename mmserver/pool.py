@@ -20,7 +20,7 @@ import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
@@ -28,11 +28,33 @@ from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.metrics import CounterChild, Metrics, ModelRequests
+from mmserver.record import Measured
 from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
 from mmserver.worker import Worker, WorkerState
 
 log = logging.getLogger(__name__)
+
+
+class PoolEvents(Protocol):
+    """What a pool tells its owner (the room of loaded models, :mod:`mmserver.room`) as it
+    happens, so that the owner keeps its own server-wide counts without a pass over the pools.
+    Each is called on the event loop, synchronously, once the pool's own state has changed."""
+
+    #: The jobs queued for every model: the pool's queue counts its own in it.
+    queued: Tally
+
+    def pool_loaded(self, pool: ModelPool, info: LoadInfo) -> None:
+        """The model's first copy is loaded: :attr:`ModelPool.copy_bytes` is measured."""
+
+    def pool_idle(self, pool: ModelPool) -> None:
+        """A batch ended and the model has nothing queued or running: it may be evicted."""
+
+    def pool_memory_changed(self, pool: ModelPool, change: int) -> None:
+        """:attr:`ModelPool.accounted_bytes` changed by ``change`` bytes."""
+
+    def pool_moved(self, pool: ModelPool, old_lane: str) -> None:
+        """The model moved from ``old_lane`` to :attr:`ModelPool.lane`."""
 
 
 class ModelPool:
@@ -46,30 +68,28 @@ class ModelPool:
         config: ModelConfig,
         backend: BackendPool,
         metrics: Metrics,
-        on_load: Callable[[ModelPool, LoadInfo], None] | None = None,
-        on_idle: Callable[[], None] | None = None,
-        hold: float | None = None,
-        on_memory: Callable[[ModelPool, int], None] | None = None,
-        known_bytes: int = 0,
-        queued: Tally | None = None,
-        on_move: Callable[[ModelPool, str], None] | None = None,
+        events: PoolEvents,
+        measured: Measured | None = None,
     ) -> None:
-        """``hold`` is the seconds a batch of this model held its backend when the model was
-        loaded before, if it was: it chooses the lane its first workers start in.
-        ``known_bytes`` is the memory of one copy measured at an earlier load (0: none), what
-        :attr:`accounted_bytes` counts until this load measures it; ``on_memory`` is called
-        with the change whenever :attr:`accounted_bytes` changes. Its queued jobs count in
-        ``queued`` too; ``on_move`` is called with the lane it left when it changes lane."""
+        """``key`` names this load of the model in the backend slots. ``measured`` is what an
+        earlier load of the model measured, if there was one: the seconds its batches held a
+        backend choose the lane its first workers start in, and the memory of one copy is what
+        :attr:`accounted_bytes` counts until this load measures it."""
+        measured = measured or Measured()
+        hold = measured.hold
         self.name = name
         self.key = key
         self.model_dir = model_dir
         self.config = config
         self.backend = backend
-        self.queue = JobQueue(config.job_queue_size, queued)
+        self.events = events
+        self.queue = JobQueue(config.job_queue_size, events.queued)
         self.workers: dict[int, Worker] = {}
         #: Workers per slot index (the slots the model is bound to).
         self._per_slot: collections.Counter[int] = collections.Counter()
         self.copy_bytes = 0  # memory of one copy, known after the first load
+        #: Batches of the model running, and workers of it waiting for their slots (ready):
+        #: its workers tell it (:meth:`batch_started`, :meth:`turn_requested`...).
         self.running = 0
         self.readied = 0
         self.cost = Cost(hold)
@@ -89,13 +109,9 @@ class ModelPool:
         self._expiry_at = 0.0
         self._reap_handle: asyncio.TimerHandle | None = None
         self._slot_loads: dict[int, asyncio.Future[LoadInfo]] = {}
-        self._on_load = on_load
-        self._on_idle = on_idle
-        self._on_memory = on_memory
-        self._on_move = on_move
-        self._known_bytes = known_bytes
+        self._known_bytes = measured.copy_bytes
         #: The memory counted for this model by the eviction policy (see accounted_bytes).
-        self.accounted_bytes = known_bytes
+        self.accounted_bytes = measured.copy_bytes
         self._metrics = metrics
         self._m_scale_up = metrics.worker_scale.labels(name, "up")
         self._m_scale_down = metrics.worker_scale.labels(name, "down")
@@ -191,6 +207,20 @@ class ModelPool:
         config = self.config
         return queue.take(config.batch_size, config.max_batch_bytes) if len(queue) else []
 
+    def turn_requested(self) -> None:
+        """A worker of the model waits for its slot to run a batch."""
+        self.readied += 1
+
+    def turn_ended(self) -> None:
+        """A worker that waited for its slot got its turn, or left."""
+        self.readied -= 1
+
+    def batch_started(self) -> None:
+        self.running += 1
+
+    def batch_ended(self) -> None:
+        self.running -= 1
+
     def waited(self, batches: int) -> None:
         self.cost.waited += batches
         self._m_waited.inc(batches)
@@ -220,8 +250,7 @@ class ModelPool:
         once they are not running a batch or loading (:meth:`worker_idle`)."""
         old, self.lane = self.lane, lane
         self._lane_since = time.monotonic()
-        if self._on_move is not None:
-            self._on_move(self, old)
+        self.events.pool_moved(self, old)
         self._stay_low, self._stay_high = lane_bounds(lane, self.backend.heavy_batch_s)
         self._metrics.model_lane.remove(self.name, old)  # the scrape sets the new one
         log.info(
@@ -324,8 +353,7 @@ class ModelPool:
         change = now - self.accounted_bytes
         if change:
             self.accounted_bytes = now
-            if self._on_memory is not None:
-                self._on_memory(self, change)
+            self.events.pool_memory_changed(self, change)
 
     def snapshot(self) -> PoolSnapshot:
         c = self.config
@@ -355,12 +383,11 @@ class ModelPool:
     def _add_worker(
         self, reason: str, *, scaling: bool = True, level: int = logging.INFO
     ) -> Worker:
-        slot = self.backend.pick(self._per_slot.keys(), self.lane)
+        slot = self.backend.bind(self._per_slot.keys(), self.lane)
         worker = Worker(self, self._next_id, slot)
         self._next_id += 1
         self.workers[worker.id] = worker
         self._per_slot[slot.index] += 1
-        slot.bound_workers += 1
         if scaling:
             self._m_scale_up.inc()
         log.log(
@@ -405,8 +432,7 @@ class ModelPool:
             )
             self._memory_changed()
             self._paths = info.paths
-            if self._on_load is not None:
-                self._on_load(self, info)
+            self.events.pool_loaded(self, info)
         probe = info.probe_seconds
         if self.cost.hold is None and probe is not None:
             # The probe row's cost is the first estimate: a heavy model leaves the light lane
@@ -425,8 +451,8 @@ class ModelPool:
         self._m_predict.observe(seconds)
         for job in batch:
             self._m_queue_wait.observe(started - job.enqueued_at)
-        if self._on_idle is not None and not self.running and not len(self.queue):
-            self._on_idle()
+        if not self.running and not len(self.queue):
+            self.events.pool_idle(self)
 
     def worker_exited(self, worker: Worker, error: BaseException | None) -> None:
         """Forget ``worker``; unload the model from its slot if no other worker is there."""
@@ -435,7 +461,7 @@ class ModelPool:
         if worker in self._idle:
             self._idle.remove(worker)
         slot = worker.slot
-        slot.bound_workers -= 1
+        self.backend.release(slot)
         self._per_slot[slot.index] -= 1
         if not self._per_slot[slot.index]:
             del self._per_slot[slot.index]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mmserver import errors
@@ -59,6 +59,19 @@ class Failure:
     at: float
 
 
+@dataclass(slots=True)
+class Measured:
+    """What the loads of a model measured, for the next load's estimate and lane: remembered
+    across its unloads (:class:`~mmserver.catalog.Catalog`, bounded), read by its pool when it
+    starts, written by the catalog when a load has measured them."""
+
+    #: Bytes of one loaded copy (0: not measured yet).
+    copy_bytes: int = 0
+    #: Seconds a one-row batch of the model held a backend, which chose its lane
+    #: (:attr:`~mmserver.scheduling.Cost.single`; ``None``: no batch ran yet).
+    hold: float | None = None
+
+
 @dataclass(eq=False, slots=True)
 class ModelRecord:
     """One model the WorkLoadManager knows of. Only the event loop changes it; ``status`` is
@@ -85,6 +98,8 @@ class ModelRecord:
     signature: dict[str, Any] | None = None
     #: Named by ``load_models``: loaded at start.
     startup: bool = False
+    #: What its loads measured (shared with the catalog's memory of models it forgot).
+    measured: Measured = field(default_factory=Measured)
 
     def become(self, status: ModelStatus) -> None:
         """Move to ``status``; :class:`TransitionError` if the lifecycle has no such step."""

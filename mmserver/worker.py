@@ -43,12 +43,13 @@ class WorkerHost(Protocol):
 
     name: str
     key: str
-    running: int
-    #: Workers of the model now ready (waiting for their slots).
-    readied: int
     cost: Cost
 
     async def bind(self, slot: Slot) -> None: ...
+    def turn_requested(self) -> None: ...
+    def turn_ended(self) -> None: ...
+    def batch_started(self) -> None: ...
+    def batch_ended(self) -> None: ...
     def take_batch(self) -> list[Job]: ...
     def waited(self, batches: int) -> None: ...
     def observe_cost(
@@ -78,8 +79,6 @@ class Worker:
         self._binding: asyncio.Task[None] | None = None
         self._batch: list[Job] = []
         self._started = 0.0
-        #: Its slot's count of answered batches when it became ready (the slot's bookkeeping).
-        self.mark = 0
 
     @property
     def cost(self) -> Cost:
@@ -117,7 +116,7 @@ class Worker:
     def request_turn(self) -> None:
         """Wait for a turn on the slot to run a batch of the model's queued jobs."""
         self.state = WorkerState.READY
-        self.host.readied += 1
+        self.host.turn_requested()
         self.slot.ready(self)
 
     def waiting(self) -> bool:
@@ -129,7 +128,7 @@ class Worker:
         job was left to compute (the model's other workers took them, or they were answered):
         the worker is idle again. ``waited`` counts the other batches that ran first."""
         host = self.host
-        host.readied -= 1
+        host.turn_ended()
         if waited:
             host.waited(waited)
         started = self._loop.time()
@@ -141,7 +140,7 @@ class Worker:
                 return False
             live = partition_live(batch, started)
         self.state = WorkerState.BUSY
-        host.running += 1
+        host.batch_started()
         self._batch = live
         self._started = started
         try:
@@ -151,7 +150,7 @@ class Worker:
                 requests, deadline = [j.request for j in live], max(j.deadline for j in live)
             self.slot.send_batch(host.key, requests, deadline, self._answered, host.cost.estimate)
         except errors.MMServerError as exc:  # the slot is stopping
-            host.running -= 1
+            host.batch_ended()
             self._batch = []
             for job in live:
                 job.fail(exc)
@@ -169,7 +168,7 @@ class Worker:
         has them."""
         batch, self._batch = self._batch, []
         host = self.host
-        host.running -= 1
+        host.batch_ended()
         answers: list[Answer] | None = None
         if result is not None:
             answers, cpu_seconds, wall_seconds, rows, path = result
@@ -202,7 +201,7 @@ class Worker:
         if self.state is WorkerState.STOPPING:
             return
         if self.state is WorkerState.READY:
-            self.host.readied -= 1
+            self.host.turn_ended()
         self.state = WorkerState.STOPPING
         stopped = errors.ShuttingDown("the model's worker was stopped before this request ran")
         for job in self._batch:

@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 from proctools import free_port, kill_left, tree_memory  # noqa: E402
 
 from mmserver.codecs import make_request  # noqa: E402
@@ -42,22 +43,12 @@ from mmserver.store import ModelStore  # noqa: E402
 from mmserver.wlm import WorkLoadManager  # noqa: E402
 
 
-def _kb(pid: int, path: str, key: str) -> int:
-    with open(f"/proc/{pid}/{path}") as fh:
-        for line in fh:
-            if line.startswith(key):
-                return int(line.split()[1])
-    return 0
-
-
 def snapshot(wlm: WorkLoadManager) -> dict[str, tuple[int, int]]:
     """RSS and PSS in KiB of the frontend and of each backend process."""
     pids = {"frontend": os.getpid()}
     pids.update({f"backend {i}": pid for i, pid in enumerate(wlm.backend.pids())})
-    return {
-        name: (_kb(pid, "status", "VmRSS:"), _kb(pid, "smaps_rollup", "Pss:"))
-        for name, pid in pids.items()
-    }
+    memory = {name: psutil.Process(pid).memory_full_info() for name, pid in pids.items()}
+    return {name: (m.rss // 1024, m.pss // 1024) for name, m in memory.items()}
 
 
 async def measure(store: Path, models: int, processes: int) -> None:

@@ -111,14 +111,20 @@ class BackendPool:
             self.reserve.close()
         await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
 
-    def pick(self, taken: Collection[int], lane: str = LIGHT) -> Slot:
+    def bind(self, taken: Collection[int], lane: str = LIGHT) -> Slot:
         """The slot in ``lane`` for a new worker of a model already bound to the slots in
-        ``taken``: one the model is not in if any, least-loaded (fewest bound workers) first,
-        lowest index on ties."""
+        ``taken``, counted as bound there until :meth:`release`: one the model is not in if
+        any, least-loaded (fewest bound workers) first, lowest index on ties."""
         slots = [s for s in self.slots if s.lane.name == lane] or self.slots
         free = [s for s in slots if s.index not in taken]
         candidates = free or slots
-        return min(candidates, key=lambda s: (s.bound_workers, s.index))
+        slot = min(candidates, key=lambda s: (s.bound_workers, s.index))
+        slot.bound_workers += 1
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        """A worker bound by :meth:`bind` has left ``slot``."""
+        slot.bound_workers -= 1
 
     def pids(self, lane: str | None = None) -> list[int]:
         """The ids of the backend processes that run now (of ``lane`` only, when given)."""

@@ -51,7 +51,7 @@ class _LoadTurn:
     loaded model's batch waiting only for the loads written before its turn came, and busy
     models do not hold back a load."""
 
-    __slots__ = ("cost", "mark", "pending", "slot", "spec")
+    __slots__ = ("cost", "pending", "slot", "spec")
 
     def __init__(self, slot: ProcessSlot, pending: _Load) -> None:
         self.slot = slot
@@ -59,7 +59,6 @@ class _LoadTurn:
         self.pending = pending
         #: Unknown: no batch goes behind it in the pipe.
         self.cost = Cost()
-        self.mark = 0
 
     def waiting(self) -> bool:
         return self.slot._turns.get(self.spec.key) is self and not self.pending.done()
@@ -112,7 +111,9 @@ class ProcessSlot:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._starting: asyncio.Task[None] | None = None
         self._protocol: FrameProtocol | None = None
-        self._runq: RunQueue[Runnable] = RunQueue()
+        #: Who waits for a turn here, each with the count of batches this slot had answered
+        #: when it came (every batch admitted since runs before its own: its wait).
+        self._runq: RunQueue[tuple[Runnable, int]] = RunQueue()
         self._pump_handle: asyncio.Handle | None = None
         self._pumping = False
         self._inflight: collections.deque[Pending] = collections.deque()
@@ -335,20 +336,20 @@ class ProcessSlot:
     def ready(self, worker: Runnable) -> None:
         """``worker`` has a batch to run here: it runs at once if the process is idle, otherwise
         when its turn comes (:meth:`_pump`). Its batch is taken from its queue only then."""
-        worker.mark = self.answered
+        mark = self.answered
         cost = worker.cost
         tag = self.lane.tag(cost)
         if not self._runq and not self._pumping and not self._holding and not self._stopping:
             pipe = math.inf if self._pipe_unknown else self._pipe_cost
             if admits(len(self._inflight), pipe, cost.estimate):
                 # Nobody waits and the pipe has room: it runs now, as the pump would run it.
-                if worker.begin(self.admitted - worker.mark):
+                if worker.begin(self.admitted - mark):
                     self.lane.charge(tag, cost)
                 return
-        self._queue(tag, worker)
+        self._queue(tag, worker, mark)
 
-    def _queue(self, tag: float, item: Runnable) -> None:
-        self._runq.push(tag, item)
+    def _queue(self, tag: float, item: Runnable, mark: int = 0) -> None:
+        self._runq.push(tag, (item, mark))
         if not self._inflight:
             self._pump()
         elif self._pump_handle is None and not self._pumping:
@@ -358,7 +359,7 @@ class ProcessSlot:
     @property
     def waiting(self) -> int:
         """Batches and loads waiting for their turn here."""
-        return sum(1 for _, _, item in self._runq if item.waiting())
+        return sum(1 for _, _, (item, _) in self._runq if item.waiting())
 
     @property
     def in_pipe(self) -> int:
@@ -381,7 +382,7 @@ class ProcessSlot:
         self._pumping = True
         try:
             while runq:
-                tag, worker = runq.peek()
+                tag, (worker, mark) = runq.peek()
                 if not worker.waiting():
                     runq.pop_first()  # it left, or was given its jobs elsewhere
                     continue
@@ -394,7 +395,7 @@ class ProcessSlot:
                     break
                 runq.pop_first()
                 # Every batch admitted since the worker's mark ran, or runs, before its own.
-                if worker.begin(self.admitted - worker.mark):
+                if worker.begin(self.admitted - mark):
                     lane.charge(tag, cost)
         finally:
             self._pumping = False

@@ -24,9 +24,6 @@ class Runnable(Protocol):
     """What a slot's run queue holds: a worker whose model has jobs queued (see
     :mod:`mmserver.scheduling`)."""
 
-    #: The slot's count of answered batches when the worker became ready.
-    mark: int
-
     @property
     def cost(self) -> Cost: ...
     def waiting(self) -> bool: ...

@@ -39,7 +39,6 @@ class ThreadSlot:
 
     def ready(self, worker: Runnable) -> None:
         """``worker`` has a batch to run: threads run batches side by side, so it runs now."""
-        worker.mark = 0
         worker.begin()
 
     def free(self) -> bool:

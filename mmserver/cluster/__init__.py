@@ -14,6 +14,6 @@ its arguments. Modules, from the command down:
 - :mod:`mmserver.cluster.instances` — one ``mmserver serve`` process;
 - :mod:`mmserver.cluster.procs` — processes by pid and start time: identity, descendants,
   stopping, memory;
-- :mod:`mmserver.cluster.procfs` — processes as ``/proc`` shows them, and free loopback ports
+- :mod:`mmserver.cluster.procfs` — process trees (psutil), and free loopback ports
   (shared with the tools under ``scripts/``).
 """

@@ -1,16 +1,22 @@
-"""Processes as ``/proc`` shows them, by pid, and free loopback ports. Linux only.
+"""Process trees by pid (with :mod:`psutil`), and free loopback ports.
 
 The cluster's process handling (:mod:`mmserver.cluster.procs`) builds on these; the tools under
-``scripts/`` (benchmark, stress tools) import them through ``scripts/proctools.py``.
+``scripts/`` (benchmark, stress tools) import them through ``scripts/proctools.py``. psutil
+reads ``/proc`` for us, and a :class:`psutil.Process` checks its start time before it answers or
+signals, so a pid the kernel has given to another process since is never taken for the old one.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 
+import psutil
+
 HOST = "127.0.0.1"
+
+#: Processes looked at below one root at most: a runaway fork loop is not walked for ever.
+MAX_DESCENDANTS = 10_000
 
 
 def free_port() -> int:
@@ -20,56 +26,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces): state,
-    parent pid, ...; ``None`` when the process is gone."""
+def live(proc: psutil.Process) -> bool:
+    """Running: not gone, not a zombie, and still the process ``proc`` was made for."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
-def children_map() -> dict[int, list[int]]:
-    """Live processes by parent pid."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = stat_fields(int(entry))
-            if fields is not None and fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    return children
+def descendant_processes(pid: int) -> list[psutil.Process]:
+    """Every live process below ``pid``, parents before children (none when ``pid`` is gone)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [child for child in children[:MAX_DESCENDANTS] if live(child)]
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``, parents before children."""
-    children = children_map()
-    found: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo and len(found) < 10_000:
-        child = todo.pop(0)
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return found
-
-
-def proc_kb(pid: int, name: str, key: str) -> int:
-    """A KiB figure of ``/proc/PID/NAME``, e.g. ``("status", "VmRSS")`` or
-    ``("smaps_rollup", "Pss")``; 0 when the process is gone or the line is missing."""
-    try:
-        with open(f"/proc/{pid}/{name}") as fh:
-            for line in fh:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    """The pids of every live process below ``pid``, parents before children."""
+    return [child.pid for child in descendant_processes(pid)]
 
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """One process's memory in KiB: resident (RSS, ``VmRSS``; shared pages counted in each
-    process) and proportional (PSS, ``smaps_rollup``; shared pages split between the sharers)."""
+    """One process's memory in KiB: resident (RSS; shared pages counted in each process) and
+    proportional (PSS, from ``smaps_rollup``; shared pages split between the sharers)."""
 
     pid: int
     name: str
@@ -80,16 +62,17 @@ class ProcessMemory:
 def tree_memory(pid: int) -> list[ProcessMemory]:
     """The memory of ``pid`` and of each live descendant, ``pid`` first (parents before
     children); a process that exits meanwhile is left out."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return []
     out = []
-    for each in [pid, *descendants(pid)]:
+    for proc in [root, *descendant_processes(pid)]:
         try:
-            with open(f"/proc/{each}/comm") as fh:
-                name = fh.read().strip()
-        except OSError:
+            with proc.oneshot():
+                name = proc.name()
+                memory = proc.memory_full_info()
+        except psutil.Error:
             continue
-        out.append(
-            ProcessMemory(
-                each, name, proc_kb(each, "status", "VmRSS"), proc_kb(each, "smaps_rollup", "Pss")
-            )
-        )
+        out.append(ProcessMemory(proc.pid, name, memory.rss // 1024, memory.pss // 1024))
     return out

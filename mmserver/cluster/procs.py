@@ -1,8 +1,8 @@
-"""Processes by pid, read from /proc: identity, descendants, stopping, memory, readiness.
+"""Processes by pid: identity, descendants, stopping, memory, readiness.
 
 A pid alone is not an identity: once a process has exited, the kernel may give its pid to an
-unrelated process. :class:`ProcessId` pairs the pid with the process's start time (field 22 of
-``/proc/PID/stat``), and nothing here signals a pid whose start time no longer matches.
+unrelated process. :class:`ProcessId` pairs the pid with the process's start time (psutil's
+``create_time``), and nothing here signals a pid whose start time no longer matches.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 from mmserver.cluster import procfs
-from mmserver.cluster.procfs import HOST, stat_fields
+from mmserver.cluster.procfs import HOST
 
 
 @dataclass(frozen=True)
@@ -26,17 +28,24 @@ class ProcessId:
     """A pid and the start time that tells this process from a later one with the same pid."""
 
     pid: int
-    start: int
+    #: When the process started, in seconds since the epoch (psutil's ``create_time``: the same
+    #: float for the same process, read again by any process of this boot).
+    start: float
 
     @classmethod
     def of(cls, pid: int) -> ProcessId | None:
-        fields = stat_fields(pid)
-        return None if fields is None else cls(pid, int(fields[19]))
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
 
     def alive(self) -> bool:
         """Running (not a zombie) and still the process this id was taken from."""
-        fields = stat_fields(self.pid)
-        return fields is not None and fields[0] != "Z" and int(fields[19]) == self.start
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self.start and procfs.live(proc)
+        except psutil.Error:
+            return False
 
     def signal(self, signum: int) -> bool:
         """Send ``signum`` if this is still the same live process; whether it was sent."""
@@ -48,17 +57,23 @@ class ProcessId:
             return False
         return True
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, float]:
         return {"pid": self.pid, "start": self.start}
 
     @classmethod
-    def from_json(cls, data: dict[str, int]) -> ProcessId:
-        return cls(int(data["pid"]), int(data["start"]))
+    def from_json(cls, data: dict[str, float]) -> ProcessId:
+        return cls(int(data["pid"]), float(data["start"]))
 
 
 def descendants(pid: int) -> list[ProcessId]:
     """Every live descendant of ``pid``, children first (mmserver's fork server and backends)."""
-    return [ident for child in procfs.descendants(pid) if (ident := ProcessId.of(child))]
+    found = []
+    for child in procfs.descendant_processes(pid):
+        try:
+            found.append(ProcessId(child.pid, child.create_time()))
+        except psutil.Error:
+            continue
+    return found
 
 
 def wait_gone(idents: Iterable[ProcessId], timeout: float) -> list[ProcessId]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import psutil
 from proctools import HOST, children_map, descendants, free_port, kill_left, tree_memory
 
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
@@ -22,9 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def cmdline(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
@@ -80,9 +80,8 @@ def tree(frontend: int) -> Tree:
 
 def comm(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
+        return str(psutil.Process(pid).name())
+    except psutil.Error:
         return ""
 
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from types import TracebackType
 
 import aiohttp
+import psutil
 
+from mmserver.cluster import procfs
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,32 +28,14 @@ def free_port() -> int:
 
 def descendants(pid: int) -> set[int]:
     """Every live process below ``pid`` (backend processes hang under the fork server)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+    return set(procfs.descendants(pid))
 
 
 def unpacking(pid: int) -> bool:
     """Whether ``pid`` is one of the server's archive-unpacking processes."""
     try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip() == UNPACK_PROCESS_NAME
-    except OSError:
+        return bool(psutil.Process(pid).name() == UNPACK_PROCESS_NAME)
+    except psutil.Error:
         return False
 
 
@@ -71,9 +55,8 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: 
 
 def alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return procfs.live(psutil.Process(pid))
+    except psutil.Error:
         return False
 
 

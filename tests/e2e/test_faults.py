@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 
 from tests.behaviour_models import make_gated_dir, make_slow_load_dir
@@ -149,22 +150,17 @@ async def test_corrupted_archive_keeps_serving_until_unloaded_then_fails_clearly
 
 def backend_pids(server_pid: int) -> list[int]:
     """The backend processes of the server: the children of its fork server."""
-    children: dict[int, list[int]] = {}
-    for pid in descendants(server_pid):
+    try:
+        children = psutil.Process(server_pid).children()
+    except psutil.Error:
+        return []
+    for child in children:
         try:
-            with open(f"/proc/{pid}/stat") as fh:
-                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        children.setdefault(parent, []).append(pid)
-    for child in children.get(server_pid, []):
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as fh:
-                if b"forkserver" in fh.read():
-                    return sorted(
-                        p for p in children.get(child, []) if alive(p) and not unpacking(p)
-                    )
-        except OSError:
+            if any("forkserver" in part for part in child.cmdline()):
+                return sorted(
+                    p.pid for p in child.children() if alive(p.pid) and not unpacking(p.pid)
+                )
+        except psutil.Error:
             continue
     return []
 

@@ -1,0 +1,83 @@
+"""Submission: a request queued for its model, every protocol's one way in.
+
+A request to a loaded model is queued at once, with no coroutine of its own: the loaded pools
+are looked up by name (:attr:`Room.loaded <mmserver.room.Room.loaded>`), the model is marked
+most recently used, and the pool queues the job. Any other request waits in a task of its own
+for the model's load (:meth:`Loader.get_pool <mmserver.loading.Loader.get_pool>`), then is
+queued. A per-model admission rule (a rate limit, say) goes in :meth:`Submitter.submit`, before
+the pool's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from mmserver import errors
+from mmserver.codecs import Request
+from mmserver.loading import Loader
+from mmserver.metrics import ModelRequests
+from mmserver.room import Room
+
+
+class Submission:
+    """What :meth:`Submitter.submit` gives back: the future of the answer's body, and the
+    model's series to count the answer in, known once the request has reached a loaded model
+    (at once for a loaded one)."""
+
+    __slots__ = ("answer", "requests")
+
+    answer: asyncio.Future[bytes]
+    requests: ModelRequests | None
+
+    def __init__(self, answer: asyncio.Future[bytes], requests: ModelRequests | None) -> None:
+        self.answer = answer
+        self.requests = requests
+
+
+class Submitter:
+    """Queues requests for their models, loading a model first if needed."""
+
+    def __init__(self, room: Room, loader: Loader) -> None:
+        self._loaded = room.loaded
+        self._loader = loader
+
+    def submit(
+        self,
+        name: str,
+        request: Request,
+        client_gone: Callable[[], bool] | None,
+        deadline: float | None,
+    ) -> Submission:
+        """Queue ``request`` for model ``name`` (any spelling). A loaded model named exactly
+        ``name`` gets it queued at once; otherwise a task finds (or loads) the model, then
+        queues it. Every error is the submission's future's."""
+        loaded = self._loaded
+        pool = loaded.get(name)
+        if pool is not None:
+            loaded.move_to_end(name)
+            try:
+                answer = pool.submit(request, deadline, client_gone)
+            except errors.MMServerError as exc:  # the model's queue is full
+                answer = asyncio.get_running_loop().create_future()
+                answer.set_exception(exc)
+            return Submission(answer, pool.requests)
+        submission = Submission.__new__(Submission)
+        submission.requests = None
+        submission.answer = asyncio.get_running_loop().create_task(
+            self._after_load(name, request, deadline, client_gone, submission)
+        )
+        return submission
+
+    async def _after_load(
+        self,
+        name: str,
+        request: Request,
+        deadline: float | None,
+        client_gone: Callable[[], bool] | None,
+        submission: Submission,
+    ) -> bytes:
+        arrived = asyncio.get_running_loop().time()  # the load it waits for counts
+        pool = await self._loader.get_pool(name)
+        submission.requests = pool.requests
+        return await pool.submit(request, deadline, client_gone, arrived)
