@@ -16,6 +16,7 @@ the global defaults; a management call overrides both through :meth:`ModelConfig
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import ipaddress
@@ -224,6 +225,17 @@ class ServerConfig:
     )
     access_log: bool = _opt(False, "Log one line per request (off: it costs on the hot path).")
     log_level: str = _opt("INFO", "Logging level.")
+    log_format: str = _opt(
+        "text",
+        "text (one line a record) or json (one JSON object a line: time, level, logger, "
+        "message, and model and request_id where a record has them).",
+    )
+    unknown_options: str = _opt(
+        "refuse",
+        "refuse: an option the server does not know in --config, or an MMSERVER_* variable "
+        "close to a known option's, stops the start with the closest known name; warn: it is "
+        "logged and ignored.",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -251,6 +263,11 @@ class ServerConfig:
             )
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise ConfigError(f"option log_level={self.log_level!r}: not a logging level")
+        for name, choices in (("log_format", LOG_FORMATS), ("unknown_options", UNKNOWN_OPTIONS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(
+                    f"option {name}={getattr(self, name)!r}: must be one of {', '.join(choices)}"
+                )
         scheme = _URL_SCHEME.match(self.model_store.strip())
         if scheme is not None and scheme.group(1).lower() != "s3":
             raise ConfigError(
@@ -368,11 +385,13 @@ class ServerConfig:
         """Merge defaults < properties file < ``MMSERVER_*`` environment < flags, and validate."""
         values: dict[str, Any] = {}
         known = {f.name: f for f in dataclasses.fields(cls)}
+        #: What was not an option: (refused unless unknown_options=warn, message).
+        unknown: list[tuple[bool, str]] = []
         if config_file is not None:
             path = Path(config_file)
             for key, raw in read_properties(path).items():
                 if key not in known:
-                    log.warning("config %s: unknown key %r ignored", path, key)
+                    unknown.append((True, f"config {path}: unknown option {key!r}{_closest(key)}"))
                     continue
                 values[key] = _convert(known[key], raw, f"config file {path}, key {key}")
         for key, raw in (env if env is not None else os.environ).items():
@@ -381,6 +400,11 @@ class ServerConfig:
             name = key[len(ENV_PREFIX) :].lower()
             if name in known:
                 values[name] = _convert(known[name], raw, f"environment {key}")
+            else:
+                # Other programs may have MMSERVER_* variables of their own: only one that is
+                # close to an option's name is taken for a mistake.
+                close = _closest(name, ENV_PREFIX)
+                unknown.append((bool(close), f"environment {key}: not an option{close}"))
         for name, value in (flags or {}).items():
             if value is None:
                 continue
@@ -391,7 +415,28 @@ class ServerConfig:
                 if isinstance(value, str)
                 else value
             )
-        return cls(**values)
+        config = cls(**values)
+        for refused, message in unknown:
+            if refused and config.unknown_options == "refuse":
+                raise ConfigError(f"{message} (unknown_options=warn starts anyway)")
+            log.warning("%s; ignored", message)
+        return config
+
+
+#: The choices of the ``log_format`` and ``unknown_options`` options.
+LOG_FORMATS = ("text", "json")
+UNKNOWN_OPTIONS = ("refuse", "warn")
+
+
+def _closest(name: str, prefix: str = "") -> str:
+    """``"; did you mean X?"`` for the option whose name is closest to ``name`` (spelled with
+    ``prefix`` and in upper case for an environment variable), or ``""`` when none is close."""
+    names = [f.name for f in dataclasses.fields(ServerConfig)]
+    match = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.75)
+    if not match:
+        return ""
+    spelled = prefix + match[0].upper() if prefix else match[0]
+    return f"; did you mean {spelled}?"
 
 
 _URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")

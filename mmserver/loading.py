@@ -134,7 +134,7 @@ class Loader:
             if isinstance(exc, errors.ModelLoadError) and exc.model is None:
                 exc = type(exc)(f"model {name} failed to load: {exc.message}", model=name)
             catalog.fail(record, exc, self._clock())
-            log.error("%s", exc.message)
+            log.error("%s", exc.message, extra={"model": name})
             raise exc from None
         except asyncio.CancelledError:
             self._load_abandoned(record)
@@ -144,7 +144,7 @@ class Loader:
                 f"model {name} failed to load: {type(exc).__name__}: {exc}", model=name
             )
             catalog.fail(record, error, self._clock())
-            log.exception("model %s failed to load", name)
+            log.exception("model %s failed to load", name, extra={"model": name})
             raise error from None
         record.load = None
         record.pool = pool
@@ -164,6 +164,7 @@ class Loader:
             len(pool.workers),
             len(self.room.loaded),
             f"; {paths['family']} {paths['method']}: {paths['summary']}" if paths else "",
+            extra={"model": name},
         )
         return pool
 
@@ -225,7 +226,9 @@ class Loader:
                 await pool.stop(None)
                 if attempt == 2:
                     raise
-                log.warning("model %s: %s; loading it again", name, exc.message)
+                log.warning(
+                    "model %s: %s; loading it again", name, exc.message, extra={"model": name}
+                )
             except BaseException:
                 await pool.stop(None)
                 raise

@@ -260,6 +260,7 @@ class ModelPool:
             lane,
             self.cost.single * 1000,
             (self.cost.hold or 0.0) * 1000,
+            extra={"model": self.name},
         )
         for worker in list(self.workers.values()):
             if worker.state in (WorkerState.IDLE, WorkerState.READY):

@@ -265,7 +265,13 @@ class Room:
             record.unload = None
             record.become(ModelStatus.UNLOADED)
             self.catalog.unloaded(record, pool)
-        log.info("model %s unloaded: %s (%d loaded)", record.name, reason, len(self.loaded))
+        log.info(
+            "model %s unloaded: %s (%d loaded)",
+            record.name,
+            reason,
+            len(self.loaded),
+            extra={"model": record.name},
+        )
 
     # Metrics ----------------------------------------------------------------------------------
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 
 import prometheus_client
 from aiohttp import web
 
-from mmserver import errors, heap
+from mmserver import errors, heap, logs
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
@@ -95,14 +94,6 @@ class Server:
 _HOLDING_FILES = (ModelStatus.LOADING, ModelStatus.READY, ModelStatus.UNLOADING)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 async def _serve(config: ServerConfig) -> None:
     server = Server(config)
     stop = asyncio.Event()
@@ -127,7 +118,7 @@ async def _serve(config: ServerConfig) -> None:
 
 def run(config: ServerConfig) -> int:
     """Serve until SIGTERM/SIGINT; return the process exit code."""
-    _setup_logging(config.log_level)
+    logs.setup(config.log_level, config.log_format)
     # Large freed blocks go back to the system, so churn does not raise the RSS (mmserver.heap).
     heap.fix_mmap_threshold()
     # The *_created series double a scrape's size and nobody graphs them.

@@ -98,7 +98,12 @@ class Worker:
             raise
         except BaseException as exc:
             if not isinstance(exc, errors.MMServerError):
-                log.exception("worker %d of %s failed to start", self.id, self.host.name)
+                log.exception(
+                    "worker %d of %s failed to start",
+                    self.id,
+                    self.host.name,
+                    extra={"model": self.host.name},
+                )
             self.exit(exc)
             if not isinstance(exc, Exception):
                 raise
@@ -186,7 +191,9 @@ class Worker:
                 )
         if error is not None:
             if not isinstance(error, errors.MMServerError):
-                log.error("batch of %s failed", host.name, exc_info=error)
+                log.error(
+                    "batch of %s failed", host.name, exc_info=error, extra={"model": host.name}
+                )
                 error = errors.MMServerError(f"the batch failed: {type(error).__name__}")
             for job in batch:
                 job.fail(error)

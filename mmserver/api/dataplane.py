@@ -126,6 +126,7 @@ def log_server_error(method: str, path: str, error: MMServerError, rid: str) -> 
         error.error_type,
         error.message,
         rid,
+        extra={"request_id": rid},
     )
 
 
@@ -140,6 +141,7 @@ def unexpected(
         shown_path(path),
         rid,
         exc_info=exc_info,
+        extra={"request_id": rid},
     )
     return MMServerError("the server failed to answer this request; it has logged the cause")
 

@@ -169,9 +169,12 @@ def test_every_flag_reaches_the_config() -> None:
             argv += [flag, "1.5"]
             expected[field.name] = 1.5
         else:
-            value = {"log_level": "DEBUG", "metrics_model_label": "none"}.get(
-                field.name, f"/x/{field.name}"
-            )
+            value = {
+                "log_level": "DEBUG",
+                "metrics_model_label": "none",
+                "log_format": "json",
+                "unknown_options": "warn",
+            }.get(field.name, f"/x/{field.name}")
             argv += [flag, value]
             expected[field.name] = value
     config = build_config(argv, {})

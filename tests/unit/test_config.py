@@ -124,14 +124,39 @@ def test_missing_config_file_and_unknown_option(tmp_path: Path) -> None:
         ServerConfig.build(env={}, flags={"colour": "red"})
 
 
-def test_unknown_key_in_config_file_is_logged_and_ignored(
+def test_unknown_key_in_config_file_is_refused_with_the_closest_option(tmp_path: Path) -> None:
+    conf = write(tmp_path / "c.properties", "port=8005\nmax_worker=3\n")
+    with pytest.raises(ConfigError, match="unknown option 'max_worker'; did you mean max_workers"):
+        ServerConfig.build(config_file=conf, env={})
+    conf = write(tmp_path / "d.properties", "colour=red\n")
+    with pytest.raises(ConfigError, match=r"unknown option 'colour' \(unknown_options=warn"):
+        ServerConfig.build(config_file=conf, env={})
+
+
+def test_unknown_options_warn_logs_and_ignores(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    conf = write(tmp_path / "c.properties", "port=8005\ncolour=red\n")
+    conf = write(tmp_path / "c.properties", "port=8005\ncolour=red\nunknown_options=warn\n")
     with caplog.at_level(logging.WARNING, logger="mmserver.config"):
-        config = ServerConfig.build(config_file=conf, env={})
+        config = ServerConfig.build(config_file=conf, env={"MMSERVER_BACH_SIZE": "4"})
     assert config.port == 8005
-    assert any("colour" in r.getMessage() for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("colour" in m and m.endswith("ignored") for m in messages)
+    assert any(
+        "MMSERVER_BACH_SIZE: not an option; did you mean MMSERVER_BATCH_SIZE" in m for m in messages
+    )
+
+
+def test_an_environment_variable_close_to_an_option_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with pytest.raises(ConfigError, match="did you mean MMSERVER_BATCH_SIZE"):
+        ServerConfig.build(env={"MMSERVER_BACH_SIZE": "4"})
+    # A variable of another program, far from every option's name: logged, not refused.
+    with caplog.at_level(logging.WARNING, logger="mmserver.config"):
+        config = ServerConfig.build(env={"MMSERVER_FUZZ_SCALE": "3", "MMSERVER_PORT": "8006"})
+    assert config.port == 8006
+    assert any("MMSERVER_FUZZ_SCALE: not an option" in r.getMessage() for r in caplog.records)
 
 
 def test_derived_paths(tmp_path: Path) -> None:

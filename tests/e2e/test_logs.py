@@ -1,0 +1,60 @@
+"""``--log-format json``: every line the real server writes is one JSON object, with the model
+(and the request id) of the records that have them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from mmserver.logs import JsonFormatter
+from tests.e2e.server_process import ServerProcess
+from tests.models import make_linear_archive
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_json_lines_with_the_model(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    make_linear_archive(store / "sklearn-0.tar.gz")
+    async with (
+        ServerProcess(store, tmp_path / "server.log", "--log-format", "json") as server,
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(
+            f"{server.url}/predictions/sklearn-0",
+            data="[[0.5]]",
+            headers={"Content-Type": "application/json"},
+        ) as response:
+            assert response.status == 200
+        server.signal(signal.SIGTERM)
+        assert await server.wait(30) == 0
+    lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
+    assert lines
+    for line in lines:
+        assert {"time", "level", "logger", "message"} <= set(line)
+        assert line["time"].endswith("+00:00")
+    loaded = [line for line in lines if line["message"].startswith("model sklearn-0 loaded")]
+    assert loaded and loaded[0]["model"] == "sklearn-0"
+    assert loaded[0]["logger"] == "mmserver.loading"
+    assert lines[-1]["message"] == "mmserver stopped"
+
+
+def test_a_record_with_a_request_id_and_an_exception() -> None:
+    try:
+        raise ValueError("bad row")
+    except ValueError as exc:
+        record = logging.LogRecord(
+            "mmserver.api", logging.ERROR, __file__, 1, "failed %s", ("x",), (type(exc), exc, None)
+        )
+    record.request_id = "abc-1"
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "failed x"
+    assert line["request_id"] == "abc-1"
+    assert "model" not in line
+    assert "ValueError: bad row" in line["exception"]
