@@ -18,7 +18,9 @@ import asyncio
 import bisect
 import collections
 import dataclasses
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from cachetools import LRUCache
@@ -29,7 +31,16 @@ from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import Failure, Measured, ModelRecord, ModelStatus
 from mmserver.scheduling import Cost
-from mmserver.store import ModelSource, StoreEntry, StoreIndex, normalize_name, suffix_of
+from mmserver.store import (
+    ModelSource,
+    StoreEntry,
+    StoreIndex,
+    normalize_name,
+    suffix_of,
+    tree_size,
+)
+
+log = logging.getLogger(__name__)
 
 #: Failed loads remembered at most (each answers its model's requests until its retry time).
 MAX_FAILURES = 1000
@@ -70,6 +81,9 @@ class ModelView:
     #: The named columns a loaded model takes (:mod:`mmserver.schema`); ``None`` for a model
     #: that takes rows of numbers.
     inputs: list[dict[str, Any]] | None = None
+    #: What the model's files or configuration may have wrong: warnings its load raised, keys
+    #: of its serving.properties that look mistyped.
+    warnings: tuple[str, ...] = ()
 
 
 class ModelListing(NamedTuple):
@@ -123,18 +137,33 @@ class Catalog:
             del self.records[record.name]
 
     def loaded(
-        self, record: ModelRecord, pool: ModelPool, signature: dict[str, Any] | None
+        self,
+        record: ModelRecord,
+        pool: ModelPool,
+        signature: dict[str, Any] | None,
+        raised: tuple[str, ...] = (),
     ) -> None:
-        """The model's first copy is loaded: remember its size, keep what its load told."""
+        """The model's first copy is loaded: remember its size, keep what its load told (and
+        log the warnings it raised, in one line)."""
         record.measured.copy_bytes = pool.copy_bytes
         self._remembered[record.name] = record.measured
         record.signature = signature
+        record.warnings = raised
+        if raised:
+            log.warning(
+                "model %s: %d warning(s) while it loaded: %s",
+                record.name,
+                len(raised),
+                " | ".join(raised),
+                extra={"model": record.name},
+            )
 
     def unloaded(self, record: ModelRecord, pool: ModelPool) -> None:
         """The model's pool has stopped (UNLOADED): remember what its batches cost, and forget
         the rest of the load."""
         record.source = None
         record.signature = None
+        record.warnings = ()
         if pool.cost.hold is not None:  # its lane, when it loads again
             record.measured.hold = pool.cost.single
             self._remembered[record.name] = record.measured
@@ -192,8 +221,16 @@ class Catalog:
     def found(self, name: str, entry: StoreEntry | None) -> StoreEntry:
         """``entry``, or :class:`errors.ModelNotFound` when the lookup found no model."""
         if entry is None:
+            root = self.store.root
+            if isinstance(root, Path) and _is_hollow(root, name):
+                raise errors.ModelNotFound(
+                    f"model {name} has no model file: its folder in the model store holds no "
+                    "file. A model folder holds model.joblib (or model.pkl, a single *.joblib or "
+                    "*.pkl), an XGBoost (xgboost-model, *.ubj, *.json) or LightGBM (model.txt) "
+                    "booster, or a model.py handler"
+                )
             raise errors.ModelNotFound(
-                f"model {name} is not in the model store ({self.store.root}) and is not "
+                f"model {name} is not in the model store ({root}) and is not "
                 f"registered; add {name}.tar.gz (or a folder {name}/) to the store, or register "
                 "it with POST /models"
             )
@@ -332,6 +369,7 @@ class Catalog:
             startup=record.startup if record is not None else False,
             error=failure.error.message if failure is not None else None,
             inputs=(record.signature or {}).get("inputs") if record is not None else None,
+            warnings=record.warnings if record is not None else (),
         )
         if pool is None:
             return view
@@ -360,3 +398,13 @@ def _registered_url(record: ModelRecord) -> str:
 def entry_suffix(entry: StoreEntry) -> str:
     """The suffix of a store entry's file name (``""`` for a folder, else the archive's)."""
     return suffix_of(entry.url.rsplit("/", 1)[-1], entry.name)
+
+
+def _is_hollow(root: Path, name: str) -> bool:
+    """Whether the store ``root`` has a folder for ``name`` that holds no file (the store does
+    not take it for a model: it may be being copied in)."""
+    try:
+        folder = root / normalize_name(name)
+        return folder.is_dir() and tree_size(folder)[1] == 0
+    except (errors.InvalidModelName, OSError):
+        return False

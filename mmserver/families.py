@@ -19,8 +19,11 @@ one that is not installed fails its load with a message saying what to install.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,7 +206,7 @@ def load_pickle(path: Path) -> Any:
     except Exception as exc:
         raise ModelLoadError(f"{path.name} cannot be loaded: {reason(exc)}") from None
     for w in caught:
-        log.warning("%s: %s: %s", path, w.category.__name__, w.message)
+        _report(path, w)
     return model
 
 
@@ -239,8 +242,35 @@ def _load_booster(family: str, path: Path) -> Any:
             f"{path.name} cannot be loaded as a {package} model: {reason(exc)}"
         ) from None
     for w in caught:
-        log.warning("%s: %s: %s", path, w.category.__name__, w.message)
+        _report(path, w)
     return booster
+
+
+#: The warnings of the load under way in this thread, when its caller collects them
+#: (:func:`collecting_warnings`); otherwise each is logged.
+_COLLECTED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "mmserver_load_warnings", default=None
+)
+
+
+@contextlib.contextmanager
+def collecting_warnings() -> Iterator[list[str]]:
+    """Collect the warnings a model file raises while it loads (``Category: message``), instead
+    of logging each: the backend sends them to the frontend with the load's answer."""
+    collected: list[str] = []
+    token = _COLLECTED.set(collected)
+    try:
+        yield collected
+    finally:
+        _COLLECTED.reset(token)
+
+
+def _report(path: Path, w: warnings.WarningMessage) -> None:
+    collected = _COLLECTED.get()
+    if collected is not None:
+        collected.append(f"{w.category.__name__}: {w.message}")
+    else:
+        log.warning("%s: %s: %s", path, w.category.__name__, w.message)
 
 
 class XGBoostBooster:

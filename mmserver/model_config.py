@@ -10,6 +10,7 @@ all read that one declaration.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import logging
 import sys
@@ -317,6 +318,23 @@ _warned_unknown: set[tuple[str, str]] = set()
 _READ_AT_LOAD = frozenset({"option.columns"})
 
 
+def mistyped_keys(props: Mapping[str, str]) -> list[str]:
+    """What to tell of the keys of ``props`` that mmserver does not read but that are close to
+    one it does (``minWorker``, ``batchSize=`` with a typo): DJL files carry keys of other
+    engines, and ``option.*`` keys may be a custom handler's, so only a near miss is said."""
+    said = []
+    for key in props:
+        if key in MODEL_KEYS or key in _READ_AT_LOAD:
+            continue
+        close = difflib.get_close_matches(key, list(MODEL_KEYS), n=1, cutoff=0.8)
+        if close:
+            said.append(
+                f"serving.properties key {key!r} is not one mmserver reads; did you mean "
+                f"{close[0]!r}?"
+            )
+    return said
+
+
 def model_config_from_properties(
     props: Mapping[str, str], defaults: ModelConfig, where: str
 ) -> ModelConfig:
@@ -330,7 +348,11 @@ def model_config_from_properties(
                 continue
             if (where, key) not in _warned_unknown:
                 _warned_unknown.add((where, key))
-                log.info("%s: key %r is not used by mmserver; kept for the handler", where, key)
+                mistyped = mistyped_keys({key: raw})
+                if mistyped:
+                    log.warning("%s: %s", where, mistyped[0])
+                else:
+                    log.info("%s: key %r is not used by mmserver; kept for the handler", where, key)
             continue
         name, kind = spec
         text = raw.strip()

@@ -505,12 +505,27 @@ def _regression_width(estimator: Any) -> int:
     return 1
 
 
-def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
+def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None) -> Predictor:
     """Load the model in ``model_dir`` with the handler its configuration asks for. Blocking.
 
-    Raises :class:`ModelLoadError` saying why when the model cannot be used.
+    Raises :class:`ModelLoadError` saying why when the model cannot be used, naming the model
+    ``name`` (by default the folder's name: an archive's is its unpacked copy's, ``NAME-KEY``).
     """
     model_dir = Path(model_dir)
+    folder = model_dir.name
+    if name is None or name == folder:
+        return _load_predictor(model_dir, config, folder)
+    try:
+        return _load_predictor(model_dir, config, name)
+    except ModelLoadError as exc:
+        if exc.model != folder:
+            raise
+        raise ModelLoadError(
+            exc.message.replace(f"model {folder}", f"model {name}"), model=name
+        ) from None
+
+
+def _load_predictor(model_dir: Path, config: ModelConfig, name: str) -> Predictor:
     if not model_dir.is_dir():
         raise ModelLoadError(f"model folder {model_dir} does not exist")
     entry = _entry_point(model_dir, config)
@@ -532,7 +547,7 @@ def load_predictor(model_dir: Path, config: ModelConfig) -> Predictor:
     predictor = EstimatorPredictor(
         load_model(found),
         config.method,
-        model_dir.name,
+        name,
         family=found.family,
         fast_path=config.fast_path,
         batch_rows=config.batch_size,

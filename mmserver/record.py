@@ -96,6 +96,8 @@ class ModelRecord:
     overrides: dict[str, Any] | None = None
     #: What the model's load told of it (:func:`mmserver.predictor.signature`).
     signature: dict[str, Any] | None = None
+    #: The warnings its load raised (a pickle of another library version, say).
+    warnings: tuple[str, ...] = ()
     #: Named by ``load_models``: loaded at start.
     startup: bool = False
     #: What its loads measured (shared with the catalog's memory of models it forgot).

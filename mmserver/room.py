@@ -131,7 +131,7 @@ class Room:
     def pool_loaded(self, pool: ModelPool, info: LoadInfo) -> None:
         record = self.catalog.get(pool.name)
         if record is not None:
-            self.catalog.loaded(record, pool, info.signature)
+            self.catalog.loaded(record, pool, info.signature, info.warnings)
 
     def pool_idle(self, pool: ModelPool) -> None:
         self._changed.set()

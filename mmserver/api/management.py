@@ -32,6 +32,7 @@ from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.codecs import media_type
 from mmserver.config import boolean
 from mmserver.errors import InvalidInput, InvalidModelName
+from mmserver.model_config import mistyped_keys
 from mmserver.record import ModelStatus
 from mmserver.store import name_from_url, normalize_name
 from mmserver.wlm import ModelView
@@ -138,6 +139,9 @@ def _describe(model: ModelView) -> dict[str, Any]:
             result["predictPaths"] = paths
     if model.inputs is not None:
         result["inputs"] = model.inputs
+    said = [*model.warnings, *mistyped_keys(model.config.properties)]
+    if said:
+        result["warnings"] = said
     if model.error is not None:
         result["error"] = model.error
     return result

@@ -26,6 +26,9 @@ from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)
 
+#: The most warnings a load reports (each once).
+MAX_LOAD_WARNINGS = 20
+
 #: Batches longer than this (wall time) have their CPU time read from the CPU clock.
 _CPU_CLOCK_ABOVE_S = 0.0005
 
@@ -60,7 +63,8 @@ class Models:
         self._long: set[str] = set()  # models whose last batch was long
 
     def load(self, spec: LoadSpec) -> LoadInfo:
-        from mmserver.predictor import load_predictor, signature  # imported where they run
+        from mmserver.families import collecting_warnings  # imported where they run
+        from mmserver.predictor import load_predictor, signature
 
         existing = self.predictors.get(spec.key)
         if existing is not None:
@@ -71,9 +75,16 @@ class Models:
         # seem to cost nothing, and the pages its own work freed would count as its cost.
         heap.release_freed()
         before = rss_bytes()
-        predictor = load_predictor(spec.model_dir, spec.config)
-        self.predictors[spec.key] = predictor
-        probe = self._probe(predictor)  # what its first predictions keep counts too
+        # Warnings go to the frontend with the load's answer (the model's log line and its
+        # describe), not to the process's stderr, once each.
+        with warnings.catch_warnings(record=True) as caught, collecting_warnings() as files:
+            warnings.simplefilter("always")
+            predictor = load_predictor(spec.model_dir, spec.config, spec.key.split("#")[0])
+            self.predictors[spec.key] = predictor
+            probe = self._probe(predictor)  # what its first predictions keep counts too
+        raised = tuple(
+            dict.fromkeys([*files, *(f"{w.category.__name__}: {w.message}" for w in caught)])
+        )
         heap.release_freed()
         measured = max(0, rss_bytes() - before)
         # A page-granular RSS delta of zero means "too small to see", not "free".
@@ -85,6 +96,7 @@ class Models:
             pickle.dumps(describe(), pickle.HIGHEST_PROTOCOL) if describe else None,
             signature(predictor),
             time.perf_counter() - started,
+            raised[:MAX_LOAD_WARNINGS],
         )
 
     def _probe(self, predictor: Any) -> float | None:

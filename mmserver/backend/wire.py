@@ -45,6 +45,9 @@ class LoadInfo:
     signature: dict[str, Any] | None = None
     #: The seconds the load held the process (wall time; 0 when loaded already).
     seconds: float = 0.0
+    #: The warnings raised while the model loaded (a pickle of another scikit-learn version,
+    #: say), each ``Category: message`` once.
+    warnings: tuple[str, ...] = ()
 
 
 #: A batch's answers (one per request), the CPU and wall seconds they took (the wall time less
