@@ -1,7 +1,8 @@
 """Prometheus metrics, on a registry passed in (never the process-global one).
 
 Names and labels are fixed by the design (§10). Labels are ``model`` (plus ``code`` and
-``direction`` where stated); never a request id. A model has series of its own only while it is
+``direction`` where stated, and ``role`` and ``process`` on the ``process_*`` families of
+:mod:`mmserver.procmetrics`); never a request id. A model has series of its own only while it is
 loaded (or its failed load is remembered), and only in the families that the
 ``metrics_model_label`` option gives the label (:class:`Metrics`), so the series are bounded by
 the loaded models, not by the store; the other families count every model together, and each
@@ -33,6 +34,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
+
+from mmserver.procmetrics import ProcessMetrics
 
 # Latency buckets from 0.5 ms to 60 s (an ad bidder's budget is 20 ms, SageMaker's limit 60 s),
 # few enough that a scrape of 1,000 models stays small: every bucket is a series per model.
@@ -491,6 +494,9 @@ class Metrics:
         ]
         self._per_model = [f for f in self._families if f.per_model and f.labelled]
         self.registry.register(_Collector(self._families))
+        #: ``process_*`` of the frontend and the backend processes (:mod:`mmserver.procmetrics`).
+        self.processes = ProcessMetrics()
+        self.registry.register(self.processes)
 
     def families(self) -> list[_Family[Any]]:
         """Every family, in the order the exposition lists them."""
@@ -525,4 +531,5 @@ class Metrics:
         out: list[str] = []
         for family in self._families:
             family.render(out)
+        self.processes.render(out)
         return "".join(out).encode()

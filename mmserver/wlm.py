@@ -362,6 +362,7 @@ class WorkLoadManager:
         """Set the gauges from the current state (called before a scrape; free on the hot
         path)."""
         self._room.refresh_metrics()
+        self.metrics.processes.set_backends(self.backend.processes())
 
     @property
     def loaded(self) -> list[str]:

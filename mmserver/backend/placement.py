@@ -126,6 +126,15 @@ class BackendPool:
         """A worker bound by :meth:`bind` has left ``slot``."""
         slot.bound_workers -= 1
 
+    def processes(self) -> list[tuple[str, int]]:
+        """The backend processes that run now, each ``(name, pid)``: ``light 0``, as ``ps``
+        shows them after ``mmserver: backend``."""
+        return [
+            (f"backend {s.lane.name} {s.index}", pid)
+            for s in self.slots
+            if isinstance(s, ProcessSlot) and (pid := s.live_pid)
+        ]
+
     def pids(self, lane: str | None = None) -> list[int]:
         """The ids of the backend processes that run now (of ``lane`` only, when given)."""
         return [

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "mmserver.json"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
-_METRIC = re.compile(r"\b(mmserver_[a-z_]+)\b")
+_METRIC = re.compile(r"\b((?:mmserver|process)_[a-z_]+)\b")
 #: A selector's braces (after a metric name) and a ``by (...)`` clause.
-_SELECTOR = re.compile(r"\b(mmserver_[a-z_]+)\{([^}]*)\}")
+_SELECTOR = re.compile(r"\b((?:mmserver|process)_[a-z_]+)\{([^}]*)\}")
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"[^"]*"\s*')
 _BY = re.compile(r"\bby\s*\(([^)]*)\)")
 _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
@@ -64,7 +64,7 @@ async def exported(serve: Serve) -> dict[str, set[str]]:
 def check(query: str, exported: dict[str, set[str]]) -> None:
     assert query.count("(") == query.count(")"), f"unbalanced parentheses: {query}"
     metrics = _METRIC.findall(query)
-    assert metrics, f"no mmserver metric in {query}"
+    assert metrics, f"no metric of the server in {query}"
     used: set[str] = set()
     for metric in metrics:
         assert metric in exported, f"{metric} is not exported (in {query})"

@@ -60,7 +60,7 @@ async def test_exposition_format_and_families(server: Harness) -> None:
     assert 'mmserver_model_path_batches_total{model="sklearn-0",path="linear"} 1.0' in text
     for family in families.values():
         for sample in family.samples:
-            labels = {"model", "code", "direction", "lane", "path", "le"}
+            labels = {"model", "code", "direction", "lane", "path", "le", "role", "process"}
             assert set(sample.labels) <= labels, sample
 
 
