@@ -124,11 +124,7 @@ def outputs_of(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     result: dict[str, Any] = {}
     for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         if output.datatype == "BYTES":
-            items, offset = [], 0
-            while offset < len(raw):
-                (length,) = struct.unpack_from("<I", raw, offset)
-                items.append(raw[offset + 4 : offset + 4 + length])
-                offset += 4 + length
+            items = items_of(raw)
             result[output.name] = np.array(items, dtype=object).reshape(list(output.shape))
         else:
             dtype = {"FP64": "<f8", "FP32": "<f4", "INT64": "<i8", "BOOL": "?"}[output.datatype]
@@ -197,7 +193,7 @@ async def rest_answer(node: GrpcHarness, model: str, request: pb.ModelInferReque
     inputs = []
     for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
         if tensor.datatype == "BYTES":
-            data: list[Any] = [item.decode() for item in outputs_of_bytes(raw)]
+            data: list[Any] = [item.decode() for item in items_of(raw)]
         else:
             dtype = {"FP64": "<f8", "FP32": "<f4", "INT32": "<i4", "INT64": "<i8"}
             data = np.frombuffer(raw, dtype=dtype[tensor.datatype]).tolist()
@@ -219,7 +215,8 @@ async def rest_answer(node: GrpcHarness, model: str, request: pb.ModelInferReque
     return await response.json()
 
 
-def outputs_of_bytes(raw: bytes) -> list[bytes]:
+def items_of(raw: bytes) -> list[bytes]:
+    """The items of BYTES data: each a 4-byte little-endian length and its bytes."""
     items, offset = [], 0
     while offset < len(raw):
         (length,) = struct.unpack_from("<I", raw, offset)
