@@ -121,43 +121,62 @@ def scenario(url: str) -> None:
         client.close()
 
 
-def errors(url: str) -> None:
-    """Errors reach the user as InferenceServerException with the server's status and message."""
-    client = triton.InferenceServerClient(url)
-    cases: list[tuple[Callable[[], Any], str, str]] = [
+#: A call that fails, the status it fails with, and a part of its message.
+Case = tuple[Callable[[], Any], str, str]
+
+
+def error_cases(client: Any, module: Any, tensor: Callable[[np.ndarray], Any]) -> list[Case]:
+    """The errors of inference and metadata calls, as ``(call, HTTP status, message)``, for a
+    tritonclient ``module`` (``http`` or ``grpc``), its ``client``, and ``tensor`` making an
+    input of values."""
+    return [
         (
             lambda: client.infer(
                 "iris-classifier",
-                [fp64_input(IRIS)],
-                outputs=[triton.InferRequestedOutput("label")],
+                [tensor(IRIS)],
+                outputs=[module.InferRequestedOutput("label")],
             ),
             "400",
             "the model has no output 'label'; its outputs are predict_proba",
         ),
         (
-            lambda: client.infer("iris-classifier", [fp64_input(np.array([[1.0, 2.0]]))]),
+            lambda: client.infer("iris-classifier", [tensor(np.array([[1.0, 2.0]]))]),
             "400",
             "model iris-classifier expects 4 feature(s) per row, got 2",
         ),
         (
-            lambda: client.infer("no-such-model", [fp64_input(np.array([[1.0]]))]),
+            lambda: client.infer("no-such-model", [tensor(np.array([[1.0]]))]),
             "404",
             "model no-such-model is not in the model store",
         ),
         (
-            lambda: client.infer("sklearn-1", [fp64_input(np.array([[1.0]]))], model_version="2"),
+            lambda: client.infer("sklearn-1", [tensor(np.array([[1.0]]))], model_version="2"),
             "404",
             "model sklearn-1 has one version, 1; there is no version '2'",
         ),
         (lambda: client.get_model_metadata("no-such-model"), "404", "is not in the model store"),
-        (lambda: client.load_model("no-such-model"), "404", "is not in the model store"),
     ]
+
+
+def raised(cases: list[Case]) -> list[str]:
+    """Make each call, check the status and message it fails with; the messages."""
+    messages = []
+    for action, status, message in cases:
+        with pytest.raises(InferenceServerException) as info:
+            action()
+        assert info.value.status() == status
+        assert message in info.value.message()
+        messages.append(info.value.message())
+    return messages
+
+
+def errors(url: str) -> None:
+    """Errors reach the user as InferenceServerException with the server's status and message."""
+    client = triton.InferenceServerClient(url)
+    cases = error_cases(client, triton, fp64_input)
+    cases.append((lambda: client.load_model("no-such-model"), "404", "is not in the model store"))
     try:
-        for action, status, message in cases:
-            with pytest.raises(InferenceServerException) as info:
-                action()
-            assert info.value.status() == status
-            assert message in info.value.message()
+        raised(cases)
         # A shape that does not match the data, sent as JSON.
         tensor = triton.InferInput("input-0", [2, 4], "FP64")
         tensor.set_data_from_numpy(IRIS, binary_data=False)
@@ -233,47 +252,20 @@ def grpc_scenario(url: str, token: str) -> None:
         client.close()
 
 
+#: The gRPC status of each HTTP status of :func:`error_cases`, as tritonclient.grpc shows it.
+GRPC_STATUS = {"400": "StatusCode.INVALID_ARGUMENT", "404": "StatusCode.NOT_FOUND"}
+
+
 def grpc_errors(url: str) -> None:
     """Errors reach the user as InferenceServerException with the status and REST's message."""
     client = triton_grpc.InferenceServerClient(url)
-    cases: list[tuple[Callable[[], Any], str, str]] = [
-        (
-            lambda: client.infer(
-                "iris-classifier",
-                [grpc_input(IRIS)],
-                outputs=[triton_grpc.InferRequestedOutput("label")],
-            ),
-            "StatusCode.INVALID_ARGUMENT",
-            "the model has no output 'label'; its outputs are predict_proba",
-        ),
-        (
-            lambda: client.infer("iris-classifier", [grpc_input(np.array([[1.0, 2.0]]))]),
-            "StatusCode.INVALID_ARGUMENT",
-            "model iris-classifier expects 4 feature(s) per row, got 2",
-        ),
-        (
-            lambda: client.infer("no-such-model", [grpc_input(np.array([[1.0]]))]),
-            "StatusCode.NOT_FOUND",
-            "model no-such-model is not in the model store",
-        ),
-        (
-            lambda: client.infer("sklearn-1", [grpc_input(np.array([[1.0]]))], model_version="2"),
-            "StatusCode.NOT_FOUND",
-            "model sklearn-1 has one version, 1; there is no version '2'",
-        ),
-        (
-            lambda: client.get_model_metadata("no-such-model"),
-            "StatusCode.NOT_FOUND",
-            "is not in the model store",
-        ),
+    cases = [
+        (call, GRPC_STATUS[status], message)
+        for call, status, message in error_cases(client, triton_grpc, grpc_input)
     ]
     try:
-        for action, status, message in cases:
-            with pytest.raises(InferenceServerException) as info:
-                action()
-            assert info.value.status() == status
-            assert message in info.value.message()
-            assert "(request id " in info.value.message()
+        for message in raised(cases):
+            assert "(request id " in message
     finally:
         client.close()
 
