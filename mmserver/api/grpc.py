@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
 from mmserver.api import ApiState, too_large
-from mmserver.api.dataplane import Exchange, log_server_error, unexpected
+from mmserver.api.dataplane import Exchange, shown_error
 from mmserver.api.grpc_tensors import infer_body, infer_response, json_parameters
 from mmserver.api.middleware import check_authorization, shown_message
 from mmserver.api.proto import grpc_service_pb2 as pb
@@ -115,13 +115,7 @@ def _rpc(
             except Exception as exc:
                 rid = self.request_id(context)
                 path = f"/{SERVICE}/{kind.__name__.removesuffix('Request')}"
-                if isinstance(exc, MMServerError):
-                    shown = exc
-                    if exc.status_code == 500:
-                        log_server_error("gRPC", path, exc, rid)
-                else:
-                    shown = unexpected("gRPC", path, rid, exc)
-                await self.abort(context, shown, rid)
+                await self.abort(context, shown_error(exc, "gRPC", path, rid), rid)
                 raise AssertionError("abort returns only by raising") from None
 
         return answering

@@ -22,7 +22,9 @@ Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``
 repository's ``load`` and ``unload``) pass
 :func:`authorize`: when a ``management_token`` is configured, they need
 ``Authorization: Bearer <token>``; without one they are open only on a loopback address, or with
-``insecure_management``. :func:`check_security` refuses to start a server that would expose them.
+``insecure_management``. gRPC's repository calls pass the same rule with the ``authorization``
+metadata (:func:`check_authorization`). :func:`check_security` refuses to start a server that
+would expose them.
 """
 
 from __future__ import annotations
