@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -52,8 +51,6 @@ from mmserver.api.v2 import (
 )
 from mmserver.errors import InvalidInput, MMServerError
 from mmserver.v2codec import HEADER_LENGTH
-
-log = logging.getLogger(__name__)
 
 #: The service's name on the wire (Triton's and KServe's package ``inference``).
 SERVICE = "inference.GRPCInferenceService"
