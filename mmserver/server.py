@@ -19,6 +19,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import prometheus_client
 from aiohttp import web
@@ -26,13 +27,15 @@ from aiohttp import web
 from mmserver import errors, heap
 from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
-from mmserver.api.grpc import GrpcServer
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.record import ModelStatus
 from mmserver.store import open_store
 from mmserver.wlm import WorkLoadManager
+
+if TYPE_CHECKING:
+    from mmserver.api.grpc import GrpcServer
 
 log = logging.getLogger("mmserver")
 
@@ -69,6 +72,9 @@ class Server:
         await site.start()
         config = self.config
         if config.grpc_port:
+            # Imported only here: grpcio and the messages cost a start a few tenths of a second.
+            from mmserver.api.grpc import GrpcServer
+
             self.grpc = GrpcServer(self.app[STATE], config.grpc_port)
             await self.grpc.start()
             log.info(
