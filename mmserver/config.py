@@ -109,6 +109,11 @@ class ServerConfig:
     )
     host: str = _opt("127.0.0.1", "Address to bind. Any non-loopback address needs a token.")
     port: int = _opt(8080, "Port to bind (inference, management, health and metrics).")
+    grpc_port: int = _opt(
+        0,
+        "Port serving the Open Inference Protocol over gRPC (KServe V2, tritonclient.grpc) on "
+        "host; 0 = none. 8081 is KServe's and MLServer's.",
+    )
     load_models: str = _opt("NONE", "Models to load at start: ALL, NONE or a comma-separated list.")
     backend_processes: int = _opt(
         cpu_count(),
@@ -256,6 +261,11 @@ class ServerConfig:
             raise ConfigError(f"option heavy_nice={self.heavy_nice}: must be between 1 and 19")
         if not 0 < self.port < 65536:
             raise ConfigError(f"option port={self.port}: must be between 1 and 65535")
+        if self.grpc_port > 65535 or self.grpc_port == self.port:
+            raise ConfigError(
+                f"option grpc_port={self.grpc_port}: must be between 1 and 65535 and not port "
+                "(0 = no gRPC)"
+            )
         if self.metrics_model_label not in MODEL_LABEL_CHOICES:
             raise ConfigError(
                 f"option metrics_model_label={self.metrics_model_label!r}: must be one of "

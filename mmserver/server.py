@@ -7,7 +7,9 @@ Shutdown order (SIGTERM or SIGINT), written once in :meth:`Server.shutdown`:
    kernel's accept queue, and those clients have sent their requests;
 2. drain: every accepted request is answered, up to ``drain_timeout`` seconds; what is left then
    is answered 503; then the workers and the backend processes stop;
-3. stop listening, and close the HTTP connections once their responses are written;
+3. stop listening, and close the HTTP connections once their responses are written; the gRPC
+   port (``grpc_port``) likewise: its calls were answered (503 ones ``UNAVAILABLE``) during the
+   drain, and it stops once their answers are sent;
 4. flush the logs.
 """
 
@@ -16,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 import prometheus_client
 from aiohttp import web
 
 from mmserver import errors, heap, logs
+from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
@@ -28,6 +32,9 @@ from mmserver.metrics import Metrics
 from mmserver.record import ModelStatus
 from mmserver.store import open_store
 from mmserver.wlm import WorkLoadManager
+
+if TYPE_CHECKING:
+    from mmserver.api.grpc import GrpcServer
 
 log = logging.getLogger("mmserver")
 
@@ -42,6 +49,7 @@ class Server:
         self.wlm = WorkLoadManager(config, self.store, self.metrics)
         self.app = build_app(config, self.wlm, self.metrics)
         self._runner: HttpRunner | None = None
+        self.grpc: GrpcServer | None = None
         self.stopped = asyncio.Event()
 
     def _holds_files(self, name: str) -> bool:
@@ -62,6 +70,17 @@ class Server:
         )
         await site.start()
         config = self.config
+        if config.grpc_port:
+            # Imported only here: grpcio and the messages cost a start a few tenths of a second.
+            from mmserver.api.grpc import GrpcServer
+
+            self.grpc = GrpcServer(self.app[STATE], config.grpc_port)
+            await self.grpc.start()
+            log.info(
+                "mmserver serving gRPC (Open Inference Protocol) on %s:%d",
+                config.host,
+                self.grpc.port,
+            )
         log.info(
             "mmserver listening on http://%s:%d (model store %s, %d backend process(es) from "
             "%s, memory budget %d MiB from %s, at most %d connections)",
@@ -82,6 +101,8 @@ class Server:
         )
         self.wlm.begin_shutdown()
         await self.wlm.stop(self.config.drain_timeout)
+        if self.grpc is not None:
+            await self.grpc.stop(_GRPC_GRACE)
         if self._runner is not None:
             await self._runner.cleanup()  # stops the site, then closes connections
         log.info("mmserver stopped")
@@ -89,6 +110,10 @@ class Server:
             handler.flush()
         self.stopped.set()
 
+
+#: Seconds the gRPC calls still running after the drain (answered, their answers being sent)
+#: get before they are cancelled.
+_GRPC_GRACE = 5.0
 
 #: The states in which a model may still read its files (a new worker loads them again).
 _HOLDING_FILES = (ModelStatus.LOADING, ModelStatus.READY, ModelStatus.UNLOADING)

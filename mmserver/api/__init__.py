@@ -6,7 +6,9 @@
 - :mod:`mmserver.api.v2` — the Open Inference Protocol (KServe V2 REST) under ``/v2``: health,
   metadata, inference and the model repository extension;
 - :mod:`mmserver.api.middleware` — the one place where errors become HTTP responses, and the
-  management token check.
+  management token check;
+- :mod:`mmserver.api.grpc` — the Open Inference Protocol over gRPC, on its own port
+  (``grpc_port``), through the same data plane (:mod:`mmserver.api.dataplane`).
 
 Handlers find their collaborators in :data:`STATE` on the application; there are no module-level
 singletons.
@@ -106,7 +108,7 @@ async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> b
     """
     length = request.content_length
     if length is not None and limit and length > limit:
-        raise _too_large(length, limit)
+        raise too_large(length, limit)
     if length == 0:
         return b""
     payload = request.content
@@ -118,7 +120,7 @@ async def read_body(request: web.Request, limit: int, timeout: float = 0.0) -> b
     except RequestPayloadError as exc:
         raise _undecodable(request, exc) from None
     except web.HTTPRequestEntityTooLarge:
-        raise _too_large(None, limit) from None
+        raise too_large(None, limit) from None
     except TimeoutError:
         raise RequestTimeout(
             f"the request body did not arrive within {timeout:g} s (body_timeout)"
@@ -144,7 +146,8 @@ def _undecodable(request: web.Request, exc: RequestPayloadError) -> InvalidInput
     )
 
 
-def _too_large(length: int | None, limit: int) -> RequestTooLarge:
+def too_large(length: int | None, limit: int) -> RequestTooLarge:
+    """The error of a request of ``length`` bytes (``None``: not known, more than ``limit``)."""
     size = f"{length} bytes" if length is not None else "more"
     return RequestTooLarge(
         f"the request body is {size}; the limit is {limit} bytes (max_request_size). "

@@ -84,14 +84,9 @@ class Exchange:
         return rendered
 
     def failed(self, error: BaseException, method: str, path: str) -> MMServerError:
-        """The error the client is shown for ``error`` (a generic 500 for one outside the error
-        tree, logged with its traceback; any 500 logged), counted as failed."""
-        if isinstance(error, MMServerError):
-            shown = error
-            if error.status_code == 500:
-                log_server_error(method, path, error, self.rid)
-        else:
-            shown = unexpected(method, path, self.rid, error)
+        """The error the client is shown for ``error`` (:func:`shown_error`), counted as
+        failed."""
+        shown = shown_error(error, method, path, self.rid)
         label = failure_label(self.name, self.submission, error)
         self.state.observe_request(label, shown.status_code, time.perf_counter() - self.start)
         return shown
@@ -115,6 +110,16 @@ def _label(name: str) -> str:
         return normalize_name(name)
     except InvalidModelName:
         return UNRESOLVED
+
+
+def shown_error(error: BaseException, method: str, path: str, rid: str) -> MMServerError:
+    """The error request ``rid`` is shown for ``error``: itself, or a generic 500 for one
+    outside the error tree, logged with its traceback; any 500 logged."""
+    if isinstance(error, MMServerError):
+        if error.status_code == 500:
+            log_server_error(method, path, error, rid)
+        return error
+    return unexpected(method, path, rid, error)
 
 
 def log_server_error(method: str, path: str, error: MMServerError, rid: str) -> None:

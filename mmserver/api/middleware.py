@@ -22,7 +22,9 @@ Management calls that change state (``POST``, ``PUT``, ``DELETE`` on ``/models``
 repository's ``load`` and ``unload``) pass
 :func:`authorize`: when a ``management_token`` is configured, they need
 ``Authorization: Bearer <token>``; without one they are open only on a loopback address, or with
-``insecure_management``. :func:`check_security` refuses to start a server that would expose them.
+``insecure_management``. gRPC's repository calls pass the same rule with the ``authorization``
+metadata (:func:`check_authorization`). :func:`check_security` refuses to start a server that
+would expose them.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def render_error(
     """The JSON body and the headers (all but ``Content-Type``) of the answer for ``error`` to
     request ``rid`` of ``protocol``."""
     without_paths = state.without_paths
-    message = f"{without_paths(error.message)} (request id {rid})"
+    message = shown_message(state, error, rid)
     body: dict[str, object]
     if protocol.v2_errors:
         body = {"error": message}
@@ -170,6 +172,12 @@ def render_error(
     if error.amzn_error_type is not None and protocol.amzn_errors:
         headers[AMZN_ERROR_TYPE] = error.amzn_error_type
     return json.dumps(body).encode(), headers
+
+
+def shown_message(state: ApiState, error: MMServerError, rid: str) -> str:
+    """The message a client is shown for ``error`` to request ``rid``, whatever the door: the
+    server's folders cut from it, the request id at its end."""
+    return f"{state.without_paths(error.message)} (request id {rid})"
 
 
 def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
@@ -212,7 +220,13 @@ def check_security(config: ServerConfig) -> None:
 
 def authorize(request: web.Request) -> None:
     """Raise :class:`Unauthorized` unless ``request`` may change the server's models."""
-    config = request.app[STATE].config
+    check_authorization(request.app[STATE].config, request.headers.get(hdrs.AUTHORIZATION))
+
+
+def check_authorization(config: ServerConfig, authorization: str | None) -> None:
+    """Raise :class:`Unauthorized` unless a management call with this ``Authorization`` value
+    (an HTTP header, gRPC's ``authorization`` metadata; ``None``: none) may change the
+    server's models."""
     if management_open(config):
         return
     token = config.management_token
@@ -221,7 +235,7 @@ def authorize(request: web.Request) -> None:
             "management calls on a non-loopback address need a management token, and the "
             "server has none configured"
         )
-    scheme, _, credentials = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+    scheme, _, credentials = (authorization or "").partition(" ")
     # Header bytes that are not UTF-8 arrive as surrogates: they compare as their bytes.
     offered = credentials.strip().encode("utf-8", "surrogateescape")
     if scheme.lower() != "bearer" or not hmac.compare_digest(offered, token.encode()):

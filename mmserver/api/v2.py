@@ -20,7 +20,8 @@ Every model has one version, ``1``. Errors have the protocol's body, ``{"error":
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
@@ -38,6 +39,9 @@ from mmserver.v2codec import (
     datatype_of,
     parameters_of,
 )
+
+if TYPE_CHECKING:
+    from mmserver.wlm import WorkLoadManager
 
 SERVER_NAME = "mmserver"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
@@ -74,36 +78,59 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response(
-        {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
-    )
+    return web.json_response(SERVER_METADATA)
 
 
 async def model_ready(request: web.Request) -> web.Response:
     """200 when the model is loaded; 400 saying why not (it loads on its first request, or on
-    a repository load); 404 for a model neither in the store nor registered."""
-    wlm = request.app[STATE].wlm
-    name = normalize_name(_model_of(request))
+    a repository load); 404 for a model the server does not know."""
+    name = _model_of(request)
+    reason = await not_ready_reason(request.app[STATE].wlm, name)
+    if reason is not None:
+        raise ModelNotReady(reason)
+    return web.Response()
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    """The model's name, version, platform, inputs and outputs; loads the model if needed."""
+    return web.json_response(await metadata_of(request.app[STATE].wlm, _model_of(request)))
+
+
+# ------------------------------------------------------------------------------------------------
+# What both doors answer (REST here, gRPC in mmserver.api.grpc)
+# ------------------------------------------------------------------------------------------------
+
+#: The server's metadata.
+SERVER_METADATA: dict[str, Any] = {
+    "name": SERVER_NAME,
+    "version": __version__,
+    "extensions": list(EXTENSIONS),
+}
+
+
+async def not_ready_reason(wlm: WorkLoadManager, name: str) -> str | None:
+    """Why model ``name`` is not ready (``None``: it is): it loads on its first request or on a
+    repository load. Raises :class:`ModelNotFound` for a model the server does not know, and
+    :class:`ShuttingDown` once shutdown has begun."""
+    name = normalize_name(name)
     if not wlm.accepting:
         raise ShuttingDown("the server is shutting down; its models take no new requests")
     status = wlm.status(name)
     if status is ModelStatus.READY:
-        return web.Response()
+        return None
     await wlm.describe(name)  # ModelNotFound (404) for a model the server does not know
     reason = wlm.failure(name) if status is ModelStatus.FAILED else None
-    raise ModelNotReady(
+    return (
         f"model {name} is not ready: it is {status.value.lower()}"
         + (f" ({reason})" if reason else "")
         + f"; it loads on its first inference request or on POST /v2/repository/models/{name}/load"
     )
 
 
-async def model_metadata(request: web.Request) -> web.Response:
-    """The model's name, version, platform, inputs and outputs; loads the model if needed."""
-    wlm = request.app[STATE].wlm
-    name = _model_of(request)
+async def metadata_of(wlm: WorkLoadManager, name: str) -> dict[str, Any]:
+    """Model ``name``'s V2 metadata (:func:`describe`), loading it first if needed."""
     name = await wlm.ready(name)
-    return web.json_response(describe(name, wlm.signature(name)))
+    return describe(name, wlm.signature(name))
 
 
 #: A column's kind (:mod:`mmserver.schema`) to the datatype of its V2 input.
@@ -155,7 +182,30 @@ async def repository_index(request: web.Request) -> web.Response:
     """Every model of the store and every registered one, with its state; ``{"ready": true}``
     in the body keeps the loaded ones only."""
     only_ready = bool_param(await request_params(request), "ready", default=False)
-    wlm = request.app[STATE].wlm
+    return web.json_response(await index_of(request.app[STATE].wlm, only_ready))
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    """Load a model of the store (or a registered one) now; a loaded model stays as it is."""
+    authorize(request)
+    parameters = parameters_of(await request_params(request), "the request", allow_null=False)
+    await load(request.app[STATE].wlm, request.match_info["model"], parameters)
+    return web.Response()
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """Unload a model (a store model loads again on its next request); a model of the store
+    that is not loaded is left as it is."""
+    authorize(request)
+    parameters = parameters_of(await request_params(request), "the request", allow_null=False)
+    await unload(request.app[STATE].wlm, request.match_info["model"], parameters)
+    return web.Response()
+
+
+async def index_of(wlm: WorkLoadManager, only_ready: bool) -> list[dict[str, str]]:
+    """The repository index: every model of the store and every registered one, with its
+    version, state (Triton's names) and the reason for it; the loaded ones only when
+    ``only_ready``."""
     index = []
     for model in await wlm.list_models():
         name, status = model.name, model.status
@@ -167,37 +217,31 @@ async def repository_index(request: web.Request) -> web.Response:
         elif status is ModelStatus.UNLOADED:
             reason = "not loaded"
         index.append({"name": name, "version": VERSION, "state": _STATES[status], "reason": reason})
-    return web.json_response(index)
+    return index
 
 
-async def repository_load(request: web.Request) -> web.Response:
-    """Load a model of the store (or a registered one) now; a loaded model stays as it is."""
-    authorize(request)
-    name = normalize_name(request.match_info["model"])
-    parameters = parameters_of(await request_params(request), "the request", allow_null=False)
+async def load(wlm: WorkLoadManager, name: str, parameters: Mapping[str, Any]) -> None:
+    """Load model ``name`` now, with the repository call's ``parameters`` (checked: a model's
+    configuration and files cannot come with the call). The caller has authorized the call."""
+    name = normalize_name(name)
     for key in parameters:
         if key == "config" or key.startswith("file:"):
             raise InvalidInput(
                 f"load parameter {key!r} is not supported: a model's configuration is its "
                 "serving.properties, and its files come from the model store"
             )
-    await request.app[STATE].wlm.load(name)
-    return web.Response()
+    await wlm.load(name)
 
 
-async def repository_unload(request: web.Request) -> web.Response:
-    """Unload a model (a store model loads again on its next request); a model of the store
-    that is not loaded is left as it is."""
-    authorize(request)
-    name = normalize_name(request.match_info["model"])
-    parameters = parameters_of(await request_params(request), "the request", allow_null=False)
+async def unload(wlm: WorkLoadManager, name: str, parameters: Mapping[str, Any]) -> None:
+    """Unload model ``name``, with the repository call's ``parameters`` (checked); a model of
+    the store that is not loaded is left as it is. The caller has authorized the call."""
+    name = normalize_name(name)
     bool_param(parameters, "unload_dependents", default=False)  # checked; no model has any
-    wlm = request.app[STATE].wlm
     try:
         await wlm.unload(name)
     except ModelNotFound:
         await wlm.describe(name)  # ModelNotFound again for a model the server does not know
-    return web.Response()
 
 
 #: The handlers of the V2 routes other than inference, by operation

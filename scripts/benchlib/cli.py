@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    grpcload,
     loads,
     neighbour,
     peers,
@@ -47,8 +48,11 @@ SECTIONS = (
     "neighbour",
     "trees",
     "tabular",
+    "grpc",
     "scale",
 )
+#: Sections a run without --only leaves out: they run servers or clients of their own.
+OPT_IN = ("grpc", "scale")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -105,10 +109,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api",
-        choices=("djl", "sagemaker", "v2"),
+        choices=("djl", "sagemaker", "v2", "grpc"),
         default="djl",
         help="inference path of the wrk loads: /predictions/NAME, /invocations or "
-        "/v2/models/NAME/infer (djl)",
+        "/v2/models/NAME/infer (djl); grpc: the grpc section (V2 over gRPC beside V2 REST, "
+        "and with --peer mlserver beside MLServer's gRPC), the wrk loads on the V2 path",
     )
     parser.add_argument(
         "--quiet-wait",
@@ -193,9 +198,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
     patterns = [p for p in PATTERNS if p in chosen] or list(PATTERNS)
     sections = [s for s in SECTIONS if s in chosen]
+    if args.api == "grpc" and "grpc" not in sections:
+        sections = [s for s in SECTIONS if s in chosen or s == "grpc"]
     if not sections:
-        # Everything but scale, which runs servers of its own on a store of --models archives.
-        sections = ["closed", "open", "scaling"] if chosen else list(SECTIONS[:-1])
+        # Everything but scale, which runs servers of its own on a store of --models archives,
+        # and grpc (--api grpc).
+        sections = (
+            ["closed", "open", "scaling"] if chosen else [s for s in SECTIONS if s not in OPT_IN]
+        )
     if "scaling" in sections and "hot" not in patterns:
         patterns.insert(0, "hot")
     args.patterns, args.sections = patterns, sections
@@ -266,7 +276,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         open_connections=args.open_connections,
         threads=args.threads,
         runs=args.runs,
-        api=args.api,
+        api="v2" if args.api == "grpc" else args.api,
         quiet_wait_s=args.quiet_wait,
     )
     raw: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
@@ -306,6 +316,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.out / "server.log",
             args.server_arg,
             args.server_exe,
+            grpc="grpc" in args.sections,
         )
         floor: servers.Server | None
         if needs_floor and args.baseline_exe is not None:
@@ -319,7 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             floor = servers.floor(args.out / "floor.log") if needs_floor else None
         peer = None
-        if args.peer == "mlserver" and needs_floor:
+        if args.peer == "mlserver" and (needs_floor or "grpc" in args.sections):
             peer = peers.mlserver(model_store, Path(tmp), args.out / "mlserver.log")
         tabular_peer = None
         if args.peer == "mlserver" and "tabular" in args.sections:
@@ -369,7 +380,7 @@ def _measure(
                 f"cold start, run {r + 1}/{args.runs}: first request "
                 f"{result['cold_median_ms']:.1f} ms vs warm {result['warm_median_ms']:.2f} ms"
             )
-    if {"memory", "closed", "open", "scaling"} & set(sections):
+    if {"memory", "closed", "open", "scaling", "grpc"} & set(sections):
         loaded = probes.load_all(server, 1000)
         raw["load_all"] = loaded
         if floor is not None and args.baseline_exe is not None:
@@ -419,6 +430,8 @@ def _measure(
         raw["neighbour"] = neighbour.run(server, settings, _log)
     if "trees" in sections:
         raw["trees"] = trees.run(server, settings, _log)
+    if "grpc" in sections:
+        raw["grpc"] = grpcload.section(server, peer, args.patterns, settings, _log)
     if args.profile:
         raw["profile"] = loads.profile(server, settings, args.profile, args.out, _log)
 
@@ -452,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     raw["machine"] = {"cpus": os.cpu_count(), "capacity": capacity, "loadavg": load}
     summary = report.summarize(raw)
     text = report.table(summary, _header(args, capacity, load))
+    if "grpc" in raw:
+        text = text.rstrip("\n") + "\n" + "\n".join(grpcload.summary_lines(raw["grpc"])) + "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
     text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
     print(text, end="")

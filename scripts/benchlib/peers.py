@@ -132,7 +132,8 @@ def mlserver(store: Path, tmp: Path, log: Path) -> Server:
 
 
 def _mlserver_at(exe: Path, repository: Path, port: int, log: Path, tmp: Path, api: str) -> Server:
-    """``mlserver start`` on a repository whose settings name ``port``."""
+    """``mlserver start`` on a repository whose settings name ``port`` (and its gRPC port)."""
+    settings = json.loads((repository / "settings.json").read_text())
     return Server(
         "mlserver",
         [str(exe), "start", str(repository)],
@@ -141,4 +142,5 @@ def _mlserver_at(exe: Path, repository: Path, port: int, log: Path, tmp: Path, a
         cwd=tmp,
         health="/v2/health/ready",
         api=api,
+        grpc_port=settings["grpc_port"],
     )

@@ -97,6 +97,7 @@ class Server:
         *,
         health: str = "/ping",
         api: str | None = None,
+        grpc_port: int = 0,
     ) -> None:
         self.name = name
         self.argv = argv
@@ -105,6 +106,8 @@ class Server:
         #: The inference path its load uses (None: the benchmark's --api).
         self.api = api
         self.port = port
+        #: The port of its Open Inference Protocol over gRPC (0: none).
+        self.grpc_port = grpc_port
         self.log_path = log
         self._log: IO[bytes] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -168,9 +171,16 @@ class Server:
 
 
 def mmserver(
-    store: Path, cache: Path, log: Path, extra: list[str], exe: Path | None = None
+    store: Path,
+    cache: Path,
+    log: Path,
+    extra: list[str],
+    exe: Path | None = None,
+    grpc: bool = False,
 ) -> Server:
+    """mmserver on the store (started by the caller); with ``grpc``, serving gRPC too."""
     port = free_port()
+    grpc_port = free_port() if grpc else 0
     exe = exe or Path(sys.executable).with_name("mmserver")
     argv = [
         str(exe),
@@ -183,11 +193,12 @@ def mmserver(
         HOST,
         "--port",
         str(port),
+        *(["--grpc-port", str(grpc_port)] if grpc_port else []),
         *extra,
     ]
     # Run outside any checkout: the backend processes import the package the executable was
     # installed with, not a source tree that happens to be the working directory.
-    return Server("mmserver", argv, port, log, cwd=cache.resolve().parent)
+    return Server("mmserver", argv, port, log, cwd=cache.resolve().parent, grpc_port=grpc_port)
 
 
 def floor(log: Path) -> Server:

@@ -19,6 +19,7 @@ import os
 import resource
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,16 +185,22 @@ def finish(proc: subprocess.Popen[str], load: Load) -> WrkResult:
     return parse(stdout, load)
 
 
-def run(load: Load, server_pid: int | None = None, quiet_wait_s: float = 0.0) -> WrkResult:
+def run(
+    load: Load,
+    server_pid: int | None = None,
+    quiet_wait_s: float = 0.0,
+    execute: Callable[[Load], WrkResult] | None = None,
+) -> WrkResult:
     """Run wrk on ``load`` and return what it measured, with the CPU use of wrk and (given its
     pid) of the server's process tree meanwhile. First wait up to ``quiet_wait_s`` for the
-    machine to be quiet (:func:`servers.wait_quiet`)."""
+    machine to be quiet (:func:`servers.wait_quiet`). ``execute`` runs another load generator
+    in wrk's place (its child processes' CPU is counted as wrk's)."""
     waited = servers.wait_quiet(quiet_wait_s) if quiet_wait_s else 0.0
     wrk_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server_before = servers.tree_cpu(server_pid) if server_pid else {}
     busy_before = servers.machine_busy()
     started = time.monotonic()
-    result = finish(start(load), load)
+    result = execute(load) if execute is not None else finish(start(load), load)
     elapsed = time.monotonic() - started
     busy = servers.machine_busy() - busy_before
     wrk_after = resource.getrusage(resource.RUSAGE_CHILDREN)
