@@ -374,8 +374,7 @@ class LeanConnection(asyncio.Protocol):
             return
         rest = data[pos:] if pos else data
         if (pos or not fresh) and (
-            taken == _BODY_TO_COME
-            or (len(rest) < _MAX_HEAD and _may_start_lean(rest))
+            taken == _BODY_TO_COME or (len(rest) < _MAX_HEAD and _may_start_lean(rest))
         ):
             self._unread = rest
             self._unread_since = time.monotonic()

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 #: Batches longer than this (wall time) have their CPU time read from the CPU clock.
 _CPU_CLOCK_ABOVE_S = 0.0005
+#: The longest a reply waits for the replies after it, to go out in one system call with them.
+_GATHER_S = 0.001
 
 
 def rss_bytes() -> int:
@@ -166,7 +168,18 @@ def child_main(
     sock.setblocking(True)
     reader = FrameReader(sock)
     models = Models()
+    # The replies to the batches of one read go out together (one system call, one wake-up of
+    # the frontend): under load the frontend writes several light models' batches in one turn
+    # of its event loop, and each reply sent alone cost a system call here and a turn of the
+    # event loop there. A reply waits for no load, and for batches only _GATHER_S (what the
+    # frontend admits behind a batch is within PIPELINE_BUDGET_S of estimated time anyway).
+    replies: list[bytes] = []
+    first = 0.0
     while True:
+        if replies and not reader.has_frame():
+            if not _send(sock, replies):
+                return
+            replies = []
         try:
             data = reader.read()
         except OSError:
@@ -175,23 +188,11 @@ def child_main(
             return
         message = pickle.loads(data)
         del data
-        op = message[0]
-        reply: tuple[Any, ...]
-        try:
-            if op == wire.PREDICT:
-                reply = (wire.OK, models.predict(message[1], message[2]))
-            elif op == wire.LOAD:
-                reply = (wire.OK, models.load(message[1]))
-            elif op == wire.UNLOAD:
-                models.unload(message[1])
-                reply = (wire.OK, None)
-            else:
-                reply = (wire.OK, os.getpid())
-        except errors.MMServerError as exc:
-            reply = (wire.ERR, type(exc).__name__, exc.message, exc.model)
-        except Exception as exc:
-            kind = "ModelLoadError" if op == wire.LOAD else "ModelError"
-            reply = (wire.ERR, kind, f"{type(exc).__name__}: {exc}", None)
+        if replies and (message[0] != wire.PREDICT or time.perf_counter() - first >= _GATHER_S):
+            if not _send(sock, replies):
+                return
+            replies = []
+        reply = _answer(models, message)
         del message
         try:
             parts = frame(reply)
@@ -199,7 +200,34 @@ def child_main(
             parts = frame(
                 (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}", None)
             )
-        try:
-            send_frame(sock, parts)
-        except OSError:
-            return
+        if not replies:
+            first = time.perf_counter()
+        replies.extend(parts)
+
+
+def _send(sock: socket.socket, replies: list[bytes]) -> bool:
+    """Send the frames of ``replies`` in one call: whether the frontend is still there."""
+    try:
+        send_frame(sock, replies)
+    except OSError:
+        return False
+    return True
+
+
+def _answer(models: Models, message: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The reply to one message of the frontend."""
+    op = message[0]
+    try:
+        if op == wire.PREDICT:
+            return (wire.OK, models.predict(message[1], message[2]))
+        if op == wire.LOAD:
+            return (wire.OK, models.load(message[1]))
+        if op == wire.UNLOAD:
+            models.unload(message[1])
+            return (wire.OK, None)
+        return (wire.OK, os.getpid())
+    except errors.MMServerError as exc:
+        return (wire.ERR, type(exc).__name__, exc.message, exc.model)
+    except Exception as exc:
+        kind = "ModelLoadError" if op == wire.LOAD else "ModelError"
+        return (wire.ERR, kind, f"{type(exc).__name__}: {exc}", None)
