@@ -93,6 +93,8 @@ _HAND = -1
 _BODY_TO_COME = -2
 #: Seconds between looks at the lean connections' idle time.
 _SWEEP_S = 1.0
+#: Paths whose route a lean front remembers (then it forgets them all and starts again).
+_ROUTES_KEPT = 4096
 
 
 def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
@@ -261,13 +263,15 @@ class LeanConnection(asyncio.Protocol):
         # The request being parsed: what httptools reported of it.
         self._url = b""
         self._fields: dict[bytes, bytes] = {}
-        self._plain = True  # no repeated header, every value ASCII
+        self._repeated = False  # a header came more than once
         self._head_done = False
         self._complete = False
         #: Where the body of a request whose head was fed starts, from that request's first
         #: byte (0: no such request).
         self._body_at = 0
         self._length = 0
+        #: The lean route of the request whose head was fed, with its placeholders' values.
+        self._route: tuple[Route, dict[str, str]] | None = None
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -329,8 +333,8 @@ class LeanConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         key = name.lower()
         fields = self._fields
-        if key in fields or not value.isascii():
-            self._plain = False
+        if key in fields:
+            self._repeated = True
         fields[key] = value
 
     def on_headers_complete(self) -> None:
@@ -355,21 +359,20 @@ class LeanConnection(asyncio.Protocol):
         if self._unread:
             data = self._unread + data
             self._unread = b""
-        view = memoryview(data)
         pos = 0
         size = len(data)
         taken = 0
-        while pos < size:
-            if len(self._answers) >= _MAX_OWED:
-                self._unread = data[pos:]
-                assert self.flow is not None
-                self.flow.pause_reading()
-                return
-            taken = self._take(data, view, pos)
-            if taken <= 0:
-                break
-            pos = taken
-        view.release()
+        with memoryview(data) as view:  # httptools is fed slices of it, not copies
+            while pos < size:
+                if len(self._answers) >= _MAX_OWED:
+                    self._unread = data[pos:]
+                    assert self.flow is not None
+                    self.flow.pause_reading()
+                    return
+                taken = self._take(data, view, pos)
+                if taken <= 0:
+                    break
+                pos = taken
         if pos == size:
             return
         rest = data[pos:] if pos else data
@@ -394,7 +397,7 @@ class LeanConnection(asyncio.Protocol):
             if end < 0:
                 return 0
             body_start = end + 4
-            if not self._head(view[pos:body_start]):
+            if not self._head(data, view[pos:body_start], pos):
                 return _HAND
         body_end = body_start + self._length
         if body_end > len(data):
@@ -408,12 +411,11 @@ class LeanConnection(asyncio.Protocol):
                 return _HAND
         if not self._complete:
             return _HAND
-        matched = match_inference(self._url.decode())
-        if matched is None:
-            return _HAND  # not a lean route: aiohttp answers it (or 404)
         fields = self._fields
+        route = self._route
+        assert route is not None
         self._serve(
-            *matched,
+            *route,
             fields.get(b"x-amzn-sagemaker-target-model"),
             data[body_start:body_end],
             fields.get(b"content-type"),
@@ -423,28 +425,27 @@ class LeanConnection(asyncio.Protocol):
         )
         return body_end
 
-    def _head(self, head: memoryview) -> bool:
-        """Feed httptools one request's head (its request line to its blank line): whether the
-        request is the lean path's (see the module docstring)."""
+    def _head(self, data: bytes, head: memoryview, pos: int) -> bool:
+        """Feed httptools one request's head (``head``, at ``pos`` in ``data``: its request
+        line to its blank line): whether the request is the lean path's (see the module
+        docstring)."""
         fields: dict[bytes, bytes] = {}
         self._fields = fields
-        self._plain = True
-        self._head_done = self._complete = False
-        parser = self._parser
+        self._repeated = self._head_done = self._complete = False
         try:
-            parser.feed_data(head)
+            self._parser.feed_data(head)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             return False
         url = self._url
         if (
             not self._head_done
-            or not self._plain
+            or self._repeated
             or len(fields) >= _MAX_FIELDS
-            or parser.get_method() != b"POST"
-            or parser.get_http_version() != "1.1"
-            or url[:1] != b"/"
-            or url.translate(None, _PATH_CHARS)
-            or b"/." in url
+            # The request line llhttp accepted, spelled exactly so (the parser's getters cost
+            # more than these two comparisons): POST, then HTTP/1.1 after the target.
+            or not data.startswith(b"POST ", pos)
+            or not data.startswith(b" HTTP/1.1\r\n", pos + 5 + len(url))
+            or not head.tobytes().isascii()
             or b"host" not in fields
             or not _NOT_LEAN.isdisjoint(fields)
         ):
@@ -456,8 +457,15 @@ class LeanConnection(asyncio.Protocol):
         if length is None:
             return False
         self._length = size = int(length)
-        limit = self.front.max_request_size
-        return not (limit and size > limit)
+        front = self.front
+        limit = front.max_request_size
+        if limit and size > limit:
+            return False
+        route = front.route(url)
+        if route is None:
+            return False  # not a lean route: aiohttp answers it (or 404)
+        self._route = route
+        return True
 
     def _serve(
         self,
@@ -616,6 +624,24 @@ class LeanFront:
         #: Requests the lean path took so far.
         self.taken = 0
         self._sweeper: asyncio.TimerHandle | None = None
+        self._routes: dict[bytes, tuple[Route, dict[str, str]] | None] = {}
+
+    def route(self, url: bytes) -> tuple[Route, dict[str, str]] | None:
+        """The lean route of a request's target with the values of its placeholders, ``None``
+        for a target the lean path does not take; remembered (matching costs more than the
+        rest of a request's parse, and clients call few paths over and over)."""
+        routes = self._routes
+        try:
+            return routes[url]
+        except KeyError:
+            pass
+        matched = None
+        if url[:1] == b"/" and not url.translate(None, _PATH_CHARS) and b"/." not in url:
+            matched = match_inference(url.decode())
+        if len(routes) >= _ROUTES_KEPT:
+            routes.clear()
+        routes[url] = matched
+        return matched
 
     def connection(self) -> LeanConnection:
         """The protocol of a new connection."""
