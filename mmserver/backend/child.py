@@ -168,12 +168,12 @@ def child_main(
     sock.setblocking(True)
     reader = FrameReader(sock)
     models = Models()
-    # The replies to the batches of one read go out together (one system call, one wake-up of
-    # the frontend): under load the frontend writes several light models' batches in one turn
-    # of its event loop, and each reply sent alone cost a system call here and a turn of the
-    # event loop there. A reply waits for no load, and for batches only _GATHER_S (what the
-    # frontend admits behind a batch is within PIPELINE_BUDGET_S of estimated time anyway).
-    replies: list[bytes] = []
+    # The replies to the batches of one read go out together, in one frame (one pickle, one
+    # system call, one wake-up of the frontend): under load the frontend writes several light
+    # models' batches in one turn of its event loop. A reply waits for no load, and for
+    # batches only _GATHER_S (what the frontend admits behind a batch is within
+    # PIPELINE_BUDGET_S of estimated time anyway).
+    replies: list[tuple[Any, ...]] = []
     first = 0.0
     while True:
         if replies and not reader.has_frame():
@@ -188,30 +188,38 @@ def child_main(
             return
         message = pickle.loads(data)
         del data
-        if replies and (message[0] != wire.PREDICT or time.perf_counter() - first >= _GATHER_S):
-            if not _send(sock, replies):
-                return
-            replies = []
-        reply = _answer(models, message)
+        for each in message[1] if message[0] == wire.MANY else (message,):
+            if replies and (each[0] != wire.PREDICT or time.perf_counter() - first >= _GATHER_S):
+                if not _send(sock, replies):
+                    return
+                replies = []
+            if not replies:
+                first = time.perf_counter()
+            replies.append(_answer(models, each))
         del message
-        try:
-            parts = frame(reply)
-        except Exception as exc:
-            parts = frame(
-                (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}", None)
-            )
-        if not replies:
-            first = time.perf_counter()
-        replies.extend(parts)
 
 
-def _send(sock: socket.socket, replies: list[bytes]) -> bool:
-    """Send the frames of ``replies`` in one call: whether the frontend is still there."""
+def _send(sock: socket.socket, replies: list[tuple[Any, ...]]) -> bool:
+    """Send ``replies`` in one frame: whether the frontend is still there."""
     try:
-        send_frame(sock, replies)
+        parts = frame(replies[0] if len(replies) == 1 else (wire.MANY, replies))
+    except Exception:
+        parts = [part for reply in replies for part in _frame(reply)]
+    try:
+        send_frame(sock, parts)
     except OSError:
         return False
     return True
+
+
+def _frame(reply: tuple[Any, ...]) -> list[bytes]:
+    """One reply's frame; if its answer cannot be pickled, the error that says so."""
+    try:
+        return frame(reply)
+    except Exception as exc:
+        return frame(
+            (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}", None)
+        )
 
 
 def _answer(models: Models, message: tuple[Any, ...]) -> tuple[Any, ...]:
