@@ -70,9 +70,7 @@ def _fixed(body: bytes) -> bytes:
 _RAW_ANSWER = _fixed(ANSWER)
 _RAW_V2_ANSWER = _fixed(V2_ANSWER)
 _RAW_PING = _fixed(b'{"status": "Healthy"}')
-_RAW_BAD = (
-    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-)
+_RAW_BAD = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class RawFloor(asyncio.Protocol):
