@@ -37,31 +37,27 @@ Its answers are the aiohttp handler's (:mod:`mmserver.api.inference`): the same 
 headers (``Content-Type``, ``X-Request-Id``, ``x-amzn-ErrorType``, ``Retry-After``, ``Date``,
 ``Server``) and the same metrics. The connection rules hold too: lean connections count against
 ``max_connections``; one idle for ``keepalive_timeout`` is closed (looked at every second);
-reading stops while the socket's send buffer is full (:class:`LeanFlow`), and an answer the
-client does not take within ``send_timeout`` is dropped with the connection. ``lean_http =
-false`` (or ``access_log``, which aiohttp writes) leaves every request to aiohttp.
+reading stops while the socket's send buffer is full, and an answer the client does not take
+within ``send_timeout`` is dropped with the connection (:mod:`mmserver.api.leanflow`). The
+answers are written by :mod:`mmserver.api.leananswer`. ``lean_http = false`` (or
+``access_log``, which aiohttp writes) leaves every request to aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import socket
 import time
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import cast
 
 import httptools
-from aiohttp.helpers import rfc822_formatted_time
 
-from mmserver.api import REQUEST_ID, ApiState
-from mmserver.api.dataplane import Exchange
-from mmserver.api.middleware import render_error
-from mmserver.api.protocols import JSON, Protocol, Route, match_inference
-
-log = logging.getLogger(__name__)
+from mmserver.api import ApiState
+from mmserver.api.leananswer import LeanExchange
+from mmserver.api.leanflow import LeanFlow
+from mmserver.api.protocols import Route, match_inference
 
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
@@ -80,11 +76,6 @@ _NOT_LEAN = frozenset(
         b"sec-websocket-key1",
     }
 )
-_CONTENT_TYPE = "Content-Type"
-_OK = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
-    b"Content-Length: %d\r\nDate: %s\r\nServer: mmserver\r\n\r\n%s"
-)
 #: Answers a connection may owe (pipelined requests): past them, reading waits for half of them.
 _MAX_OWED = 128
 #: What :meth:`LeanConnection._take` returns for a request left to aiohttp, and for one whose
@@ -97,24 +88,6 @@ _SWEEP_S = 1.0
 _ROUTES_KEPT = 4096
 
 
-def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
-    """A whole answer: status line, headers, ``Content-Length``, ``Date``, ``Server``, body."""
-    try:
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = ""  # 499, say: aiohttp writes none either
-    lines = [f"HTTP/1.1 {status} {reason}"]
-    lines.extend(f"{name}: {value}" for name, value in headers.items())
-    lines.append(f"Content-Length: {len(body)}\r\n")
-    head = "\r\n".join(lines).encode()
-    return b"%sDate: %s\r\nServer: mmserver\r\n\r\n%s" % (head, _date(), body)
-
-
-def _date() -> bytes:
-    """The ``Date`` header's value, as aiohttp writes it (made again once a second)."""
-    return rfc822_formatted_time().encode()
-
-
 def _text(value: bytes) -> str:
     """A header's value as aiohttp reads it (without the white space llhttp leaves at its end;
     ASCII: the lean path takes no other)."""
@@ -124,117 +97,6 @@ def _text(value: bytes) -> str:
 def _may_start_lean(start: bytes) -> bool:
     """Whether ``start``, a head not yet whole, may begin a request the lean path takes."""
     return b"\r\n\r\n" not in start and start[:6] == b"POST /"[: len(start)]
-
-
-class _Exchange(Exchange):
-    """One request taken by the lean path, until its answer is written: its answer is ``data``
-    once known. Called with the submission's future when that is done."""
-
-    __slots__ = ("conn", "data", "path")
-
-    def __init__(self, conn: LeanConnection, protocol: Protocol, path: bytes, rid: str) -> None:
-        super().__init__(conn.state, protocol, rid)
-        self.conn = conn
-        self.path = path
-        self.data: bytes | None = None
-
-    def __call__(self, answer: asyncio.Future[bytes]) -> None:
-        try:
-            self._settle(answer)
-        except Exception:
-            log.exception("unexpected error answering POST %s", self.path.decode())
-            self.conn.abandon()
-
-    def _settle(self, answer: asyncio.Future[bytes]) -> None:
-        conn = self.conn
-        if answer.cancelled():
-            # The server is stopping: no answer and nothing to count, as in aiohttp's handler;
-            # the answers after this one could not be written in order.
-            conn.abandon()
-            return
-        error = answer.exception()
-        if error is None:
-            try:
-                self._answered(answer.result())
-            except Exception as exc:
-                self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
-        else:
-            self.fail(error)
-        conn.flush()
-
-    def _answered(self, answer: bytes) -> None:
-        body, content_type, extra = self.answered(answer)
-        if extra is None:
-            self.data = _OK % (
-                content_type.encode("latin-1"),
-                self.rid.encode(),
-                len(body),
-                _date(),
-                body,
-            )
-        else:
-            headers = {_CONTENT_TYPE: content_type, **extra, REQUEST_ID: self.rid}
-            self.data = _answer(200, headers, body)
-
-    def fail(self, error: BaseException) -> None:
-        """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
-        shown = self.failed(error, "POST", self.path.decode())
-        body, headers = render_error(self.state, shown, self.rid, self.protocol)
-        headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
-        self.data = _answer(shown.status_code, headers, body)
-
-
-class LeanFlow:
-    """A lean connection's flow control (uvicorn's ``FlowControl`` shape): reading is paused
-    while the socket's send buffer is full, and once it has been full for ``send_timeout`` the
-    connection is aborted, so the answers the client does not take free their memory. The
-    connection pauses reading for its own reasons too (answers owed, a hand-over) through
-    :meth:`pause_reading` and :meth:`resume_reading`; each calls the transport only on a change."""
-
-    __slots__ = ("_send_timeout", "_stall", "_transport", "read_paused", "write_paused")
-
-    def __init__(self, transport: asyncio.Transport, send_timeout: float) -> None:
-        self._transport = transport
-        self._send_timeout = send_timeout
-        self._stall: asyncio.TimerHandle | None = None
-        self.read_paused = False
-        self.write_paused = False
-
-    def pause_reading(self) -> None:
-        if not self.read_paused:
-            self.read_paused = True
-            self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.read_paused:
-            self.read_paused = False
-            self._transport.resume_reading()
-
-    def pause_writing(self) -> None:
-        """The send buffer is full: read no more, and start the ``send_timeout`` clock."""
-        self.write_paused = True
-        self.pause_reading()
-        if self._send_timeout and self._stall is None:
-            self._stall = asyncio.get_running_loop().call_later(self._send_timeout, self._stalled)
-
-    def resume_writing(self) -> None:
-        """The send buffer drained: stop the clock (reading resumes when the connection says)."""
-        self.write_paused = False
-        self.stop()
-
-    def stop(self) -> None:
-        """Stop the ``send_timeout`` clock (the connection is lost or handed over)."""
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-
-    def _stalled(self) -> None:
-        self._stall = None
-        log.info(
-            "dropped a connection whose client did not take its answers within %g s (send_timeout)",
-            self._send_timeout,
-        )
-        self._transport.abort()
 
 
 class LeanConnection(asyncio.Protocol):
@@ -250,7 +112,7 @@ class LeanConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.flow: LeanFlow | None = None
         self._parser = httptools.HttpRequestParser(self)
-        self._answers: collections.deque[_Exchange] = collections.deque()
+        self._answers: collections.deque[LeanExchange] = collections.deque()
         #: Bytes kept for aiohttp while the answers before them are written (None: serving).
         self._held: bytes | None = None
         self._closing = False  # write the answers owed, then close
@@ -479,7 +341,7 @@ class LeanConnection(asyncio.Protocol):
         rid: bytes | None,
     ) -> None:
         self.front.taken += 1
-        exchange = _Exchange(
+        exchange = LeanExchange(
             self,
             route.protocol,
             self._url,

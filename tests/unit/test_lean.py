@@ -1,5 +1,5 @@
 """The lean path's parse and take (:class:`mmserver.api.lean.LeanConnection`) and its flow
-control (:class:`mmserver.api.lean.LeanFlow`) on a mock transport: which requests it takes,
+control (:class:`mmserver.api.leanflow.LeanFlow`) on a mock transport: which requests it takes,
 which it hands to aiohttp and from which byte, and when it reads."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from mmserver.api import ApiState
-from mmserver.api.lean import LeanConnection, LeanFlow, LeanFront
+from mmserver.api.lean import LeanConnection, LeanFront
+from mmserver.api.leanflow import LeanFlow
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 
