@@ -5,27 +5,41 @@ the router, the connection's task and its writer cost several times what the mod
 Yet almost every request a model server gets is alike: ``POST`` on an inference path (DJL's,
 SageMaker's three, the Open Inference Protocol's ``/v2/models/{model}/infer``), ``HTTP/1.1``, a
 ``Content-Length`` body that arrives with its headers.
-:class:`LeanConnection` is the protocol of every new connection. It takes such requests itself
-(a strict subset of HTTP/1.1, checked by one regular expression), submits them to the
-WorkLoadManager and writes each answer when its future is done: no task, coroutine or object of
-aiohttp per request. Pipelined requests are answered in order.
+:class:`LeanConnection` is the protocol of every new connection. It parses with httptools (llhttp,
+the parser aiohttp itself runs on; one parser per connection), takes such requests itself,
+submits them through the data plane (:class:`~mmserver.api.dataplane.Exchange`) and writes each
+answer when its future is done: no task, coroutine or object of aiohttp per request. Pipelined
+requests are answered in order.
 
-Anything else hands the connection to aiohttp (:mod:`mmserver.api.connections`) from that
-request's first byte, once the answers before it are written: another path or method, a query
-string or a percent-encoded name, ``HTTP/1.0``, a chunked or compressed body, ``Expect``,
-``Upgrade``, ``Connection: close``, no ``Host`` or a repeated header, a header that is not plain
-ASCII, a body over ``max_request_size``, a request that is not whole in the read that brought it
-(behind pipelined requests: in the next read, and within about a second). aiohttp then serves
-that request and every later one on the connection as it would have from the start, with all its
-rules. So the lean path takes only what it can answer exactly as aiohttp's handler would; what
-it does not take is never half read.
+What llhttp refuses (a malformed request line or header, a bad or repeated ``Content-Length``,
+``Content-Length`` beside ``Transfer-Encoding``, a bare ``LF``) and everything the lean path does
+not answer itself hands the connection to aiohttp (:mod:`mmserver.api.connections`) from that
+request's first byte, once the answers before it are written. The lean path's own rules, each
+one about what it takes (not about what is valid HTTP):
+
+- ``POST`` over ``HTTP/1.1`` on an inference path of :func:`~mmserver.api.protocols.match_inference`
+  spelled in unreserved characters (no query, percent-encoding or dot segment: aiohttp normalizes
+  those first);
+- a ``Host`` and a ``Content-Length`` within ``max_request_size``, no header repeated (aiohttp
+  refuses some repeats and joins others), every value plain ASCII;
+- no ``Transfer-Encoding``, ``Content-Encoding``, ``Expect``, ``Upgrade`` or ``Connection`` other
+  than ``keep-alive`` (aiohttp decodes, continues, refuses or closes);
+- within aiohttp's limits: a head of at most 8,190 bytes and fewer than 128 fields;
+- whole in the read that brought it (behind pipelined requests: in the next read, and within
+  about a second).
+
+aiohttp then serves that request and every later one on the connection as it would have from
+the start, with all its rules. So the lean path takes only what it can answer exactly as
+aiohttp's handler would; what it does not take is never half read: the bytes of a request llhttp
+has parsed are kept until the request is taken.
 
 Its answers are the aiohttp handler's (:mod:`mmserver.api.inference`): the same status, body and
 headers (``Content-Type``, ``X-Request-Id``, ``x-amzn-ErrorType``, ``Retry-After``, ``Date``,
 ``Server``) and the same metrics. The connection rules hold too: lean connections count against
 ``max_connections``; one idle for ``keepalive_timeout`` is closed (looked at every second);
 reading stops while the socket's send buffer is full, and an answer the client does not take
-within ``send_timeout`` is dropped with the connection. ``lean_http = false`` (or
+within ``send_timeout`` is dropped with the connection (:mod:`mmserver.api.leanflow`). The
+answers are written by :mod:`mmserver.api.leananswer`. ``lean_http = false`` (or
 ``access_log``, which aiohttp writes) leaves every request to aiohttp.
 """
 
@@ -33,37 +47,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
-import re
 import socket
 import time
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import cast
 
-from aiohttp.helpers import rfc822_formatted_time
+import httptools
 
-from mmserver.api import REQUEST_ID, ApiState
-from mmserver.api.dataplane import Exchange
-from mmserver.api.middleware import render_error
-from mmserver.api.protocols import JSON, Protocol, Route, match_inference
+from mmserver.api import ApiState
+from mmserver.api.leananswer import LeanExchange
+from mmserver.api.leanflow import LeanFlow
+from mmserver.api.protocols import Route, match_inference
 
-log = logging.getLogger(__name__)
-
-_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
-#: A request the lean path may take, from its first byte to the ``CRLF`` ending its last header:
-#: ``POST``, a path of unreserved characters only (no query, no percent-encoding), HTTP/1.1, and
-#: header lines of a token, a colon and printable ASCII.
-_HEAD = re.compile(
-    rb"POST (/[A-Za-z0-9._~/-]*) HTTP/1\.1\r\n((?:" + _TOKEN + rb":[\t\x20-\x7e]*\r\n)*)"
-)
-#: One header field (its value stripped in Python: a lazy match before optional white space
-#: would take time quadratic in a value's spaces).
-_FIELD = re.compile(rb"(" + _TOKEN + rb"):([\t\x20-\x7e]*)\r\n")
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
 #: aiohttp's most header fields: a request with as many is aiohttp's to refuse.
 _MAX_FIELDS = 128
+#: The characters of a path the lean path takes (unreserved ones and ``/``).
+_PATH_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~/-"
 #: Headers whose presence leaves the request to aiohttp.
 _NOT_LEAN = frozenset(
     {
@@ -75,34 +76,22 @@ _NOT_LEAN = frozenset(
         b"sec-websocket-key1",
     }
 )
-_CONTENT_TYPE = "Content-Type"
-_OK = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
-    b"Content-Length: %d\r\nDate: %s\r\nServer: mmserver\r\n\r\n%s"
-)
 #: Answers a connection may owe (pipelined requests): past them, reading waits for half of them.
 _MAX_OWED = 128
+#: What :meth:`LeanConnection._take` returns for a request left to aiohttp, and for one whose
+#: head is taken but whose body has not all arrived.
+_HAND = -1
 _BODY_TO_COME = -2
 #: Seconds between looks at the lean connections' idle time.
 _SWEEP_S = 1.0
+#: Paths whose route a lean front remembers (then it forgets them all and starts again).
+_ROUTES_KEPT = 4096
 
 
-def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
-    """A whole answer: status line, headers, ``Content-Length``, ``Date``, ``Server``, body."""
-    try:
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = ""  # 499, say: aiohttp writes none either
-    lines = [f"HTTP/1.1 {status} {reason}"]
-    lines.extend(f"{name}: {value}" for name, value in headers.items())
-    lines.append(f"Content-Length: {len(body)}\r\n")
-    head = "\r\n".join(lines).encode()
-    return b"%sDate: %s\r\nServer: mmserver\r\n\r\n%s" % (head, _date(), body)
-
-
-def _date() -> bytes:
-    """The ``Date`` header's value, as aiohttp writes it (made again once a second)."""
-    return rfc822_formatted_time().encode()
+def _text(value: bytes) -> str:
+    """A header's value as aiohttp reads it (without the white space llhttp leaves at its end;
+    ASCII: the lean path takes no other)."""
+    return value.rstrip(b" \t").decode("ascii")
 
 
 def _may_start_lean(start: bytes) -> bool:
@@ -110,89 +99,47 @@ def _may_start_lean(start: bytes) -> bool:
     return b"\r\n\r\n" not in start and start[:6] == b"POST /"[: len(start)]
 
 
-class _Exchange(Exchange):
-    """One request taken by the lean path, until its answer is written: its answer is ``data``
-    once known. Called with the submission's future when that is done."""
-
-    __slots__ = ("conn", "data", "path")
-
-    def __init__(self, conn: LeanConnection, protocol: Protocol, path: bytes, rid: str) -> None:
-        super().__init__(conn.state, protocol, rid)
-        self.conn = conn
-        self.path = path
-        self.data: bytes | None = None
-
-    def __call__(self, answer: asyncio.Future[bytes]) -> None:
-        try:
-            self._settle(answer)
-        except Exception:
-            log.exception("unexpected error answering POST %s", self.path.decode())
-            self.conn.abandon()
-
-    def _settle(self, answer: asyncio.Future[bytes]) -> None:
-        conn = self.conn
-        if answer.cancelled():
-            # The server is stopping: no answer and nothing to count, as in aiohttp's handler;
-            # the answers after this one could not be written in order.
-            conn.abandon()
-            return
-        error = answer.exception()
-        if error is None:
-            try:
-                self._answered(answer.result())
-            except Exception as exc:
-                self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
-        else:
-            self.fail(error)
-        conn.flush()
-
-    def _answered(self, answer: bytes) -> None:
-        body, content_type, extra = self.answered(answer)
-        if extra is None:
-            self.data = _OK % (
-                content_type.encode("latin-1"),
-                self.rid.encode(),
-                len(body),
-                _date(),
-                body,
-            )
-        else:
-            headers = {_CONTENT_TYPE: content_type, **extra, REQUEST_ID: self.rid}
-            self.data = _answer(200, headers, body)
-
-    def fail(self, error: BaseException) -> None:
-        """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
-        shown = self.failed(error, "POST", self.path.decode())
-        body, headers = render_error(self.state, shown, self.rid, self.protocol)
-        headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
-        self.data = _answer(shown.status_code, headers, body)
-
-
 class LeanConnection(asyncio.Protocol):
-    """One client connection while the lean path serves it (see the module docstring)."""
+    """One client connection while the lean path serves it (see the module docstring).
+
+    httptools calls its ``on_*`` methods while :meth:`_take` feeds it one request's head, then
+    that request's body: the bytes fed are always whole parts of one request, so where a request
+    starts is known, and a request left to aiohttp is handed over from its first byte."""
 
     def __init__(self, front: LeanFront) -> None:
         self.front = front
         self.state = front.state
         self.transport: asyncio.Transport | None = None
-        self._answers: collections.deque[_Exchange] = collections.deque()
+        self.flow: LeanFlow | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._answers: collections.deque[LeanExchange] = collections.deque()
         #: Bytes kept for aiohttp while the answers before them are written (None: serving).
         self._held: bytes | None = None
         self._closing = False  # write the answers owed, then close
-        self._write_paused = False
-        #: Bytes received and not parsed yet: requests that came while :data:`_MAX_OWED`
+        #: Bytes received and not taken yet: requests that came while :data:`_MAX_OWED`
         #: answers were owed, or the start of a request the next read completes.
         self._unread = b""
         self._unread_since = 0.0
-        self._reading_paused = False
-        self._send_timer: asyncio.TimerHandle | None = None
         self._lost: asyncio.Future[None] | None = None
         self.idle_since = time.monotonic()
+        # The request being parsed: what httptools reported of it.
+        self._url = b""
+        self._fields: dict[bytes, bytes] = {}
+        self._repeated = False  # a header came more than once
+        self._head_done = False
+        self._complete = False
+        #: Where the body of a request whose head was fed starts, from that request's first
+        #: byte (0: no such request).
+        self._body_at = 0
+        self._length = 0
+        #: The lean route of the request whose head was fed, with its placeholders' values.
+        self._route: tuple[Route, dict[str, str]] | None = None
 
     # -- the connection ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = tcp = cast(asyncio.Transport, transport)
+        self.flow = LeanFlow(tcp, self.front.send_timeout)
         sock = tcp.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -205,60 +152,58 @@ class LeanConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
         self.front.connections.discard(self)
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
+        if self.flow is not None:
+            self.flow.stop()
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(None)
 
     def pause_writing(self) -> None:
-        self._write_paused = True
-        self._pause_reading()
-        timeout = self.front.send_timeout
-        if timeout and self._send_timer is None:
-            self._send_timer = asyncio.get_running_loop().call_later(timeout, self._send_stalled)
+        assert self.flow is not None
+        self.flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
+        assert self.flow is not None
+        self.flow.resume_writing()
         if (self._held is not None or self._closing) and not self._answers:
             self._answers_written()
         else:
             self._read_on()
 
-    def _pause_reading(self) -> None:
-        if self.transport is not None and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
     def _read_on(self) -> None:
-        """Read again (and parse what was left unread) when nothing holds the connection back:
+        """Read again (and take what was left unread) when nothing holds the connection back:
         a full send buffer, too many answers owed, a hand-over or a close under way."""
-        transport = self.transport
+        flow = self.flow
         if (
-            transport is None
-            or not self._reading_paused
-            or self._write_paused
+            self.transport is None
+            or flow is None
+            or not flow.read_paused
+            or flow.write_paused
             or self._held is not None
             or self._closing
             or len(self._answers) > _MAX_OWED // 2
         ):
             return
-        self._reading_paused = False
-        transport.resume_reading()
+        flow.resume_reading()
         if self._unread:
             self._parse(b"", fresh=False)
 
-    def _send_stalled(self) -> None:
-        self._send_timer = None
-        log.info(
-            "dropped a connection whose client did not take its answers within %g s (send_timeout)",
-            self.front.send_timeout,
-        )
-        if self.transport is not None:
-            self.transport.abort()
+    # -- httptools' callbacks ---------------------------------------------------------------
+
+    def on_url(self, url: bytes) -> None:
+        self._url = url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.lower()
+        fields = self._fields
+        if key in fields:
+            self._repeated = True
+        fields[key] = value
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+
+    def on_message_complete(self) -> None:
+        self._complete = True
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -279,21 +224,17 @@ class LeanConnection(asyncio.Protocol):
         pos = 0
         size = len(data)
         taken = 0
-        while pos < size:
-            if len(self._answers) >= _MAX_OWED:
-                self._unread = data[pos:]
-                self._pause_reading()
-                return
-            end = data.find(b"\r\n\r\n", pos, pos + _MAX_HEAD)
-            if end < 0:
-                break
-            head = _HEAD.fullmatch(data, pos, end + 2)
-            if head is None:
-                break
-            taken = self._take(data, head, end + 4)
-            if taken < 0:
-                break
-            pos = taken
+        with memoryview(data) as view:  # httptools is fed slices of it, not copies
+            while pos < size:
+                if len(self._answers) >= _MAX_OWED:
+                    self._unread = data[pos:]
+                    assert self.flow is not None
+                    self.flow.pause_reading()
+                    return
+                taken = self._take(data, view, pos)
+                if taken <= 0:
+                    break
+                pos = taken
         if pos == size:
             return
         rest = data[pos:] if pos else data
@@ -305,90 +246,119 @@ class LeanConnection(asyncio.Protocol):
         else:
             self._hand_off(rest)
 
-    def _take(self, data: bytes, head: re.Match[bytes], body_start: int) -> int:
-        """Serve the request ``head`` matched, if it is the lean path's: where the next request
-        starts; -1 to leave it (and what follows) to aiohttp; :data:`_BODY_TO_COME` when it is
-        the lean path's but its body has not all arrived."""
-        length = -1
-        content_type = accept = rid = target = header_length = None
-        fields = _FIELD.findall(data, head.start(2), head.end(2))
-        if len(fields) >= _MAX_FIELDS:
-            return -1
-        seen: set[bytes] = set()
-        for field, raw in fields:
-            key = field.lower()
-            if key in seen:
-                return -1  # aiohttp refuses some repeated fields and joins others
-            seen.add(key)
-            value = raw.strip(b" \t")
-            if key == b"content-length":
-                if len(value) > 18 or not value.isdigit():
-                    return -1
-                length = int(value)
-            elif key == b"content-type":
-                content_type = value
-            elif key == b"accept":
-                accept = value
-            elif key == b"x-request-id":
-                rid = value
-            elif key == b"x-amzn-sagemaker-target-model":
-                target = value
-            elif key == b"inference-header-content-length":
-                header_length = value
-            elif key == b"connection":
-                if value.lower() != b"keep-alive":
-                    return -1
-            elif key in _NOT_LEAN:
-                return -1
-        if b"host" not in seen:
-            return -1  # aiohttp refuses an HTTP/1.1 request without one
-        limit = self.front.max_request_size
-        if length < 0 or (limit and length > limit):
-            return -1
-        body_end = body_start + length
+    def _take(self, data: bytes, view: memoryview, pos: int) -> int:
+        """Serve the request that starts at ``pos`` if it is the lean path's: where the next
+        request starts; 0 when its head has not all arrived; :data:`_HAND` to leave it (and
+        what follows) to aiohttp; :data:`_BODY_TO_COME` when it is the lean path's but its
+        body has not all arrived (its head is parsed: :attr:`_body_at` says so)."""
+        body_at = self._body_at
+        if body_at:
+            body_start = pos + body_at
+        else:
+            end = data.find(b"\r\n\r\n", pos, pos + _MAX_HEAD)
+            if end < 0:
+                return 0
+            body_start = end + 4
+            if not self._head(data, view[pos:body_start], pos):
+                return _HAND
+        body_end = body_start + self._length
         if body_end > len(data):
+            self._body_at = body_start - pos
             return _BODY_TO_COME
-        path = head.group(1)
-        if b"/." in path:
-            return -1  # dot segments: aiohttp normalizes the path first
-        matched = match_inference(path.decode())
-        if matched is None:
-            return -1  # not a lean route: aiohttp answers it (or 404)
-        route, params = matched
+        self._body_at = 0
+        if body_end > body_start:
+            try:
+                self._parser.feed_data(view[body_start:body_end])
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+                return _HAND
+        if not self._complete:
+            return _HAND
+        fields = self._fields
+        route = self._route
+        assert route is not None
         self._serve(
-            route,
-            params,
-            target,
-            path,
+            *route,
+            fields.get(b"x-amzn-sagemaker-target-model"),
             data[body_start:body_end],
-            None if content_type is None else content_type.decode(),
-            None if accept is None else accept.decode(),
-            None if header_length is None else header_length.decode(),
-            self.state.request_ids.next() if rid is None else rid.decode(),
+            fields.get(b"content-type"),
+            fields.get(b"accept"),
+            fields.get(b"inference-header-content-length"),
+            fields.get(b"x-request-id"),
         )
         return body_end
+
+    def _head(self, data: bytes, head: memoryview, pos: int) -> bool:
+        """Feed httptools one request's head (``head``, at ``pos`` in ``data``: its request
+        line to its blank line): whether the request is the lean path's (see the module
+        docstring)."""
+        fields: dict[bytes, bytes] = {}
+        self._fields = fields
+        self._repeated = self._head_done = self._complete = False
+        try:
+            self._parser.feed_data(head)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return False
+        url = self._url
+        if (
+            not self._head_done
+            or self._repeated
+            or len(fields) >= _MAX_FIELDS
+            # The request line llhttp accepted, spelled exactly so (the parser's getters cost
+            # more than these two comparisons): POST, then HTTP/1.1 after the target.
+            or not data.startswith(b"POST ", pos)
+            or not data.startswith(b" HTTP/1.1\r\n", pos + 5 + len(url))
+            or not head.tobytes().isascii()
+            or b"host" not in fields
+            or not _NOT_LEAN.isdisjoint(fields)
+        ):
+            return False
+        connection = fields.get(b"connection")
+        if connection is not None and connection.strip(b" \t").lower() != b"keep-alive":
+            return False
+        length = fields.get(b"content-length")
+        if length is None:
+            return False
+        self._length = size = int(length)
+        front = self.front
+        limit = front.max_request_size
+        if limit and size > limit:
+            return False
+        route = front.route(url)
+        if route is None:
+            return False  # not a lean route: aiohttp answers it (or 404)
+        self._route = route
+        return True
 
     def _serve(
         self,
         route: Route,
         params: dict[str, str],
         target: bytes | None,
-        path: bytes,
         body: bytes,
-        content_type: str | None,
-        accept: str | None,
-        header_length: str | None,
-        rid: str,
+        content_type: bytes | None,
+        accept: bytes | None,
+        header_length: bytes | None,
+        rid: bytes | None,
     ) -> None:
         self.front.taken += 1
-        exchange = _Exchange(self, route.protocol, path, rid)
+        exchange = LeanExchange(
+            self,
+            route.protocol,
+            self._url,
+            self.state.request_ids.next() if rid is None else _text(rid),
+        )
         self._answers.append(exchange)
         transport = self.transport
         assert transport is not None
         try:
-            name = route.model_name(params, None if target is None else target.decode(), None)
+            name = route.model_name(params, None if target is None else _text(target), None)
             answer = exchange.submit(
-                name, body, content_type, accept, header_length, transport.is_closing
+                name,
+                body,
+                None if content_type is None else _text(content_type),
+                None if accept is None else _text(accept),
+                None if header_length is None else _text(header_length),
+                transport.is_closing,
             )
         except Exception as exc:
             exchange.fail(exc)
@@ -414,7 +384,8 @@ class LeanConnection(asyncio.Protocol):
             if self._held is not None or self._closing:
                 self._answers_written()
                 return
-        if self._reading_paused:
+        flow = self.flow
+        if flow is not None and flow.read_paused:
             self._read_on()
 
     def abandon(self) -> None:
@@ -430,13 +401,16 @@ class LeanConnection(asyncio.Protocol):
         """Leave ``rest`` (a request's first bytes on) and the connection to aiohttp, once the
         answers owed are written."""
         self._held = rest
-        self._pause_reading()
-        if not self._answers and not self._write_paused:
+        flow = self.flow
+        assert flow is not None
+        flow.pause_reading()
+        if not self._answers and not flow.write_paused:
             self._answers_written()
 
     def _answers_written(self) -> None:
         transport = self.transport
-        if transport is None or self._write_paused:
+        flow = self.flow
+        if transport is None or flow is None or flow.write_paused:
             return
         if self._closing:
             transport.close()
@@ -446,13 +420,13 @@ class LeanConnection(asyncio.Protocol):
             return
         self._held = None
         self.transport = None
+        flow.stop()
         self.front.connections.discard(self)
         self.front.handed_over += 1
         handler = self.front.hand_off()
         transport.set_protocol(handler)
         handler.connection_made(transport)
-        self._reading_paused = False
-        transport.resume_reading()
+        flow.resume_reading()
         if held:
             handler.data_received(held)
 
@@ -512,6 +486,24 @@ class LeanFront:
         #: Requests the lean path took so far.
         self.taken = 0
         self._sweeper: asyncio.TimerHandle | None = None
+        self._routes: dict[bytes, tuple[Route, dict[str, str]] | None] = {}
+
+    def route(self, url: bytes) -> tuple[Route, dict[str, str]] | None:
+        """The lean route of a request's target with the values of its placeholders, ``None``
+        for a target the lean path does not take; remembered (matching costs more than the
+        rest of a request's parse, and clients call few paths over and over)."""
+        routes = self._routes
+        try:
+            return routes[url]
+        except KeyError:
+            pass
+        matched = None
+        if url[:1] == b"/" and not url.translate(None, _PATH_CHARS) and b"/." not in url:
+            matched = match_inference(url.decode())
+        if len(routes) >= _ROUTES_KEPT:
+            routes.clear()
+        routes[url] = matched
+        return matched
 
     def connection(self) -> LeanConnection:
         """The protocol of a new connection."""

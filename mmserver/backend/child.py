@@ -31,6 +31,8 @@ MAX_LOAD_WARNINGS = 20
 
 #: Batches longer than this (wall time) have their CPU time read from the CPU clock.
 _CPU_CLOCK_ABOVE_S = 0.0005
+#: The longest a reply waits for the replies after it, to go out in one system call with them.
+_GATHER_S = 0.001
 
 
 def rss_bytes() -> int:
@@ -199,7 +201,18 @@ def child_main(
     sock.setblocking(True)
     reader = FrameReader(sock)
     models = Models()
+    # The replies to the batches of one read go out together, in one frame (one pickle, one
+    # system call, one wake-up of the frontend): under load the frontend writes several light
+    # models' batches in one turn of its event loop. A reply waits for no load, and for
+    # batches only _GATHER_S (what the frontend admits behind a batch is within
+    # PIPELINE_BUDGET_S of estimated time anyway).
+    replies: list[tuple[Any, ...]] = []
+    first = 0.0
     while True:
+        if replies and not reader.has_frame():
+            if not _send(sock, replies):
+                return
+            replies = []
         try:
             data = reader.read()
         except OSError:
@@ -208,31 +221,54 @@ def child_main(
             return
         message = pickle.loads(data)
         del data
-        op = message[0]
-        reply: tuple[Any, ...]
-        try:
-            if op == wire.PREDICT:
-                reply = (wire.OK, models.predict(message[1], message[2]))
-            elif op == wire.LOAD:
-                reply = (wire.OK, models.load(message[1]))
-            elif op == wire.UNLOAD:
-                models.unload(message[1])
-                reply = (wire.OK, None)
-            else:
-                reply = (wire.OK, os.getpid())
-        except errors.MMServerError as exc:
-            reply = (wire.ERR, type(exc).__name__, exc.message, exc.model)
-        except Exception as exc:
-            kind = "ModelLoadError" if op == wire.LOAD else "ModelError"
-            reply = (wire.ERR, kind, f"{type(exc).__name__}: {exc}", None)
+        for each in message[1] if message[0] == wire.MANY else (message,):
+            if replies and (each[0] != wire.PREDICT or time.perf_counter() - first >= _GATHER_S):
+                if not _send(sock, replies):
+                    return
+                replies = []
+            if not replies:
+                first = time.perf_counter()
+            replies.append(_answer(models, each))
         del message
-        try:
-            parts = frame(reply)
-        except Exception as exc:
-            parts = frame(
-                (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}", None)
-            )
-        try:
-            send_frame(sock, parts)
-        except OSError:
-            return
+
+
+def _send(sock: socket.socket, replies: list[tuple[Any, ...]]) -> bool:
+    """Send ``replies`` in one frame: whether the frontend is still there."""
+    try:
+        parts = frame(replies[0] if len(replies) == 1 else (wire.MANY, replies))
+    except Exception:
+        parts = [part for reply in replies for part in _frame(reply)]
+    try:
+        send_frame(sock, parts)
+    except OSError:
+        return False
+    return True
+
+
+def _frame(reply: tuple[Any, ...]) -> list[bytes]:
+    """One reply's frame; if its answer cannot be pickled, the error that says so."""
+    try:
+        return frame(reply)
+    except Exception as exc:
+        return frame(
+            (wire.ERR, "ModelError", f"the model's output cannot be sent back: {exc}", None)
+        )
+
+
+def _answer(models: Models, message: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The reply to one message of the frontend."""
+    op = message[0]
+    try:
+        if op == wire.PREDICT:
+            return (wire.OK, models.predict(message[1], message[2]))
+        if op == wire.LOAD:
+            return (wire.OK, models.load(message[1]))
+        if op == wire.UNLOAD:
+            models.unload(message[1])
+            return (wire.OK, None)
+        return (wire.OK, os.getpid())
+    except errors.MMServerError as exc:
+        return (wire.ERR, type(exc).__name__, exc.message, exc.model)
+    except Exception as exc:
+        kind = "ModelLoadError" if op == wire.LOAD else "ModelError"
+        return (wire.ERR, kind, f"{type(exc).__name__}: {exc}", None)

@@ -41,21 +41,21 @@ class Pending:
         "deadline",
         "deadline_handle",
         "finished",
-        "frame",
         "future",
+        "message",
         "op",
     )
 
     def __init__(
         self,
-        op: int,
-        frame: list[bytes],
+        message: tuple[Any, ...],
         future: asyncio.Future[Any] | None = None,
         callback: BatchCallback | None = None,
         cost: float = math.inf,
     ) -> None:
-        self.op = op
-        self.frame = frame
+        self.op = message[0]
+        #: What is pickled to the process (with the other messages written in the same turn).
+        self.message = message
         self.future = future
         self.callback = callback
         self.cost = cost

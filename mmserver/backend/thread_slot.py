@@ -77,7 +77,7 @@ class ThreadSlot:
         """Run a batch in the thread pool; ``callback`` as for :meth:`ProcessSlot.send_batch`,
         with :class:`errors.PredictTimeout` at ``deadline`` (the thread runs on)."""
         loop = asyncio.get_running_loop()
-        pending = Pending(wire.PREDICT, [], callback=callback)
+        pending = Pending((wire.PREDICT,), callback=callback)
         work = loop.run_in_executor(self._executor, self._models.predict, key, requests)
         pending.deadline_handle = loop.call_at(deadline, time_out, pending)
 

@@ -4,7 +4,9 @@ Each process is connected by one ``AF_UNIX`` stream socket (``multiprocessing.Pi
 is one frame (:mod:`mmserver.framing`) holding a pickle: ``(op, ...)`` from the frontend,
 ``(OK, result)`` or ``(ERR, error class name, message, the model the message names or None)``
 back. A batch travels as its requests' bodies, undecoded, and comes back as one encoded answer
-per request.
+per request. ``(MANY, [message, ...])`` holds the messages the frontend wrote in one turn of its
+event loop, and ``(MANY, [reply, ...])`` the replies the process sends at once: each is one
+message or reply, in order.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mmserver.config import ModelConfig
 
 LOAD, PREDICT, UNLOAD, PING = 0, 1, 2, 3
 OK, ERR = 0, 1
+MANY = 9
 
 
 @dataclass(frozen=True)

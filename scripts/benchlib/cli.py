@@ -147,6 +147,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{peers.MLSERVER_VERSION}, installed into its own venv on first use)",
     )
     parser.add_argument(
+        "--floor",
+        choices=("aiohttp", "raw"),
+        default="aiohttp",
+        help="the HTTP floor of the closed and open loops: aiohttp's web framework with nothing "
+        "behind it, or raw, a protocol on httptools writing a fixed answer, the most one Python "
+        "process on uvloop answers (aiohttp)",
+    )
+    parser.add_argument(
         "--baseline-exe",
         type=Path,
         default=None,
@@ -261,10 +269,10 @@ def _header(args: argparse.Namespace, capacity: float, load: tuple[float, ...]) 
         "wrk, mmserver and its backend processes share the cores (no pinning), as do wrk and "
         "the floor.",
         f"command: scripts/bench {' '.join(sys.argv[1:])}".rstrip(),
-        *(
-            [f"the 'floor' rows are mmserver built at {args.baseline_exe} (the baseline)"]
+        (
+            f"the 'floor' rows are mmserver built at {args.baseline_exe} (the baseline)"
             if args.baseline_exe is not None
-            else []
+            else f"the 'floor' rows are the {args.floor} floor (benchlib/floor.py)"
         ),
     ]
 
@@ -328,7 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.baseline_exe,
             )
         else:
-            floor = servers.floor(args.out / "floor.log") if needs_floor else None
+            floor = servers.floor(args.out / "floor.log", args.floor) if needs_floor else None
         peer = None
         if args.peer == "mlserver" and (needs_floor or "grpc" in args.sections):
             peer = peers.mlserver(model_store, Path(tmp), args.out / "mlserver.log")

@@ -201,7 +201,10 @@ def mmserver(
     return Server("mmserver", argv, port, log, cwd=cache.resolve().parent, grpc_port=grpc_port)
 
 
-def floor(log: Path) -> Server:
+def floor(log: Path, kind: str = "aiohttp") -> Server:
+    """The HTTP floor of ``kind`` (``aiohttp`` or ``raw``: see ``floor.py``)."""
     port = free_port()
     argv = [sys.executable, str(Path(__file__).with_name("floor.py")), "--port", str(port)]
+    if kind == "raw":
+        argv.append("--raw")
     return Server("floor", argv, port, log)

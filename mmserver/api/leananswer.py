@@ -1,0 +1,105 @@
+"""One request the lean path (:mod:`mmserver.api.lean`) took, until its answer is written: the
+data plane's :class:`~mmserver.api.dataplane.Exchange` with the answer written as aiohttp's
+handler writes it, byte for byte (status line, ``Content-Type``, ``X-Request-Id``, the error
+headers, ``Content-Length``, ``Date``, ``Server``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+from aiohttp.helpers import rfc822_formatted_time
+
+from mmserver.api import REQUEST_ID
+from mmserver.api.dataplane import Exchange
+from mmserver.api.middleware import render_error
+from mmserver.api.protocols import JSON, Protocol
+
+if TYPE_CHECKING:
+    from mmserver.api.lean import LeanConnection
+
+log = logging.getLogger(__name__)
+
+_CONTENT_TYPE = "Content-Type"
+_OK = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" + REQUEST_ID.encode() + b": %s\r\n"
+    b"Content-Length: %d\r\nDate: %s\r\nServer: mmserver\r\n\r\n%s"
+)
+
+
+def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
+    """A whole answer: status line, headers, ``Content-Length``, ``Date``, ``Server``, body."""
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = ""  # 499, say: aiohttp writes none either
+    lines = [f"HTTP/1.1 {status} {reason}"]
+    lines.extend(f"{name}: {value}" for name, value in headers.items())
+    lines.append(f"Content-Length: {len(body)}\r\n")
+    head = "\r\n".join(lines).encode()
+    return b"%sDate: %s\r\nServer: mmserver\r\n\r\n%s" % (head, _date(), body)
+
+
+def _date() -> bytes:
+    """The ``Date`` header's value, as aiohttp writes it (made again once a second)."""
+    return rfc822_formatted_time().encode()
+
+
+class LeanExchange(Exchange):
+    """One request taken by the lean path, until its answer is written: its answer is ``data``
+    once known. Called with the submission's future when that is done."""
+
+    __slots__ = ("conn", "data", "path")
+
+    def __init__(self, conn: LeanConnection, protocol: Protocol, path: bytes, rid: str) -> None:
+        super().__init__(conn.state, protocol, rid)
+        self.conn = conn
+        self.path = path
+        self.data: bytes | None = None
+
+    def __call__(self, answer: asyncio.Future[bytes]) -> None:
+        try:
+            self._settle(answer)
+        except Exception:
+            log.exception("unexpected error answering POST %s", self.path.decode())
+            self.conn.abandon()
+
+    def _settle(self, answer: asyncio.Future[bytes]) -> None:
+        conn = self.conn
+        if answer.cancelled():
+            # The server is stopping: no answer and nothing to count, as in aiohttp's handler;
+            # the answers after this one could not be written in order.
+            conn.abandon()
+            return
+        error = answer.exception()
+        if error is None:
+            try:
+                self._answered(answer.result())
+            except Exception as exc:
+                self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
+        else:
+            self.fail(error)
+        conn.flush()
+
+    def _answered(self, answer: bytes) -> None:
+        body, content_type, extra = self.answered(answer)
+        if extra is None:
+            self.data = _OK % (
+                content_type.encode("latin-1"),
+                self.rid.encode(),
+                len(body),
+                _date(),
+                body,
+            )
+        else:
+            headers = {_CONTENT_TYPE: content_type, **extra, REQUEST_ID: self.rid}
+            self.data = _answer(200, headers, body)
+
+    def fail(self, error: BaseException) -> None:
+        """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
+        shown = self.failed(error, "POST", self.path.decode())
+        body, headers = render_error(self.state, shown, self.rid, self.protocol)
+        headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
+        self.data = _answer(shown.status_code, headers, body)
