@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mmserver import __version__
+from mmserver import __version__, logs
 from mmserver.config import ENV_PREFIX, ServerConfig
 from mmserver.errors import ConfigError
 from mmserver.store.opening import check_store
@@ -127,16 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if parsed.command == "example-store":
         return _example_store(Path(parsed.directory))
-    try:
-        config = build_config(args, os.environ)
-        check_store(config)
-    except ConfigError as exc:
-        print(f"mmserver: {exc.message}", file=sys.stderr)
-        return 2
+    with logs.held() as early:  # written in the log's format, once the options say which
+        try:
+            config = build_config(args, os.environ)
+            check_store(config)
+        except ConfigError as exc:
+            for record in early:
+                print(f"mmserver: {record.getMessage()}", file=sys.stderr)
+            print(f"mmserver: {exc.message}", file=sys.stderr)
+            return 2
 
     from mmserver import server  # only here: the CLI must work without starting anything
 
-    return server.run(config)
+    return server.run(config, early)
 
 
 def _example_store(directory: Path) -> int:

@@ -8,10 +8,12 @@ CloudWatch, Elasticsearch) indexes without a parser of its own.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
 import sys
+from collections.abc import Iterable, Iterator
 
 #: The record attributes a JSON line carries besides the fixed ones, when a record has them.
 CONTEXT = ("model", "request_id")
@@ -39,6 +41,34 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_text:
             line["exception"] = record.exc_text
         return json.dumps(line, default=str)
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[list[logging.LogRecord]]:
+    """Keep the records logged before the log is set up (while the configuration that says
+    how is being read), to be written by :func:`replay` once it is, in its format."""
+    handler = _Held()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        root.removeHandler(handler)
+
+
+def replay(records: Iterable[logging.LogRecord]) -> None:
+    """Write records kept by :func:`held`, now that the log is set up."""
+    for record in records:
+        logging.getLogger(record.name).handle(record)
 
 
 def setup(level: str, log_format: str = "text") -> None:

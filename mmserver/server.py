@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import prometheus_client
@@ -141,9 +142,11 @@ async def _serve(config: ServerConfig) -> None:
         await server.shutdown()
 
 
-def run(config: ServerConfig) -> int:
-    """Serve until SIGTERM/SIGINT; return the process exit code."""
+def run(config: ServerConfig, early: Sequence[logging.LogRecord] = ()) -> int:
+    """Serve until SIGTERM/SIGINT; return the process exit code. ``early``: records logged
+    while the configuration was read, written now in the log's format."""
     logs.setup(config.log_level, config.log_format)
+    logs.replay(early)
     # Large freed blocks go back to the system, so churn does not raise the RSS (mmserver.heap).
     heap.fix_mmap_threshold()
     # The *_created series double a scrape's size and nobody graphs them.

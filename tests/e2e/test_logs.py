@@ -18,7 +18,9 @@ from tests.models import make_linear_archive
 pytestmark = pytest.mark.e2e
 
 
-async def test_json_lines_with_the_model(tmp_path: Path) -> None:
+async def test_json_lines_with_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another program's variable: logged while the options are read, before the log is set up.
+    monkeypatch.setenv("MMSERVER_OTHER_PROGRAM_SETTING", "1")
     store = tmp_path / "store"
     store.mkdir()
     make_linear_archive(store / "sklearn-0.tar.gz")
@@ -43,6 +45,9 @@ async def test_json_lines_with_the_model(tmp_path: Path) -> None:
     assert loaded and loaded[0]["model"] == "sklearn-0"
     assert loaded[0]["logger"] == "mmserver.loading"
     assert lines[-1]["message"] == "mmserver stopped"
+    early = [line for line in lines if "MMSERVER_OTHER_PROGRAM_SETTING" in line["message"]]
+    assert [line["level"] for line in early] == ["WARNING"]
+    assert early[0]["logger"] == "mmserver.config"
 
 
 def test_a_record_with_a_request_id_and_an_exception() -> None:
