@@ -104,11 +104,6 @@ class FrameReader:
             self._buffer += self._view[:count]
         return True
 
-    def has_frame(self) -> bool:
-        """Whether a whole frame has been received already (:meth:`read` returns it at once)."""
-        found = span(self._buffer, 0)
-        return found is not None and found[1] <= len(self._buffer)
-
     def read(self) -> bytes | bytearray | None:
         """The next frame's payload, or ``None`` once the frontend closed the socket."""
         buffer = self._buffer

@@ -1,5 +1,5 @@
-"""Frames on a process's pipe (:mod:`mmserver.framing`): what the backend's reader knows of
-the frames already received, which decides whether a reply waits for the next one."""
+"""Frames on a process's pipe (:mod:`mmserver.framing`): the backend's reader takes the frames
+one recv brought one at a time, and a frame split across reads whole."""
 
 from __future__ import annotations
 
@@ -9,17 +9,13 @@ import socket
 from mmserver.framing import FrameReader, frame, send_frame
 
 
-def test_the_reader_knows_whether_a_whole_frame_is_waiting() -> None:
+def test_the_reader_takes_frames_whole_across_reads() -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
         reader = FrameReader(ours)
-        assert not reader.has_frame()
         first, second = frame((1, "a")), frame((2, "b" * 100))
         send_frame(theirs, first + second + [second[0], second[1][:10]])
         assert reader.read() == first[1]  # one recv brings every frame sent
-        assert reader.has_frame()
         assert pickle.loads(reader.read() or b"") == (2, "b" * 100)
-        assert not reader.has_frame()  # the third has only begun
         theirs.sendall(second[1][10:])
         assert pickle.loads(reader.read() or b"") == (2, "b" * 100)
-        assert not reader.has_frame()
