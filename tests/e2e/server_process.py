@@ -160,3 +160,23 @@ class ServerProcess:
                 except ProcessLookupError:
                     pass
         self._log.close()
+
+
+def one_model_store(tmp_path: Path) -> Path:
+    """A store holding the reference archive ``sklearn-0.tar.gz`` (y = 2x + 1)."""
+    from tests.models import make_linear_archive
+
+    store = tmp_path / "store"
+    store.mkdir()
+    make_linear_archive(store / "sklearn-0.tar.gz")
+    return store
+
+
+async def predict_ok(session: aiohttp.ClientSession, url: str, model: str = "sklearn-0") -> None:
+    """One JSON prediction of ``model``, answered 200."""
+    async with session.post(
+        f"{url}/predictions/{model}",
+        data="[[0.5]]",
+        headers={"Content-Type": "application/json"},
+    ) as response:
+        assert response.status == 200, await response.text()

@@ -12,8 +12,7 @@ import aiohttp
 import pytest
 
 from mmserver.logs import JsonFormatter
-from tests.e2e.server_process import ServerProcess
-from tests.models import make_linear_archive
+from tests.e2e.server_process import ServerProcess, one_model_store, predict_ok
 
 pytestmark = pytest.mark.e2e
 
@@ -21,19 +20,12 @@ pytestmark = pytest.mark.e2e
 async def test_json_lines_with_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Another program's variable: logged while the options are read, before the log is set up.
     monkeypatch.setenv("MMSERVER_OTHER_PROGRAM_SETTING", "1")
-    store = tmp_path / "store"
-    store.mkdir()
-    make_linear_archive(store / "sklearn-0.tar.gz")
+    store = one_model_store(tmp_path)
     async with (
         ServerProcess(store, tmp_path / "server.log", "--log-format", "json") as server,
         aiohttp.ClientSession() as session,
     ):
-        async with session.post(
-            f"{server.url}/predictions/sklearn-0",
-            data="[[0.5]]",
-            headers={"Content-Type": "application/json"},
-        ) as response:
-            assert response.status == 200
+        await predict_ok(session, server.url)
         server.signal(signal.SIGTERM)
         assert await server.wait(30) == 0
     lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]

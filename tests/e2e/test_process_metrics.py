@@ -10,26 +10,18 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.server_process import ServerProcess
-from tests.models import make_linear_archive
+from tests.e2e.server_process import ServerProcess, one_model_store, predict_ok
 
 pytestmark = pytest.mark.e2e
 
 
 async def test_frontend_and_backends_by_role(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    store.mkdir()
-    make_linear_archive(store / "sklearn-0.tar.gz")
+    store = one_model_store(tmp_path)
     async with (
         ServerProcess(store, tmp_path / "server.log", "--backend-processes", "2") as server,
         aiohttp.ClientSession() as session,
     ):
-        async with session.post(
-            f"{server.url}/predictions/sklearn-0",
-            data="[[0.5]]",
-            headers={"Content-Type": "application/json"},
-        ) as response:
-            assert response.status == 200
+        await predict_ok(session, server.url)
         async with session.get(f"{server.url}/metrics") as response:
             text = await response.text()
         frontend_rss = psutil.Process(server.pid).memory_info().rss
