@@ -2,7 +2,7 @@
 user, reads its memory budget from the container's limit, and drains on ``docker stop``.
 
 The image is built by ``scripts/container`` (which ``scripts/test`` runs where Docker can be
-started) and named by ``MMSERVER_TEST_IMAGE``; without it these tests are skipped and say so.
+started) and named by ``IMAGE_UNDER_TEST``; without it these tests are skipped and say so.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from mmserver.examples import write_classifier_dir
 from tests.e2e.server_process import free_port
 
-IMAGE = os.environ.get("MMSERVER_TEST_IMAGE", "")
+IMAGE = os.environ.get("IMAGE_UNDER_TEST", "")
 TOKEN = "container-test-token"
 MEMORY_LIMIT_MIB = 1536
 UID = 10001
