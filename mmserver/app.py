@@ -3,8 +3,9 @@
 :func:`build_app` composes the HTTP layer over a WorkLoadManager and a metrics registry that the
 caller owns (and starts and stops); the application holds them under
 :data:`mmserver.api.STATE`. Running it — the event loop, signals, the access log, shutdown — is the
-server's job: it calls :func:`check_security` before binding and passes
-``access_log=None`` to the runner unless :func:`access_log_enabled`.
+server's job: it calls :func:`check_security` before binding, and its runner
+(:class:`~mmserver.api.connections.HttpRunner`) writes the access log when
+:func:`access_log_enabled`.
 """
 
 from __future__ import annotations

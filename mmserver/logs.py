@@ -15,8 +15,9 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator
 
-#: The record attributes a JSON line carries besides the fixed ones, when a record has them.
-CONTEXT = ("model", "request_id")
+#: The record attributes a JSON line carries besides the fixed ones, when a record has them
+#: (the access log's records have all of them: :mod:`mmserver.api.accesslog`).
+CONTEXT = ("model", "request_id", "method", "path", "status", "latency_ms", "bytes")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

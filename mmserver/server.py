@@ -61,7 +61,6 @@ class Server:
         await self.wlm.start()
         self._runner = HttpRunner(
             self.app,
-            access_log=log.getChild("access") if self.config.access_log else None,
             handle_signals=False,
             shutdown_timeout=self.config.drain_timeout,
         )

@@ -40,7 +40,7 @@ from typing import Any, cast
 from aiohttp import hdrs, web, web_protocol, web_response
 from aiohttp.web_request import BaseRequest
 
-from mmserver.api import REQUEST_ID, STATE, RequestIds
+from mmserver.api import REQUEST_ID, STATE, RequestIds, accesslog
 from mmserver.api.lean import LeanFront
 from mmserver.config import ServerConfig
 from mmserver.errors import (
@@ -400,6 +400,9 @@ class HttpRunner(web.AppRunner):
         # An answer sent before the body was read whole closes the connection rather than
         # reading (and inflating) the rest of the body.
         kwargs["lingering_time"] = 0
+        # The access log of the requests aiohttp answers, as the lean path writes its own.
+        kwargs["access_log"] = accesslog.log if config.access_log else None
+        kwargs["access_log_class"] = accesslog.AccessLogger
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
@@ -409,7 +412,7 @@ class HttpRunner(web.AppRunner):
         assert isinstance(server, _Server)
         config = state.config
         server.policy = _Policy(config, state.request_ids)
-        lean = config.lean_http and not config.access_log and config.keepalive_timeout > 0
+        lean = config.lean_http and config.keepalive_timeout > 0
         server.lean = (
             LeanFront(state, server.handed_over, server.refuse_past_limit) if lean else None
         )

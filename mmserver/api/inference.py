@@ -15,6 +15,7 @@ import asyncio
 from aiohttp import hdrs, web
 
 from mmserver.api import REQUEST_ID, STATE, read_body, request_id
+from mmserver.api.accesslog import MODEL_KEY
 from mmserver.api.dataplane import Exchange
 from mmserver.api.middleware import Handler, render_error
 from mmserver.api.protocols import TARGET_MODEL, Route
@@ -52,6 +53,8 @@ def inference_handler(route: Route) -> Handler:
             name = route.model_name(
                 request.match_info, headers.get(TARGET_MODEL), request.query.get("model_name")
             )
+            if state.config.access_log:
+                request[MODEL_KEY] = name
             config = state.config
             body = await read_body(request, config.max_request_size, config.body_timeout)
             transport = request.transport

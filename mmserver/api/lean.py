@@ -39,8 +39,9 @@ headers (``Content-Type``, ``X-Request-Id``, ``x-amzn-ErrorType``, ``Retry-After
 ``max_connections``; one idle for ``keepalive_timeout`` is closed (looked at every second);
 reading stops while the socket's send buffer is full, and an answer the client does not take
 within ``send_timeout`` is dropped with the connection (:mod:`mmserver.api.leanflow`). The
-answers are written by :mod:`mmserver.api.leananswer`. ``lean_http = false`` (or
-``access_log``, which aiohttp writes) leaves every request to aiohttp.
+answers are written by :mod:`mmserver.api.leananswer`, with their access log records when
+``access_log`` is on (:mod:`mmserver.api.accesslog`). ``lean_http = false`` leaves every
+request to aiohttp.
 """
 
 from __future__ import annotations
@@ -480,6 +481,7 @@ class LeanFront:
         self.max_request_size = config.max_request_size
         self.keepalive_timeout = config.keepalive_timeout
         self.send_timeout = config.send_timeout
+        self.access_log = config.access_log
         self.connections: set[LeanConnection] = set()
         #: Connections handed to aiohttp so far.
         self.handed_over = 0

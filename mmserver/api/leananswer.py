@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from aiohttp.helpers import rfc822_formatted_time
 
-from mmserver.api import REQUEST_ID
+from mmserver.api import REQUEST_ID, accesslog
 from mmserver.api.dataplane import Exchange
 from mmserver.api.middleware import render_error
 from mmserver.api.protocols import JSON, Protocol
@@ -96,6 +97,8 @@ class LeanExchange(Exchange):
         else:
             headers = {_CONTENT_TYPE: content_type, **extra, REQUEST_ID: self.rid}
             self.data = _answer(200, headers, body)
+        if self.conn.front.access_log:
+            self._logged(200, len(body))
 
     def fail(self, error: BaseException) -> None:
         """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
@@ -103,3 +106,16 @@ class LeanExchange(Exchange):
         body, headers = render_error(self.state, shown, self.rid, self.protocol)
         headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
         self.data = _answer(shown.status_code, headers, body)
+        if self.conn.front.access_log:
+            self._logged(shown.status_code, len(body))
+
+    def _logged(self, status: int, size: int) -> None:
+        accesslog.write(
+            "POST",
+            self.path.decode(),
+            status,
+            time.perf_counter() - self.start,
+            self.name,
+            self.rid,
+            size,
+        )

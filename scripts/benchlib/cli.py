@@ -170,6 +170,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="ARG",
         help="extra argument for mmserver serve (repeat; e.g. --server-arg=--backend-processes=2)",
     )
+    parser.add_argument(
+        "--baseline-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the --baseline-exe server only, after the --server-arg ones "
+        "(repeat): the same build with one option changed, e.g. --server-arg=--access-log "
+        "--baseline-arg=--no-access-log",
+    )
     group = parser.add_argument_group("scale section (--only scale)")
     group.add_argument(
         "--models", type=int, default=100_000, help="archives in the section's store (100000)"
@@ -332,7 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 model_store,
                 Path(tmp) / "baseline-cache",
                 args.out / "baseline.log",
-                args.server_arg,
+                [*args.server_arg, *args.baseline_arg],
                 args.baseline_exe,
             )
         else:
