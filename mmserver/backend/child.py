@@ -213,19 +213,15 @@ def child_main(
         message = pickle.loads(data)
         del data
         for each in message[1] if message[0] == wire.MANY else (message,):
-            if not _send(sock, [_answer(models, each)]):
+            if not _send(sock, _answer(models, each)):
                 return
         del message
 
 
-def _send(sock: socket.socket, replies: list[tuple[Any, ...]]) -> bool:
-    """Send ``replies`` in one frame: whether the frontend is still there."""
+def _send(sock: socket.socket, reply: tuple[Any, ...]) -> bool:
+    """Send ``reply`` in one frame: whether the frontend is still there."""
     try:
-        parts = frame(replies[0] if len(replies) == 1 else (wire.MANY, replies))
-    except Exception:
-        parts = [part for reply in replies for part in _frame(reply)]
-    try:
-        send_frame(sock, parts)
+        send_frame(sock, _frame(reply))
     except OSError:
         return False
     return True

@@ -483,10 +483,6 @@ class ProcessSlot:
     # Replies and faults -----------------------------------------------------------------------
 
     def _on_reply(self, reply: tuple[Any, ...]) -> None:
-        if reply[0] == wire.MANY:  # the replies to several messages, in order
-            for each in reply[1]:
-                self._on_reply(each)
-            return
         if not self._inflight:
             log.error("%s answered a message it was not sent", self.describe())
             return

@@ -5,8 +5,7 @@ is one frame (:mod:`mmserver.framing`) holding a pickle: ``(op, ...)`` from the 
 ``(OK, result)`` or ``(ERR, error class name, message, the model the message names or None)``
 back. A batch travels as its requests' bodies, undecoded, and comes back as one encoded answer
 per request. ``(MANY, [message, ...])`` holds the messages the frontend wrote in one turn of its
-event loop, and ``(MANY, [reply, ...])`` the replies the process sends at once: each is one
-message or reply, in order.
+event loop, in order; the process answers each with a reply of its own.
 """
 
 from __future__ import annotations
