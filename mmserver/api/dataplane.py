@@ -73,7 +73,7 @@ class Exchange:
         self.submission = submission = self.state.wlm.submit(name, job, client_gone)
         return submission.answer
 
-    def answered(self, answer: bytes) -> tuple[bytes, str, dict[str, str] | None]:
+    def answered(self, answer: bytes) -> tuple[bytes | memoryview, str, dict[str, str] | None]:
         """The answer's body, ``Content-Type`` and other headers, counted as answered."""
         job = self.job
         assert job is not None and self.submission is not None

@@ -91,10 +91,10 @@ def infer_body(request: pb.ModelInferRequest) -> tuple[bytes, int]:
     return b"".join((text, *blobs)), len(text)
 
 
-def infer_response(body: bytes, header_length: int) -> pb.ModelInferResponse:
+def infer_response(body: bytes | memoryview, header_length: int) -> pb.ModelInferResponse:
     """The ``ModelInferResponse`` of a V2 answer (``body``, whose first ``header_length``
     bytes are its JSON header, every output's data binary after it)."""
-    header = json.loads(body[:header_length])
+    header = json.loads(bytes(body[:header_length]))
     response = pb.ModelInferResponse(
         model_name=header["model_name"], model_version=header["model_version"]
     )

@@ -66,7 +66,7 @@ def inference_handler(route: Route) -> Handler:
                 headers.get(HEADER_LENGTH),
                 transport.is_closing if transport is not None else None,
             )
-            body, content_type, extra = exchange.answered(answer)
+            answered, content_type, extra = exchange.answered(answer)
         except asyncio.CancelledError:
             raise  # the server is stopping or the client left: no answer, nothing to count
         except Exception as exc:
@@ -82,7 +82,7 @@ def inference_handler(route: Route) -> Handler:
         if extra is not None:
             response_headers.update(extra)
         response_headers[REQUEST_ID] = exchange.rid
-        return web.Response(body=body, headers=response_headers)
+        return web.Response(body=answered, headers=response_headers)
 
     return infer
 

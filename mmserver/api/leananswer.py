@@ -30,7 +30,7 @@ _OK = (
 )
 
 
-def _answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
+def _answer(status: int, headers: dict[str, str], body: bytes | memoryview) -> bytes:
     """A whole answer: status line, headers, ``Content-Length``, ``Date``, ``Server``, body."""
     try:
         reason = HTTPStatus(status).phrase

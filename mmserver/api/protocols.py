@@ -35,7 +35,7 @@ TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 MakeJob = Callable[[bytes, "str | None", "str | None", "str | None"], Request]
 #: An answer's body, ``Content-Type`` and other headers (``None``: none) from the bytes the
 #: model's backend encoded and the job they answer.
-Render = Callable[[bytes, Request], "tuple[bytes, str, dict[str, str] | None]"]
+Render = Callable[[bytes, Request], "tuple[bytes | memoryview, str, dict[str, str] | None]"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -56,7 +56,9 @@ def _plain_job(
     return make_request(body, content_type, accept)
 
 
-def _plain_answer(answer: bytes, job: Request) -> tuple[bytes, str, dict[str, str] | None]:
+def _plain_answer(
+    answer: bytes, job: Request
+) -> tuple[bytes | memoryview, str, dict[str, str] | None]:
     body, content_type = answer_body(answer, job[2])
     return body, content_type, None
 
@@ -67,11 +69,14 @@ def _v2_job(
     return v2_request(body, header_length)
 
 
-def _v2_answer(answer: bytes, job: Request) -> tuple[bytes, str, dict[str, str] | None]:
+def _v2_answer(
+    answer: bytes, job: Request
+) -> tuple[bytes | memoryview, str, dict[str, str] | None]:
+    # A binary answer's body is a view past its header: not copied on its way out.
     body, header_length = split_answer(answer)
     if header_length is None:
-        return bytes(body), JSON, None
-    return bytes(body), BINARY, {HEADER_LENGTH: str(header_length)}
+        return body, JSON, None
+    return body, BINARY, {HEADER_LENGTH: str(header_length)}
 
 
 DJL = Protocol("djl", _plain_job, _plain_answer)
