@@ -63,9 +63,13 @@ def missing_extra(package: str) -> str:
     )
 
 
-def find_model_file(model_dir: Path, config: ModelConfig) -> ModelFile | None:
+def find_model_file(
+    model_dir: Path, config: ModelConfig, name: str | None = None
+) -> ModelFile | None:
     """The model's file: ``option.model_file`` if given, else the first family (in the order
-    sklearn, xgboost, lightgbm, or only ``engine``'s) with a file in the folder."""
+    sklearn, xgboost, lightgbm, or only ``engine``'s) with a file in the folder. Errors name the
+    model ``name`` (by default the folder's name)."""
+    name = model_dir.name if name is None else name
     engine = (config.engine or "").lower()
     wanted = (
         (engine,)
@@ -73,11 +77,11 @@ def find_model_file(model_dir: Path, config: ModelConfig) -> ModelFile | None:
         else ((SKLEARN,) if engine else (SKLEARN, XGBOOST, LIGHTGBM))
     )
     if config.model_file is not None:
-        path = inside(model_dir, config.model_file, "option.model_file")
+        path = inside(model_dir, config.model_file, "option.model_file", name)
         if not path.is_file():
             raise ModelLoadError(
-                f"model {model_dir.name}: option.model_file={config.model_file!r} does not exist",
-                model=model_dir.name,
+                f"model {name}: option.model_file={config.model_file!r} does not exist",
+                model=name,
             )
         family = wanted[0] if engine else _family_of(path)
         return ModelFile(family, path)
@@ -88,14 +92,14 @@ def find_model_file(model_dir: Path, config: ModelConfig) -> ModelFile | None:
     return None
 
 
-def inside(model_dir: Path, relative: str, key: str) -> Path:
+def inside(model_dir: Path, relative: str, key: str, name: str) -> Path:
     """``model_dir / relative``, refused unless it stays inside the folder (``key`` is the
-    property that named it)."""
+    property that named it; ``name`` the model)."""
     parts = Path(relative)
     if parts.is_absolute() or ".." in parts.parts or not parts.parts:
         raise ModelLoadError(
-            f"model {model_dir.name}: {key}={relative!r} must be a file inside the model folder",
-            model=model_dir.name,
+            f"model {name}: {key}={relative!r} must be a file inside the model folder",
+            model=name,
         )
     return model_dir / parts
 

@@ -512,37 +512,25 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
     ``name`` (by default the folder's name: an archive's is its unpacked copy's, ``NAME-KEY``).
     """
     model_dir = Path(model_dir)
-    folder = model_dir.name
-    if name is None or name == folder:
-        return _load_predictor(model_dir, config, folder)
-    try:
-        return _load_predictor(model_dir, config, name)
-    except ModelLoadError as exc:
-        if exc.model != folder:
-            raise
-        raise ModelLoadError(
-            exc.message.replace(f"model {folder}", f"model {name}"), model=name
-        ) from None
-
-
-def _load_predictor(model_dir: Path, config: ModelConfig, name: str) -> Predictor:
+    if name is None:
+        name = model_dir.name
     if not model_dir.is_dir():
         raise ModelLoadError(f"model folder {model_dir} does not exist")
-    entry = _entry_point(model_dir, config)
+    entry = _entry_point(model_dir, config, name)
     if entry is not None:
-        return _load_custom(model_dir, entry, config)
+        return _load_custom(model_dir, entry, config, name)
     if "option.handler" in config.properties:
         raise ModelLoadError(
-            f"model {model_dir.name}: option.handler={config.handler!r} needs a handler file, "
+            f"model {name}: option.handler={config.handler!r} needs a handler file, "
             f"but {config.entry_point} does not exist",
-            model=model_dir.name,
+            model=name,
         )
-    found = find_model_file(model_dir, config)
+    found = find_model_file(model_dir, config, name)
     if found is None:
         raise ModelLoadError(
-            f"model {model_dir.name} has no model file ({_WANTED[(config.engine or '').lower()]})"
+            f"model {name} has no model file ({_WANTED[(config.engine or '').lower()]})"
             f", and no {config.entry_point}",
-            model=model_dir.name,
+            model=name,
         )
     predictor = EstimatorPredictor(
         load_model(found),
@@ -575,14 +563,14 @@ _WANTED = {
 }
 
 
-def _entry_point(model_dir: Path, config: ModelConfig) -> Path | None:
-    path = inside(model_dir, config.entry_point, "option.entryPoint")
+def _entry_point(model_dir: Path, config: ModelConfig, name: str) -> Path | None:
+    path = inside(model_dir, config.entry_point, "option.entryPoint", name)
     if path.is_file():
         return path
     if "option.entryPoint" in config.properties:
         raise ModelLoadError(
-            f"model {model_dir.name}: option.entryPoint={config.entry_point!r} does not exist",
-            model=model_dir.name,
+            f"model {name}: option.entryPoint={config.entry_point!r} does not exist",
+            model=name,
         )
     return None
 
@@ -623,41 +611,39 @@ def _import_handler(model_dir: Path, entry: Path) -> ModuleType:
     return module
 
 
-def _load_custom(model_dir: Path, entry: Path, config: ModelConfig) -> Predictor:
+def _load_custom(model_dir: Path, entry: Path, config: ModelConfig, name: str) -> Predictor:
     with _on_sys_path(model_dir):
         module = _import_handler(model_dir, entry)
         try:
-            return _make_custom(model_dir, entry, config, module)
+            return _make_custom(model_dir, entry, config, module, name)
         except BaseException:
             sys.modules.pop(module.__name__, None)
             raise
 
 
 def _make_custom(
-    model_dir: Path, entry: Path, config: ModelConfig, module: ModuleType
+    model_dir: Path, entry: Path, config: ModelConfig, module: ModuleType, name: str
 ) -> Predictor:
     fn = getattr(module, config.handler, None)
     if not callable(fn):
         raise ModelLoadError(
-            f"model {model_dir.name}: {entry.name} defines no function "
+            f"model {name}: {entry.name} defines no function "
             f"{config.handler!r} (option.handler); it should define "
             f"{config.handler}(model, batch) -> rows",
-            model=model_dir.name,
+            model=name,
         )
     loader = getattr(module, "load", None)
     if loader is not None and not callable(loader):
-        raise ModelLoadError(
-            f"model {model_dir.name}: {entry.name}: 'load' is not a function", model=model_dir.name
-        )
+        raise ModelLoadError(f"model {name}: {entry.name}: 'load' is not a function", model=name)
     if loader is not None:
         try:
             model = loader(model_dir, dict(config.properties))
         except Exception as exc:
             raise ModelLoadError(
-                f"model {model_dir.name}: {entry.name} load() failed: {reason(exc)}",
-                model=model_dir.name,
+                f"model {name}: {entry.name} load() failed: {reason(exc)}",
+                model=name,
             ) from None
     else:
-        found = find_model_file(model_dir, config)
+        found = find_model_file(model_dir, config, name)
         model = load_model(found) if found is not None else None
     return CustomPredictor(model, fn, config, model_dir)
