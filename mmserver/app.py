@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from mmserver.api import STATE, ApiState, inference, management, v2
+from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, check_security, unmatched
 from mmserver.api.protocols import INFER, ROUTES
 from mmserver.config import ServerConfig
@@ -30,7 +31,8 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     """The application serving every path of DESIGN §8 and the Open Inference Protocol's
     (§15) on one port."""
     app = web.Application(client_max_size=config.max_request_size)
-    app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics)
+    access = AccessLog(config.log_format) if config.access_log else None
+    app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics, access_log=access)
     handlers: dict[str, Handler] = {**inference.HANDLERS, **management.HANDLERS, **v2.HANDLERS}
     for route in ROUTES:
         if route.operation == INFER:

@@ -105,6 +105,9 @@ class Server:
             await self.grpc.stop(_GRPC_GRACE)
         if self._runner is not None:
             await self._runner.cleanup()  # stops the site, then closes connections
+            access = self.app[STATE].access_log
+            if access is not None:
+                access.flush()  # the last loop turn's lines
         log.info("mmserver stopped")
         for handler in logging.getLogger().handlers:
             handler.flush()

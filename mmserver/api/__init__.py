@@ -33,6 +33,7 @@ from mmserver.errors import ClientClosed, InvalidInput, RequestTimeout, RequestT
 from mmserver.metrics import Metrics
 
 if TYPE_CHECKING:
+    from mmserver.api.accesslog import AccessLog
     from mmserver.wlm import WorkLoadManager
 
 
@@ -62,6 +63,8 @@ class ApiState:
     wlm: WorkLoadManager
     metrics: Metrics
     request_ids: RequestIds = field(default_factory=RequestIds)
+    #: The access log, when ``access_log`` is on.
+    access_log: AccessLog | None = None
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:

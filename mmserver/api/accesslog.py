@@ -1,66 +1,153 @@
-"""The access log (``access_log``, off by default): one record per answered request, whichever
-door answered it, on the logger ``mmserver.access``.
+"""The access log (``access_log``, off by default): one line per answered request, whichever
+door answered it, among the server's log lines on stderr.
 
-A record says the method, the path, the status, the time in the server, the model the request
-named (``-`` for none), the request id and the bytes of the answer. As text:
+A line says the method, the path, the status, the time in the server, the model the request
+named (``-`` for none), the request id and the bytes of the answer. As text, after the log's
+usual time, level and ``mmserver.access:``:
 ``POST /predictions/m 200 1.84 ms model=m bytes=31 4f2a9c1e-1b``; with ``--log-format json``
 each is a field of its own (``method``, ``path``, ``status``, ``latency_ms``, ``model``,
-``request_id``, ``bytes``). The lean path writes it for the requests it answers, aiohttp's
-access logger (:class:`AccessLogger`) for the others.
+``request_id``, ``bytes``) beside ``time``, ``level``, ``logger`` and ``message``, as
+:class:`mmserver.logs.JsonFormatter` writes every other record.
+
+The log is written a loop turn at a time: a request's line costs a tuple when it is answered,
+and the turn's lines are formatted together and written in one call when the turn ends
+(:class:`AccessLog`). A record through :mod:`logging` a request, with its record object, lock,
+formatter and write, cost about 27 µs a request (40 as JSON) on a path that answers one in
+about 100: the lean path's throughput fell by 39 % with it on. The lean path writes its lines
+itself; aiohttp's access logger (:class:`AccessLogger`) writes the others' to the same log.
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
+import json.encoder
+import sys
+import time
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from mmserver.api import REQUEST_ID
+from mmserver.api import REQUEST_ID, STATE
 from mmserver.api.dataplane import shown_path
-
-log = logging.getLogger("mmserver.access")
 
 #: Where an inference handler leaves the model a request named, for :class:`AccessLogger`.
 MODEL_KEY = "mmserver_model"
+#: The logger name the lines carry, as a record of :mod:`logging` would.
+LOGGER = "mmserver.access"
+
+_Line = tuple[float, str, str, int, float, str, str, int]
 
 
-def write(
-    method: str, path: str, status: int, seconds: float, model: str, rid: str, size: int
-) -> None:
-    """One access record."""
-    latency_ms = round(seconds * 1000, 3)
-    log.info(
-        "%s %s %d %.2f ms model=%s bytes=%d %s",
-        method,
-        shown_path(path),
-        status,
-        latency_ms,
-        model,
-        size,
-        rid,
-        extra={
-            "method": method,
-            "path": path,
-            "status": status,
-            "latency_ms": latency_ms,
-            "model": model,
-            "request_id": rid,
-            "bytes": size,
-        },
-    )
+class AccessLog:
+    """The access log of one server: :meth:`write` keeps a line, the end of the loop turn
+    writes the turn's lines to stderr in ``log_format`` (``text`` or ``json``)."""
+
+    def __init__(self, log_format: str = "text") -> None:
+        json_lines = log_format == "json"
+        self._format = self._json_line if json_lines else self._text_line
+        self._second_format = _utc_second if json_lines else _local_second
+        self._lines: list[_Line] = []
+        self._second = -1
+        self._second_text = ""
+
+    def write(
+        self, method: str, path: str, status: int, seconds: float, model: str, rid: str, size: int
+    ) -> None:
+        """Keep one request's line, written when the loop turn ends."""
+        lines = self._lines
+        if not lines:
+            asyncio.get_running_loop().call_soon(self.flush)
+        lines.append((time.time(), method, path, status, seconds, model, rid, size))
+
+    def flush(self) -> None:
+        """Write the lines kept so far, in one call."""
+        lines, self._lines = self._lines, []
+        if lines:
+            text = "".join([self._format(*line) for line in lines])
+            stream = sys.stderr
+            stream.write(text)
+            stream.flush()
+
+    def _second_of(self, created: float) -> tuple[str, int]:
+        """The formatted second of ``created`` (remembered: a turn's lines share it) and its
+        milliseconds."""
+        second = int(created)
+        if second != self._second:
+            self._second_text = self._second_format(second)
+            self._second = second
+        return self._second_text, int((created - second) * 1000)
+
+    def _text_line(
+        self,
+        created: float,
+        method: str,
+        path: str,
+        status: int,
+        seconds: float,
+        model: str,
+        rid: str,
+        size: int,
+    ) -> str:
+        second, millis = self._second_of(created)
+        return (
+            f"{second},{millis:03d} INFO {LOGGER}: {method} {shown_path(path)} "
+            f"{status} {seconds * 1000:.2f} ms model={model} bytes={size} {rid}\n"
+        )
+
+    def _json_line(
+        self,
+        created: float,
+        method: str,
+        path: str,
+        status: int,
+        seconds: float,
+        model: str,
+        rid: str,
+        size: int,
+    ) -> str:
+        second, millis = self._second_of(created)
+        latency_ms = round(seconds * 1000, 3)
+        message = (
+            f"{method} {shown_path(path)} {status} {latency_ms:.2f} ms "
+            f"model={model} bytes={size} {rid}"
+        )
+        # What json.dumps writes for these fields, in JsonFormatter's order, at a third of its
+        # cost: the strings through json's own escaping, the numbers as json writes them.
+        return (
+            f'{{"time": "{second}.{millis:03d}+00:00", "level": "INFO", "logger": "{LOGGER}", '
+            f'"message": {_quote(message)}, "model": {_quote(model)}, '
+            f'"request_id": {_quote(rid)}, "method": {_quote(method)}, '
+            f'"path": {_quote(path)}, "status": {status:d}, "latency_ms": {latency_ms!r}, '
+            f'"bytes": {size:d}}}\n'
+        )
+
+
+def _local_second(second: int) -> str:
+    # logging.Formatter's asctime, before its milliseconds.
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+
+
+def _utc_second(second: int) -> str:
+    # JsonFormatter's time (ISO 8601, UTC), before its milliseconds.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+_quote = json.encoder.encode_basestring_ascii
 
 
 class AccessLogger(AbstractAccessLogger):
-    """aiohttp's access log, written as :func:`write` writes the lean path's."""
+    """aiohttp's access log, written to the server's :class:`AccessLog` as the lean path
+    writes its own."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        write(
-            request.method,
-            request.path,
-            response.status,
-            time,
-            str(request.get(MODEL_KEY, "-")),
-            response.headers.get(REQUEST_ID, "-"),
-            response.body_length,
-        )
+        access = request.app[STATE].access_log if isinstance(request, web.Request) else None
+        if access is not None:
+            access.write(
+                request.method,
+                request.path,
+                response.status,
+                time,
+                str(request.get(MODEL_KEY, "-")),
+                response.headers.get(REQUEST_ID, "-"),
+                response.body_length,
+            )

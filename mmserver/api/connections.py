@@ -401,7 +401,7 @@ class HttpRunner(web.AppRunner):
         # reading (and inflating) the rest of the body.
         kwargs["lingering_time"] = 0
         # The access log of the requests aiohttp answers, as the lean path writes its own.
-        kwargs["access_log"] = accesslog.log if config.access_log else None
+        kwargs["access_log"] = logging.getLogger(accesslog.LOGGER) if config.access_log else None
         kwargs["access_log_class"] = accesslog.AccessLogger
         super().__init__(app, **kwargs)
 

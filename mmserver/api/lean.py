@@ -481,7 +481,7 @@ class LeanFront:
         self.max_request_size = config.max_request_size
         self.keepalive_timeout = config.keepalive_timeout
         self.send_timeout = config.send_timeout
-        self.access_log = config.access_log
+        self.access_log = state.access_log
         self.connections: set[LeanConnection] = set()
         #: Connections handed to aiohttp so far.
         self.handed_over = 0

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp.helpers import rfc822_formatted_time
 
-from mmserver.api import REQUEST_ID, accesslog
+from mmserver.api import REQUEST_ID
 from mmserver.api.dataplane import Exchange
 from mmserver.api.middleware import render_error
 from mmserver.api.protocols import JSON, Protocol
@@ -110,7 +110,9 @@ class LeanExchange(Exchange):
             self._logged(shown.status_code, len(body))
 
     def _logged(self, status: int, size: int) -> None:
-        accesslog.write(
+        access = self.conn.front.access_log
+        assert access is not None
+        access.write(
             "POST",
             self.path.decode(),
             status,
