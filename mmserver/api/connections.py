@@ -24,7 +24,7 @@ Pipelined requests are answered in order. A connection starts on the lean path
 connection to aiohttp's handler at the first request that is anything else: garbage after valid
 inference requests is then aiohttp's to refuse, once those are answered. When aiohttp parses the
 packet itself, it rejects it whole, so the connection is answered ``400`` and closed and the valid
-requests before the garbage are not answered (the README's security section says so).
+requests before the garbage are not answered (docs/security.md says so).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ deepjavalibrary/djl-serving (``serving/src/main/java/ai/djl/serving/...``, its `
 its ``ModelServerTest``) and deepjavalibrary/djl (``api/src/main/java/ai/djl/...``); botocore's is
 its service model ``botocore/data/sagemaker-runtime/2017-05-13/service-2.json``; Java's is the
 Javadoc of ``java.util.Properties.load(Reader)``. Where mmserver departs from a peer on purpose,
-the README's *Compatibility* section says so and why; those departures are tested where the
+``docs/compatibility.md`` says so and why; those departures are tested where the
 feature is (test_management, test_errors).
 """
 
@@ -26,7 +26,7 @@ from tests.integration.harness import Harness, Serve, describe, error_of
 from tests.integration.test_boto3 import raised, runtime_client
 from tests.models import make_linear_model
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+COMPATIBILITY = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 DJL_DATE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
@@ -243,10 +243,10 @@ async def test_conflict_is_a_bad_request_exception(server: Harness) -> None:
     assert (await error_of(response))["type"] == "BadRequestException"
 
 
-def test_every_error_has_a_djl_name_and_the_readme_shows_the_table() -> None:
+def test_every_error_has_a_djl_name_and_the_compatibility_page_shows_the_table() -> None:
     """The mapping from the error tree to DJL's Java exceptions is one table
-    (:data:`mmserver.errors.DJL_TYPES`); the README's table says the same. DJL's names:
-    ``serving/.../http/*Exception.java``, ``wlm/.../util/Wlm*Exception.java``,
+    (:data:`mmserver.errors.DJL_TYPES`); the table of ``docs/compatibility.md`` says the same.
+    DJL's names: ``serving/.../http/*Exception.java``, ``wlm/.../util/Wlm*Exception.java``,
     ``ai.djl.repository.zoo.ModelNotFoundException``, ``ai.djl.engine.EngineException``,
     ``ai.djl.translate.TranslateException``, ``ai.djl.MalformedModelException``."""
     tree = [
@@ -254,11 +254,11 @@ def test_every_error_has_a_djl_name_and_the_readme_shows_the_table() -> None:
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.MMServerError)
     ]
-    readme = dict(re.findall(r"^\| `(\w+)` \| \d{3} \| `(\w+)` \|", README.read_text(), re.M))
-    assert set(readme) == {cls.__name__ for cls in tree}
+    page = dict(re.findall(r"^\| `(\w+)` \| \d{3} \| `(\w+)` \|", COMPATIBILITY.read_text(), re.M))
+    assert set(page) == {cls.__name__ for cls in tree}
     for cls in tree:
-        assert errors.djl_type(cls) == readme[cls.__name__], cls.__name__
-        assert cls("x").to_dict()["type"] == readme[cls.__name__]
+        assert errors.djl_type(cls) == page[cls.__name__], cls.__name__
+        assert cls("x").to_dict()["type"] == page[cls.__name__]
 
 
 # ------------------------------------------------------------------------------------------------
