@@ -1,5 +1,6 @@
 """The container image (``Dockerfile``) run by Docker: it serves a mounted store as a non-root
-user, reads its memory budget from the container's limit, and drains on ``docker stop``.
+user on a read-only root file system (as the Helm chart runs it), reads its memory budget from
+the container's limit, and drains on ``docker stop``.
 
 The image is built by ``scripts/container`` (which ``scripts/test`` runs where Docker can be
 started) and named by ``IMAGE_UNDER_TEST``; without it these tests are skipped and say so.
@@ -112,6 +113,11 @@ async def container(store: Path) -> AsyncIterator[Container]:
         f"{store}:/models",
         "--memory",
         f"{MEMORY_LIMIT_MIB}m",
+        # As the Helm chart runs it: the image read-only, scratch space in /tmp, the cache a
+        # volume of its own (the image declares it).
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
         "--env",
         f"MMSERVER_MANAGEMENT_TOKEN={TOKEN}",
         "--env",

@@ -1,6 +1,6 @@
-"""The chart's pages stay true: each ``helm install`` they show renders with its ``--set`` values
-(Helm's own parsing of them), and docs/kubernetes.md's values table names every value of
-``values.yaml`` with its default."""
+"""The chart's pages and the README's example stay true: each ``helm install`` they show
+renders with its ``--set`` values (Helm's own parsing of them), and docs/kubernetes.md's values
+table names every value of ``values.yaml`` with its default."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 
 from tests.integration.helmchart import CHART, NAMESPACE, ROOT, merge, render
 
-PAGES = [ROOT / "docs" / "kubernetes.md", CHART / "README.md"]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "kubernetes.md", CHART / "README.md"]
 TABLE_ROW = re.compile(r"^\| (`[^|]+`) \| ([^|]*) \|", re.M)
 
 
