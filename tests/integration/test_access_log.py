@@ -4,14 +4,16 @@ the method, path, status, latency, model, request id and bytes, as text or as JS
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
+import sys
 
 import pytest
 from aiohttp import web
 
 from mmserver.api import STATE
-from mmserver.api.accesslog import AccessLog
+from mmserver.api.accesslog import FLUSH_LINES, AccessLog
 from tests.integration.harness import Serve
 
 
@@ -99,11 +101,38 @@ async def test_a_json_line_is_what_json_writes(capsys: pytest.CaptureFixture[str
     assert (parsed["status"], parsed["latency_ms"], parsed["bytes"]) == (503, 12.346, 7)
 
 
-async def test_a_loop_turn_is_written_once(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_lines_are_written_together(capsys: pytest.CaptureFixture[str]) -> None:
+    """Lines are kept until FLUSH_LINES of them are, then written in one call, in order."""
     access = AccessLog("text")
-    for n in range(3):
+    for n in range(FLUSH_LINES - 1):
         access.write("POST", "/predictions/m", 200, 0.001, "m", f"w-{n}", 3)
-    assert "w-0" not in capsys.readouterr().err  # kept until the turn ends
-    await asyncio.sleep(0)  # the end of this loop turn
+    assert "w-0" not in capsys.readouterr().err  # kept
+    access.write("POST", "/predictions/m", 200, 0.001, "m", "last", 3)
     written = capsys.readouterr().err.splitlines()
-    assert [line.rsplit(" ", 1)[1] for line in written] == ["w-0", "w-1", "w-2"]
+    assert [line.rsplit(" ", 1)[1] for line in written] == [
+        *(f"w-{n}" for n in range(FLUSH_LINES - 1)),
+        "last",
+    ]
+
+
+class _Stream(io.StringIO):
+    """A stream that says when something is written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = asyncio.Event()
+
+    def write(self, text: str) -> int:
+        self.written.set()
+        return super().write(text)
+
+
+async def test_a_lone_line_is_written_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line is not kept past FLUSH_S when no others follow it."""
+    stream = _Stream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    access = AccessLog("text")
+    access.write("POST", "/predictions/m", 200, 0.001, "m", "alone", 3)
+    assert stream.getvalue() == ""
+    await asyncio.wait_for(stream.written.wait(), 30)
+    assert stream.getvalue().rstrip("\n").endswith(" alone")
