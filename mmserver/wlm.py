@@ -100,6 +100,11 @@ class WorkLoadManager:
         return self._catalog.index
 
     @property
+    def queued_jobs(self) -> int:
+        """Jobs waiting in every model's queue now."""
+        return self._room.queued.jobs
+
+    @property
     def budget(self) -> Limit:
         """The memory budget of loaded models (MiB) and where it came from."""
         return self._room.budget
