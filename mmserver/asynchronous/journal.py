@@ -224,6 +224,11 @@ class Journal:
             )
         return cursor.rowcount
 
+    def states(self) -> dict[str, State]:
+        """Every request's state, by inference id."""
+        rows = self._db.execute("SELECT id, state FROM invocations ORDER BY seq")
+        return {str(i): State(s) for i, s in rows}
+
     def counts(self) -> dict[State, int]:
         """Requests per state."""
         rows = self._db.execute("SELECT state, COUNT(*) FROM invocations GROUP BY state")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from mmserver.api import STATE
+from mmserver.asynchronous.journal import Invocation, Journal
+from mmserver.asynchronous.journal import State as JournalState
 from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve
 from tests.integration.s3server import AWS_VARIABLES, S3Server, s3_server
@@ -406,3 +409,42 @@ async def test_inputs_and_answers_on_the_object_store(
         in json.loads(failure["Body"].read())["message"]
     )
     assert missing["FailureLocation"] == f"s3://{BUCKET}/failures/missing-s3-error.out"
+
+
+async def test_requests_a_crash_left_running_end_once_at_the_next_start(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    # As a server killed between writing an answer and recording it leaves its journal: "x"
+    # has its answer written, "y" had not got that far.
+    outputs = folders["outputs"]
+    outputs.mkdir()
+    (outputs / "x.out").write_bytes(b"written before the crash")
+    (folders["inputs"] / "y.json").write_bytes(b"[[1.0]]")
+    journal = Journal(folders["state"])
+    for name in ("x", "y"):
+        journal.add(
+            Invocation(
+                id=name,
+                model="sklearn-3",
+                input=(folders["inputs"] / f"{name}.json").as_uri(),
+                output=(outputs / f"{name}.out").as_uri(),
+                failure=(outputs / f"{name}-error.out").as_uri(),
+                content_type="application/json",
+                accept=None,
+                custom_attributes=None,
+                accepted_at=time.time(),
+                ttl_s=60.0,
+                timeout_s=60.0,
+            )
+        )
+        assert journal.move(name, JournalState.RUNNING)
+    journal.close()
+
+    harness = await serve_async(serve, folders)
+    assert (await state(harness, "x"))["Status"] == "done"  # at once: it is not run again
+    assert (outputs / "x.out").read_bytes() == b"written before the crash"
+    assert (await ended(harness, "y"))["Status"] == "done"
+    assert json.loads((outputs / "y.out").read_bytes()) == {
+        "predictions": [pytest.approx(3.0, abs=0.05)]
+    }
+    assert harness.metrics.async_requests.labels("done").value == 2
