@@ -500,6 +500,11 @@ class Metrics:
             "ApproximateBacklogSize).",
             ["model"],
         )
+        self.async_yields = CounterFamily(
+            "mmserver_async_yields",
+            "Times queued asynchronous requests were held back because real-time requests "
+            "were queued.",
+        )
         self.async_oldest_seconds = GaugeFamily(
             "mmserver_async_oldest_queued_seconds",
             "Age of the oldest queued asynchronous request (0: none queued).",

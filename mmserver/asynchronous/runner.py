@@ -8,11 +8,13 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
    :class:`~mmserver.asynchronous.journal.Journal` (synced to disk) and only then returns, so
    the 202 is sent for a request no crash can lose;
 2. the dispatcher starts it when its model may run one more asynchronous request
-   (``option.async_max_workers``) and real-time requests leave room (:func:`room_for_async`);
-   a request not started within its TTL expires instead;
+   (``option.async_max_workers``) and real-time requests leave room (:func:`room_for_async`:
+   none is queued, and all the backend processes but one are left to them at most); a request
+   not started within its TTL expires instead;
 3. it runs: the input is read (``s3://`` or a local file), the body submitted through
    :meth:`WorkLoadManager.submit <mmserver.wlm.WorkLoadManager.submit>` as a SageMaker request,
-   all within its invocation timeout;
+   all within its invocation timeout, as a *background* job: it does not count toward its
+   model's real-time scale-up (:mod:`mmserver.scaling`);
 4. it ends: the answer is written to its output location whole, or an error body to its failure
    location, then its row is ended (:meth:`Journal.finish <mmserver.asynchronous.journal.
    Journal.finish>` records an end once).
@@ -119,11 +121,19 @@ def _part(text: str | None, header: str) -> str | None:
     return text
 
 
-def room_for_async(real_time_queued: int, model_queued: int) -> bool:
+def room_for_async(real_time_queued: int, running: int, max_running: int) -> bool:
     """Whether an asynchronous request may be submitted now: only while no real-time request
-    waits, neither for its model nor for any other (they share the backends), so asynchronous
-    work takes only what real-time traffic leaves."""
-    return real_time_queued == 0 and model_queued == 0
+    waits for any model (they share the backends), and while fewer than ``max_running``
+    asynchronous requests run. So asynchronous work takes only what real-time traffic leaves,
+    and a real-time request arriving meanwhile finds a process asynchronous work leaves free
+    (:func:`async_share`)."""
+    return real_time_queued == 0 and running < max_running
+
+
+def async_share(backend_processes: int) -> int:
+    """The most asynchronous requests running at once: all the backend processes but one, so
+    that one is always left to real-time requests (one in-process backend: one)."""
+    return max(1, backend_processes - 1)
 
 
 class AsyncInference:
@@ -160,7 +170,7 @@ class AsyncInference:
         self._accepting = False
         self._last_sweep = 0.0
         #: At most this many run at once, over every model.
-        self.max_running = max(2, 2 * (config.backend_processes or 1))
+        self.max_running = async_share(config.backend_processes)
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -377,9 +387,11 @@ class AsyncInference:
         if self._queued and self.clock() - self._last_sweep >= SWEEP_S:
             self._sweep()
         wait = SWEEP_S if self._queued else None
-        queued_real_time = self.wlm.queued_jobs
         for model in list(self._queued):
-            if len(self._running) >= self.max_running:
+            if not room_for_async(self.wlm.real_time_queued, len(self._running), self.max_running):
+                if self.wlm.real_time_queued:
+                    self.metrics.async_yields.inc()
+                    wait = YIELD_S
                 break
             queue = self._queued[model]
             not_before = self._not_before.get(model, 0.0)
@@ -389,9 +401,6 @@ class AsyncInference:
             pool = self.wlm.pool(model)
             limit = pool.config.async_max_workers if pool else self.config.async_max_workers
             if self._per_model[model] >= limit:
-                continue
-            if not room_for_async(queued_real_time, len(pool.queue) if pool else 0):
-                wait = YIELD_S
                 continue
             invocation = queue.popleft()
             if not queue:
@@ -453,7 +462,10 @@ class AsyncInference:
                 job = make_request(body, invocation.content_type, invocation.accept)
                 del body
                 deadline = loop.time() + invocation.timeout_s
-                answer = await self.wlm.submit(invocation.model, job, deadline=deadline).answer
+                submission = self.wlm.submit(
+                    invocation.model, job, deadline=deadline, background=True
+                )
+                answer = await submission.answer
         except TimeoutError:
             error: errors.MMServerError = errors.PredictTimeout(
                 f"the request was not answered within its invocation timeout "

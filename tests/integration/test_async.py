@@ -20,8 +20,9 @@ from botocore.exceptions import ClientError
 from mmserver.api import STATE
 from mmserver.asynchronous.journal import Invocation, Journal
 from mmserver.asynchronous.journal import State as JournalState
+from mmserver.codecs import make_request
 from tests.integration import gate as gate_module
-from tests.integration.harness import Harness, Serve
+from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.s3server import AWS_VARIABLES, S3Server, s3_server
 from tests.integration.test_boto3 import invoke, runtime_client
 
@@ -448,3 +449,63 @@ async def test_requests_a_crash_left_running_end_once_at_the_next_start(
         "predictions": [pytest.approx(3.0, abs=0.05)]
     }
     assert harness.metrics.async_requests.labels("done").value == 2
+
+
+# Real time first ---------------------------------------------------------------------------------
+
+
+async def test_asynchronous_jobs_do_not_scale_a_model_up_as_real_time_ones_do(
+    serve: Serve, held: gate_module.Gate
+) -> None:
+    harness = await serve()
+    wlm = harness.wlm
+    await wlm.rescale("gated-handler", {"max_workers": 4, "job_queue_size": 100})
+    pool = wlm.pool("gated-handler")
+    assert pool is not None and len(pool.workers) == 1
+    job = make_request(b"[[0.5]]", "application/json", None)
+    background = [wlm.submit("gated-handler", job, background=True).answer for _ in range(10)]
+    assert await asyncio.to_thread(held.wait_entered)
+    # Ten queued asynchronous jobs: still one worker (async_max_workers=1).
+    assert len(pool.workers) == 1
+    assert pool.queue.background == 9
+    assert wlm.real_time_queued == 0
+    real_time = [wlm.submit("gated-handler", job).answer for _ in range(10)]
+    assert wlm.real_time_queued == 10
+    assert len(pool.workers) == 4  # the real-time rule: more than 2 * batch_size queued
+    held.open()
+    answers = await asyncio.gather(*background, *real_time)
+    assert len(answers) == 20
+
+
+async def test_asynchronous_requests_wait_while_real_time_requests_are_queued(
+    serve: Serve, folders: dict[str, Path], held: gate_module.Gate
+) -> None:
+    harness = await serve_async(serve, folders)
+    # One real-time request runs (held at the gate), another waits in the model's queue.
+    running = asyncio.ensure_future(harness.post("/predictions/gated-handler", "[[0.5]]"))
+    assert await asyncio.to_thread(held.wait_entered)
+    waiting = asyncio.ensure_future(harness.post("/predictions/gated-handler", "[[1.0]]"))
+    await wait_until(lambda: harness.wlm.real_time_queued == 1)
+    response = await harness.post(
+        "/endpoints/sklearn-3/async-invocations",
+        b"[[0.5]]",
+        **{
+            "X-Amzn-SageMaker-Content-Type": "application/json",
+            "X-Amzn-SageMaker-Inference-Id": "after-real-time",
+        },
+    )
+    assert response.status == 202
+    await wait_until(lambda: harness.metrics.async_yields.labels().value >= 3)
+    assert (await state(harness, "after-real-time"))["Status"] == "queued"
+    samples = await harness.samples()
+    assert samples[("mmserver_async_backlog", (("model", "sklearn-3"),))] == 1
+    assert samples[("mmserver_async_oldest_queued_seconds", ())] > 0
+    assert samples[("mmserver_async_requests_total", (("status", "accepted"),))] == 1
+
+    held.open()
+    assert [(await r).status for r in (running, waiting)] == [200, 200]
+    assert (await ended(harness, "after-real-time"))["Status"] == "done"
+    samples = await harness.samples()
+    assert ("mmserver_async_backlog", (("model", "sklearn-3"),)) not in samples
+    assert samples[("mmserver_async_oldest_queued_seconds", ())] == 0
+    assert samples[("mmserver_async_requests_total", (("status", "done"),))] == 1
