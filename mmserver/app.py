@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from mmserver.api import STATE, ApiState, inference, management, v2
+from mmserver.api import STATE, ApiState, asynchronous, inference, management, v2
 from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, check_security, unmatched
 from mmserver.api.protocols import INFER, ROUTES
+from mmserver.asynchronous import AsyncInference
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 
@@ -32,8 +33,16 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     (§15) on one port."""
     app = web.Application(client_max_size=config.max_request_size)
     access = AccessLog(config.log_format) if config.access_log else None
-    app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics, access_log=access)
-    handlers: dict[str, Handler] = {**inference.HANDLERS, **management.HANDLERS, **v2.HANDLERS}
+    runner = AsyncInference(config, wlm, metrics) if config.async_enabled else None
+    app[STATE] = ApiState(
+        config=config, wlm=wlm, metrics=metrics, access_log=access, asynchronous=runner
+    )
+    handlers: dict[str, Handler] = {
+        **inference.HANDLERS,
+        **management.HANDLERS,
+        **v2.HANDLERS,
+        **asynchronous.HANDLERS,
+    }
     for route in ROUTES:
         if route.operation == INFER:
             handler = inference.inference_handler(route)

@@ -47,7 +47,7 @@ from mmserver.model_config import (
     server_option,
 )
 from mmserver.properties import BOOLEANS, boolean, parse_properties, read_properties
-from mmserver.store import split_object_url
+from mmserver.store import check_location, split_object_url
 
 __all__ = [
     "BOOLEANS",
@@ -213,6 +213,39 @@ class ServerConfig:
         "removed first; 0 = no limit.",
     )
     drain_timeout: float = _opt(30.0, "s SIGTERM waits for accepted requests before stopping.")
+    state_dir: str = _opt(
+        "",
+        "Folder of the asynchronous inference journal (SQLite in WAL mode) and of the inline "
+        "inputs it holds; empty = no asynchronous inference (POST .../async-invocations is "
+        "answered 404).",
+    )
+    async_output_path: str = _opt(
+        "",
+        "Where asynchronous answers are written (<inference id>.out): a local folder or "
+        "s3://bucket/prefix; empty = <state_dir>/outputs. A model's serving.properties may "
+        "override it (option.async_output_path).",
+    )
+    async_failure_path: str = _opt(
+        "",
+        "Where asynchronous failures are written (<inference id>-error.out): a local folder "
+        "or s3://bucket/prefix; empty = async_output_path (option.async_failure_path per "
+        "model).",
+    )
+    async_input_roots: str = _opt(
+        "",
+        "Comma-separated folders a file:// InputLocation may name, besides allowed_model_roots.",
+    )
+    async_max_queued: int = _opt(
+        10000,
+        "Asynchronous requests accepted and not yet ended, at most; past it a new one is "
+        "answered 429 with Retry-After.",
+    )
+    async_notify_url: str = _opt(
+        "",
+        "URL POSTed a JSON notification when an asynchronous request ends (retried with "
+        "backoff); empty = none.",
+    )
+    async_max_workers: int = server_option("async_max_workers")
     insecure_management: bool = _opt(
         False, "Allow an open management API on a non-loopback address without a token."
     )
@@ -255,6 +288,12 @@ class ServerConfig:
                 f"option min_workers={self.min_workers} is greater than "
                 f"max_workers={self.max_workers}"
             )
+        if self.state_dir:
+            for name in ("async_output_path", "async_failure_path"):
+                try:
+                    check_location(getattr(self, name))
+                except ConfigError as exc:
+                    raise ConfigError(f"option {name}: {exc.message}") from None
         if self.batch_size < 1 or self.job_queue_size < 1 or self.max_workers < 1:
             raise ConfigError("options batch_size, job_queue_size and max_workers must be >= 1")
         if not 0 < self.heavy_nice < 20:
@@ -323,6 +362,31 @@ class ServerConfig:
             base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
             return Path(base).expanduser().resolve() / "mmserver" / bucket / key
         return self.store_path / ".mmserver-cache"
+
+    @property
+    def async_enabled(self) -> bool:
+        """Whether the server takes asynchronous requests (it has a ``state_dir``)."""
+        return bool(self.state_dir.strip())
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser().resolve()
+
+    @property
+    def async_outputs(self) -> str:
+        """Where asynchronous answers go: ``async_output_path``, or ``<state_dir>/outputs``."""
+        return self.async_output_path.strip() or str(self.state_path / "outputs")
+
+    @property
+    def async_failures(self) -> str:
+        """Where asynchronous failures go: ``async_failure_path``, or the answers' place."""
+        return self.async_failure_path.strip() or self.async_outputs
+
+    @property
+    def async_input_paths(self) -> tuple[Path, ...]:
+        """The folders a ``file://`` input may be read from."""
+        extra = [r.strip() for r in self.async_input_roots.split(",") if r.strip()]
+        return (*self.allowed_roots, *(Path(r).expanduser().resolve() for r in extra))
 
     @property
     def allowed_roots(self) -> tuple[Path, ...]:

@@ -11,7 +11,8 @@ written against DJL read the same names.
 
     MMServerError                       500 InternalFailure
     ├── InvalidInput                    400 ValidationError   bad body, features, name
-    │   └── InvalidModelName            400 ValidationError
+    │   ├── InvalidModelName            400 ValidationError
+    │   └── InputMissing                400 ValidationError   async input cannot be read
     ├── ModelNotReady                   400 ValidationError   V2 model ready: not loaded
     ├── ModelNotFound                   404 ValidationError
     ├── NotFound                        404 ValidationError   unknown path
@@ -32,6 +33,7 @@ written against DJL read the same names.
     │   ├── NoCapacity         (R)      503                   nothing evictable
     │   ├── ShuttingDown       (R)      503
     │   └── WorkersStopped              503                   the model's maxWorkers is 0
+    ├── TooManyRequests                 429 ThrottlingException  async queue full (Retry-After)
     ├── ClientClosed                    499                   left while sending its request
     ├── PredictTimeout                  504 ServiceUnavailable
     │   └── ClientGone                  504                   dropped before compute
@@ -98,6 +100,11 @@ class InvalidInput(MMServerError):
 
 class InvalidModelName(InvalidInput):
     """A model name that is not ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``."""
+
+
+class InputMissing(InvalidInput):
+    """The input an asynchronous request named cannot be read (it does not exist, or is not a
+    file): said in its failure object."""
 
 
 class ModelNotReady(MMServerError):
@@ -219,6 +226,21 @@ class QueueFull(ServiceUnavailable):
         return {"Retry-After": str(self.retry_after)}
 
 
+class TooManyRequests(MMServerError):
+    """The server holds ``async_max_queued`` asynchronous requests: the client retries later
+    (botocore retries a ``ThrottlingException`` by itself)."""
+
+    status_code = 429
+    amzn_error_type = "ThrottlingException"
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class NoCapacity(ServiceUnavailable, ResourceError):
     """No loaded model can be evicted to make room for this one. ``room`` says what is loaded
     and what the limits are; the message adds that the client may retry."""
@@ -282,6 +304,7 @@ DJL_TYPES: dict[type[MMServerError], str] = {
     BackendDied: "EngineException",  # DJL: "Backend Python process is unrecoverable"
     ServiceUnavailable: "ServiceUnavailableException",
     QueueFull: "WlmCapacityException",  # DJL: "Worker queue capacity exceeded for model"
+    TooManyRequests: "WlmCapacityException",
     NoCapacity: "WlmOutOfMemoryException",  # DJL: "No enough memory to load the model."
     ShuttingDown: "WlmShutdownException",
     WorkersStopped: "WlmShutdownException",  # DJL: "All model workers has been shutdown"

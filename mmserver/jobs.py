@@ -23,9 +23,10 @@ from mmserver.codecs import Request
 
 
 class Job:
-    """One request on its way to a model, and the future of its answer."""
+    """One request on its way to a model, and the future of its answer. A *background* job
+    (an asynchronous request's) does not count toward its model's real-time scale-up."""
 
-    __slots__ = ("client_gone", "deadline", "enqueued_at", "future", "request")
+    __slots__ = ("background", "client_gone", "deadline", "enqueued_at", "future", "request")
 
     def __init__(
         self,
@@ -34,12 +35,14 @@ class Job:
         enqueued_at: float,
         deadline: float,
         client_gone: Callable[[], bool] | None = None,
+        background: bool = False,
     ) -> None:
         self.request = request
         self.future = future
         self.enqueued_at = enqueued_at
         self.deadline = deadline
         self.client_gone = client_gone
+        self.background = background
 
     def answer(self, result: Any) -> None:
         if not self.future.done():
@@ -59,12 +62,14 @@ class Job:
 
 class Tally:
     """The jobs queued in many queues together (the server's, for its metrics), kept as they
-    come and go, so that reading it costs nothing however many queues there are."""
+    come and go, so that reading it costs nothing however many queues there are; ``background``
+    of them are background jobs."""
 
-    __slots__ = ("jobs",)
+    __slots__ = ("background", "jobs")
 
     def __init__(self) -> None:
         self.jobs = 0
+        self.background = 0
 
 
 class JobQueue:
@@ -76,6 +81,8 @@ class JobQueue:
         self.maxsize = maxsize
         self.tally = tally if tally is not None else Tally()
         self._items: collections.deque[Job] = collections.deque()
+        #: The background jobs among those queued.
+        self.background = 0
         self._closed = False
         self._refusal: Callable[[], errors.MMServerError] = _unloading
 
@@ -91,6 +98,20 @@ class JobQueue:
             )
         self._items.append(job)
         self.tally.jobs += 1
+        if job.background:
+            self._count_background(1)
+
+    def _count_background(self, change: int) -> None:
+        self.background += change
+        self.tally.background += change
+
+    def _uncount(self, jobs: Iterable[Job]) -> None:
+        """Count background jobs among ``jobs``, taken out, as gone (only while any is queued:
+        the real-time path does not pay for it)."""
+        if self.background:
+            gone = sum(1 for job in jobs if job.background)
+            if gone:
+                self._count_background(-gone)
 
     def take(self, count: int, max_bytes: int = 0) -> list[Job]:
         """Up to ``count`` jobs from the front of the queue (at least one if any is queued),
@@ -99,7 +120,9 @@ class JobQueue:
         items = self._items
         length = batch_length((len(job.request[0]) for job in items), count, max_bytes)
         self.tally.jobs -= length
-        return [items.popleft() for _ in range(length)]
+        taken = [items.popleft() for _ in range(length)]
+        self._uncount(taken)
+        return taken
 
     def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
         """Refuse new jobs with the error ``refusal`` makes (by default, the model is
@@ -120,6 +143,7 @@ class JobQueue:
         items = list(self._items)
         self._items.clear()
         self.tally.jobs -= len(items)
+        self._uncount(items)
         return items
 
     def expire(self, now: float) -> tuple[list[Job], float | None]:
@@ -130,6 +154,7 @@ class JobQueue:
         if expired:
             self._items = items = collections.deque(job for job in items if job.deadline > now)
             self.tally.jobs -= len(expired)
+            self._uncount(expired)
         return expired, min((job.deadline for job in items), default=None)
 
     def oldest_enqueued_at(self) -> float | None:

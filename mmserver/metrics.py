@@ -489,6 +489,26 @@ class Metrics:
             "CPUs the heavy lane's processes may run on now: all of the server's while the light "
             "lane is idle, fewer (heavy_reserved_cpus kept free) while it has work.",
         )
+        self.async_requests = CounterFamily(
+            "mmserver_async_requests",
+            "Asynchronous requests accepted, and ended by status (done, failed, expired).",
+            ["status"],
+        )
+        self.async_backlog = GaugeFamily(
+            "mmserver_async_backlog",
+            "Asynchronous requests queued and not started, by model (SageMaker's "
+            "ApproximateBacklogSize).",
+            ["model"],
+        )
+        self.async_yields = CounterFamily(
+            "mmserver_async_yields",
+            "Times queued asynchronous requests were held back because real-time requests "
+            "were queued.",
+        )
+        self.async_oldest_seconds = GaugeFamily(
+            "mmserver_async_oldest_queued_seconds",
+            "Age of the oldest queued asynchronous request (0: none queued).",
+        )
         self._families: list[_Family[Any]] = [
             value for value in vars(self).values() if isinstance(value, _Family)
         ]

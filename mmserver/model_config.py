@@ -196,6 +196,24 @@ class ModelConfig:
         "Read and answer as the SageMaker XGBoost container; unset: for an xgboost-model.",
         keys=("option.sagemaker_xgboost",),
     )
+    async_max_workers: int = option(
+        1,
+        "Default most asynchronous requests of a model running at once (they run only where "
+        "real-time requests leave room, and never count toward the real-time scale-up).",
+        keys=("option.async_max_workers",),
+        minimum=1,
+        server_default=True,
+    )
+    async_output_path: str | None = option(
+        None,
+        "Where the model's asynchronous answers go, instead of the server's async_output_path.",
+        keys=("option.async_output_path",),
+    )
+    async_failure_path: str | None = option(
+        None,
+        "Where the model's asynchronous failures go, instead of the server's async_failure_path.",
+        keys=("option.async_failure_path",),
+    )
     #: Every key of serving.properties as written, for custom handlers.
     properties: Mapping[str, str] = field(default_factory=dict)
 

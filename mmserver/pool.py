@@ -29,7 +29,13 @@ from mmserver.config import ModelConfig
 from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.record import Measured
-from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
+from mmserver.scaling import (
+    PoolSnapshot,
+    should_add_background_worker,
+    should_add_worker,
+    should_retire,
+    workers_to_start,
+)
 from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
 from mmserver.worker import Worker, WorkerState
 
@@ -137,19 +143,22 @@ class ModelPool:
         deadline: float | None,
         client_gone: Callable[[], bool] | None,
         arrived: float | None = None,
+        background: bool = False,
     ) -> asyncio.Future[bytes]:
         """Queue one request (raises :class:`errors.QueueFull` at once when full), then apply
         the scaling rule. The future's result is the answer's body. ``deadline`` is on the event
         loop's clock; by default the model's predict_timeout from ``arrived`` (the request's
         arrival, before a load it waited for; by default now). A job still queued at its
-        deadline is answered 504 then, not when a batch would have taken it."""
+        deadline is answered 504 then, not when a batch would have taken it. A ``background``
+        job (an asynchronous request's) scales the model by its own rule
+        (:func:`~mmserver.scaling.should_add_background_worker`), not the real-time one."""
         loop = self._loop
         now = loop.time()
         if deadline is None:
             deadline = (now if arrived is None else arrived) + self.config.predict_timeout
         future: asyncio.Future[bytes] = loop.create_future()
         queue = self.queue
-        queue.put(Job(request, future, now, deadline, client_gone))
+        queue.put(Job(request, future, now, deadline, client_gone, background))
         if self._expiry_handle is None or deadline < self._expiry_at:
             self._expire_at(deadline)
         if self._idle and self._dispatch_handle is None:
@@ -161,6 +170,13 @@ class ModelPool:
                 self._dispatch()
         if should_add_worker(self.snapshot()):
             self._add_worker("queue")
+        elif background and should_add_background_worker(
+            len(self.workers),
+            queue.background,
+            self.config.async_max_workers,
+            self.config.max_workers,
+        ):
+            self._add_worker("asynchronous requests")
         return future
 
     # Batches ----------------------------------------------------------------------------------
@@ -358,8 +374,13 @@ class ModelPool:
 
     def snapshot(self) -> PoolSnapshot:
         c = self.config
+        queue = self.queue
         return PoolSnapshot(
-            len(self.workers), len(self.queue), c.min_workers, c.max_workers, c.batch_size
+            len(self.workers),
+            len(queue) - queue.background,
+            c.min_workers,
+            c.max_workers,
+            c.batch_size,
         )
 
     @property

@@ -1,7 +1,9 @@
 """Worker scaling: DJL's rule as pure functions over a snapshot of one model's state.
 
 After every enqueue a model gets one more worker when it has none, or when it has fewer than
-``maxWorkers`` and its queue holds more than ``2 * batch_size`` jobs. A worker above
+``maxWorkers`` and its queue holds more than ``2 * batch_size`` real-time jobs. Background jobs
+(asynchronous requests) do not count toward that rule: they have their own,
+:func:`should_add_background_worker`, within ``option.async_max_workers``. A worker above
 ``minWorkers`` that has had no batch for ``max_idle_time`` seconds retires. The callers apply one
 decision at a time on the event loop, so two concurrent requests can never overshoot
 ``maxWorkers``: the worker being added is counted before the next check runs.
@@ -17,6 +19,7 @@ class PoolSnapshot(NamedTuple):
     made after every enqueue, and a tuple costs a fraction of a frozen dataclass to make."""
 
     workers: int
+    #: Real-time jobs queued (background jobs not counted).
     queue_length: int
     min_workers: int
     max_workers: int
@@ -28,6 +31,14 @@ def should_add_worker(s: PoolSnapshot) -> bool:
     if s.workers >= s.max_workers:
         return False
     return s.workers == 0 or s.queue_length > 2 * s.batch_size
+
+
+def should_add_background_worker(
+    workers: int, background_queued: int, async_max_workers: int, max_workers: int
+) -> bool:
+    """Whether a model's background jobs (asynchronous requests) get it one more worker: one
+    per queued background job, within ``async_max_workers`` and ``maxWorkers``."""
+    return workers < min(async_max_workers, max_workers) and background_queued > workers
 
 
 def should_retire(s: PoolSnapshot, idle_seconds: float, max_idle_time: float) -> bool:

@@ -6,7 +6,9 @@ Shutdown order (SIGTERM or SIGINT), written once in :meth:`Server.shutdown`:
    stays open meanwhile, because closing it resets every connection still waiting in the
    kernel's accept queue, and those clients have sent their requests;
 2. drain: every accepted request is answered, up to ``drain_timeout`` seconds; what is left then
-   is answered 503; then the workers and the backend processes stop;
+   is answered 503; then the workers and the backend processes stop. Asynchronous requests
+   (:mod:`mmserver.asynchronous`) are neither accepted nor started from step 1; running ones
+   end within the same drain, the others stay in the journal for the next start;
 3. stop listening, and close the HTTP connections once their responses are written; the gRPC
    port (``grpc_port``) likewise: its calls were answered (503 ones ``UNAVAILABLE``) during the
    drain, and it stops once their answers are sent;
@@ -59,6 +61,9 @@ class Server:
 
     async def start(self) -> None:
         await self.wlm.start()
+        runner = self.app[STATE].asynchronous
+        if runner is not None:
+            await runner.start()  # after the WorkLoadManager: its requests go there
         self._runner = HttpRunner(
             self.app,
             handle_signals=False,
@@ -99,8 +104,16 @@ class Server:
         log.info(
             "shutting down: draining accepted requests (up to %.0f s)", self.config.drain_timeout
         )
+        runner = self.app[STATE].asynchronous
+        if runner is not None:
+            runner.close()  # no asynchronous request accepted or started from now on
         self.wlm.begin_shutdown()
-        await self.wlm.stop(self.config.drain_timeout)
+        drain = self.config.drain_timeout
+        if runner is not None:
+            # Running asynchronous requests end as the pools drain; the rest stay queued.
+            await asyncio.gather(runner.stop(drain), self.wlm.stop(drain))
+        else:
+            await self.wlm.stop(drain)
         if self.grpc is not None:
             await self.grpc.stop(_GRPC_GRACE)
         if self._runner is not None:

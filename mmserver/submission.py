@@ -48,16 +48,18 @@ class Submitter:
         request: Request,
         client_gone: Callable[[], bool] | None,
         deadline: float | None,
+        background: bool = False,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling). A loaded model named exactly
         ``name`` gets it queued at once; otherwise a task finds (or loads) the model, then
-        queues it. Every error is the submission's future's."""
+        queues it. Every error is the submission's future's. A ``background`` request (an
+        asynchronous one) does not count toward the model's real-time scale-up."""
         loaded = self._loaded
         pool = loaded.get(name)
         if pool is not None:
             loaded.move_to_end(name)
             try:
-                answer = pool.submit(request, deadline, client_gone)
+                answer = pool.submit(request, deadline, client_gone, None, background)
             except errors.MMServerError as exc:  # the model's queue is full
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_exception(exc)
@@ -65,7 +67,7 @@ class Submitter:
         submission = Submission.__new__(Submission)
         submission.requests = None
         submission.answer = asyncio.get_running_loop().create_task(
-            self._after_load(name, request, deadline, client_gone, submission)
+            self._after_load(name, request, deadline, client_gone, submission, background)
         )
         return submission
 
@@ -76,8 +78,9 @@ class Submitter:
         deadline: float | None,
         client_gone: Callable[[], bool] | None,
         submission: Submission,
+        background: bool,
     ) -> bytes:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
         pool = await self._loader.get_pool(name)
         submission.requests = pool.requests
-        return await pool.submit(request, deadline, client_gone, arrived)
+        return await pool.submit(request, deadline, client_gone, arrived, background)

@@ -100,6 +100,12 @@ class WorkLoadManager:
         return self._catalog.index
 
     @property
+    def real_time_queued(self) -> int:
+        """Real-time jobs waiting in every model's queue now (background jobs not counted)."""
+        queued = self._room.queued
+        return queued.jobs - queued.background
+
+    @property
     def budget(self) -> Limit:
         """The memory budget of loaded models (MiB) and where it came from."""
         return self._room.budget
@@ -222,6 +228,7 @@ class WorkLoadManager:
         client_gone: Callable[[], bool] | None = None,
         *,
         deadline: float | None = None,
+        background: bool = False,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling), loading the model first if
         needed: every inference path comes in here. The answer's body is the result of the
@@ -231,10 +238,12 @@ class WorkLoadManager:
         A loaded model named exactly ``name`` gets the request queued at once, with no task of
         its own; otherwise a task finds (or loads) the model, then queues it. Raises
         :class:`errors.ShuttingDown` at once; every other error is the future's.
-        ``deadline`` is on the event loop's clock; by default the model's predict_timeout."""
+        ``deadline`` is on the event loop's clock; by default the model's predict_timeout.
+        A ``background`` request (an asynchronous one) does not count toward the model's
+        real-time scale-up (:mod:`mmserver.scaling`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
-        return self._submitter.submit(name, request, client_gone, deadline)
+        return self._submitter.submit(name, request, client_gone, deadline, background)
 
     async def infer(
         self,

@@ -4,6 +4,8 @@ folder with a ``model.py`` handler, usable in threads and in backend processes a
 - :func:`make_gated_dir` — answers ``2 * x`` per row, but only once its gate file exists, so a
   test holds a batch "running" for as long as it likes and releases it by creating the file;
 - :func:`make_recording_dir` — answers ``2 * x`` and appends each batch's row count to a log;
+- :func:`make_gated_recording_dir` — waits for its gate file (at most 120 s), then appends each
+  row's value to a log and answers ``2 * x``: the log says which rows were computed, how often;
 - :func:`make_raising_dir` — raises ``ValueError`` for any row whose value is negative;
 - :func:`make_sleeping_dir` — answers ``2 * x`` after sleeping a fixed time per batch;
 - :func:`make_exiting_dir` — ends its backend process with ``os._exit`` on a negative value;
@@ -71,6 +73,31 @@ def _write(folder: Path, code: str, properties: dict[str, object]) -> Path:
 
 def make_gated_dir(folder: Path, gate: Path, **properties: object) -> Path:
     return _write(folder, GATED, {"gate": gate, **properties})
+
+
+GATED_RECORDING = """\
+import time
+from pathlib import Path
+
+
+def load(model_dir, properties):
+    return Path(properties["gate"]), Path(properties["log"])
+
+
+def predict(model, batch):
+    gate, log = model
+    for _ in range(60000):  # at most 120 s
+        if gate.exists():
+            break
+        time.sleep(0.002)
+    with open(log, "a") as fh:
+        fh.write("".join(f"{float(row[0])}\\n" for row in batch))
+    return [2.0 * float(row[0]) for row in batch]
+"""
+
+
+def make_gated_recording_dir(folder: Path, gate: Path, log: Path, **properties: object) -> Path:
+    return _write(folder, GATED_RECORDING, {"gate": gate, "log": log, **properties})
 
 
 def make_recording_dir(folder: Path, log: Path, **properties: object) -> Path:

@@ -34,6 +34,7 @@ from mmserver.metrics import Metrics
 
 if TYPE_CHECKING:
     from mmserver.api.accesslog import AccessLog
+    from mmserver.asynchronous import AsyncInference
     from mmserver.wlm import WorkLoadManager
 
 
@@ -65,6 +66,8 @@ class ApiState:
     request_ids: RequestIds = field(default_factory=RequestIds)
     #: The access log, when ``access_log`` is on.
     access_log: AccessLog | None = None
+    #: Asynchronous inference, when the server has a ``state_dir``.
+    asynchronous: AsyncInference | None = None
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:

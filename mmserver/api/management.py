@@ -232,6 +232,8 @@ async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     # Reads loop-owned state: a few gauge sets, or a few per loaded model with the label "all".
     state.wlm.refresh_metrics()
+    if state.asynchronous is not None:
+        state.asynchronous.refresh_metrics()
     text = await asyncio.get_running_loop().run_in_executor(None, state.metrics.render)
     return web.Response(body=text, headers={"Content-Type": PROMETHEUS_TYPE})
 

@@ -142,6 +142,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/models/{model}/invoke", SAGEMAKER, INFER, lean=True),
     Route("POST", _V2_MODEL + "/infer", V2, INFER, lean=True),
     Route("POST", _V2_VERSION + "/infer", V2, INFER),
+    # Asynchronous inference (SageMaker Runtime's InvokeEndpointAsync) and its requests' state.
+    Route("POST", "/endpoints/{endpoint}/async-invocations", SAGEMAKER, "invoke_async"),
+    Route("GET", "/async-invocations/{inference_id}", SAGEMAKER, "async_status"),
     # Health.
     Route("GET", "/ping", DJL, "ping"),
     # Management (DJL Serving's API) and metrics.

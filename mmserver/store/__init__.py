@@ -37,7 +37,12 @@ from mmserver.store.names import (
 from mmserver.store.opening import open_store
 from mmserver.store.source import ModelSource, StoreEntry, Unpacker
 from mmserver.store.unpacking import UnpackProcesses
-from mmserver.store.urls import name_from_url, resolve_model_url, split_object_url
+from mmserver.store.urls import (
+    check_location,
+    name_from_url,
+    resolve_model_url,
+    split_object_url,
+)
 
 __all__ = [
     "ARCHIVE_SUFFIXES",
@@ -52,6 +57,7 @@ __all__ = [
     "UnpackProcesses",
     "Unpacker",
     "archive_name",
+    "check_location",
     "is_model_name",
     "model_root",
     "name_from_url",

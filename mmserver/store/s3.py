@@ -70,6 +70,26 @@ _DENIED = frozenset(
 )
 
 
+def client_config(connect_timeout: float = 3.0, read_timeout: float = 10.0) -> Config:
+    """The settings of the server's S3 clients (the model store's, asynchronous inference's):
+    they fail in seconds when the object store is down: two attempts, short connect and read
+    timeouts (the read timeout bounds each wait for data, not a whole download)."""
+    return Config(
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        retries={"max_attempts": 2, "mode": "standard"},
+        max_pool_connections=32,
+    )
+
+
+def make_client(config: Config | None = None) -> Any:
+    """An S3 client with :func:`client_config`'s settings; the endpoint, region and credentials
+    from the usual AWS environment variables and files. A session is not thread-safe, a client
+    is: make one client and share it between threads."""
+    session = boto3.session.Session()
+    return session.client("s3", config=config or client_config())
+
+
 class ObjectStore:
     """Lists the ``NAME.tar.gz`` objects under ``s3://bucket/prefix`` and fetches them into
     ``cache_dir``.
@@ -102,14 +122,7 @@ class ObjectStore:
         self.unpack: Unpacker = unpack_archive
         self._cache = CopyCache(self.cache_dir, max_cache_bytes, in_use)
         self._client = client
-        # Fail in seconds when the store is down: two attempts, short connect and read timeouts
-        # (the read timeout bounds each wait for data, not a whole download).
-        self._client_config = Config(
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            retries={"max_attempts": 2, "mode": "standard"},
-            max_pool_connections=32,
-        )
+        self._client_config = client_config(connect_timeout, read_timeout)
         self._client_lock = threading.Lock()
 
     @property
@@ -123,9 +136,7 @@ class ObjectStore:
         with self._client_lock:
             if self._client is None:
                 try:
-                    # A session is not thread-safe, a client is: make one client, once.
-                    session = boto3.session.Session()
-                    self._client = session.client("s3", config=self._client_config)
+                    self._client = make_client(self._client_config)
                 except (BotoCoreError, ValueError) as exc:
                     raise ServiceUnavailable(
                         f"the model store {self.root} cannot be used: {exc}"

@@ -30,6 +30,20 @@ def split_object_url(url: str) -> tuple[str, str]:
     return bucket, prefix + "/" if prefix else ""
 
 
+def check_location(text: str) -> None:
+    """Check that ``text`` names a place answers can be written to: empty (the default), an
+    ``s3://bucket/prefix`` URL, a ``file://`` URL or a local path. Raises :class:`ConfigError`."""
+    text = text.strip()
+    scheme = _SCHEME.match(text)
+    if not text or scheme is None or len(scheme.group(1)) == 1:  # C: is a drive, not a scheme
+        return
+    kind = scheme.group(1).lower()
+    if kind == "s3":
+        split_object_url(text)
+    elif kind != "file":
+        raise ConfigError(f"{text!r}: only a local folder or s3://bucket/prefix is supported")
+
+
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
 
 #: The extensions DJL Serving drops from an archive's name to name its model, in the order it

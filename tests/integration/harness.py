@@ -25,6 +25,7 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app
 from mmserver.config import ServerConfig
@@ -201,6 +202,9 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
         wlm = WorkLoadManager(config, store, metrics, room_wait_seconds=room_wait_seconds)
         await wlm.start()
         app = build_app(config, wlm, metrics)
+        runner = app[STATE].asynchronous
+        if runner is not None:
+            await runner.start()
         if routes:
             app.add_routes(routes)
         client = TestClient(ServerLikeTestServer(app, host="127.0.0.1"))
@@ -213,7 +217,12 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
     gate_module.current.open()
     for harness in reversed(started):
         await harness.client.close()
-        await harness.wlm.stop(drain_timeout=2.0)
+        runner = harness.client.app[STATE].asynchronous
+        if runner is not None:
+            runner.close()
+            await asyncio.gather(runner.stop(2.0), harness.wlm.stop(drain_timeout=2.0))
+        else:
+            await harness.wlm.stop(drain_timeout=2.0)
 
 
 @pytest.fixture

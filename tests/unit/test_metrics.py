@@ -62,6 +62,21 @@ def test_render_matches_prometheus_client(model_label: str) -> None:
     assert "mmserver_backend_restarts_total 1.0\n" in ours
 
 
+def test_the_asynchronous_families_render_as_prometheus_client_says() -> None:
+    m = Metrics()
+    m.async_requests.labels("done").inc(3)
+    m.async_backlog.labels("sklearn-1").set(4)
+    m.async_oldest_seconds.set(2.5)
+    ours = samples(m.render().decode())
+    assert [s for s in ours if s[0].startswith("mmserver_async")] == [
+        s
+        for s in samples(generate_latest(m.registry).decode())
+        if s[0].startswith("mmserver_async")
+    ]
+    assert ("mmserver_async_backlog", (("model", "sklearn-1"),), 4.0) in ours
+    assert ("mmserver_async_requests_total", (("status", "done"),), 3.0) in ours
+
+
 def test_every_family_of_the_design_is_exposed() -> None:
     names = {f.name for f in text_string_to_metric_families(Metrics().render().decode())}
     assert names == {
@@ -84,6 +99,10 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_model_lane",
         "mmserver_model_path_batches",
         "mmserver_heavy_lane_cpus",
+        "mmserver_async_requests",
+        "mmserver_async_backlog",
+        "mmserver_async_yields",
+        "mmserver_async_oldest_queued_seconds",
         "process_resident_memory_bytes",
         "process_cpu_seconds",
         "process_open_fds",

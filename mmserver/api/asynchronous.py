@@ -1,0 +1,91 @@
+"""Asynchronous inference over HTTP: ``POST /endpoints/{endpoint}/async-invocations`` exactly as
+boto3's ``sagemaker-runtime`` ``invoke_endpoint_async`` sends it (the endpoint names the model),
+and ``GET /async-invocations/{inference_id}``, the request's state.
+
+The 202 is sent once the request is in the journal (:meth:`AsyncInference.accept
+<mmserver.asynchronous.runner.AsyncInference.accept>`): its body holds ``InferenceId`` and its
+headers the output and failure locations, where botocore reads them. On a server without a
+``state_dir`` both paths answer 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from mmserver.api import STATE, read_body
+from mmserver.api.middleware import Handler, answers_errors
+from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
+from mmserver.errors import NotFound
+
+_PREFIX = "X-Amzn-SageMaker-"
+OUTPUT_LOCATION = _PREFIX + "OutputLocation"
+FAILURE_LOCATION = _PREFIX + "FailureLocation"
+
+
+def _runner(request: web.Request) -> AsyncInference:
+    runner = request.app[STATE].asynchronous
+    if runner is None:
+        raise NotFound(
+            "asynchronous inference is not enabled on this server: start it with a state_dir"
+        )
+    return runner
+
+
+async def invoke_async(request: web.Request) -> web.Response:
+    """``InvokeEndpointAsync``: 202 ``{"InferenceId": ...}`` with the output and failure
+    locations once the request is journaled."""
+    runner = _runner(request)
+    headers = request.headers
+    config = request.app[STATE].config
+    body = await read_body(request, config.max_request_size, config.body_timeout)
+    asked = AsyncRequest(
+        model=request.match_info["endpoint"],
+        input_location=headers.get(_PREFIX + "InputLocation"),
+        content_type=headers.get(_PREFIX + "Content-Type"),
+        accept=headers.get(_PREFIX + "Accept"),
+        custom_attributes=headers.get(_PREFIX + "Custom-Attributes"),
+        inference_id=headers.get(_PREFIX + "Inference-Id"),
+        ttl=headers.get(_PREFIX + "RequestTTLSeconds"),
+        timeout=headers.get(_PREFIX + "InvocationTimeoutSeconds"),
+        output_extension=headers.get(_PREFIX + "S3OutputPathExtension"),
+        filename=headers.get(_PREFIX + "Filename"),
+    )
+    invocation, _ = await runner.accept(asked, body)
+    return web.json_response(
+        {"InferenceId": invocation.id},
+        status=202,
+        headers={OUTPUT_LOCATION: invocation.output, FAILURE_LOCATION: invocation.failure},
+    )
+
+
+async def async_status(request: web.Request) -> web.Response:
+    """The state of one asynchronous request and where its answer is (or will be)."""
+    invocation = await _runner(request).status(request.match_info["inference_id"])
+    return web.json_response(describe(invocation))
+
+
+def describe(invocation: Invocation) -> dict[str, Any]:
+    described: dict[str, Any] = {
+        "InferenceId": invocation.id,
+        "EndpointName": invocation.model,
+        "Status": invocation.state.value,
+        "InputLocation": invocation.input,
+        "OutputLocation": invocation.output,
+        "FailureLocation": invocation.failure,
+        "AcceptedAt": invocation.accepted_at,
+        "RequestTTLSeconds": invocation.ttl_s,
+        "InvocationTimeoutSeconds": invocation.timeout_s,
+    }
+    if invocation.ended_at is not None:
+        described["EndedAt"] = invocation.ended_at
+    if invocation.error is not None:
+        described["Error"] = invocation.error
+    return described
+
+
+HANDLERS: dict[str, Handler] = {
+    "invoke_async": answers_errors(invoke_async),
+    "async_status": answers_errors(async_status),
+}

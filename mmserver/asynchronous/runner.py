@@ -1,0 +1,589 @@
+"""Asynchronous inference: requests accepted into the journal, run through the WorkLoadManager
+when real-time traffic leaves room, their answers written to an output location.
+
+The life of one request (SageMaker's ``InvokeEndpointAsync``):
+
+1. :meth:`AsyncInference.accept` checks it (its input location, headers, the bound
+   ``async_max_queued``), saves an inline body under ``state_dir/inputs``, writes its row in the
+   :class:`~mmserver.asynchronous.journal.Journal` (synced to disk) and only then returns, so
+   the 202 is sent for a request no crash can lose;
+2. the dispatcher starts it when its model may run one more asynchronous request
+   (``option.async_max_workers``) and real-time requests leave room (:func:`room_for_async`:
+   none is queued, and all the backend processes but one are left to them at most); a request
+   not started within its TTL expires instead;
+3. it runs: the input is read (``s3://`` or a local file), the body submitted through
+   :meth:`WorkLoadManager.submit <mmserver.wlm.WorkLoadManager.submit>` as a SageMaker request,
+   all within its invocation timeout, as a *background* job: it does not count toward its
+   model's real-time scale-up (:mod:`mmserver.scaling`);
+4. it ends: the answer is written to its output location whole, or an error body to its failure
+   location, then its row is ended (:meth:`Journal.finish <mmserver.asynchronous.journal.
+   Journal.finish>` records an end once).
+
+Exactly once across crashes: an answer is written before the row says ``done``. A start finds
+the rows a crash left ``running``: one whose output exists is done (it is not run again); one
+whose failure exists has failed; the others run again. A request the server lacked room for
+(:class:`~mmserver.errors.ResourceError`) goes back to the queue, retried a second later.
+
+Stopping (:meth:`AsyncInference.stop`, in the server's drain): nothing new is accepted or
+started; running requests get ``drain_timeout`` to end; those still running then are cancelled
+and go back to the queue (an answer being written is written first); the queued ones stay for
+the next start.
+
+The journal's calls run in one thread of the runner's own; reading inputs and writing answers in
+the default executor's threads. Everything else runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from mmserver import errors
+from mmserver.answers import answer_body
+from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
+from mmserver.asynchronous.locations import Locations, file_url, local_path
+from mmserver.codecs import Request, make_request
+from mmserver.config import ServerConfig
+from mmserver.metrics import Metrics
+from mmserver.store import normalize_name
+
+if TYPE_CHECKING:
+    from mmserver.wlm import WorkLoadManager
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: SageMaker's defaults and bounds for a request's TTL and invocation timeout (seconds).
+DEFAULT_TTL_S = 21600
+MAX_TTL_S = 21600
+DEFAULT_TIMEOUT_S = 900
+MAX_TIMEOUT_S = 3600
+#: Seconds a model's queued requests wait after the server lacked room to run one.
+RETRY_AFTER_S = 1.0
+#: Seconds between the sweeps that expire queued requests past their TTL.
+SWEEP_S = 1.0
+#: Seconds before the dispatcher looks again while real-time requests fill the server.
+YIELD_S = 0.005
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_PART = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncRequest:
+    """What an ``InvokeEndpointAsync`` call asks for, as its headers say it."""
+
+    model: str
+    input_location: str | None
+    content_type: str | None = None
+    accept: str | None = None
+    custom_attributes: str | None = None
+    inference_id: str | None = None
+    ttl: str | None = None
+    timeout: str | None = None
+    output_extension: str | None = None
+    filename: str | None = None
+
+
+def _seconds(text: str | None, default: int, most: int, header: str) -> float:
+    if text is None or not text.strip():
+        return float(default)
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise errors.InvalidInput(f"{header}={text[:40]!r} is not a whole number") from None
+    if not 1 <= value <= most:
+        raise errors.InvalidInput(f"{header}={value} must be between 1 and {most}")
+    return float(value)
+
+
+def _part(text: str | None, header: str) -> str | None:
+    if text is None or not text.strip():
+        return None
+    text = text.strip().strip("/")
+    if not _PART.fullmatch(text) or any(p in (".", "..") for p in text.split("/")):
+        raise errors.InvalidInput(
+            f"{header}={text[:80]!r}: use letters, digits, '.', '_', '-' and '/' between names"
+        )
+    return text
+
+
+def room_for_async(real_time_queued: int, running: int, max_running: int) -> bool:
+    """Whether an asynchronous request may be submitted now: only while no real-time request
+    waits for any model (they share the backends), and while fewer than ``max_running``
+    asynchronous requests run. So asynchronous work takes only what real-time traffic leaves,
+    and a real-time request arriving meanwhile finds a process asynchronous work leaves free
+    (:func:`async_share`)."""
+    return real_time_queued == 0 and running < max_running
+
+
+def async_share(backend_processes: int) -> int:
+    """The most asynchronous requests running at once: all the backend processes but one, so
+    that one is always left to real-time requests (one in-process backend: one)."""
+    return max(1, backend_processes - 1)
+
+
+class AsyncInference:
+    """The asynchronous requests of one server: accepted, queued, run, ended (module
+    docstring). Started after the WorkLoadManager, stopped before it."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        wlm: WorkLoadManager,
+        metrics: Metrics,
+        *,
+        locations: Locations | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.wlm = wlm
+        self.metrics = metrics
+        self.locations = locations or Locations(config.async_input_paths)
+        self.clock = clock
+        self.state_dir = config.state_path
+        self.inputs_dir = self.state_dir / "inputs"
+        self._journal: Journal | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmserver-async-journal")
+        #: Queued requests per model, in the order they were accepted; the models in the
+        #: order they get their next turn.
+        self._queued: dict[str, collections.deque[Invocation]] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._per_model: collections.Counter[str] = collections.Counter()
+        self._settling: set[asyncio.Task[None]] = set()
+        self._not_before: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._last_sweep = 0.0
+        #: At most this many run at once, over every model.
+        self.max_running = async_share(config.backend_processes)
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the journal and take up what it holds: requests a crash left running end as
+        their written answers say, or run again; queued ones keep their order."""
+        self._journal = await asyncio.to_thread(Journal, self.state_dir)
+        await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
+        recovered = 0
+        for invocation in await self._call(self._journal_().open):
+            if invocation.state is State.RUNNING:
+                if await self._recover(invocation):
+                    continue
+            self._enqueue(invocation)
+            recovered += 1
+        if recovered:
+            log.info("asynchronous inference: %d request(s) from the journal queued", recovered)
+        self._accepting = True
+        self._dispatcher = asyncio.get_running_loop().create_task(
+            self._dispatch_forever(), name="mmserver-async-dispatcher"
+        )
+
+    async def _recover(self, invocation: Invocation) -> bool:
+        """Whether a request found running at start had ended (its answer or its failure is
+        written: its row now says so); otherwise it is queued again."""
+        journal = self._journal_()
+        for written, state in ((invocation.output, State.DONE), (invocation.failure, State.FAILED)):
+            if await asyncio.to_thread(self.locations.exists, written):
+                error = None if state is State.DONE else "see the failure object"
+                await self._call(journal.finish, invocation.id, state, error, self.clock())
+                self._ended(invocation, state)
+                return True
+        await self._call(journal.move, invocation.id, State.QUEUED)
+        return False
+
+    def close(self) -> None:
+        """Accept and start nothing more (the first step of stopping)."""
+        self._accepting = False
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Let running requests end for up to ``drain_timeout`` seconds, put the rest back in
+        the queue, and close the journal."""
+        self.close()
+        if self._dispatcher is not None:
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        running = list(self._running.values())
+        if running and drain_timeout:
+            await asyncio.wait(running, timeout=drain_timeout)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        # Answers being written are written (and recorded) before the rest is requeued.
+        await asyncio.gather(*self._settling, return_exceptions=True)
+        if self._journal is not None:
+            requeued = await self._call(self._journal.requeue_running)
+            if requeued:
+                log.info(
+                    "asynchronous inference: %d running request(s) queued again for the next start",
+                    requeued,
+                )
+            await self._call(self._journal.close)
+            self._journal = None
+        self._thread.shutdown(wait=True)
+
+    def _journal_(self) -> Journal:
+        if self._journal is None:
+            raise errors.ShuttingDown("asynchronous inference is stopped")
+        return self._journal
+
+    async def _call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run a journal call in the journal's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+
+    # Accepting --------------------------------------------------------------------------------
+
+    @property
+    def open_requests(self) -> int:
+        """Requests accepted and not ended (queued or running)."""
+        return sum(len(q) for q in self._queued.values()) + len(self._running)
+
+    async def accept(self, request: AsyncRequest, body: bytes) -> tuple[Invocation, bool]:
+        """Journal one request and queue it: its row, and whether it is new (``False``: a
+        request with its inference id was accepted before; it is not queued again). Raises what
+        refuses it before anything is written."""
+        if not self._accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        if self.open_requests >= self.config.async_max_queued:
+            raise errors.TooManyRequests(
+                f"the server holds {self.config.async_max_queued} asynchronous requests "
+                "(async_max_queued); retry later"
+            )
+        model = normalize_name(request.model)
+        make_request(b"", request.content_type, request.accept)  # 415 now, not in the failure
+        ttl = _seconds(request.ttl, DEFAULT_TTL_S, MAX_TTL_S, "X-Amzn-SageMaker-RequestTTLSeconds")
+        timeout = _seconds(
+            request.timeout,
+            DEFAULT_TIMEOUT_S,
+            MAX_TIMEOUT_S,
+            "X-Amzn-SageMaker-InvocationTimeoutSeconds",
+        )
+        inference_id = (request.inference_id or "").strip() or str(uuid.uuid4())
+        if not _ID.fullmatch(inference_id):
+            raise errors.InvalidInput(
+                f"inference id {inference_id[:80]!r}: use 1 to 64 letters, digits, '.', '_', "
+                "':' and '-', starting with a letter or digit"
+            )
+        if request.custom_attributes is not None and len(request.custom_attributes) > 1024:
+            raise errors.InvalidInput("X-Amzn-SageMaker-Custom-Attributes is over 1024 characters")
+        extension = _part(request.output_extension, "X-Amzn-SageMaker-S3OutputPathExtension")
+        filename = _part(request.filename, "X-Amzn-SageMaker-Filename")
+        output_base, failure_base = self._places(model)
+        if extension is not None:
+            output_base = self.locations.join(output_base, extension)
+            failure_base = self.locations.join(failure_base, extension)
+        inline: Path | None = None
+        if request.input_location is not None and request.input_location.strip():
+            if body:
+                raise errors.InvalidInput(
+                    "send the input inline or name its location, not both (Body and "
+                    "InputLocation are exclusive)"
+                )
+            source = self.locations.check_input(request.input_location)
+        else:
+            if not body:
+                self.locations.check_input("")  # says what is missing
+            inline = self.inputs_dir / f"{uuid.uuid4().hex}.in"
+            source = file_url(inline)
+        invocation = Invocation(
+            id=inference_id,
+            model=model,
+            input=source,
+            output=self.locations.join(output_base, filename or f"{inference_id}.out"),
+            failure=self.locations.join(failure_base, f"{inference_id}-error.out"),
+            content_type=request.content_type,
+            accept=request.accept,
+            custom_attributes=request.custom_attributes,
+            accepted_at=self.clock(),
+            ttl_s=ttl,
+            timeout_s=timeout,
+        )
+        journal = self._journal_()
+
+        def write() -> tuple[Invocation, bool]:
+            if inline is not None:
+                _write_synced(inline, body)
+            row, added = journal.add(invocation)
+            if not added and inline is not None:
+                inline.unlink(missing_ok=True)
+            return row, added
+
+        row, added = await self._call(write)
+        if not added:
+            if row.model != invocation.model or (inline is None and row.input != source):
+                raise errors.InvalidInput(
+                    f"inference id {inference_id!r} names another request already accepted; "
+                    "use a new id"
+                )
+            return row, False
+        self._enqueue(row)
+        self.metrics.async_requests.labels("accepted").inc()
+        return row, True
+
+    def _places(self, model: str) -> tuple[str, str]:
+        """Where the answers and failures of ``model`` go: its own settings when the server
+        knows them (the model is loaded), otherwise the server's."""
+        pool = self.wlm.pool(model)
+        output = self.config.async_outputs
+        failure = self.config.async_failure_path.strip() or None
+        if pool is not None:
+            output = pool.config.async_output_path or output
+            failure = pool.config.async_failure_path or failure
+        return output, failure or output
+
+    def _enqueue(self, invocation: Invocation, front: bool = False) -> None:
+        queue = self._queued.get(invocation.model)
+        if queue is None:
+            queue = self._queued[invocation.model] = collections.deque()
+        if front:
+            queue.appendleft(invocation)
+        else:
+            queue.append(invocation)
+        self._wake.set()
+
+    async def status(self, inference_id: str) -> Invocation:
+        """The journal's row of request ``inference_id`` (:class:`errors.NotFound` if none)."""
+        row = await self._call(self._journal_().get, inference_id)
+        if row is None:
+            raise errors.NotFound(f"no asynchronous request has inference id {inference_id!r}")
+        return row
+
+    # Dispatching ------------------------------------------------------------------------------
+
+    async def _dispatch_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            wait = self._start_what_may_run()
+            if wait is None:
+                await self._wake.wait()
+                continue
+            try:
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    def _start_what_may_run(self) -> float | None:
+        """Start the requests that may run now, one model after another; the seconds after
+        which to look again (``None``: only when something changes)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._queued and self.clock() - self._last_sweep >= SWEEP_S:
+            self._sweep()
+        wait = SWEEP_S if self._queued else None
+        for model in list(self._queued):
+            if not room_for_async(self.wlm.real_time_queued, len(self._running), self.max_running):
+                if self.wlm.real_time_queued:
+                    self.metrics.async_yields.inc()
+                    wait = YIELD_S
+                break
+            queue = self._queued[model]
+            not_before = self._not_before.get(model, 0.0)
+            if not_before > now:
+                wait = min(SWEEP_S, not_before - now)
+                continue
+            pool = self.wlm.pool(model)
+            limit = pool.config.async_max_workers if pool else self.config.async_max_workers
+            if self._per_model[model] >= limit:
+                continue
+            invocation = queue.popleft()
+            if not queue:
+                del self._queued[model]
+            else:  # its next request waits for the other models' turns
+                self._queued[model] = self._queued.pop(model)
+            self._run(invocation)
+        return wait
+
+    def _sweep(self) -> None:
+        """Expire the queued requests past their TTL."""
+        now = self._last_sweep = self.clock()
+        for model in list(self._queued):
+            queue = self._queued[model]
+            expired = [i for i in queue if i.expires_at <= now]
+            if not expired:
+                continue
+            left = collections.deque(i for i in queue if i.expires_at > now)
+            if left:
+                self._queued[model] = left
+            else:
+                del self._queued[model]
+            for invocation in expired:
+                self._begin_settling(self._expire(invocation))
+
+    def _run(self, invocation: Invocation) -> None:
+        self._per_model[invocation.model] += 1
+        task = asyncio.get_running_loop().create_task(
+            self._run_one(invocation), name=f"mmserver-async-{invocation.id}"
+        )
+        self._running[invocation.id] = task
+        task.add_done_callback(lambda t: self._run_ended(invocation, t))
+
+    def _run_ended(self, invocation: Invocation, task: asyncio.Task[None]) -> None:
+        self._running.pop(invocation.id, None)
+        self._per_model[invocation.model] -= 1
+        if not self._per_model[invocation.model]:
+            del self._per_model[invocation.model]
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "asynchronous request %s of %s failed",
+                invocation.id,
+                invocation.model,
+                exc_info=task.exception(),
+            )
+        self._wake.set()
+
+    async def _run_one(self, invocation: Invocation) -> None:
+        journal = self._journal_()
+        if invocation.expires_at <= self.clock():
+            await self._settled(self._expire(invocation))
+            return
+        if not await self._call(journal.move, invocation.id, State.RUNNING):
+            return  # ended already
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(invocation.timeout_s):
+                body = await asyncio.to_thread(self.locations.read, invocation.input)
+                job = make_request(body, invocation.content_type, invocation.accept)
+                del body
+                deadline = loop.time() + invocation.timeout_s
+                submission = self.wlm.submit(
+                    invocation.model, job, deadline=deadline, background=True
+                )
+                answer = await submission.answer
+        except TimeoutError:
+            error: errors.MMServerError = errors.PredictTimeout(
+                f"the request was not answered within its invocation timeout "
+                f"({invocation.timeout_s:g} s)"
+            )
+        except errors.ResourceError as exc:
+            # No room for its model now, or the server is stopping: it runs later.
+            await self._call(journal.move, invocation.id, State.QUEUED)
+            if self._accepting:
+                self._not_before[invocation.model] = loop.time() + RETRY_AFTER_S
+                self._enqueue(invocation, front=True)
+            log.info("asynchronous request %s queued again: %s", invocation.id, exc.message)
+            return
+        except errors.MMServerError as exc:
+            error = exc
+        except Exception as exc:
+            log.exception("asynchronous request %s of %s failed", invocation.id, invocation.model)
+            error = errors.MMServerError(f"the request failed: {type(exc).__name__}")
+        else:
+            rendered, content_type = _answer(answer, job)
+            await self._settled(self._succeed(invocation, rendered, content_type))
+            return
+        await self._settled(self._fail(invocation, State.FAILED, error))
+
+    async def _settled(self, work: Any) -> None:
+        """Run the end of a request (writing its answer or failure, recording it) to its end,
+        even if the request is cancelled meanwhile."""
+        await asyncio.shield(self._begin_settling(work))
+
+    def _begin_settling(self, work: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        return task
+
+    async def _succeed(self, invocation: Invocation, body: bytes, content_type: str) -> None:
+        try:
+            await asyncio.to_thread(self.locations.write, invocation.output, body, content_type)
+        except errors.MMServerError as exc:
+            await self._fail(invocation, State.FAILED, exc)
+            return
+        except OSError as exc:
+            error = errors.MMServerError(f"the answer could not be written: {exc.strerror}")
+            await self._fail(invocation, State.FAILED, error)
+            return
+        if await self._call(self._journal_().finish, invocation.id, State.DONE, None, self.clock()):
+            self._ended(invocation, State.DONE)
+
+    async def _expire(self, invocation: Invocation) -> None:
+        error = errors.PredictTimeout(
+            f"the request was not started within its RequestTTLSeconds "
+            f"({invocation.ttl_s:g} s) and has expired"
+        )
+        await self._fail(invocation, State.EXPIRED, error)
+
+    async def _fail(
+        self, invocation: Invocation, state: State, error: errors.MMServerError
+    ) -> None:
+        """Write the failure object of ``error`` and end the request in ``state``."""
+        body = json.dumps({**error.to_dict(), "inferenceId": invocation.id}).encode()
+        try:
+            await asyncio.to_thread(
+                self.locations.write, invocation.failure, body, "application/json"
+            )
+        except (errors.MMServerError, OSError) as exc:
+            log.error(
+                "asynchronous request %s: its failure could not be written to %s: %s",
+                invocation.id,
+                invocation.failure,
+                exc,
+            )
+        journal = self._journal_()
+        now = self.clock()
+        if state is State.EXPIRED:
+            ended = await self._call(
+                journal.move, invocation.id, state, error=error.message, at=now
+            )
+        else:
+            ended = await self._call(journal.finish, invocation.id, state, error.message, now)
+        if ended:
+            self._ended(invocation, state)
+
+    def _ended(self, invocation: Invocation, state: State) -> None:
+        assert state in ENDED
+        self.metrics.async_requests.labels(state.value).inc()
+        path = local_path(invocation.input) if invocation.input.startswith("file:") else None
+        if path is not None and path.parent == self.inputs_dir:
+            path.unlink(missing_ok=True)
+        self._wake.set()
+
+    # Metrics ----------------------------------------------------------------------------------
+
+    def refresh_metrics(self) -> None:
+        """Set the gauges of the queued requests (called before a scrape)."""
+        backlog = self.metrics.async_backlog
+        now = self.clock()
+        seen = set()
+        oldest = None
+        for model, queue in self._queued.items():
+            backlog.labels(model).set(len(queue))
+            seen.add(model)
+            first = queue[0].accepted_at if queue else None
+            if first is not None and (oldest is None or first < oldest):
+                oldest = first
+        for (model,), _, _ in backlog.series():
+            if model not in seen:
+                backlog.remove(model)
+        self.metrics.async_oldest_seconds.set(0.0 if oldest is None else max(0.0, now - oldest))
+
+
+def _answer(answer: bytes, job: Request) -> tuple[bytes, str]:
+    """The body and content type the real-time SageMaker path answers for ``answer``."""
+    body, content_type = answer_body(answer, job[2])
+    return bytes(body), content_type
+
+
+def _write_synced(path: Path, body: bytes) -> None:
+    with open(path, "wb") as out:
+        out.write(body)
+        out.flush()
+        os.fsync(out.fileno())

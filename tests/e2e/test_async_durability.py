@@ -1,0 +1,204 @@
+"""Asynchronous requests survive the real server's death: ``mmserver serve`` killed with SIGKILL
+while requests are queued and running, started again on the same ``state_dir``, finishes every
+accepted request exactly once; SIGTERM lets running requests end within ``drain_timeout`` and
+leaves the queued ones for the next start.
+
+The model waits at a gate file before it computes and records each row it computes, so the test
+holds requests running for as long as it likes and counts what was computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from mmserver.asynchronous.journal import Journal, State
+from tests.behaviour_models import make_gated_recording_dir
+from tests.e2e.server_process import ServerProcess, descendants, wait_gone
+from tests.models import make_linear_archive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+GATED = 12
+FAST = 4
+
+
+class Setup:
+    def __init__(self, tmp_path: Path) -> None:
+        self.store = tmp_path / "store"
+        self.store.mkdir()
+        self.gate = tmp_path / "gate"
+        self.log = tmp_path / "computed.log"
+        self.state = tmp_path / "state"
+        self.outputs = tmp_path / "outputs"
+        self.tmp = tmp_path
+        make_linear_archive(self.store / "sklearn-0.tar.gz")
+        make_gated_recording_dir(
+            self.store / "gated", self.gate, self.log, batch_size=1, maxWorkers=1
+        )
+        self.starts = 0
+
+    def server(self, *args: str) -> ServerProcess:
+        self.starts += 1
+        return ServerProcess(
+            self.store,
+            self.tmp / f"server-{self.starts}.log",
+            "--backend-processes",
+            "1",
+            "--heavy-processes",
+            "0",
+            "--state-dir",
+            str(self.state),
+            "--async-output-path",
+            str(self.outputs),
+            *args,
+        )
+
+    def computed(self) -> collections.Counter[float]:
+        if not self.log.exists():
+            return collections.Counter()
+        return collections.Counter(float(v) for v in self.log.read_text().split())
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Setup:
+    return Setup(tmp_path)
+
+
+async def accept(session: aiohttp.ClientSession, url: str, model: str, value: float) -> str:
+    """One asynchronous request with an inline body; its inference id, once answered 202."""
+    async with session.post(
+        f"{url}/endpoints/{model}/async-invocations",
+        data=json.dumps([[value]]),
+        headers={
+            "X-Amzn-SageMaker-Content-Type": "application/json",
+            "X-Amzn-SageMaker-Inference-Id": f"{model}-{value:g}",
+        },
+    ) as response:
+        assert response.status == 202, await response.text()
+        inference_id: str = (await response.json())["InferenceId"]
+        return inference_id
+
+
+async def status(session: aiohttp.ClientSession, url: str, inference_id: str) -> dict[str, Any]:
+    async with session.get(f"{url}/async-invocations/{inference_id}") as response:
+        assert response.status == 200, await response.text()
+        described: dict[str, Any] = await response.json()
+        return described
+
+
+async def until_status(
+    session: aiohttp.ClientSession, url: str, inference_id: str, wanted: str, timeout: float = 60
+) -> None:
+    """Ask the state call until request ``inference_id`` is ``wanted``."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while (await status(session, url, inference_id))["Status"] != wanted:
+        assert loop.time() < give_up, f"{inference_id} never {wanted}"
+        await asyncio.sleep(0.02)
+
+
+def states(setup: Setup) -> dict[str, State]:
+    """Every request's state as the journal on disk says (the server is not running)."""
+    journal = Journal(setup.state)
+    try:
+        return journal.states()
+    finally:
+        journal.close()
+
+
+async def test_sigkill_then_restart_finishes_every_accepted_request_once(setup: Setup) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with setup.server() as server:
+            fast = [await accept(session, server.url, "sklearn-0", i) for i in range(FAST)]
+            for inference_id in fast:
+                await until_status(session, server.url, inference_id, "done")
+            written = {p.name: p.stat().st_mtime_ns for p in setup.outputs.iterdir()}
+            assert sorted(written) == sorted(f"{i}.out" for i in fast)
+            gated = [await accept(session, server.url, "gated", i) for i in range(GATED)]
+            # One runs (held at the gate in the backend process), the others are queued.
+            await until_status(session, server.url, gated[0], "running")
+            assert (await status(session, server.url, gated[1]))["Status"] == "queued"
+            family = descendants(server.pid) | {server.pid}
+            for pid in family:
+                os.kill(pid, signal.SIGKILL)
+            await server.wait(10)
+            await wait_gone(family)
+        assert setup.computed() == collections.Counter()  # nothing passed the gate
+        journal = states(setup)
+        assert journal[gated[0]] is State.RUNNING
+        assert [journal[i] for i in gated[1:]] == [State.QUEUED] * (GATED - 1)
+
+        setup.gate.touch()
+        async with setup.server() as server:
+            for inference_id in gated:
+                await until_status(session, server.url, inference_id, "done")
+            for inference_id in fast:
+                assert (await status(session, server.url, inference_id))["Status"] == "done"
+    # Every accepted request has one output, with its answer; each row was computed once, and
+    # the outputs written before the kill were not written again.
+    outputs = {p.name for p in setup.outputs.iterdir()}
+    assert outputs == {f"{i}.out" for i in fast + gated}
+    for i in range(GATED):
+        answer = json.loads((setup.outputs / f"gated-{i}.out").read_bytes())
+        assert answer == {"predictions": [2.0 * i]}
+    assert setup.computed() == collections.Counter({float(i): 1 for i in range(GATED)})
+    for name, mtime in written.items():
+        assert (setup.outputs / name).stat().st_mtime_ns == mtime
+    assert not list((setup.state / "inputs").iterdir())
+
+
+async def test_sigterm_lets_running_requests_end_and_keeps_the_queued_ones(
+    setup: Setup,
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with setup.server("--drain-timeout", "60") as server:
+            gated = [await accept(session, server.url, "gated", i) for i in range(GATED)]
+            await until_status(session, server.url, gated[0], "running")
+            server.signal(signal.SIGTERM)
+            # Once the server reports not ready it starts nothing new: the gate opens then.
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + 10
+            while True:
+                async with session.get(f"{server.url}/ping") as response:
+                    if response.status == 503:
+                        break
+                assert loop.time() < give_up, "the server never reported not ready"
+                await asyncio.sleep(0.02)
+            setup.gate.touch()
+            assert await server.wait(60) == 0
+        journal = states(setup)
+        assert journal[gated[0]] is State.DONE
+        assert [journal[i] for i in gated[1:]] == [State.QUEUED] * (GATED - 1)
+        assert {p.name for p in setup.outputs.iterdir()} == {f"{gated[0]}.out"}
+        assert setup.computed() == collections.Counter({0.0: 1})
+
+        async with setup.server() as server:
+            for inference_id in gated:
+                await until_status(session, server.url, inference_id, "done")
+    assert setup.computed() == collections.Counter({float(i): 1 for i in range(GATED)})
+
+
+async def test_sigterm_past_drain_timeout_requeues_the_running_request(setup: Setup) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with setup.server("--drain-timeout", "1") as server:
+            gated = [await accept(session, server.url, "gated", i) for i in range(3)]
+            await until_status(session, server.url, gated[0], "running")
+            server.signal(signal.SIGTERM)
+            assert await server.wait(60) == 0
+        assert states(setup) == dict.fromkeys(gated, State.QUEUED)
+        assert not setup.outputs.exists() or not list(setup.outputs.iterdir())
+
+        setup.gate.touch()
+        async with setup.server() as server:
+            for inference_id in gated:
+                await until_status(session, server.url, inference_id, "done")
+    assert {p.name for p in setup.outputs.iterdir()} == {f"{i}.out" for i in gated}

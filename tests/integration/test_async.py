@@ -1,0 +1,511 @@
+"""Asynchronous inference through a real boto3 ``sagemaker-runtime`` client's
+``invoke_endpoint_async``, with inputs and outputs in local folders and on the S3 test server
+(moto in server mode). Tests wait on the state call (``GET /async-invocations/{id}``) and on the
+gate a gated model waits at, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from botocore.exceptions import ClientError
+
+from mmserver.api import STATE
+from mmserver.asynchronous.journal import Invocation, Journal
+from mmserver.asynchronous.journal import State as JournalState
+from mmserver.codecs import make_request
+from tests.integration import gate as gate_module
+from tests.integration.harness import Harness, Serve, wait_until
+from tests.integration.s3server import AWS_VARIABLES, S3Server, s3_server
+from tests.integration.test_boto3 import invoke, runtime_client
+
+BUCKET = "async-io"
+ENDED = ("done", "failed", "expired")
+
+
+def path_of(location: str) -> Path:
+    assert location.startswith("file://"), location
+    return Path(unquote(urlsplit(location).path))
+
+
+async def invoke_async(client: Any, **kwargs: Any) -> dict[str, Any]:
+    response: dict[str, Any] = await asyncio.to_thread(client.invoke_endpoint_async, **kwargs)
+    return response
+
+
+async def state(harness: Harness, inference_id: str) -> dict[str, Any]:
+    response = await harness.client.get(f"/async-invocations/{inference_id}")
+    assert response.status == 200, await response.text()
+    described: dict[str, Any] = await response.json()
+    return described
+
+
+async def ended(harness: Harness, inference_id: str, seconds: float = 20.0) -> dict[str, Any]:
+    """The request's state once it has ended, asked of the state call until then."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + seconds
+    while True:
+        described = await state(harness, inference_id)
+        if described["Status"] in ENDED:
+            return described
+        assert loop.time() < give_up, f"request {inference_id} still {described['Status']}"
+        await asyncio.sleep(0.01)
+
+
+async def reached(harness: Harness, inference_id: str, status: str) -> None:
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 10
+    while (await state(harness, inference_id))["Status"] != status:
+        assert loop.time() < give_up, f"request {inference_id} never {status}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> dict[str, Path]:
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    return {"state": tmp_path / "state", "inputs": inputs, "outputs": tmp_path / "outputs"}
+
+
+async def serve_async(serve: Serve, folders: dict[str, Path], **options: Any) -> Harness:
+    settings: dict[str, Any] = {
+        "state_dir": str(folders["state"]),
+        "async_input_roots": str(folders["inputs"]),
+        "async_output_path": str(folders["outputs"]),
+    }
+    settings.update(options)
+    return await serve(**settings)
+
+
+async def test_an_answer_in_a_local_folder_is_the_real_time_answer(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    harness = await serve_async(serve, folders)
+    client = runtime_client(harness)
+    source = folders["inputs"] / "rows.csv"
+    source.write_bytes(b"0.5\n1.0\n")
+    response = await invoke_async(
+        client,
+        EndpointName="sklearn-3",
+        InputLocation=source.as_uri(),
+        ContentType="text/csv",
+        Accept="text/csv",
+        InferenceId="rows-1",
+    )
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 202
+    assert response["InferenceId"] == "rows-1"
+    output = path_of(response["OutputLocation"])
+    assert output == folders["outputs"].resolve() / "rows-1.out"
+    assert path_of(response["FailureLocation"]).name == "rows-1-error.out"
+    described = await ended(harness, "rows-1")
+    assert described["Status"] == "done"
+    assert described["OutputLocation"] == response["OutputLocation"]
+    real_time = await invoke(
+        client,
+        TargetModel="sklearn-3",
+        Body=b"0.5\n1.0\n",
+        ContentType="text/csv",
+        Accept="text/csv",
+    )
+    assert output.read_bytes() == real_time["Payload"]
+    assert [float(v) for v in output.read_text().split()] == [
+        pytest.approx(2.0, abs=0.05),
+        pytest.approx(3.0, abs=0.05),
+    ]
+    assert not path_of(response["FailureLocation"]).exists()
+    assert [p.name for p in folders["outputs"].iterdir()] == ["rows-1.out"]  # no leftovers
+
+
+async def test_an_inline_body_and_a_generated_id(serve: Serve, folders: dict[str, Path]) -> None:
+    harness = await serve_async(serve, folders)
+    client = runtime_client(harness)
+    response = await invoke_async(
+        client, EndpointName="sklearn-4", Body=b"[[0.5]]", ContentType="application/json"
+    )
+    inference_id = response["InferenceId"]
+    assert len(inference_id) == 36  # a UUID
+    assert (await ended(harness, inference_id))["Status"] == "done"
+    answer = json.loads(path_of(response["OutputLocation"]).read_bytes())
+    assert answer == {"predictions": [pytest.approx(2.0, abs=0.05)]}
+    # The saved body goes once the request has ended.
+    assert list((folders["state"] / "inputs").iterdir()) == []
+
+
+async def test_the_same_inference_id_is_accepted_once(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    harness = await serve_async(serve, folders)
+    client = runtime_client(harness)
+    source = folders["inputs"] / "one.json"
+    source.write_bytes(b"[[1.0]]")
+    first = await invoke_async(
+        client, EndpointName="sklearn-5", InputLocation=source.as_uri(), InferenceId="same"
+    )
+    again = await invoke_async(
+        client, EndpointName="sklearn-5", InputLocation=source.as_uri(), InferenceId="same"
+    )
+    assert again["OutputLocation"] == first["OutputLocation"]
+    assert (await ended(harness, "same"))["Status"] == "done"
+    runner = harness.client.app[STATE].asynchronous
+    assert runner is not None
+    assert harness.metrics.async_requests.labels("accepted").value == 1
+    assert harness.metrics.async_requests.labels("done").value == 1
+    other = await invoke_async_error(
+        client, EndpointName="sklearn-6", InputLocation=source.as_uri(), InferenceId="same"
+    )
+    assert other.response["Error"]["Code"] == "ValidationError"
+    assert "names another request already accepted" in other.response["Error"]["Message"]
+
+
+async def invoke_async_error(client: Any, **kwargs: Any) -> ClientError:
+    try:
+        await invoke_async(client, **kwargs)
+    except ClientError as exc:
+        return exc
+    pytest.fail("invoke_endpoint_async did not raise")
+
+
+async def test_a_missing_input_ends_in_a_failure_object(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    harness = await serve_async(serve, folders)
+    client = runtime_client(harness)
+    missing = folders["inputs"] / "not-there.json"
+    response = await invoke_async(
+        client, EndpointName="sklearn-3", InputLocation=missing.as_uri(), InferenceId="gone"
+    )
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 202
+    described = await ended(harness, "gone")
+    assert described["Status"] == "failed"
+    assert f"the input {missing.as_uri()} does not exist" in described["Error"]
+    failure = json.loads(path_of(response["FailureLocation"]).read_bytes())
+    assert failure["inferenceId"] == "gone"
+    assert failure["code"] == 400
+    assert f"the input {missing.as_uri()} does not exist" in failure["message"]
+    assert not path_of(response["OutputLocation"]).exists()
+
+
+async def test_a_model_that_fails_ends_in_a_failure_object_with_its_error(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    harness = await serve_async(serve, folders)
+    client = runtime_client(harness)
+    source = folders["inputs"] / "rows.json"
+    source.write_bytes(b"[[0.5]]")
+    response = await invoke_async(
+        client, EndpointName="raising-handler", InputLocation=source.as_uri(), InferenceId="bad"
+    )
+    described = await ended(harness, "bad")
+    assert described["Status"] == "failed"
+    assert "feature 0 is out of range" in described["Error"]
+    failure = json.loads(path_of(response["FailureLocation"]).read_bytes())
+    assert failure["code"] == 424
+    assert "feature 0 is out of range" in failure["message"]
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "file:///etc/passwd",
+        "file://{inputs}/../elsewhere.json",
+        "http://127.0.0.1:1/input.json",
+        "relative/input.json",
+    ],
+)
+async def test_an_input_outside_the_allowed_folders_is_refused_before_queuing(
+    serve: Serve, folders: dict[str, Path], location: str
+) -> None:
+    harness = await serve_async(serve, folders)
+    client = runtime_client(harness)
+    error = await invoke_async_error(
+        client,
+        EndpointName="sklearn-3",
+        InputLocation=location.format(inputs=folders["inputs"]),
+        InferenceId="refused",
+    )
+    assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    assert error.response["Error"]["Code"] == "ValidationError"
+    assert "input location" in error.response["Error"]["Message"]
+    response = await harness.client.get("/async-invocations/refused")
+    assert response.status == 404
+    assert harness.metrics.async_requests.labels("accepted").value == 0
+
+
+async def test_without_a_state_dir_the_call_is_not_found(server: Harness) -> None:
+    response = await server.post(
+        "/endpoints/sklearn-3/async-invocations",
+        b"[[0.5]]",
+        **{"X-Amzn-SageMaker-Content-Type": "application/json"},
+    )
+    assert response.status == 404
+    assert "start it with a state_dir" in (await response.json())["message"]
+
+
+@pytest.fixture
+def held(gate: gate_module.Gate) -> Iterator[gate_module.Gate]:
+    yield gate
+    gate.open()
+
+
+async def test_a_full_queue_is_answered_429_with_retry_after(
+    serve: Serve, folders: dict[str, Path], held: gate_module.Gate
+) -> None:
+    harness = await serve_async(serve, folders, async_max_queued=2)
+    headers = {"X-Amzn-SageMaker-Content-Type": "application/json"}
+    path = "/endpoints/gated-handler/async-invocations"
+    first = await harness.post(
+        path, b"[[0.5]]", **headers, **{"X-Amzn-SageMaker-Inference-Id": "a"}
+    )
+    assert first.status == 202
+    assert await asyncio.to_thread(held.wait_entered)  # running, held at the gate
+    second = await harness.post(path, b"[[0.5]]", **headers)
+    assert second.status == 202
+    refused = await harness.post(path, b"[[0.5]]", **headers)
+    assert refused.status == 429
+    assert refused.headers["Retry-After"] == "1"
+    assert refused.headers["x-amzn-ErrorType"] == "ThrottlingException"
+    assert "async_max_queued" in (await refused.json())["message"]
+    held.open()
+    assert (await ended(harness, "a"))["Status"] == "done"
+
+
+async def test_a_request_not_started_within_its_ttl_expires(
+    serve: Serve, folders: dict[str, Path], held: gate_module.Gate
+) -> None:
+    harness = await serve_async(serve, folders)
+    path = "/endpoints/gated-handler/async-invocations"
+    headers = {"X-Amzn-SageMaker-Content-Type": "application/json"}
+    running = await harness.post(
+        path, b"[[0.5]]", **headers, **{"X-Amzn-SageMaker-Inference-Id": "running"}
+    )
+    assert running.status == 202
+    assert await asyncio.to_thread(held.wait_entered)
+    # The model runs one asynchronous request at a time (async_max_workers=1): this one waits.
+    waiting = await harness.post(
+        path,
+        b"[[0.5]]",
+        **headers,
+        **{"X-Amzn-SageMaker-Inference-Id": "late", "X-Amzn-SageMaker-RequestTTLSeconds": "1"},
+    )
+    assert waiting.status == 202
+    failure = path_of(waiting.headers["X-Amzn-SageMaker-FailureLocation"])
+    described = await ended(harness, "late")
+    assert described["Status"] == "expired"
+    assert "not started within its RequestTTLSeconds (1 s)" in described["Error"]
+    assert "RequestTTLSeconds (1 s)" in json.loads(failure.read_bytes())["message"]
+    assert (await state(harness, "running"))["Status"] == "running"
+    held.open()
+    assert (await ended(harness, "running"))["Status"] == "done"
+    assert harness.metrics.async_requests.labels("expired").value == 1
+
+
+async def test_a_request_past_its_invocation_timeout_fails(
+    serve: Serve, folders: dict[str, Path], held: gate_module.Gate
+) -> None:
+    harness = await serve_async(serve, folders)
+    response = await harness.post(
+        "/endpoints/gated-handler/async-invocations",
+        b"[[0.5]]",
+        **{
+            "X-Amzn-SageMaker-Content-Type": "application/json",
+            "X-Amzn-SageMaker-Inference-Id": "slow",
+            "X-Amzn-SageMaker-InvocationTimeoutSeconds": "1",
+        },
+    )
+    assert response.status == 202
+    assert await asyncio.to_thread(held.wait_entered)
+    described = await ended(harness, "slow")
+    assert described["Status"] == "failed"
+    assert "invocation timeout (1 s)" in described["Error"]
+    held.open()
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"X-Amzn-SageMaker-RequestTTLSeconds": "0"}, "must be between 1 and 21600"),
+        ({"X-Amzn-SageMaker-InvocationTimeoutSeconds": "3601"}, "must be between 1 and 3600"),
+        ({"X-Amzn-SageMaker-Inference-Id": "a b"}, "inference id 'a b'"),
+        ({"X-Amzn-SageMaker-Content-Type": "application/xml"}, "is not supported"),
+        ({"X-Amzn-SageMaker-Filename": "../x"}, "X-Amzn-SageMaker-Filename"),
+    ],
+)
+async def test_bad_headers_are_refused_before_queuing(
+    serve: Serve, folders: dict[str, Path], headers: dict[str, str], message: str
+) -> None:
+    harness = await serve_async(serve, folders)
+    response = await harness.post("/endpoints/sklearn-3/async-invocations", b"[[0.5]]", **headers)
+    assert response.status in (400, 415)
+    assert message in (await response.json())["message"]
+    assert harness.metrics.async_requests.labels("accepted").value == 0
+
+
+# On the S3 test server ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    home = tmp_path_factory.mktemp("aws")
+    with s3_server() as server, pytest.MonkeyPatch.context() as env:
+        for name in AWS_VARIABLES:
+            env.delenv(name, raising=False)
+        for name, text in server.environment(str(home)).items():
+            env.setenv(name, text)
+        server.client().create_bucket(Bucket=BUCKET)
+        yield server
+
+
+async def test_inputs_and_answers_on_the_object_store(
+    serve: Serve, folders: dict[str, Path], s3: S3Server
+) -> None:
+    harness = await serve_async(
+        serve,
+        folders,
+        async_output_path=f"s3://{BUCKET}/answers",
+        async_failure_path=f"s3://{BUCKET}/failures/",
+    )
+    objects = s3.client()
+    objects.put_object(Bucket=BUCKET, Key="requests/rows.json", Body=b"[[0.5], [1.0]]")
+    client = runtime_client(harness)
+    response = await invoke_async(
+        client,
+        EndpointName="sklearn-7",
+        InputLocation=f"s3://{BUCKET}/requests/rows.json",
+        ContentType="application/json",
+        Accept="application/json",
+        InferenceId="from-s3",
+    )
+    assert response["OutputLocation"] == f"s3://{BUCKET}/answers/from-s3.out"
+    assert response["FailureLocation"] == f"s3://{BUCKET}/failures/from-s3-error.out"
+    assert (await ended(harness, "from-s3"))["Status"] == "done"
+    written = objects.get_object(Bucket=BUCKET, Key="answers/from-s3.out")
+    real_time = await invoke(
+        client,
+        TargetModel="sklearn-7",
+        Body=b"[[0.5], [1.0]]",
+        ContentType="application/json",
+        Accept="application/json",
+    )
+    assert written["Body"].read() == real_time["Payload"]
+    assert written["ContentType"] == "application/json"
+
+    missing = await invoke_async(
+        client,
+        EndpointName="sklearn-7",
+        InputLocation=f"s3://{BUCKET}/requests/missing.json",
+        InferenceId="missing-s3",
+    )
+    described = await ended(harness, "missing-s3")
+    assert described["Status"] == "failed"
+    failure = objects.get_object(Bucket=BUCKET, Key="failures/missing-s3-error.out")
+    assert (
+        f"s3://{BUCKET}/requests/missing.json does not exist"
+        in json.loads(failure["Body"].read())["message"]
+    )
+    assert missing["FailureLocation"] == f"s3://{BUCKET}/failures/missing-s3-error.out"
+
+
+async def test_requests_a_crash_left_running_end_once_at_the_next_start(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    # As a server killed between writing an answer and recording it leaves its journal: "x"
+    # has its answer written, "y" had not got that far.
+    outputs = folders["outputs"]
+    outputs.mkdir()
+    (outputs / "x.out").write_bytes(b"written before the crash")
+    (folders["inputs"] / "y.json").write_bytes(b"[[1.0]]")
+    journal = Journal(folders["state"])
+    for name in ("x", "y"):
+        journal.add(
+            Invocation(
+                id=name,
+                model="sklearn-3",
+                input=(folders["inputs"] / f"{name}.json").as_uri(),
+                output=(outputs / f"{name}.out").as_uri(),
+                failure=(outputs / f"{name}-error.out").as_uri(),
+                content_type="application/json",
+                accept=None,
+                custom_attributes=None,
+                accepted_at=time.time(),
+                ttl_s=60.0,
+                timeout_s=60.0,
+            )
+        )
+        assert journal.move(name, JournalState.RUNNING)
+    journal.close()
+
+    harness = await serve_async(serve, folders)
+    assert (await state(harness, "x"))["Status"] == "done"  # at once: it is not run again
+    assert (outputs / "x.out").read_bytes() == b"written before the crash"
+    assert (await ended(harness, "y"))["Status"] == "done"
+    assert json.loads((outputs / "y.out").read_bytes()) == {
+        "predictions": [pytest.approx(3.0, abs=0.05)]
+    }
+    assert harness.metrics.async_requests.labels("done").value == 2
+
+
+# Real time first ---------------------------------------------------------------------------------
+
+
+async def test_asynchronous_jobs_do_not_scale_a_model_up_as_real_time_ones_do(
+    serve: Serve, held: gate_module.Gate
+) -> None:
+    harness = await serve()
+    wlm = harness.wlm
+    await wlm.rescale("gated-handler", {"max_workers": 4, "job_queue_size": 100})
+    pool = wlm.pool("gated-handler")
+    assert pool is not None and len(pool.workers) == 1
+    job = make_request(b"[[0.5]]", "application/json", None)
+    background = [wlm.submit("gated-handler", job, background=True).answer for _ in range(10)]
+    assert await asyncio.to_thread(held.wait_entered)
+    # Ten queued asynchronous jobs: still one worker (async_max_workers=1).
+    assert len(pool.workers) == 1
+    assert pool.queue.background == 9
+    assert wlm.real_time_queued == 0
+    real_time = [wlm.submit("gated-handler", job).answer for _ in range(10)]
+    assert wlm.real_time_queued == 10
+    assert len(pool.workers) == 4  # the real-time rule: more than 2 * batch_size queued
+    held.open()
+    answers = await asyncio.gather(*background, *real_time)
+    assert len(answers) == 20
+
+
+async def test_asynchronous_requests_wait_while_real_time_requests_are_queued(
+    serve: Serve, folders: dict[str, Path], held: gate_module.Gate
+) -> None:
+    harness = await serve_async(serve, folders)
+    # One real-time request runs (held at the gate), another waits in the model's queue.
+    running = asyncio.ensure_future(harness.post("/predictions/gated-handler", "[[0.5]]"))
+    assert await asyncio.to_thread(held.wait_entered)
+    waiting = asyncio.ensure_future(harness.post("/predictions/gated-handler", "[[1.0]]"))
+    await wait_until(lambda: harness.wlm.real_time_queued == 1)
+    response = await harness.post(
+        "/endpoints/sklearn-3/async-invocations",
+        b"[[0.5]]",
+        **{
+            "X-Amzn-SageMaker-Content-Type": "application/json",
+            "X-Amzn-SageMaker-Inference-Id": "after-real-time",
+        },
+    )
+    assert response.status == 202
+    await wait_until(lambda: harness.metrics.async_yields.labels().value >= 3)
+    assert (await state(harness, "after-real-time"))["Status"] == "queued"
+    samples = await harness.samples()
+    assert samples[("mmserver_async_backlog", (("model", "sklearn-3"),))] == 1
+    assert samples[("mmserver_async_oldest_queued_seconds", ())] > 0
+    assert samples[("mmserver_async_requests_total", (("status", "accepted"),))] == 1
+
+    held.open()
+    assert [(await r).status for r in (running, waiting)] == [200, 200]
+    assert (await ended(harness, "after-real-time"))["Status"] == "done"
+    samples = await harness.samples()
+    assert ("mmserver_async_backlog", (("model", "sklearn-3"),)) not in samples
+    assert samples[("mmserver_async_oldest_queued_seconds", ())] == 0
+    assert samples[("mmserver_async_requests_total", (("status", "done"),))] == 1
