@@ -77,7 +77,7 @@ class AccessLog:
             self._timer = None
         lines, self._lines = self._lines, []
         if lines:
-            text = "".join([self._format(*line) for line in lines])
+            text = "".join([self._format(line) for line in lines])
             stream = sys.stderr
             stream.write(text)
             stream.flush()
@@ -91,34 +91,16 @@ class AccessLog:
             self._second = second
         return self._second_text, int((created - second) * 1000)
 
-    def _text_line(
-        self,
-        created: float,
-        method: str,
-        path: str,
-        status: int,
-        seconds: float,
-        model: str,
-        rid: str,
-        size: int,
-    ) -> str:
+    def _text_line(self, line: _Line) -> str:
+        created, method, path, status, seconds, model, rid, size = line
         second, millis = self._second_of(created)
         return (
             f"{second},{millis:03d} INFO {LOGGER}: {method} {shown_path(path)} "
             f"{status} {seconds * 1000:.2f} ms model={model} bytes={size} {rid}\n"
         )
 
-    def _json_line(
-        self,
-        created: float,
-        method: str,
-        path: str,
-        status: int,
-        seconds: float,
-        model: str,
-        rid: str,
-        size: int,
-    ) -> str:
+    def _json_line(self, line: _Line) -> str:
+        created, method, path, status, seconds, model, rid, size = line
         second, millis = self._second_of(created)
         latency_ms = round(seconds * 1000, 3)
         message = (

@@ -15,9 +15,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 
 _CHILD = """\
 import logging, sys
@@ -128,6 +130,19 @@ def s3_server() -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def s3_environment(home: Path, bucket: str) -> Iterator[S3Server]:
+    """An S3 server holding an empty ``bucket``, with boto3's environment pointing at it (its
+    credentials and configuration files under ``home``) until the end."""
+    with s3_server() as server, pytest.MonkeyPatch.context() as env:
+        for name in AWS_VARIABLES:
+            env.delenv(name, raising=False)
+        for name, text in server.environment(str(home)).items():
+            env.setenv(name, text)
+        server.client().create_bucket(Bucket=bucket)
+        yield server
 
 
 class Requests:

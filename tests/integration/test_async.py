@@ -23,7 +23,7 @@ from mmserver.asynchronous.journal import State as JournalState
 from mmserver.codecs import make_request
 from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve, wait_until
-from tests.integration.s3server import AWS_VARIABLES, S3Server, s3_server
+from tests.integration.s3server import S3Server, s3_environment
 from tests.integration.test_boto3 import invoke, runtime_client
 
 BUCKET = "async-io"
@@ -352,13 +352,7 @@ async def test_bad_headers_are_refused_before_queuing(
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    home = tmp_path_factory.mktemp("aws")
-    with s3_server() as server, pytest.MonkeyPatch.context() as env:
-        for name in AWS_VARIABLES:
-            env.delenv(name, raising=False)
-        for name, text in server.environment(str(home)).items():
-            env.setenv(name, text)
-        server.client().create_bucket(Bucket=BUCKET)
+    with s3_environment(tmp_path_factory.mktemp("aws"), BUCKET) as server:
         yield server
 
 

@@ -33,7 +33,7 @@ from mmserver.server import Server
 from mmserver.store.s3 import ObjectStore
 from tests.e2e.server_process import unpacking_pids
 from tests.integration.harness import ServerLikeTestServer, error_of
-from tests.integration.s3server import AWS_VARIABLES, Requests, S3Server, s3_server
+from tests.integration.s3server import Requests, S3Server, s3_environment, s3_server
 from tests.models import make_linear_archive, make_linear_model, rows, value
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,14 +85,8 @@ def padded_archive(padding: int) -> bytes:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """The shared S3 server, with the boto3 environment pointing at it for the module."""
-    home = tmp_path_factory.mktemp("aws")
-    with s3_server() as server, pytest.MonkeyPatch.context() as env:
-        for name in AWS_VARIABLES:
-            env.delenv(name, raising=False)
-        for name, text in server.environment(str(home)).items():
-            env.setenv(name, text)
+    with s3_environment(tmp_path_factory.mktemp("aws"), BUCKET) as server:
         client = server.client()
-        client.create_bucket(Bucket=BUCKET)
         body = reference_archive()
 
         def put(key: str, data: bytes = body) -> None:
