@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from mmserver.answers import json_encoder
 from mmserver.codecs import STRICT, Request, check_finite, preview, short
 from mmserver.errors import InvalidInput, ModelError
 from mmserver.schema import Inputs
@@ -560,9 +561,9 @@ def encode_v2(request: InferRequest, results: Mapping[str, Any], model: str) -> 
         answer["id"] = request.id
     answer["outputs"] = outputs
     try:
-        text = _ENCODER.encode(answer)
+        text = _ENCODER(answer)
     except ValueError:  # NaN or infinity: JSON has none, null stands for them
-        text = _ENCODER.encode(_plain(answer))
+        text = _ENCODER(_plain(answer))
     header = text.encode()
     if not blobs:
         return header
@@ -619,7 +620,7 @@ def _as_bytes(item: Any) -> bytes:
     if isinstance(item, str):
         return item.encode()
     if isinstance(item, dict):
-        return _ENCODER.encode(_plain(item)).encode()
+        return _ENCODER(_plain(item)).encode()
     if isinstance(item, np.generic):
         return str(item.item()).encode()
     return str(item).encode()
@@ -637,4 +638,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_ENCODER = json.JSONEncoder(allow_nan=False, default=str)
+_ENCODER = json_encoder(str)

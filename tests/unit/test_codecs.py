@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmserver.answers import CSV_RESPONSE_TYPE, wants_csv
+from mmserver.answers import CSV_RESPONSE_TYPE, encode_as, encode_json, json_encoder, wants_csv
 from mmserver.codecs import media_type
 from mmserver.errors import InvalidInput, ModelError, UnsupportedMediaType
 from tests.models import decode, encode
@@ -360,3 +360,27 @@ def test_a_json_boolean_is_refused_in_any_encoding(encoding: str) -> None:
     with pytest.raises(InvalidInput, match="is a JSON boolean"):
         decode("[[true, 2.5]]".encode(encoding), "application/json")
     assert decode("[[1.0, 2.5]]".encode(encoding), "application/json").tolist() == [[1.0, 2.5]]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"predictions": [1.5, 2, -3.25e-12]},
+        {"predictions": [[0.1, 0.9], [1.0, 0.0]]},
+        {"predictions": ['a\u00e9"b', True, None, {"k": [1, 2.5]}]},
+        [],
+        "text",
+    ],
+)
+def test_the_json_encoder_writes_what_json_dumps_writes(value: Any) -> None:
+    assert json_encoder(str)(value) == json.dumps(value, allow_nan=False)
+
+
+def test_an_output_that_holds_itself_has_no_json_form() -> None:
+    looped: list[Any] = [1.0]
+    looped.append(looped)
+    with pytest.raises(ModelError, match="cannot be encoded"):
+        encode_json(looped)
+    with pytest.raises(ModelError, match="cannot be encoded"):
+        encode_as(looped, None)
+    assert encode_as(np.array([1.0, np.nan]), None) == b'{"predictions": [1.0, null]}'
