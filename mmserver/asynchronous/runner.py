@@ -17,7 +17,8 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
    model's real-time scale-up (:mod:`mmserver.scaling`);
 4. it ends: the answer is written to its output location whole, or an error body to its failure
    location, then its row is ended (:meth:`Journal.finish <mmserver.asynchronous.journal.
-   Journal.finish>` records an end once).
+   Journal.finish>` records an end once), and ``async_notify_url``, if set, is told
+   (:mod:`mmserver.asynchronous.notify`).
 
 Exactly once across crashes: an answer is written before the row says ``done``. A start finds
 the rows a crash left ``running``: one whose output exists is done (it is not run again); one
@@ -53,6 +54,7 @@ from mmserver import errors
 from mmserver.answers import answer_body
 from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
 from mmserver.asynchronous.locations import Locations, file_url, local_path
+from mmserver.asynchronous.notify import Notifier, notification
 from mmserver.codecs import Request, make_request
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
@@ -169,6 +171,9 @@ class AsyncInference:
         self._dispatcher: asyncio.Task[None] | None = None
         self._accepting = False
         self._last_sweep = 0.0
+        url = config.async_notify_url.strip()
+        #: Tells ``async_notify_url`` of each request that ends.
+        self.notifier = Notifier(url) if url else None
         #: At most this many run at once, over every model.
         self.max_running = async_share(config.backend_processes)
 
@@ -201,7 +206,7 @@ class AsyncInference:
             if await asyncio.to_thread(self.locations.exists, written):
                 error = None if state is State.DONE else "see the failure object"
                 await self._call(journal.finish, invocation.id, state, error, self.clock())
-                self._ended(invocation, state)
+                self._ended(invocation, state, error=error)
                 return True
         await self._call(journal.move, invocation.id, State.QUEUED)
         return False
@@ -236,6 +241,8 @@ class AsyncInference:
             await self._call(self._journal.close)
             self._journal = None
         self._thread.shutdown(wait=True)
+        if self.notifier is not None:
+            await self.notifier.close()
 
     def _journal_(self) -> Journal:
         if self._journal is None:
@@ -512,7 +519,7 @@ class AsyncInference:
             await self._fail(invocation, State.FAILED, error)
             return
         if await self._call(self._journal_().finish, invocation.id, State.DONE, None, self.clock()):
-            self._ended(invocation, State.DONE)
+            self._ended(invocation, State.DONE, content_type=content_type)
 
     async def _expire(self, invocation: Invocation) -> None:
         error = errors.PredictTimeout(
@@ -546,11 +553,21 @@ class AsyncInference:
         else:
             ended = await self._call(journal.finish, invocation.id, state, error.message, now)
         if ended:
-            self._ended(invocation, state)
+            self._ended(invocation, state, error=error.message)
 
-    def _ended(self, invocation: Invocation, state: State) -> None:
+    def _ended(
+        self,
+        invocation: Invocation,
+        state: State,
+        *,
+        content_type: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Count a request that has ended (once), notify of it, and drop its saved body."""
         assert state in ENDED
         self.metrics.async_requests.labels(state.value).inc()
+        if self.notifier is not None:
+            self.notifier.send(notification(invocation, state, self.clock(), content_type, error))
         path = local_path(invocation.input) if invocation.input.startswith("file:") else None
         if path is not None and path.parent == self.inputs_dir:
             path.unlink(missing_ok=True)

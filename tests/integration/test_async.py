@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from botocore.exceptions import ClientError
 
 from mmserver.api import STATE
@@ -509,3 +511,86 @@ async def test_asynchronous_requests_wait_while_real_time_requests_are_queued(
     assert ("mmserver_async_backlog", (("model", "sklearn-3"),)) not in samples
     assert samples[("mmserver_async_oldest_queued_seconds", ())] == 0
     assert samples[("mmserver_async_requests_total", (("status", "done"),))] == 1
+
+
+# Notifications -----------------------------------------------------------------------------------
+
+
+class Receiver:
+    """A webhook on loopback that refuses its first ``refusals`` calls with 503."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.calls: list[dict[str, Any]] = []
+        self.delivered: list[dict[str, Any]] = []
+        self.arrived = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        message = await request.json()
+        self.calls.append(message)
+        if len(self.calls) <= self.refusals:
+            return web.Response(status=503)
+        self.delivered.append(message)
+        self.arrived.set()
+        return web.Response(status=204)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    hook = Receiver(refusals=1)
+    app = web.Application()
+    app.router.add_post("/hook", hook.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield hook, str(server.make_url("/hook"))
+    await server.close()
+
+
+async def test_an_ended_request_is_notified_and_a_refused_notification_retried(
+    serve: Serve, folders: dict[str, Path], receiver: tuple[Receiver, str]
+) -> None:
+    hook, url = receiver
+    harness = await serve_async(serve, folders, async_notify_url=url)
+    client = runtime_client(harness)
+    source = folders["inputs"] / "rows.csv"
+    source.write_bytes(b"0.5\n")
+    sent = await invoke_async(
+        client,
+        EndpointName="sklearn-3",
+        InputLocation=source.as_uri(),
+        ContentType="text/csv",
+        CustomAttributes="trace=7",
+        InferenceId="notified",
+    )
+    await asyncio.wait_for(hook.arrived.wait(), 10)
+    assert len(hook.calls) == 2  # refused once, then delivered
+    assert hook.calls[0] == hook.calls[1]
+    [message] = hook.delivered
+    assert message["inferenceId"] == "notified"
+    assert message["invocationStatus"] == "Completed"
+    assert message["eventName"] == "InferenceResult"
+    assert message["requestParameters"] == {
+        "endpointName": "sklearn-3",
+        "inputLocation": source.resolve().as_uri(),
+        "contentType": "text/csv",
+        "customAttributes": "trace=7",
+    }
+    assert message["responseParameters"] == {
+        "outputLocation": sent["OutputLocation"],
+        "contentType": "application/json",  # as the real-time answer to CSV without Accept
+    }
+    assert message["receivedTime"].endswith("Z") and message["eventTime"].endswith("Z")
+
+    hook.arrived.clear()
+    failed = await invoke_async(
+        client,
+        EndpointName="raising-handler",
+        InputLocation=source.as_uri(),
+        ContentType="text/csv",
+        InferenceId="notified-failure",
+    )
+    await asyncio.wait_for(hook.arrived.wait(), 10)
+    message = hook.delivered[-1]
+    assert message["invocationStatus"] == "Failed"
+    assert "feature 0 is out of range" in message["failureReason"]
+    assert message["responseParameters"] == {"failureLocation": failed["FailureLocation"]}
