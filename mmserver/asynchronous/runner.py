@@ -9,12 +9,14 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
    the 202 is sent for a request no crash can lose;
 2. the dispatcher starts it when its model may run one more asynchronous request
    (``option.async_max_workers``) and real-time requests leave room (:func:`room_for_async`:
-   none is queued, and all the backend processes but one are left to them at most); a request
-   not started within its TTL expires instead;
+   none is queued); a request not started within its TTL expires instead;
 3. it runs: the input is read (``s3://`` or a local file), the body submitted through
    :meth:`WorkLoadManager.submit <mmserver.wlm.WorkLoadManager.submit>` as a SageMaker request,
    all within its invocation timeout, as a *background* job: it does not count toward its
-   model's real-time scale-up (:mod:`mmserver.scaling`);
+   model's real-time scale-up (:mod:`mmserver.scaling`). It is submitted only while no
+   real-time request is queued, and at most all the backend processes but one have
+   asynchronous requests submitted at once (:func:`async_share`); reading inputs and writing
+   answers overlap (:data:`IO_PER_PREDICTION`);
 4. it ends: the answer is written to its output location whole, or an error body to its failure
    location, then its row is ended (:meth:`Journal.finish <mmserver.asynchronous.journal.
    Journal.finish>` records an end once), and ``async_notify_url``, if set, is told
@@ -124,18 +126,24 @@ def _part(text: str | None, header: str) -> str | None:
 
 
 def room_for_async(real_time_queued: int, running: int, max_running: int) -> bool:
-    """Whether an asynchronous request may be submitted now: only while no real-time request
-    waits for any model (they share the backends), and while fewer than ``max_running``
-    asynchronous requests run. So asynchronous work takes only what real-time traffic leaves,
-    and a real-time request arriving meanwhile finds a process asynchronous work leaves free
-    (:func:`async_share`)."""
+    """Whether an asynchronous request may start (``running`` of ``max_running`` have), or be
+    submitted to its model (``running`` of ``max_running`` are): only while no real-time
+    request waits for any model (they share the backends). So asynchronous work takes only what
+    real-time traffic leaves, and a real-time request arriving meanwhile finds a process
+    asynchronous work leaves free (:func:`async_share`)."""
     return real_time_queued == 0 and running < max_running
 
 
 def async_share(backend_processes: int) -> int:
-    """The most asynchronous requests running at once: all the backend processes but one, so
-    that one is always left to real-time requests (one in-process backend: one)."""
+    """The most asynchronous requests submitted to their models at once: all the backend
+    processes but one, so that one is always left to real-time requests (one in-process
+    backend: one)."""
     return max(1, backend_processes - 1)
+
+
+#: Asynchronous requests running at once (reading inputs, predicting, writing answers) per
+#: request submitted to a model at once: the reading and writing overlap the predictions.
+IO_PER_PREDICTION = 4
 
 
 class AsyncInference:
@@ -174,8 +182,12 @@ class AsyncInference:
         url = config.async_notify_url.strip()
         #: Tells ``async_notify_url`` of each request that ends.
         self.notifier = Notifier(url) if url else None
-        #: At most this many run at once, over every model.
-        self.max_running = async_share(config.backend_processes)
+        #: At most this many are submitted to their models at once, over every model...
+        self.max_predicting = async_share(config.backend_processes)
+        self._predicting = 0
+        self._turn = asyncio.Event()
+        #: ... and this many run at once (reading inputs and writing answers besides).
+        self.max_running = IO_PER_PREDICTION * self.max_predicting
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -469,10 +481,15 @@ class AsyncInference:
                 job = make_request(body, invocation.content_type, invocation.accept)
                 del body
                 deadline = loop.time() + invocation.timeout_s
-                submission = self.wlm.submit(
-                    invocation.model, job, deadline=deadline, background=True
-                )
-                answer = await submission.answer
+                await self._predict_turn()
+                try:
+                    submission = self.wlm.submit(
+                        invocation.model, job, deadline=deadline, background=True
+                    )
+                    answer = await submission.answer
+                finally:
+                    self._predicting -= 1
+                    self._turn.set()
         except TimeoutError:
             error: errors.MMServerError = errors.PredictTimeout(
                 f"the request was not answered within its invocation timeout "
@@ -496,6 +513,20 @@ class AsyncInference:
             await self._settled(self._succeed(invocation, rendered, content_type))
             return
         await self._settled(self._fail(invocation, State.FAILED, error))
+
+    async def _predict_turn(self) -> None:
+        """Wait until this request may be submitted to its model (:func:`room_for_async`),
+        then count it as submitted (the caller uncounts it once answered)."""
+        while not room_for_async(self.wlm.real_time_queued, self._predicting, self.max_predicting):
+            if self.wlm.real_time_queued:
+                self.metrics.async_yields.inc()
+            self._turn.clear()
+            try:
+                async with asyncio.timeout(YIELD_S):
+                    await self._turn.wait()
+            except TimeoutError:
+                pass
+        self._predicting += 1
 
     async def _settled(self, work: Any) -> None:
         """Run the end of a request (writing its answer or failure, recording it) to its end,
