@@ -57,6 +57,7 @@ from mmserver.answers import answer_body
 from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
 from mmserver.asynchronous.locations import Locations, file_url, local_path
 from mmserver.asynchronous.notify import Notifier, notification
+from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
 from mmserver.codecs import Request, make_request
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
@@ -477,19 +478,9 @@ class AsyncInference:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(invocation.timeout_s):
-                body = await asyncio.to_thread(self.locations.read, invocation.input)
-                job = make_request(body, invocation.content_type, invocation.accept)
-                del body
-                deadline = loop.time() + invocation.timeout_s
-                await self._predict_turn()
-                try:
-                    submission = self.wlm.submit(
-                        invocation.model, job, deadline=deadline, background=True
-                    )
-                    answer = await submission.answer
-                finally:
-                    self._predicting -= 1
-                    self._turn.set()
+                answer, content_type = await self._compute(
+                    invocation, loop.time() + invocation.timeout_s
+                )
         except TimeoutError:
             error: errors.MMServerError = errors.PredictTimeout(
                 f"the request was not answered within its invocation timeout "
@@ -509,10 +500,57 @@ class AsyncInference:
             log.exception("asynchronous request %s of %s failed", invocation.id, invocation.model)
             error = errors.MMServerError(f"the request failed: {type(exc).__name__}")
         else:
-            rendered, content_type = _answer(answer, job)
-            await self._settled(self._succeed(invocation, rendered, content_type))
+            await self._settled(self._succeed(invocation, answer, content_type))
             return
         await self._settled(self._fail(invocation, State.FAILED, error))
+
+    async def _compute(self, invocation: Invocation, deadline: float) -> tuple[bytes | Path, str]:
+        """The answer to ``invocation`` and its content type: its body, or for an input cut
+        in pieces (:mod:`mmserver.asynchronous.pieces`) the file the pieces' answers were
+        joined in."""
+        limit = self.config.max_request_size
+        if limit and splittable(invocation.content_type):
+            size = await asyncio.to_thread(self.locations.size, invocation.input)
+            if size > limit:
+                return await self._compute_in_pieces(invocation, deadline, limit)
+        body = await asyncio.to_thread(self.locations.read, invocation.input)
+        job = make_request(body, invocation.content_type, invocation.accept)
+        del body
+        return _answer(await self._predict(invocation, job, deadline), job)
+
+    async def _compute_in_pieces(
+        self, invocation: Invocation, deadline: float, limit: int
+    ) -> tuple[Path, str]:
+        """Read the input in pieces of at most ``limit`` bytes, each one a request, and join
+        their answers in a file: the frontend holds one piece and its answer at a time."""
+        stream = await asyncio.to_thread(self.locations.open, invocation.input)
+        staged = self.locations.staging(invocation.output, self.state_dir / "answers")
+        joiner = AnswerJoiner(staged)
+        cut = pieces(stream, limit, invocation.content_type)
+        try:
+            while (piece := await asyncio.to_thread(next, cut, None)) is not None:
+                job = make_request(piece, invocation.content_type, invocation.accept)
+                del piece
+                body, content_type = _answer(await self._predict(invocation, job, deadline), job)
+                await asyncio.to_thread(joiner.add, body, content_type)
+            await asyncio.to_thread(joiner.close)
+        except BaseException:
+            joiner.discard()
+            raise
+        finally:
+            stream.close()
+        return staged, joiner.content_type or "application/json"
+
+    async def _predict(self, invocation: Invocation, job: Request, deadline: float) -> bytes:
+        """Submit ``job`` to the model of ``invocation`` when real-time traffic leaves room
+        (:meth:`_predict_turn`); the model's answer."""
+        await self._predict_turn()
+        try:
+            submission = self.wlm.submit(invocation.model, job, deadline=deadline, background=True)
+            return await submission.answer
+        finally:
+            self._predicting -= 1
+            self._turn.set()
 
     async def _predict_turn(self) -> None:
         """Wait until this request may be submitted to its model (:func:`room_for_async`),
@@ -539,9 +577,18 @@ class AsyncInference:
         task.add_done_callback(self._settling.discard)
         return task
 
-    async def _succeed(self, invocation: Invocation, body: bytes, content_type: str) -> None:
+    async def _succeed(
+        self, invocation: Invocation, answer: bytes | Path, content_type: str
+    ) -> None:
         try:
-            await asyncio.to_thread(self.locations.write, invocation.output, body, content_type)
+            if isinstance(answer, Path):
+                await asyncio.to_thread(
+                    self.locations.put_file, invocation.output, answer, content_type
+                )
+            else:
+                await asyncio.to_thread(
+                    self.locations.write, invocation.output, answer, content_type
+                )
         except errors.MMServerError as exc:
             await self._fail(invocation, State.FAILED, exc)
             return

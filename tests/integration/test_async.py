@@ -594,3 +594,63 @@ async def test_an_ended_request_is_notified_and_a_refused_notification_retried(
     assert message["invocationStatus"] == "Failed"
     assert "feature 0 is out of range" in message["failureReason"]
     assert message["responseParameters"] == {"failureLocation": failed["FailureLocation"]}
+
+
+# Large inputs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/csv"])
+async def test_an_input_larger_than_a_request_runs_in_pieces_and_answers_as_a_whole(
+    serve: Serve, folders: dict[str, Path], accept: str
+) -> None:
+    rows = b"".join(b"%.3f\n" % (i / 1000) for i in range(2000))  # 12 kB, 2,000 rows
+    limit = 1024
+    harness = await serve_async(serve, folders, max_request_size=limit)
+    whole = await serve()  # takes the whole body in one real-time request
+    source = folders["inputs"] / "rows.csv"
+    source.write_bytes(rows)
+    sent = await invoke_async(
+        runtime_client(harness),
+        EndpointName="sklearn-3",
+        InputLocation=source.as_uri(),
+        ContentType="text/csv",
+        Accept=accept,
+        InferenceId="large",
+    )
+    assert (await ended(harness, "large"))["Status"] == "done"
+    real_time = await invoke(
+        runtime_client(whole),
+        TargetModel="sklearn-3",
+        Body=rows,
+        ContentType="text/csv",
+        Accept=accept,
+    )
+    assert path_of(sent["OutputLocation"]).read_bytes() == real_time["Payload"]
+    # Each piece was a request of its own, none over the limit.
+    batches = (await harness.samples())[("mmserver_batch_size_count", ())]
+    assert batches >= len(rows) / limit
+    assert not list(folders["outputs"].glob(".*"))  # no staged answer left
+
+
+async def test_a_large_input_on_the_object_store_runs_in_pieces(
+    serve: Serve, folders: dict[str, Path], s3: S3Server
+) -> None:
+    rows = b"".join(b"%.3f\n" % (i / 1000) for i in range(2000))
+    harness = await serve_async(
+        serve, folders, max_request_size=1024, async_output_path=f"s3://{BUCKET}/large"
+    )
+    objects = s3.client()
+    objects.put_object(Bucket=BUCKET, Key="requests/large.csv", Body=rows)
+    await invoke_async(
+        runtime_client(harness),
+        EndpointName="sklearn-8",
+        InputLocation=f"s3://{BUCKET}/requests/large.csv",
+        ContentType="text/csv",
+        InferenceId="large-s3",
+    )
+    assert (await ended(harness, "large-s3"))["Status"] == "done"
+    written = objects.get_object(Bucket=BUCKET, Key="large/large-s3.out")
+    assert written["ContentType"] == "application/json"
+    predictions = json.loads(written["Body"].read())["predictions"]
+    assert len(predictions) == 2000
+    assert predictions[1000] == pytest.approx(2 * 1.0 + 1, abs=0.05)
