@@ -142,6 +142,10 @@ def async_share(backend_processes: int) -> int:
     return max(1, backend_processes - 1)
 
 
+#: The most bytes of one piece of a large input (:mod:`mmserver.asynchronous.pieces`): its
+#: answer, a few times its size as JSON, is what the frontend holds at a time.
+PIECE_BYTES = 1 << 20
+
 #: Asynchronous requests running at once (reading inputs, predicting, writing answers) per
 #: request submitted to a model at once: the reading and writing overlap the predictions.
 IO_PER_PREDICTION = 4
@@ -512,7 +516,8 @@ class AsyncInference:
         if limit and splittable(invocation.content_type):
             size = await asyncio.to_thread(self.locations.size, invocation.input)
             if size > limit:
-                return await self._compute_in_pieces(invocation, deadline, limit)
+                piece = min(limit, PIECE_BYTES)
+                return await self._compute_in_pieces(invocation, deadline, piece)
         body = await asyncio.to_thread(self.locations.read, invocation.input)
         job = make_request(body, invocation.content_type, invocation.accept)
         del body

@@ -7,8 +7,10 @@ evenly over ``sklearn-0`` … ``sklearn-99``. It runs twice per run: alone, and 
 model) are sent over the same 100 models by :data:`SENDERS` threads and answered into the
 output folder. Measured: the asynchronous requests accepted per second (the 202s), answered per
 second (from the first accept to the last output), the time from each one's 202 to its output
-file (p50, p99), and the real-time p99 alone and beside them. Targets: the real-time p99 beside
-the asynchronous load at most 1.5 x alone, and at most 20 ms.
+file (p50, p99), and the real-time p99 alone and beside them. Then one CSV input of
+``--async-large-mb`` MiB through one model: its time and the growth of the frontend's resident
+set meanwhile. Targets: the real-time p99 beside the asynchronous load at most 1.5 x alone, and
+at most 20 ms; the frontend's growth with the large input at most 64 MiB.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from proctools import proc_kb
 
 from benchlib import servers, wrk
 from benchlib.client import Client
@@ -114,6 +118,80 @@ def _quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class _PeakRss:
+    """The largest resident set of one process, sampled every 20 ms in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_kb = proc_kb(pid, "status", "VmRSS")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> _PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak_kb = max(self.peak_kb, proc_kb(self.pid, "status", "VmRSS"))
+
+
+def large_input(server: servers.Server, inputs: Path, size_mb: int, log: Log) -> dict[str, Any]:
+    """One CSV input of ``size_mb`` MiB (rows of one value) through ``sklearn-0``: its time and
+    the growth of the frontend's resident set meanwhile."""
+    path = inputs / "large.csv"
+    block = b"".join(b"%d.%03d\n" % (i % 10, i % 1000) for i in range(1 << 17))
+    with open(path, "wb") as out:
+        while out.tell() < size_mb << 20:
+            out.write(block)
+    client = Client(server.port, timeout=60)
+    try:
+        before_kb = proc_kb(server.pid, "status", "VmRSS")
+        started = time.time()
+        with _PeakRss(server.pid) as peak:
+            status, _, _ = client.request(
+                "POST",
+                "/endpoints/sklearn-0/async-invocations",
+                None,
+                {
+                    "X-Amzn-SageMaker-InputLocation": path.as_uri(),
+                    "X-Amzn-SageMaker-Content-Type": "text/csv",
+                    "X-Amzn-SageMaker-Inference-Id": "large-input",
+                    "X-Amzn-SageMaker-InvocationTimeoutSeconds": "3600",
+                },
+            )
+            if status != 202:
+                raise RuntimeError(f"the large input was answered {status}")
+            while True:
+                _, body, _ = client.request("GET", "/async-invocations/large-input")
+                described = json.loads(body)
+                if described["Status"] not in ("queued", "running"):
+                    break
+                time.sleep(0.2)
+        seconds = time.time() - started
+    finally:
+        client.close()
+        path.unlink(missing_ok=True)
+    result = {
+        "input_mb": size_mb,
+        "status": described["Status"],
+        "seconds": seconds,
+        "rss_before_mb": before_kb / 1024,
+        "rss_peak_mb": peak.peak_kb / 1024,
+        "growth_mb": (peak.peak_kb - before_kb) / 1024,
+    }
+    log(
+        f"async large input: {size_mb} MiB {described['Status']} in {seconds:.1f} s; frontend "
+        f"RSS {result['rss_before_mb']:.0f} MiB before, {result['rss_peak_mb']:.0f} MiB at "
+        f"most (+{result['growth_mb']:.0f} MiB)"
+    )
+    return result
+
+
 def run(
     model_store: Path,
     tmp: Path,
@@ -122,6 +200,7 @@ def run(
     exe: Path | None,
     settings: Settings,
     requests: int,
+    large_mb: int,
     log: Log,
 ) -> dict[str, Any]:
     inputs = tmp / "async-inputs"
@@ -147,7 +226,7 @@ def run(
         exe,
     )
     runs: list[dict[str, Any]] = []
-    with server.start():
+    with server:
         log(f"async section: mmserver pid {server.pid} on {server.url}")
         client = Client(server.port)
         try:
@@ -196,7 +275,8 @@ def run(
                 f"{result['answer_rps']:.0f}/s; accept to output p50 "
                 f"{result['p50_s'] or 0:.2f} s, p99 {result['p99_s'] or 0:.2f} s"
             )
-    return {"runs": runs}
+        large = large_input(server, inputs, large_mb, log) if large_mb else None
+    return {"runs": runs, "large": large}
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -226,6 +306,16 @@ def summary_lines(raw: dict[str, Any]) -> list[str]:
         f"real-time req/s alone {fmt(_median([r['alone']['rps'] for r in runs]), '.0f')}, "
         f"beside {fmt(_median([r['beside']['rps'] for r in runs]), '.0f')}",
     ]
+    large = raw.get("large")
+    if large:
+        lines.append(
+            f"  one {large['input_mb']} MiB CSV input: {large['status']} in "
+            f"{large['seconds']:.1f} s, frontend RSS +{large['growth_mb']:.0f} MiB"
+        )
+        lines.append(
+            f"  {'PASS' if large['growth_mb'] <= 64 else 'MISS'}  frontend growth with the "
+            "large input <= 64 MiB"
+        )
     if alone is not None and beside is not None:
         ratio = beside / alone if alone else float("inf")
         lines.append(

@@ -187,6 +187,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=10_000,
         help="asynchronous requests per run of the async section (10000)",
     )
+    parser.add_argument(
+        "--async-large-mb",
+        type=int,
+        default=1024,
+        help="MiB of the async section's one large CSV input (1024; 0 = none)",
+    )
     group = parser.add_argument_group("scale section (--only scale)")
     group.add_argument(
         "--models", type=int, default=100_000, help="archives in the section's store (100000)"
@@ -335,6 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.server_exe,
                 settings,
                 args.async_requests,
+                args.async_large_mb,
                 _log,
             )
         if args.sections == ["async"]:
