@@ -27,6 +27,7 @@ from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.s3server import AWS_VARIABLES, S3Server, s3_server
 from tests.integration.test_boto3 import invoke, runtime_client
+from tests.models import make_tuned_dir
 
 BUCKET = "async-io"
 ENDED = ("done", "failed", "expired")
@@ -654,3 +655,70 @@ async def test_a_large_input_on_the_object_store_runs_in_pieces(
     predictions = json.loads(written["Body"].read())["predictions"]
     assert len(predictions) == 2000
     assert predictions[1000] == pytest.approx(2 * 1.0 + 1, abs=0.05)
+
+
+# Where answers go -----------------------------------------------------------------------------
+
+
+async def test_a_loaded_models_own_output_path_is_where_its_answers_go(
+    serve: Serve, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    own = models / "own-outputs"
+    make_tuned_dir(own)
+    with (own / "serving.properties").open("a") as props:
+        props.write(f"option.async_output_path={tmp_path / 'own'}\n")
+    harness = await serve_async(serve, folders, allowed_model_roots=str(models))
+    await harness.wlm.register(url=str(own), name=None, overrides={}, synchronous=True)
+    source = folders["inputs"] / "one.json"
+    source.write_bytes(b"[[0.5]]")
+    client = runtime_client(harness)
+    sent = await invoke_async(
+        client, EndpointName="own-outputs", InputLocation=source.as_uri(), InferenceId="own"
+    )
+    assert path_of(sent["OutputLocation"]) == (tmp_path / "own" / "own.out").resolve()
+    # With no failure path set anywhere, failures go beside the answers.
+    assert path_of(sent["FailureLocation"]) == (tmp_path / "own" / "own-error.out").resolve()
+    assert (await ended(harness, "own"))["Status"] == "done"
+    assert json.loads((tmp_path / "own" / "own.out").read_bytes())["predictions"] == [
+        pytest.approx(2.0, abs=0.05)
+    ]
+
+
+async def test_an_unknown_model_ends_in_a_failure_object(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    harness = await serve_async(serve, folders)
+    response = await harness.post(
+        "/endpoints/no-such-model/async-invocations",
+        b"[[0.5]]",
+        **{"X-Amzn-SageMaker-Inference-Id": "nowhere"},
+    )
+    assert response.status == 202
+    described = await ended(harness, "nowhere")
+    assert described["Status"] == "failed"
+    assert "no-such-model" in described["Error"]
+    failure = json.loads(path_of(response.headers["X-Amzn-SageMaker-FailureLocation"]).read_bytes())
+    assert failure["code"] == 404
+
+
+async def test_an_answer_that_cannot_be_written_fails_the_request(
+    serve: Serve, folders: dict[str, Path], s3: S3Server
+) -> None:
+    harness = await serve_async(
+        serve,
+        folders,
+        async_output_path="s3://no-such-bucket/answers",
+        async_failure_path=f"s3://{BUCKET}/unwritable-failures",
+    )
+    response = await harness.post(
+        "/endpoints/sklearn-3/async-invocations",
+        b"[[0.5]]",
+        **{"X-Amzn-SageMaker-Inference-Id": "unwritable"},
+    )
+    assert response.status == 202
+    described = await ended(harness, "unwritable")
+    assert described["Status"] == "failed"
+    assert "s3://no-such-bucket/answers/unwritable.out cannot be written" in described["Error"]
+    failure = s3.client().get_object(Bucket=BUCKET, Key="unwritable-failures/unwritable-error.out")
+    assert "cannot be written" in json.loads(failure["Body"].read())["message"]
