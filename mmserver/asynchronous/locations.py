@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
@@ -28,6 +28,8 @@ from mmserver.store import split_object_url
 from mmserver.store.s3 import make_client
 
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound", "NoSuchBucket"})
+#: Folders whose resolution :meth:`Locations.join` keeps.
+_FOLDERS = 1024
 
 
 def is_object(location: str) -> bool:
@@ -55,6 +57,8 @@ class Locations:
         self.input_roots = tuple(Path(r).resolve() for r in input_roots)
         self._client = client
         self._lock = threading.Lock()
+        #: The file URLs of the folders answers go to, by how the configuration names them.
+        self._folders: dict[str, str] = {}
 
     @property
     def client(self) -> Any:
@@ -98,13 +102,18 @@ class Locations:
             )
         return file_url(resolved)
 
-    @staticmethod
-    def join(base: str, name: str) -> str:
-        """The location of ``name`` in the folder or prefix ``base``."""
+    def join(self, base: str, name: str) -> str:
+        """The location of ``name`` (a relative path) in the folder or prefix ``base``."""
         base = base.strip()
         if is_object(base):
             return base.rstrip("/") + "/" + name
-        return file_url(local_path(base) / name)
+        folder = self._folders.get(base)
+        if folder is None:
+            # Resolved once per folder: a resolution takes a system call per folder above.
+            if len(self._folders) >= _FOLDERS:
+                self._folders.clear()
+            folder = self._folders[base] = file_url(local_path(base))
+        return folder.rstrip("/") + "/" + quote(name)
 
     def read(self, location: str) -> bytes:
         """The whole body at ``location``. Raises :class:`InputMissing` when there is none, and

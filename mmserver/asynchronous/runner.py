@@ -40,10 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import functools
 import json
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -173,6 +176,10 @@ class AsyncInference:
         self.inputs_dir = self.state_dir / "inputs"
         self._journal: Journal | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmserver-async-journal")
+        #: Uses of the journal waiting for its thread (:meth:`_call`), and whether it runs them.
+        self._calls: list[tuple[Callable[[], object], asyncio.Future[Any]]] = []
+        self._calls_lock = threading.Lock()
+        self._writing = False
         #: Queued requests per model, in the order they were accepted; the models in the
         #: order they get their next turn.
         self._queued: dict[str, collections.deque[Invocation]] = {}
@@ -255,8 +262,8 @@ class AsyncInference:
                     "asynchronous inference: %d running request(s) queued again for the next start",
                     requeued,
                 )
-            await self._call(self._journal.close)
-            self._journal = None
+            journal, self._journal = self._journal, None
+            await asyncio.get_running_loop().run_in_executor(self._thread, journal.close)
         self._thread.shutdown(wait=True)
         if self.notifier is not None:
             await self.notifier.close()
@@ -267,9 +274,45 @@ class AsyncInference:
         return self._journal
 
     async def _call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run a journal call in the journal's thread."""
+        """Run a use of the journal in the journal's thread, in one transaction with the others
+        asked for meanwhile (:meth:`Journal.together`): group commit."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._calls_lock:
+            self._calls.append((functools.partial(fn, *args, **kwargs), future))
+            start = not self._writing
+            self._writing = True
+        if start:
+            loop.run_in_executor(self._thread, self._write_calls, loop)
+        result: R = await future
+        return result
+
+    def _write_calls(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In the journal's thread: run the calls asked for, a batch at a time, until none is
+        left, and give each its result on the event loop."""
+        while True:
+            with self._calls_lock:
+                batch, self._calls = self._calls, []
+                if not batch:
+                    self._writing = False
+                    return
+            journal = self._journal
+            results: list[object | BaseException]
+            if journal is None:
+                stopped = errors.ShuttingDown("asynchronous inference is stopped")
+                results = [stopped] * len(batch)
+            else:
+                try:
+                    results = journal.together([call for call, _ in batch])
+                except Exception as exc:  # the transaction itself failed (the disk, say)
+                    log.error("the asynchronous journal could not be written: %s", exc)
+                    results = [exc] * len(batch)
+            try:
+                loop.call_soon_threadsafe(_settle_calls, batch, results)
+            except RuntimeError:  # the event loop is closed: nobody waits any more
+                with self._calls_lock:
+                    self._writing = False
+                return
 
     # Accepting --------------------------------------------------------------------------------
 
@@ -313,22 +356,21 @@ class AsyncInference:
             output_base = self.locations.join(output_base, extension)
             failure_base = self.locations.join(failure_base, extension)
         inline: Path | None = None
-        if request.input_location is not None and request.input_location.strip():
+        location = (request.input_location or "").strip()
+        if location:
             if body:
                 raise errors.InvalidInput(
                     "send the input inline or name its location, not both (Body and "
                     "InputLocation are exclusive)"
                 )
-            source = self.locations.check_input(request.input_location)
         else:
             if not body:
                 self.locations.check_input("")  # says what is missing
             inline = self.inputs_dir / f"{uuid.uuid4().hex}.in"
-            source = file_url(inline)
         invocation = Invocation(
             id=inference_id,
             model=model,
-            input=source,
+            input="",
             output=self.locations.join(output_base, filename or f"{inference_id}.out"),
             failure=self.locations.join(failure_base, f"{inference_id}-error.out"),
             content_type=request.content_type,
@@ -339,16 +381,21 @@ class AsyncInference:
             timeout_s=timeout,
         )
         journal = self._journal_()
+        locations = self.locations
 
-        def write() -> tuple[Invocation, bool]:
-            if inline is not None:
+        def write() -> tuple[Invocation, bool, str]:
+            # In the journal's thread: resolving a path may take a system call per folder.
+            if inline is None:
+                source = locations.check_input(location)  # refused before anything is written
+            else:
+                source = file_url(inline)
                 _write_synced(inline, body)
-            row, added = journal.add(invocation)
+            row, added = journal.add(dataclasses.replace(invocation, input=source))
             if not added and inline is not None:
                 inline.unlink(missing_ok=True)
-            return row, added
+            return row, added, source
 
-        row, added = await self._call(write)
+        row, added, source = await self._call(write)
         if not added:
             if row.model != invocation.model or (inline is None and row.input != source):
                 raise errors.InvalidInput(
@@ -674,6 +721,19 @@ class AsyncInference:
             if model not in seen:
                 backlog.remove(model)
         self.metrics.async_oldest_seconds.set(0.0 if oldest is None else max(0.0, now - oldest))
+
+
+def _settle_calls(
+    batch: list[tuple[Callable[[], object], asyncio.Future[Any]]],
+    results: list[object | BaseException],
+) -> None:
+    for (_, future), result in zip(batch, results, strict=True):
+        if future.done():
+            continue  # its caller was cancelled
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 def _answer(answer: bytes, job: Request) -> tuple[bytes, str]:
