@@ -10,7 +10,8 @@ with a stored, checked state::
       └──► EXPIRED (not started within its TTL), FAILED
 
 Ending a request is idempotent: :meth:`Journal.finish` changes a row only from ``RUNNING``, so a
-request ends once however many times its end is reported. The three end states are final.
+request ends once however many times its end is reported. The three end states are final; an
+ended request's row is kept for a while for the state call, then pruned (:meth:`Journal.prune`).
 
 Every method blocks on the disk: the owner (:class:`~mmserver.asynchronous.runner.AsyncInference`)
 calls them from one thread of its own, the connection's only user, several at a time in one
@@ -234,6 +235,14 @@ class Journal:
         cursor = self._db.execute(
             "UPDATE invocations SET state = ? WHERE state = ?",
             (State.QUEUED.value, State.RUNNING.value),
+        )
+        return cursor.rowcount
+
+    def prune(self, ended_before: float) -> int:
+        """Forget the requests that ended before ``ended_before``; how many."""
+        cursor = self._db.execute(
+            "DELETE FROM invocations WHERE state IN (?, ?, ?) AND ended_at < ?",
+            (*(s.value for s in (State.DONE, State.FAILED, State.EXPIRED)), ended_before),
         )
         return cursor.rowcount
 

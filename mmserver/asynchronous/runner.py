@@ -83,6 +83,9 @@ MAX_TIMEOUT_S = 3600
 RETRY_AFTER_S = 1.0
 #: Seconds between the sweeps that expire queued requests past their TTL.
 SWEEP_S = 1.0
+#: Seconds an ended request stays in the journal (for the state call), and between prunings.
+KEEP_ENDED_S = 7 * 24 * 3600.0
+PRUNE_EVERY_S = 3600.0
 #: Seconds before the dispatcher looks again while real-time requests fill the server.
 YIELD_S = 0.005
 
@@ -191,6 +194,8 @@ class AsyncInference:
         self._dispatcher: asyncio.Task[None] | None = None
         self._accepting = False
         self._last_sweep = 0.0
+        self._last_prune = 0.0
+        self._pruning: asyncio.Task[None] | None = None
         url = config.async_notify_url.strip()
         #: Tells ``async_notify_url`` of each request that ends.
         self.notifier = Notifier(url) if url else None
@@ -208,8 +213,11 @@ class AsyncInference:
         their written answers say, or run again; queued ones keep their order."""
         self._journal = await asyncio.to_thread(Journal, self.state_dir)
         await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
+        await self._prune()
         recovered = 0
-        for invocation in await self._call(self._journal_().open):
+        found = await self._call(self._journal_().open)
+        await asyncio.to_thread(self._drop_unjournaled_inputs, {i.input for i in found})
+        for invocation in found:
             if invocation.state is State.RUNNING:
                 if await self._recover(invocation):
                     continue
@@ -221,6 +229,19 @@ class AsyncInference:
         self._dispatcher = asyncio.get_running_loop().create_task(
             self._dispatch_forever(), name="mmserver-async-dispatcher"
         )
+
+    async def _prune(self) -> None:
+        self._last_prune = self.clock()
+        pruned = await self._call(self._journal_().prune, self._last_prune - KEEP_ENDED_S)
+        if pruned:
+            log.info("asynchronous inference: %d request(s) ended a week ago forgotten", pruned)
+
+    def _drop_unjournaled_inputs(self, inputs: set[str]) -> None:
+        """Delete the saved bodies no open request names: a crash between saving a body and
+        journaling its request leaves one (that request was never answered 202)."""
+        for path in self.inputs_dir.glob("*.in"):
+            if file_url(path) not in inputs:
+                path.unlink(missing_ok=True)
 
     async def _recover(self, invocation: Invocation) -> bool:
         """Whether a request found running at start had ended (its answer or its failure is
@@ -457,6 +478,9 @@ class AsyncInference:
         now = loop.time()
         if self._queued and self.clock() - self._last_sweep >= SWEEP_S:
             self._sweep()
+        if self.clock() - self._last_prune >= PRUNE_EVERY_S and self._pruning is None:
+            self._pruning = self._begin_settling(self._prune())
+            self._pruning.add_done_callback(self._pruned)
         wait = SWEEP_S if self._queued else None
         for model in list(self._queued):
             if not room_for_async(self.wlm.real_time_queued, len(self._running), self.max_running):
@@ -480,6 +504,11 @@ class AsyncInference:
                 self._queued[model] = self._queued.pop(model)
             self._run(invocation)
         return wait
+
+    def _pruned(self, task: asyncio.Task[None]) -> None:
+        self._pruning = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the asynchronous journal could not be pruned: %s", task.exception())
 
     def _sweep(self) -> None:
         """Expire the queued requests past their TTL."""

@@ -443,10 +443,15 @@ async def test_requests_a_crash_left_running_end_once_at_the_next_start(
         )
         assert journal.move(name, JournalState.RUNNING)
     journal.close()
+    # A body saved by a server killed before it journaled the request (never answered 202).
+    orphan = folders["state"] / "inputs" / "orphan.in"
+    orphan.parent.mkdir()
+    orphan.write_bytes(b"[[9.0]]")
 
     harness = await serve_async(serve, folders)
     assert (await state(harness, "x"))["Status"] == "done"  # at once: it is not run again
     assert (outputs / "x.out").read_bytes() == b"written before the crash"
+    assert not orphan.exists()
     assert (await ended(harness, "y"))["Status"] == "done"
     assert json.loads((outputs / "y.out").read_bytes()) == {
         "predictions": [pytest.approx(3.0, abs=0.05)]

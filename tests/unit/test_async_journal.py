@@ -110,3 +110,14 @@ def test_uses_together_are_one_transaction_and_each_gets_its_result(tmp_path: Pa
     assert results[2:] == [True, False]
     journal.close()
     assert Journal(tmp_path).states() == {"a": State.RUNNING}  # committed
+
+
+def test_ended_requests_are_pruned_once_old_enough(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    for name in ("old", "recent", "open"):
+        journal.add(invocation(name))
+    for name, at in (("old", 10.0), ("recent", 50.0)):
+        journal.move(name, State.RUNNING)
+        journal.finish(name, State.DONE, None, at)
+    assert journal.prune(ended_before=20.0) == 1
+    assert journal.states() == {"recent": State.DONE, "open": State.QUEUED}
