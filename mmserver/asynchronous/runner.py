@@ -45,22 +45,27 @@ import functools
 import json
 import logging
 import os
-import re
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from mmserver import errors
 from mmserver.answers import answer_body
+from mmserver.asynchronous.admission import (
+    IO_PER_PREDICTION,
+    YIELD_S,
+    Turns,
+    async_share,
+    room_for_async,
+)
 from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
 from mmserver.asynchronous.locations import Locations, file_url, local_path
 from mmserver.asynchronous.notify import Notifier, notification
 from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
+from mmserver.asynchronous.requests import AsyncRequest
+from mmserver.asynchronous.writer import JournalThread
 from mmserver.codecs import Request, make_request
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
@@ -71,14 +76,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-#: SageMaker's defaults and bounds for a request's TTL and invocation timeout (seconds).
-DEFAULT_TTL_S = 21600
-MAX_TTL_S = 21600
-DEFAULT_TIMEOUT_S = 900
-MAX_TIMEOUT_S = 3600
 #: Seconds a model's queued requests wait after the server lacked room to run one.
 RETRY_AFTER_S = 1.0
 #: Seconds between the sweeps that expire queued requests past their TTL.
@@ -86,75 +83,11 @@ SWEEP_S = 1.0
 #: Seconds an ended request stays in the journal (for the state call), and between prunings.
 KEEP_ENDED_S = 7 * 24 * 3600.0
 PRUNE_EVERY_S = 3600.0
-#: Seconds before the dispatcher looks again while real-time requests fill the server.
-YIELD_S = 0.005
-
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
-_PART = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
-
-
-@dataclass(frozen=True, slots=True)
-class AsyncRequest:
-    """What an ``InvokeEndpointAsync`` call asks for, as its headers say it."""
-
-    model: str
-    input_location: str | None
-    content_type: str | None = None
-    accept: str | None = None
-    custom_attributes: str | None = None
-    inference_id: str | None = None
-    ttl: str | None = None
-    timeout: str | None = None
-    output_extension: str | None = None
-    filename: str | None = None
-
-
-def _seconds(text: str | None, default: int, most: int, header: str) -> float:
-    if text is None or not text.strip():
-        return float(default)
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise errors.InvalidInput(f"{header}={text[:40]!r} is not a whole number") from None
-    if not 1 <= value <= most:
-        raise errors.InvalidInput(f"{header}={value} must be between 1 and {most}")
-    return float(value)
-
-
-def _part(text: str | None, header: str) -> str | None:
-    if text is None or not text.strip():
-        return None
-    text = text.strip().strip("/")
-    if not _PART.fullmatch(text) or any(p in (".", "..") for p in text.split("/")):
-        raise errors.InvalidInput(
-            f"{header}={text[:80]!r}: use letters, digits, '.', '_', '-' and '/' between names"
-        )
-    return text
-
-
-def room_for_async(real_time_queued: int, running: int, max_running: int) -> bool:
-    """Whether an asynchronous request may start (``running`` of ``max_running`` have), or be
-    submitted to its model (``running`` of ``max_running`` are): only while no real-time
-    request waits for any model (they share the backends). So asynchronous work takes only what
-    real-time traffic leaves, and a real-time request arriving meanwhile finds a process
-    asynchronous work leaves free (:func:`async_share`)."""
-    return real_time_queued == 0 and running < max_running
-
-
-def async_share(backend_processes: int) -> int:
-    """The most asynchronous requests submitted to their models at once: all the backend
-    processes but one, so that one is always left to real-time requests (one in-process
-    backend: one)."""
-    return max(1, backend_processes - 1)
 
 
 #: The most bytes of one piece of a large input (:mod:`mmserver.asynchronous.pieces`): its
 #: answer, a few times its size as JSON, is what the frontend holds at a time.
 PIECE_BYTES = 1 << 20
-
-#: Asynchronous requests running at once (reading inputs, predicting, writing answers) per
-#: request submitted to a model at once: the reading and writing overlap the predictions.
-IO_PER_PREDICTION = 4
 
 
 class AsyncInference:
@@ -177,12 +110,8 @@ class AsyncInference:
         self.clock = clock
         self.state_dir = config.state_path
         self.inputs_dir = self.state_dir / "inputs"
-        self._journal: Journal | None = None
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmserver-async-journal")
-        #: Uses of the journal waiting for its thread (:meth:`_call`), and whether it runs them.
-        self._calls: list[tuple[Callable[[], object], asyncio.Future[Any]]] = []
-        self._calls_lock = threading.Lock()
-        self._writing = False
+        #: Every use of the journal goes through its thread, batched.
+        self._writer = JournalThread()
         #: Queued requests per model, in the order they were accepted; the models in the
         #: order they get their next turn.
         self._queued: dict[str, collections.deque[Invocation]] = {}
@@ -200,22 +129,24 @@ class AsyncInference:
         #: Tells ``async_notify_url`` of each request that ends.
         self.notifier = Notifier(url) if url else None
         #: At most this many are submitted to their models at once, over every model...
-        self.max_predicting = async_share(config.backend_processes)
-        self._predicting = 0
-        self._turn = asyncio.Event()
+        self._turns = Turns(
+            async_share(config.backend_processes),
+            lambda: self.wlm.real_time_queued,
+            metrics.async_yields.inc,
+        )
         #: ... and this many run at once (reading inputs and writing answers besides).
-        self.max_running = IO_PER_PREDICTION * self.max_predicting
+        self.max_running = IO_PER_PREDICTION * self._turns.limit
 
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the journal and take up what it holds: requests a crash left running end as
         their written answers say, or run again; queued ones keep their order."""
-        self._journal = await asyncio.to_thread(Journal, self.state_dir)
+        await self._writer.open(functools.partial(Journal, self.state_dir))
         await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
         await self._prune()
         recovered = 0
-        found = await self._call(self._journal_().open)
+        found = await self._writer.call(self._writer.current().open)
         await asyncio.to_thread(self._drop_unjournaled_inputs, {i.input for i in found})
         for invocation in found:
             if invocation.state is State.RUNNING:
@@ -232,7 +163,9 @@ class AsyncInference:
 
     async def _prune(self) -> None:
         self._last_prune = self.clock()
-        pruned = await self._call(self._journal_().prune, self._last_prune - KEEP_ENDED_S)
+        pruned = await self._writer.call(
+            self._writer.current().prune, self._last_prune - KEEP_ENDED_S
+        )
         if pruned:
             log.info("asynchronous inference: %d request(s) ended a week ago forgotten", pruned)
 
@@ -246,14 +179,14 @@ class AsyncInference:
     async def _recover(self, invocation: Invocation) -> bool:
         """Whether a request found running at start had ended (its answer or its failure is
         written: its row now says so); otherwise it is queued again."""
-        journal = self._journal_()
+        journal = self._writer.current()
         for written, state in ((invocation.output, State.DONE), (invocation.failure, State.FAILED)):
             if await asyncio.to_thread(self.locations.exists, written):
                 error = None if state is State.DONE else "see the failure object"
-                await self._call(journal.finish, invocation.id, state, error, self.clock())
+                await self._writer.call(journal.finish, invocation.id, state, error, self.clock())
                 self._ended(invocation, state, error=error)
                 return True
-        await self._call(journal.move, invocation.id, State.QUEUED)
+        await self._writer.call(journal.move, invocation.id, State.QUEUED)
         return False
 
     def close(self) -> None:
@@ -276,64 +209,16 @@ class AsyncInference:
         await asyncio.gather(*running, return_exceptions=True)
         # Answers being written are written (and recorded) before the rest is requeued.
         await asyncio.gather(*self._settling, return_exceptions=True)
-        if self._journal is not None:
-            requeued = await self._call(self._journal.requeue_running)
+        if self._writer.journal is not None:
+            requeued = await self._writer.call(self._writer.journal.requeue_running)
             if requeued:
                 log.info(
                     "asynchronous inference: %d running request(s) queued again for the next start",
                     requeued,
                 )
-            journal, self._journal = self._journal, None
-            await asyncio.get_running_loop().run_in_executor(self._thread, journal.close)
-        self._thread.shutdown(wait=True)
+        await self._writer.close()
         if self.notifier is not None:
             await self.notifier.close()
-
-    def _journal_(self) -> Journal:
-        if self._journal is None:
-            raise errors.ShuttingDown("asynchronous inference is stopped")
-        return self._journal
-
-    async def _call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run a use of the journal in the journal's thread, in one transaction with the others
-        asked for meanwhile (:meth:`Journal.together`): group commit."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        with self._calls_lock:
-            self._calls.append((functools.partial(fn, *args, **kwargs), future))
-            start = not self._writing
-            self._writing = True
-        if start:
-            loop.run_in_executor(self._thread, self._write_calls, loop)
-        result: R = await future
-        return result
-
-    def _write_calls(self, loop: asyncio.AbstractEventLoop) -> None:
-        """In the journal's thread: run the calls asked for, a batch at a time, until none is
-        left, and give each its result on the event loop."""
-        while True:
-            with self._calls_lock:
-                batch, self._calls = self._calls, []
-                if not batch:
-                    self._writing = False
-                    return
-            journal = self._journal
-            results: list[object | BaseException]
-            if journal is None:
-                stopped = errors.ShuttingDown("asynchronous inference is stopped")
-                results = [stopped] * len(batch)
-            else:
-                try:
-                    results = journal.together([call for call, _ in batch])
-                except Exception as exc:  # the transaction itself failed (the disk, say)
-                    log.error("the asynchronous journal could not be written: %s", exc)
-                    results = [exc] * len(batch)
-            try:
-                loop.call_soon_threadsafe(_settle_calls, batch, results)
-            except RuntimeError:  # the event loop is closed: nobody waits any more
-                with self._calls_lock:
-                    self._writing = False
-                return
 
     # Accepting --------------------------------------------------------------------------------
 
@@ -355,23 +240,10 @@ class AsyncInference:
             )
         model = normalize_name(request.model)
         make_request(b"", request.content_type, request.accept)  # 415 now, not in the failure
-        ttl = _seconds(request.ttl, DEFAULT_TTL_S, MAX_TTL_S, "X-Amzn-SageMaker-RequestTTLSeconds")
-        timeout = _seconds(
-            request.timeout,
-            DEFAULT_TIMEOUT_S,
-            MAX_TIMEOUT_S,
-            "X-Amzn-SageMaker-InvocationTimeoutSeconds",
-        )
-        inference_id = (request.inference_id or "").strip() or str(uuid.uuid4())
-        if not _ID.fullmatch(inference_id):
-            raise errors.InvalidInput(
-                f"inference id {inference_id[:80]!r}: use 1 to 64 letters, digits, '.', '_', "
-                "':' and '-', starting with a letter or digit"
-            )
-        if request.custom_attributes is not None and len(request.custom_attributes) > 1024:
-            raise errors.InvalidInput("X-Amzn-SageMaker-Custom-Attributes is over 1024 characters")
-        extension = _part(request.output_extension, "X-Amzn-SageMaker-S3OutputPathExtension")
-        filename = _part(request.filename, "X-Amzn-SageMaker-Filename")
+        ttl, timeout = request.ttl_s(), request.timeout_s()
+        inference_id = request.checked_id()
+        request.check_attributes()
+        extension, filename = request.extension(), request.checked_filename()
         output_base, failure_base = self._places(model)
         if extension is not None:
             output_base = self.locations.join(output_base, extension)
@@ -401,7 +273,7 @@ class AsyncInference:
             ttl_s=ttl,
             timeout_s=timeout,
         )
-        journal = self._journal_()
+        journal = self._writer.current()
         locations = self.locations
 
         def write() -> tuple[Invocation, bool, str]:
@@ -416,7 +288,7 @@ class AsyncInference:
                 inline.unlink(missing_ok=True)
             return row, added, source
 
-        row, added, source = await self._call(write)
+        row, added, source = await self._writer.call(write)
         if not added:
             if row.model != invocation.model or (inline is None and row.input != source):
                 raise errors.InvalidInput(
@@ -451,7 +323,7 @@ class AsyncInference:
 
     async def status(self, inference_id: str) -> Invocation:
         """The journal's row of request ``inference_id`` (:class:`errors.NotFound` if none)."""
-        row = await self._call(self._journal_().get, inference_id)
+        row = await self._writer.call(self._writer.current().get, inference_id)
         if row is None:
             raise errors.NotFound(f"no asynchronous request has inference id {inference_id!r}")
         return row
@@ -549,11 +421,11 @@ class AsyncInference:
         self._wake.set()
 
     async def _run_one(self, invocation: Invocation) -> None:
-        journal = self._journal_()
+        journal = self._writer.current()
         if invocation.expires_at <= self.clock():
             await self._settled(self._expire(invocation))
             return
-        if not await self._call(journal.move, invocation.id, State.RUNNING):
+        if not await self._writer.call(journal.move, invocation.id, State.RUNNING):
             return  # ended already
         loop = asyncio.get_running_loop()
         try:
@@ -568,7 +440,7 @@ class AsyncInference:
             )
         except errors.ResourceError as exc:
             # No room for its model now, or the server is stopping: it runs later.
-            await self._call(journal.move, invocation.id, State.QUEUED)
+            await self._writer.call(journal.move, invocation.id, State.QUEUED)
             if self._accepting:
                 self._not_before[invocation.model] = loop.time() + RETRY_AFTER_S
                 self._enqueue(invocation, front=True)
@@ -624,28 +496,13 @@ class AsyncInference:
 
     async def _predict(self, invocation: Invocation, job: Request, deadline: float) -> bytes:
         """Submit ``job`` to the model of ``invocation`` when real-time traffic leaves room
-        (:meth:`_predict_turn`); the model's answer."""
-        await self._predict_turn()
+        (:class:`~mmserver.asynchronous.admission.Turns`); the model's answer."""
+        await self._turns.take()
         try:
             submission = self.wlm.submit(invocation.model, job, deadline=deadline, background=True)
             return await submission.answer
         finally:
-            self._predicting -= 1
-            self._turn.set()
-
-    async def _predict_turn(self) -> None:
-        """Wait until this request may be submitted to its model (:func:`room_for_async`),
-        then count it as submitted (the caller uncounts it once answered)."""
-        while not room_for_async(self.wlm.real_time_queued, self._predicting, self.max_predicting):
-            if self.wlm.real_time_queued:
-                self.metrics.async_yields.inc()
-            self._turn.clear()
-            try:
-                async with asyncio.timeout(YIELD_S):
-                    await self._turn.wait()
-            except TimeoutError:
-                pass
-        self._predicting += 1
+            self._turns.give_back()
 
     async def _settled(self, work: Any) -> None:
         """Run the end of a request (writing its answer or failure, recording it) to its end,
@@ -677,7 +534,9 @@ class AsyncInference:
             error = errors.MMServerError(f"the answer could not be written: {exc.strerror}")
             await self._fail(invocation, State.FAILED, error)
             return
-        if await self._call(self._journal_().finish, invocation.id, State.DONE, None, self.clock()):
+        if await self._writer.call(
+            self._writer.current().finish, invocation.id, State.DONE, None, self.clock()
+        ):
             self._ended(invocation, State.DONE, content_type=content_type)
 
     async def _expire(self, invocation: Invocation) -> None:
@@ -703,14 +562,16 @@ class AsyncInference:
                 invocation.failure,
                 exc,
             )
-        journal = self._journal_()
+        journal = self._writer.current()
         now = self.clock()
         if state is State.EXPIRED:
-            ended = await self._call(
+            ended = await self._writer.call(
                 journal.move, invocation.id, state, error=error.message, at=now
             )
         else:
-            ended = await self._call(journal.finish, invocation.id, state, error.message, now)
+            ended = await self._writer.call(
+                journal.finish, invocation.id, state, error.message, now
+            )
         if ended:
             self._ended(invocation, state, error=error.message)
 
@@ -750,19 +611,6 @@ class AsyncInference:
             if model not in seen:
                 backlog.remove(model)
         self.metrics.async_oldest_seconds.set(0.0 if oldest is None else max(0.0, now - oldest))
-
-
-def _settle_calls(
-    batch: list[tuple[Callable[[], object], asyncio.Future[Any]]],
-    results: list[object | BaseException],
-) -> None:
-    for (_, future), result in zip(batch, results, strict=True):
-        if future.done():
-            continue  # its caller was cancelled
-        if isinstance(result, BaseException):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
 
 
 def _answer(answer: bytes, job: Request) -> tuple[bytes, str]:
