@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmserver import errors
-from mmserver.answers import answer_body
 from mmserver.asynchronous.admission import (
     IO_PER_PREDICTION,
     YIELD_S,
@@ -60,13 +59,13 @@ from mmserver.asynchronous.admission import (
     async_share,
     room_for_async,
 )
+from mmserver.asynchronous.computing import Computer
 from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
 from mmserver.asynchronous.locations import Locations, file_url, local_path
 from mmserver.asynchronous.notify import Notifier, notification
-from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
 from mmserver.asynchronous.requests import AsyncRequest
 from mmserver.asynchronous.writer import JournalThread
-from mmserver.codecs import Request, make_request
+from mmserver.codecs import make_request
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.store import normalize_name
@@ -83,11 +82,6 @@ SWEEP_S = 1.0
 #: Seconds an ended request stays in the journal (for the state call), and between prunings.
 KEEP_ENDED_S = 7 * 24 * 3600.0
 PRUNE_EVERY_S = 3600.0
-
-
-#: The most bytes of one piece of a large input (:mod:`mmserver.asynchronous.pieces`): its
-#: answer, a few times its size as JSON, is what the frontend holds at a time.
-PIECE_BYTES = 1 << 20
 
 
 class AsyncInference:
@@ -136,6 +130,7 @@ class AsyncInference:
         )
         #: ... and this many run at once (reading inputs and writing answers besides).
         self.max_running = IO_PER_PREDICTION * self._turns.limit
+        self._computer = Computer(wlm, self.locations, self._turns, config, self.state_dir)
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -430,7 +425,7 @@ class AsyncInference:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(invocation.timeout_s):
-                answer, content_type = await self._compute(
+                answer, content_type = await self._computer.compute(
                     invocation, loop.time() + invocation.timeout_s
                 )
         except TimeoutError:
@@ -455,54 +450,6 @@ class AsyncInference:
             await self._settled(self._succeed(invocation, answer, content_type))
             return
         await self._settled(self._fail(invocation, State.FAILED, error))
-
-    async def _compute(self, invocation: Invocation, deadline: float) -> tuple[bytes | Path, str]:
-        """The answer to ``invocation`` and its content type: its body, or for an input cut
-        in pieces (:mod:`mmserver.asynchronous.pieces`) the file the pieces' answers were
-        joined in."""
-        limit = self.config.max_request_size
-        if limit and splittable(invocation.content_type):
-            size = await asyncio.to_thread(self.locations.size, invocation.input)
-            if size > limit:
-                piece = min(limit, PIECE_BYTES)
-                return await self._compute_in_pieces(invocation, deadline, piece)
-        body = await asyncio.to_thread(self.locations.read, invocation.input)
-        job = make_request(body, invocation.content_type, invocation.accept)
-        del body
-        return _answer(await self._predict(invocation, job, deadline), job)
-
-    async def _compute_in_pieces(
-        self, invocation: Invocation, deadline: float, limit: int
-    ) -> tuple[Path, str]:
-        """Read the input in pieces of at most ``limit`` bytes, each one a request, and join
-        their answers in a file: the frontend holds one piece and its answer at a time."""
-        stream = await asyncio.to_thread(self.locations.open, invocation.input)
-        staged = self.locations.staging(invocation.output, self.state_dir / "answers")
-        joiner = AnswerJoiner(staged)
-        cut = pieces(stream, limit, invocation.content_type)
-        try:
-            while (piece := await asyncio.to_thread(next, cut, None)) is not None:
-                job = make_request(piece, invocation.content_type, invocation.accept)
-                del piece
-                body, content_type = _answer(await self._predict(invocation, job, deadline), job)
-                await asyncio.to_thread(joiner.add, body, content_type)
-            await asyncio.to_thread(joiner.close)
-        except BaseException:
-            joiner.discard()
-            raise
-        finally:
-            stream.close()
-        return staged, joiner.content_type or "application/json"
-
-    async def _predict(self, invocation: Invocation, job: Request, deadline: float) -> bytes:
-        """Submit ``job`` to the model of ``invocation`` when real-time traffic leaves room
-        (:class:`~mmserver.asynchronous.admission.Turns`); the model's answer."""
-        await self._turns.take()
-        try:
-            submission = self.wlm.submit(invocation.model, job, deadline=deadline, background=True)
-            return await submission.answer
-        finally:
-            self._turns.give_back()
 
     async def _settled(self, work: Any) -> None:
         """Run the end of a request (writing its answer or failure, recording it) to its end,
@@ -611,12 +558,6 @@ class AsyncInference:
             if model not in seen:
                 backlog.remove(model)
         self.metrics.async_oldest_seconds.set(0.0 if oldest is None else max(0.0, now - oldest))
-
-
-def _answer(answer: bytes, job: Request) -> tuple[bytes, str]:
-    """The body and content type the real-time SageMaker path answers for ``answer``."""
-    body, content_type = answer_body(answer, job[2])
-    return bytes(body), content_type
 
 
 def _write_synced(path: Path, body: bytes) -> None:
