@@ -5,10 +5,17 @@ an output location (DESIGN §17).
 - :mod:`mmserver.asynchronous.journal` — the durable queue: SQLite in WAL mode in ``state_dir``;
 - :mod:`mmserver.asynchronous.locations` — inputs read from, and answers written to, ``s3://``
   objects and local files;
+- :mod:`mmserver.asynchronous.requests` — what a call asks for, and the checks of its headers;
+- :mod:`mmserver.asynchronous.writer` — the journal's thread, with group commit;
+- :mod:`mmserver.asynchronous.admission` — real time first: when asynchronous work may run;
+- :mod:`mmserver.asynchronous.computing` — an answer computed through the WorkLoadManager;
+- :mod:`mmserver.asynchronous.pieces` — large line-based inputs in pieces, answers joined;
+- :mod:`mmserver.asynchronous.notify` — the webhook notification of ended requests;
 - :mod:`mmserver.asynchronous.runner` — accepting, dispatching, running and ending requests.
 """
 
 from mmserver.asynchronous.journal import Invocation, State
-from mmserver.asynchronous.runner import AsyncInference, AsyncRequest
+from mmserver.asynchronous.requests import AsyncRequest
+from mmserver.asynchronous.runner import AsyncInference
 
 __all__ = ["AsyncInference", "AsyncRequest", "Invocation", "State"]

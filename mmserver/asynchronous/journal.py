@@ -10,16 +10,20 @@ with a stored, checked state::
       └──► EXPIRED (not started within its TTL), FAILED
 
 Ending a request is idempotent: :meth:`Journal.finish` changes a row only from ``RUNNING``, so a
-request ends once however many times its end is reported. The three end states are final.
+request ends once however many times its end is reported. The three end states are final; an
+ended request's row is kept for a while for the state call, then pruned (:meth:`Journal.prune`).
 
 Every method blocks on the disk: the owner (:class:`~mmserver.asynchronous.runner.AsyncInference`)
-calls them from one thread of its own, the connection's only user.
+calls them from one thread of its own, the connection's only user, several at a time in one
+transaction (:meth:`Journal.together`): one sync to disk for all the requests accepted, started
+or ended meanwhile. Alone, each write is a transaction of its own.
 """
 
 from __future__ import annotations
 
 import enum
 import sqlite3
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,30 +144,44 @@ class Journal:
     def close(self) -> None:
         self._db.close()
 
+    def together(self, calls: Sequence[Callable[[], object]]) -> list[object | BaseException]:
+        """Run ``calls`` (each a use of this journal) in one transaction, synced to disk once
+        for all of them; each one's result, or the exception it raised."""
+        results: list[object | BaseException] = []
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for call in calls:
+                try:
+                    results.append(call())
+                except Exception as exc:
+                    results.append(exc)
+        finally:
+            self._db.execute("COMMIT")
+        return results
+
     def add(self, invocation: Invocation) -> tuple[Invocation, bool]:
         """Write ``invocation`` (queued); ``(the row, True)``. When its id is taken already:
         ``(the row that has it, False)``, unchanged."""
-        with self._db:
-            cursor = self._db.execute(
-                "INSERT OR IGNORE INTO invocations (id, model, input, output, failure, "
-                "content_type, accept, custom_attributes, accepted_at, ttl_s, timeout_s, state) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    invocation.id,
-                    invocation.model,
-                    invocation.input,
-                    invocation.output,
-                    invocation.failure,
-                    invocation.content_type,
-                    invocation.accept,
-                    invocation.custom_attributes,
-                    invocation.accepted_at,
-                    invocation.ttl_s,
-                    invocation.timeout_s,
-                    State.QUEUED.value,
-                ),
-            )
-            added = cursor.rowcount == 1
+        cursor = self._db.execute(
+            "INSERT OR IGNORE INTO invocations (id, model, input, output, failure, "
+            "content_type, accept, custom_attributes, accepted_at, ttl_s, timeout_s, state) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                invocation.id,
+                invocation.model,
+                invocation.input,
+                invocation.output,
+                invocation.failure,
+                invocation.content_type,
+                invocation.accept,
+                invocation.custom_attributes,
+                invocation.accepted_at,
+                invocation.ttl_s,
+                invocation.timeout_s,
+                State.QUEUED.value,
+            ),
+        )
+        added = cursor.rowcount == 1
         row = self.get(invocation.id)
         assert row is not None
         return row, added
@@ -186,24 +204,21 @@ class Journal:
         it moved (``False``: it is not in such a state, e.g. it has ended already)."""
         sources = [s.value for s, targets in TRANSITIONS.items() if to in targets]
         marks = ", ".join("?" for _ in sources)
-        with self._db:
-            cursor = self._db.execute(
-                f"UPDATE invocations SET state = ?, error = ?, ended_at = ? "
-                f"WHERE id = ? AND state IN ({marks})",
-                (to.value, error, at if to in ENDED else None, invocation_id, *sources),
-            )
+        cursor = self._db.execute(
+            f"UPDATE invocations SET state = ?, error = ?, ended_at = ? "
+            f"WHERE id = ? AND state IN ({marks})",
+            (to.value, error, at if to in ENDED else None, invocation_id, *sources),
+        )
         return cursor.rowcount == 1
 
     def finish(self, invocation_id: str, to: State, error: str | None, at: float) -> bool:
         """End a running request (``to`` one of :data:`ENDED`): ``True`` the first time,
         ``False`` afterwards (the end is recorded once)."""
         assert to in ENDED
-        with self._db:
-            cursor = self._db.execute(
-                "UPDATE invocations SET state = ?, error = ?, ended_at = ? "
-                "WHERE id = ? AND state = ?",
-                (to.value, error, at, invocation_id, State.RUNNING.value),
-            )
+        cursor = self._db.execute(
+            "UPDATE invocations SET state = ?, error = ?, ended_at = ? WHERE id = ? AND state = ?",
+            (to.value, error, at, invocation_id, State.RUNNING.value),
+        )
         return cursor.rowcount == 1
 
     def open(self) -> list[Invocation]:
@@ -217,11 +232,18 @@ class Journal:
     def requeue_running(self) -> int:
         """Put every running request back in the queue (the server stops before they ended);
         how many."""
-        with self._db:
-            cursor = self._db.execute(
-                "UPDATE invocations SET state = ? WHERE state = ?",
-                (State.QUEUED.value, State.RUNNING.value),
-            )
+        cursor = self._db.execute(
+            "UPDATE invocations SET state = ? WHERE state = ?",
+            (State.QUEUED.value, State.RUNNING.value),
+        )
+        return cursor.rowcount
+
+    def prune(self, ended_before: float) -> int:
+        """Forget the requests that ended before ``ended_before``; how many."""
+        cursor = self._db.execute(
+            "DELETE FROM invocations WHERE state IN (?, ?, ?) AND ended_at < ?",
+            (*(s.value for s in (State.DONE, State.FAILED, State.EXPIRED)), ended_before),
+        )
         return cursor.rowcount
 
     def states(self) -> dict[str, State]:

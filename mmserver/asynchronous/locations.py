@@ -18,8 +18,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
 from mmserver.errors import InputMissing, InvalidInput, MMServerError, ServiceUnavailable
@@ -27,6 +28,8 @@ from mmserver.store import split_object_url
 from mmserver.store.s3 import make_client
 
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound", "NoSuchBucket"})
+#: Folders whose resolution :meth:`Locations.join` keeps.
+_FOLDERS = 1024
 
 
 def is_object(location: str) -> bool:
@@ -54,6 +57,8 @@ class Locations:
         self.input_roots = tuple(Path(r).resolve() for r in input_roots)
         self._client = client
         self._lock = threading.Lock()
+        #: The file URLs of the folders answers go to, by how the configuration names them.
+        self._folders: dict[str, str] = {}
 
     @property
     def client(self) -> Any:
@@ -97,13 +102,18 @@ class Locations:
             )
         return file_url(resolved)
 
-    @staticmethod
-    def join(base: str, name: str) -> str:
-        """The location of ``name`` in the folder or prefix ``base``."""
+    def join(self, base: str, name: str) -> str:
+        """The location of ``name`` (a relative path) in the folder or prefix ``base``."""
         base = base.strip()
         if is_object(base):
             return base.rstrip("/") + "/" + name
-        return file_url(local_path(base) / name)
+        folder = self._folders.get(base)
+        if folder is None:
+            # Resolved once per folder: a resolution takes a system call per folder above.
+            if len(self._folders) >= _FOLDERS:
+                self._folders.clear()
+            folder = self._folders[base] = file_url(local_path(base))
+        return folder.rstrip("/") + "/" + quote(name)
 
     def read(self, location: str) -> bytes:
         """The whole body at ``location``. Raises :class:`InputMissing` when there is none, and
@@ -127,6 +137,78 @@ class Locations:
             raise InputMissing(f"the input {location} does not exist") from None
         except OSError as exc:
             raise InputMissing(f"the input {location} cannot be read: {exc.strerror}") from None
+
+    def size(self, location: str) -> int:
+        """The size in bytes of the input at ``location`` (:class:`InputMissing` if none)."""
+        if is_object(location):
+            bucket, key = _bucket_key(location)
+            try:
+                return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+            except ClientError as exc:
+                raise self._read_error(location, exc) from None
+            except BotoCoreError as exc:
+                raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
+        try:
+            return local_path(location).stat().st_size
+        except FileNotFoundError:
+            raise InputMissing(f"the input {location} does not exist") from None
+        except OSError as exc:
+            raise InputMissing(f"the input {location} cannot be read: {exc.strerror}") from None
+
+    def open(self, location: str) -> Any:
+        """A stream of the input at ``location`` (``read(n)``, ``close()``)."""
+        if is_object(location):
+            bucket, key = _bucket_key(location)
+            try:
+                return self.client.get_object(Bucket=bucket, Key=key)["Body"]
+            except ClientError as exc:
+                raise self._read_error(location, exc) from None
+            except BotoCoreError as exc:
+                raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
+        try:
+            return open(local_path(location), "rb")  # the caller closes it
+        except FileNotFoundError:
+            raise InputMissing(f"the input {location} does not exist") from None
+        except OSError as exc:
+            raise InputMissing(f"the input {location} cannot be read: {exc.strerror}") from None
+
+    @staticmethod
+    def _read_error(location: str, exc: ClientError) -> MMServerError:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in _NOT_FOUND:
+            return InputMissing(f"the input {location} does not exist")
+        return ServiceUnavailable(f"the input {location} cannot be read: {exc}")
+
+    @staticmethod
+    def staging(location: str, folder: Path) -> Path:
+        """Where to prepare the answer that goes to ``location``: beside it for a local file
+        (so that it is renamed into place), in ``folder`` for an object."""
+        name = f".{os.urandom(8).hex()}.part"
+        if is_object(location):
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder / name
+        path = local_path(location)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.parent / name
+
+    def put_file(self, location: str, staged: Path, content_type: str) -> None:
+        """Move the answer prepared at ``staged`` (:meth:`staging`) to ``location`` whole: a
+        rename, or an upload (in parts for a large one; the object appears once complete)."""
+        try:
+            if is_object(location):
+                bucket, key = _bucket_key(location)
+                try:
+                    self.client.upload_file(
+                        str(staged), bucket, key, ExtraArgs={"ContentType": content_type}
+                    )
+                except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
+                    raise ServiceUnavailable(f"{location} cannot be written: {exc}") from None
+                return
+            path = local_path(location)
+            os.replace(staged, path)
+            _sync_folder(path.parent)
+        finally:
+            staged.unlink(missing_ok=True)
 
     def write(self, location: str, body: bytes, content_type: str) -> None:
         """Write ``body`` at ``location`` whole: readers see all of it or nothing."""

@@ -9,15 +9,18 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
    the 202 is sent for a request no crash can lose;
 2. the dispatcher starts it when its model may run one more asynchronous request
    (``option.async_max_workers``) and real-time requests leave room (:func:`room_for_async`:
-   none is queued, and all the backend processes but one are left to them at most); a request
-   not started within its TTL expires instead;
+   none is queued); a request not started within its TTL expires instead;
 3. it runs: the input is read (``s3://`` or a local file), the body submitted through
    :meth:`WorkLoadManager.submit <mmserver.wlm.WorkLoadManager.submit>` as a SageMaker request,
    all within its invocation timeout, as a *background* job: it does not count toward its
-   model's real-time scale-up (:mod:`mmserver.scaling`);
+   model's real-time scale-up (:mod:`mmserver.scaling`). It is submitted only while no
+   real-time request is queued, and at most all the backend processes but one have
+   asynchronous requests submitted at once (:func:`async_share`); reading inputs and writing
+   answers overlap (:data:`IO_PER_PREDICTION`);
 4. it ends: the answer is written to its output location whole, or an error body to its failure
    location, then its row is ended (:meth:`Journal.finish <mmserver.asynchronous.journal.
-   Journal.finish>` records an end once).
+   Journal.finish>` records an end once), and ``async_notify_url``, if set, is told
+   (:mod:`mmserver.asynchronous.notify`).
 
 Exactly once across crashes: an answer is written before the row says ``done``. A start finds
 the rows a crash left ``running``: one whose output exists is done (it is not run again); one
@@ -37,23 +40,32 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import functools
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from mmserver import errors
-from mmserver.answers import answer_body
+from mmserver.asynchronous.admission import (
+    IO_PER_PREDICTION,
+    YIELD_S,
+    Turns,
+    async_share,
+    room_for_async,
+)
+from mmserver.asynchronous.computing import Computer
 from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
 from mmserver.asynchronous.locations import Locations, file_url, local_path
-from mmserver.codecs import Request, make_request
+from mmserver.asynchronous.notify import Notifier, notification
+from mmserver.asynchronous.requests import AsyncRequest
+from mmserver.asynchronous.writer import JournalThread
+from mmserver.codecs import make_request
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.store import normalize_name
@@ -63,77 +75,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-#: SageMaker's defaults and bounds for a request's TTL and invocation timeout (seconds).
-DEFAULT_TTL_S = 21600
-MAX_TTL_S = 21600
-DEFAULT_TIMEOUT_S = 900
-MAX_TIMEOUT_S = 3600
 #: Seconds a model's queued requests wait after the server lacked room to run one.
 RETRY_AFTER_S = 1.0
 #: Seconds between the sweeps that expire queued requests past their TTL.
 SWEEP_S = 1.0
-#: Seconds before the dispatcher looks again while real-time requests fill the server.
-YIELD_S = 0.005
-
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
-_PART = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
-
-
-@dataclass(frozen=True, slots=True)
-class AsyncRequest:
-    """What an ``InvokeEndpointAsync`` call asks for, as its headers say it."""
-
-    model: str
-    input_location: str | None
-    content_type: str | None = None
-    accept: str | None = None
-    custom_attributes: str | None = None
-    inference_id: str | None = None
-    ttl: str | None = None
-    timeout: str | None = None
-    output_extension: str | None = None
-    filename: str | None = None
-
-
-def _seconds(text: str | None, default: int, most: int, header: str) -> float:
-    if text is None or not text.strip():
-        return float(default)
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise errors.InvalidInput(f"{header}={text[:40]!r} is not a whole number") from None
-    if not 1 <= value <= most:
-        raise errors.InvalidInput(f"{header}={value} must be between 1 and {most}")
-    return float(value)
-
-
-def _part(text: str | None, header: str) -> str | None:
-    if text is None or not text.strip():
-        return None
-    text = text.strip().strip("/")
-    if not _PART.fullmatch(text) or any(p in (".", "..") for p in text.split("/")):
-        raise errors.InvalidInput(
-            f"{header}={text[:80]!r}: use letters, digits, '.', '_', '-' and '/' between names"
-        )
-    return text
-
-
-def room_for_async(real_time_queued: int, running: int, max_running: int) -> bool:
-    """Whether an asynchronous request may be submitted now: only while no real-time request
-    waits for any model (they share the backends), and while fewer than ``max_running``
-    asynchronous requests run. So asynchronous work takes only what real-time traffic leaves,
-    and a real-time request arriving meanwhile finds a process asynchronous work leaves free
-    (:func:`async_share`)."""
-    return real_time_queued == 0 and running < max_running
-
-
-def async_share(backend_processes: int) -> int:
-    """The most asynchronous requests running at once: all the backend processes but one, so
-    that one is always left to real-time requests (one in-process backend: one)."""
-    return max(1, backend_processes - 1)
+#: Seconds an ended request stays in the journal (for the state call), and between prunings.
+KEEP_ENDED_S = 7 * 24 * 3600.0
+PRUNE_EVERY_S = 3600.0
 
 
 class AsyncInference:
@@ -156,8 +104,8 @@ class AsyncInference:
         self.clock = clock
         self.state_dir = config.state_path
         self.inputs_dir = self.state_dir / "inputs"
-        self._journal: Journal | None = None
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmserver-async-journal")
+        #: Every use of the journal goes through its thread, batched.
+        self._writer = JournalThread()
         #: Queued requests per model, in the order they were accepted; the models in the
         #: order they get their next turn.
         self._queued: dict[str, collections.deque[Invocation]] = {}
@@ -169,18 +117,33 @@ class AsyncInference:
         self._dispatcher: asyncio.Task[None] | None = None
         self._accepting = False
         self._last_sweep = 0.0
-        #: At most this many run at once, over every model.
-        self.max_running = async_share(config.backend_processes)
+        self._last_prune = 0.0
+        self._pruning: asyncio.Task[None] | None = None
+        url = config.async_notify_url.strip()
+        #: Tells ``async_notify_url`` of each request that ends.
+        self.notifier = Notifier(url) if url else None
+        #: At most this many are submitted to their models at once, over every model...
+        self._turns = Turns(
+            async_share(config.backend_processes),
+            lambda: self.wlm.real_time_queued,
+            metrics.async_yields.inc,
+        )
+        #: ... and this many run at once (reading inputs and writing answers besides).
+        self.max_running = IO_PER_PREDICTION * self._turns.limit
+        self._computer = Computer(wlm, self.locations, self._turns, config, self.state_dir)
 
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the journal and take up what it holds: requests a crash left running end as
         their written answers say, or run again; queued ones keep their order."""
-        self._journal = await asyncio.to_thread(Journal, self.state_dir)
+        await self._writer.open(functools.partial(Journal, self.state_dir))
         await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
+        await self._prune()
         recovered = 0
-        for invocation in await self._call(self._journal_().open):
+        found = await self._writer.call(self._writer.current().open)
+        await asyncio.to_thread(self._drop_unjournaled_inputs, {i.input for i in found})
+        for invocation in found:
             if invocation.state is State.RUNNING:
                 if await self._recover(invocation):
                     continue
@@ -193,17 +156,32 @@ class AsyncInference:
             self._dispatch_forever(), name="mmserver-async-dispatcher"
         )
 
+    async def _prune(self) -> None:
+        self._last_prune = self.clock()
+        pruned = await self._writer.call(
+            self._writer.current().prune, self._last_prune - KEEP_ENDED_S
+        )
+        if pruned:
+            log.info("asynchronous inference: %d request(s) ended a week ago forgotten", pruned)
+
+    def _drop_unjournaled_inputs(self, inputs: set[str]) -> None:
+        """Delete the saved bodies no open request names: a crash between saving a body and
+        journaling its request leaves one (that request was never answered 202)."""
+        for path in self.inputs_dir.glob("*.in"):
+            if file_url(path) not in inputs:
+                path.unlink(missing_ok=True)
+
     async def _recover(self, invocation: Invocation) -> bool:
         """Whether a request found running at start had ended (its answer or its failure is
         written: its row now says so); otherwise it is queued again."""
-        journal = self._journal_()
+        journal = self._writer.current()
         for written, state in ((invocation.output, State.DONE), (invocation.failure, State.FAILED)):
             if await asyncio.to_thread(self.locations.exists, written):
                 error = None if state is State.DONE else "see the failure object"
-                await self._call(journal.finish, invocation.id, state, error, self.clock())
-                self._ended(invocation, state)
+                await self._writer.call(journal.finish, invocation.id, state, error, self.clock())
+                self._ended(invocation, state, error=error)
                 return True
-        await self._call(journal.move, invocation.id, State.QUEUED)
+        await self._writer.call(journal.move, invocation.id, State.QUEUED)
         return False
 
     def close(self) -> None:
@@ -226,26 +204,16 @@ class AsyncInference:
         await asyncio.gather(*running, return_exceptions=True)
         # Answers being written are written (and recorded) before the rest is requeued.
         await asyncio.gather(*self._settling, return_exceptions=True)
-        if self._journal is not None:
-            requeued = await self._call(self._journal.requeue_running)
+        if self._writer.journal is not None:
+            requeued = await self._writer.call(self._writer.journal.requeue_running)
             if requeued:
                 log.info(
                     "asynchronous inference: %d running request(s) queued again for the next start",
                     requeued,
                 )
-            await self._call(self._journal.close)
-            self._journal = None
-        self._thread.shutdown(wait=True)
-
-    def _journal_(self) -> Journal:
-        if self._journal is None:
-            raise errors.ShuttingDown("asynchronous inference is stopped")
-        return self._journal
-
-    async def _call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run a journal call in the journal's thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+        await self._writer.close()
+        if self.notifier is not None:
+            await self.notifier.close()
 
     # Accepting --------------------------------------------------------------------------------
 
@@ -267,44 +235,30 @@ class AsyncInference:
             )
         model = normalize_name(request.model)
         make_request(b"", request.content_type, request.accept)  # 415 now, not in the failure
-        ttl = _seconds(request.ttl, DEFAULT_TTL_S, MAX_TTL_S, "X-Amzn-SageMaker-RequestTTLSeconds")
-        timeout = _seconds(
-            request.timeout,
-            DEFAULT_TIMEOUT_S,
-            MAX_TIMEOUT_S,
-            "X-Amzn-SageMaker-InvocationTimeoutSeconds",
-        )
-        inference_id = (request.inference_id or "").strip() or str(uuid.uuid4())
-        if not _ID.fullmatch(inference_id):
-            raise errors.InvalidInput(
-                f"inference id {inference_id[:80]!r}: use 1 to 64 letters, digits, '.', '_', "
-                "':' and '-', starting with a letter or digit"
-            )
-        if request.custom_attributes is not None and len(request.custom_attributes) > 1024:
-            raise errors.InvalidInput("X-Amzn-SageMaker-Custom-Attributes is over 1024 characters")
-        extension = _part(request.output_extension, "X-Amzn-SageMaker-S3OutputPathExtension")
-        filename = _part(request.filename, "X-Amzn-SageMaker-Filename")
+        ttl, timeout = request.ttl_s(), request.timeout_s()
+        inference_id = request.checked_id()
+        request.check_attributes()
+        extension, filename = request.extension(), request.checked_filename()
         output_base, failure_base = self._places(model)
         if extension is not None:
             output_base = self.locations.join(output_base, extension)
             failure_base = self.locations.join(failure_base, extension)
         inline: Path | None = None
-        if request.input_location is not None and request.input_location.strip():
+        location = (request.input_location or "").strip()
+        if location:
             if body:
                 raise errors.InvalidInput(
                     "send the input inline or name its location, not both (Body and "
                     "InputLocation are exclusive)"
                 )
-            source = self.locations.check_input(request.input_location)
         else:
             if not body:
                 self.locations.check_input("")  # says what is missing
             inline = self.inputs_dir / f"{uuid.uuid4().hex}.in"
-            source = file_url(inline)
         invocation = Invocation(
             id=inference_id,
             model=model,
-            input=source,
+            input="",
             output=self.locations.join(output_base, filename or f"{inference_id}.out"),
             failure=self.locations.join(failure_base, f"{inference_id}-error.out"),
             content_type=request.content_type,
@@ -314,17 +268,22 @@ class AsyncInference:
             ttl_s=ttl,
             timeout_s=timeout,
         )
-        journal = self._journal_()
+        journal = self._writer.current()
+        locations = self.locations
 
-        def write() -> tuple[Invocation, bool]:
-            if inline is not None:
+        def write() -> tuple[Invocation, bool, str]:
+            # In the journal's thread: resolving a path may take a system call per folder.
+            if inline is None:
+                source = locations.check_input(location)  # refused before anything is written
+            else:
+                source = file_url(inline)
                 _write_synced(inline, body)
-            row, added = journal.add(invocation)
+            row, added = journal.add(dataclasses.replace(invocation, input=source))
             if not added and inline is not None:
                 inline.unlink(missing_ok=True)
-            return row, added
+            return row, added, source
 
-        row, added = await self._call(write)
+        row, added, source = await self._writer.call(write)
         if not added:
             if row.model != invocation.model or (inline is None and row.input != source):
                 raise errors.InvalidInput(
@@ -359,7 +318,7 @@ class AsyncInference:
 
     async def status(self, inference_id: str) -> Invocation:
         """The journal's row of request ``inference_id`` (:class:`errors.NotFound` if none)."""
-        row = await self._call(self._journal_().get, inference_id)
+        row = await self._writer.call(self._writer.current().get, inference_id)
         if row is None:
             raise errors.NotFound(f"no asynchronous request has inference id {inference_id!r}")
         return row
@@ -386,6 +345,9 @@ class AsyncInference:
         now = loop.time()
         if self._queued and self.clock() - self._last_sweep >= SWEEP_S:
             self._sweep()
+        if self.clock() - self._last_prune >= PRUNE_EVERY_S and self._pruning is None:
+            self._pruning = self._begin_settling(self._prune())
+            self._pruning.add_done_callback(self._pruned)
         wait = SWEEP_S if self._queued else None
         for model in list(self._queued):
             if not room_for_async(self.wlm.real_time_queued, len(self._running), self.max_running):
@@ -409,6 +371,11 @@ class AsyncInference:
                 self._queued[model] = self._queued.pop(model)
             self._run(invocation)
         return wait
+
+    def _pruned(self, task: asyncio.Task[None]) -> None:
+        self._pruning = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the asynchronous journal could not be pruned: %s", task.exception())
 
     def _sweep(self) -> None:
         """Expire the queued requests past their TTL."""
@@ -449,23 +416,18 @@ class AsyncInference:
         self._wake.set()
 
     async def _run_one(self, invocation: Invocation) -> None:
-        journal = self._journal_()
+        journal = self._writer.current()
         if invocation.expires_at <= self.clock():
             await self._settled(self._expire(invocation))
             return
-        if not await self._call(journal.move, invocation.id, State.RUNNING):
+        if not await self._writer.call(journal.move, invocation.id, State.RUNNING):
             return  # ended already
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(invocation.timeout_s):
-                body = await asyncio.to_thread(self.locations.read, invocation.input)
-                job = make_request(body, invocation.content_type, invocation.accept)
-                del body
-                deadline = loop.time() + invocation.timeout_s
-                submission = self.wlm.submit(
-                    invocation.model, job, deadline=deadline, background=True
+                answer, content_type = await self._computer.compute(
+                    invocation, loop.time() + invocation.timeout_s
                 )
-                answer = await submission.answer
         except TimeoutError:
             error: errors.MMServerError = errors.PredictTimeout(
                 f"the request was not answered within its invocation timeout "
@@ -473,7 +435,7 @@ class AsyncInference:
             )
         except errors.ResourceError as exc:
             # No room for its model now, or the server is stopping: it runs later.
-            await self._call(journal.move, invocation.id, State.QUEUED)
+            await self._writer.call(journal.move, invocation.id, State.QUEUED)
             if self._accepting:
                 self._not_before[invocation.model] = loop.time() + RETRY_AFTER_S
                 self._enqueue(invocation, front=True)
@@ -485,8 +447,7 @@ class AsyncInference:
             log.exception("asynchronous request %s of %s failed", invocation.id, invocation.model)
             error = errors.MMServerError(f"the request failed: {type(exc).__name__}")
         else:
-            rendered, content_type = _answer(answer, job)
-            await self._settled(self._succeed(invocation, rendered, content_type))
+            await self._settled(self._succeed(invocation, answer, content_type))
             return
         await self._settled(self._fail(invocation, State.FAILED, error))
 
@@ -501,9 +462,18 @@ class AsyncInference:
         task.add_done_callback(self._settling.discard)
         return task
 
-    async def _succeed(self, invocation: Invocation, body: bytes, content_type: str) -> None:
+    async def _succeed(
+        self, invocation: Invocation, answer: bytes | Path, content_type: str
+    ) -> None:
         try:
-            await asyncio.to_thread(self.locations.write, invocation.output, body, content_type)
+            if isinstance(answer, Path):
+                await asyncio.to_thread(
+                    self.locations.put_file, invocation.output, answer, content_type
+                )
+            else:
+                await asyncio.to_thread(
+                    self.locations.write, invocation.output, answer, content_type
+                )
         except errors.MMServerError as exc:
             await self._fail(invocation, State.FAILED, exc)
             return
@@ -511,8 +481,10 @@ class AsyncInference:
             error = errors.MMServerError(f"the answer could not be written: {exc.strerror}")
             await self._fail(invocation, State.FAILED, error)
             return
-        if await self._call(self._journal_().finish, invocation.id, State.DONE, None, self.clock()):
-            self._ended(invocation, State.DONE)
+        if await self._writer.call(
+            self._writer.current().finish, invocation.id, State.DONE, None, self.clock()
+        ):
+            self._ended(invocation, State.DONE, content_type=content_type)
 
     async def _expire(self, invocation: Invocation) -> None:
         error = errors.PredictTimeout(
@@ -537,20 +509,32 @@ class AsyncInference:
                 invocation.failure,
                 exc,
             )
-        journal = self._journal_()
+        journal = self._writer.current()
         now = self.clock()
         if state is State.EXPIRED:
-            ended = await self._call(
+            ended = await self._writer.call(
                 journal.move, invocation.id, state, error=error.message, at=now
             )
         else:
-            ended = await self._call(journal.finish, invocation.id, state, error.message, now)
+            ended = await self._writer.call(
+                journal.finish, invocation.id, state, error.message, now
+            )
         if ended:
-            self._ended(invocation, state)
+            self._ended(invocation, state, error=error.message)
 
-    def _ended(self, invocation: Invocation, state: State) -> None:
+    def _ended(
+        self,
+        invocation: Invocation,
+        state: State,
+        *,
+        content_type: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Count a request that has ended (once), notify of it, and drop its saved body."""
         assert state in ENDED
         self.metrics.async_requests.labels(state.value).inc()
+        if self.notifier is not None:
+            self.notifier.send(notification(invocation, state, self.clock(), content_type, error))
         path = local_path(invocation.input) if invocation.input.startswith("file:") else None
         if path is not None and path.parent == self.inputs_dir:
             path.unlink(missing_ok=True)
@@ -574,12 +558,6 @@ class AsyncInference:
             if model not in seen:
                 backlog.remove(model)
         self.metrics.async_oldest_seconds.set(0.0 if oldest is None else max(0.0, now - oldest))
-
-
-def _answer(answer: bytes, job: Request) -> tuple[bytes, str]:
-    """The body and content type the real-time SageMaker path answers for ``answer``."""
-    body, content_type = answer_body(answer, job[2])
-    return bytes(body), content_type
 
 
 def _write_synced(path: Path, body: bytes) -> None:

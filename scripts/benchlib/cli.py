@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    asyncbench,
     grpcload,
     loads,
     neighbour,
@@ -50,9 +51,10 @@ SECTIONS = (
     "tabular",
     "grpc",
     "scale",
+    "async",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own.
-OPT_IN = ("grpc", "scale")
+OPT_IN = ("grpc", "scale", "async")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -178,6 +180,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="extra argument for the --baseline-exe server only, after the --server-arg ones "
         "(repeat): the same build with one option changed, e.g. --server-arg=--access-log "
         "--baseline-arg=--no-access-log",
+    )
+    parser.add_argument(
+        "--async-requests",
+        type=int,
+        default=10_000,
+        help="asynchronous requests per run of the async section (10000)",
+    )
+    parser.add_argument(
+        "--async-large-mb",
+        type=int,
+        default=1024,
+        help="MiB of the async section's one large CSV input (1024; 0 = none)",
     )
     group = parser.add_argument_group("scale section (--only scale)")
     group.add_argument(
@@ -317,6 +331,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_store = args.store or store.default_store()
     _log(f"model store: {model_store}")
     store.ensure_reference(model_store)
+    if "async" in args.sections:
+        with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
+            raw["async"] = asyncbench.run(
+                model_store,
+                Path(tmp),
+                args.out,
+                args.server_arg,
+                args.server_exe,
+                settings,
+                args.async_requests,
+                args.async_large_mb,
+                _log,
+            )
+        if args.sections == ["async"]:
+            return raw
     if "batching" in args.sections:
         store.ensure_forests(model_store)
     if "neighbour" in args.sections:
@@ -484,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report.table(summary, _header(args, capacity, load))
     if "grpc" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(grpcload.summary_lines(raw["grpc"])) + "\n"
+    if "async" in raw:
+        text = text.rstrip("\n") + "\n" + "\n".join(asyncbench.summary_lines(raw["async"])) + "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
     text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
     print(text, end="")

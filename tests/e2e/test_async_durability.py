@@ -106,6 +106,20 @@ async def until_status(
         await asyncio.sleep(0.02)
 
 
+async def until_predicting(session: aiohttp.ClientSession, url: str, model: str) -> None:
+    """Wait until a worker of ``model`` has sent its batch to the backend (held at the gate)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 60
+    while True:
+        async with session.get(f"{url}/models/{model}") as response:
+            described = await response.json()
+        groups = described[0]["models"][0]["workerGroups"] if response.status == 200 else []
+        if any(w["status"] == "BUSY" for g in groups for w in g["workers"]):
+            return
+        assert loop.time() < give_up, f"{model} never predicted"
+        await asyncio.sleep(0.02)
+
+
 def states(setup: Setup) -> dict[str, State]:
     """Every request's state as the journal on disk says (the server is not running)."""
     journal = Journal(setup.state)
@@ -163,6 +177,7 @@ async def test_sigterm_lets_running_requests_end_and_keeps_the_queued_ones(
         async with setup.server("--drain-timeout", "60") as server:
             gated = [await accept(session, server.url, "gated", i) for i in range(GATED)]
             await until_status(session, server.url, gated[0], "running")
+            await until_predicting(session, server.url, "gated")
             server.signal(signal.SIGTERM)
             # Once the server reports not ready it starts nothing new: the gate opens then.
             loop = asyncio.get_running_loop()
@@ -193,11 +208,19 @@ async def test_sigterm_past_drain_timeout_requeues_the_running_request(setup: Se
             gated = [await accept(session, server.url, "gated", i) for i in range(3)]
             await until_status(session, server.url, gated[0], "running")
             server.signal(signal.SIGTERM)
+            # Past the drain timeout the running request goes back to the queue (the journal
+            # says so while the server still stops); only then may its prediction, held in the
+            # backend process, end: its answer comes too late to be written.
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + 30
+            while states(setup)[gated[0]] is not State.QUEUED:
+                assert loop.time() < give_up, "the running request was not queued again"
+                await asyncio.sleep(0.02)
+            setup.gate.touch()
             assert await server.wait(60) == 0
         assert states(setup) == dict.fromkeys(gated, State.QUEUED)
         assert not setup.outputs.exists() or not list(setup.outputs.iterdir())
 
-        setup.gate.touch()
         async with setup.server() as server:
             for inference_id in gated:
                 await until_status(session, server.url, inference_id, "done")

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from botocore.exceptions import ClientError
 
 from mmserver.api import STATE
@@ -25,6 +27,7 @@ from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.s3server import S3Server, s3_environment
 from tests.integration.test_boto3 import invoke, runtime_client
+from tests.models import make_tuned_dir
 
 BUCKET = "async-io"
 ENDED = ("done", "failed", "expired")
@@ -434,10 +437,15 @@ async def test_requests_a_crash_left_running_end_once_at_the_next_start(
         )
         assert journal.move(name, JournalState.RUNNING)
     journal.close()
+    # A body saved by a server killed before it journaled the request (never answered 202).
+    orphan = folders["state"] / "inputs" / "orphan.in"
+    orphan.parent.mkdir()
+    orphan.write_bytes(b"[[9.0]]")
 
     harness = await serve_async(serve, folders)
     assert (await state(harness, "x"))["Status"] == "done"  # at once: it is not run again
     assert (outputs / "x.out").read_bytes() == b"written before the crash"
+    assert not orphan.exists()
     assert (await ended(harness, "y"))["Status"] == "done"
     assert json.loads((outputs / "y.out").read_bytes()) == {
         "predictions": [pytest.approx(3.0, abs=0.05)]
@@ -503,3 +511,213 @@ async def test_asynchronous_requests_wait_while_real_time_requests_are_queued(
     assert ("mmserver_async_backlog", (("model", "sklearn-3"),)) not in samples
     assert samples[("mmserver_async_oldest_queued_seconds", ())] == 0
     assert samples[("mmserver_async_requests_total", (("status", "done"),))] == 1
+
+
+# Notifications -----------------------------------------------------------------------------------
+
+
+class Receiver:
+    """A webhook on loopback that refuses its first ``refusals`` calls with 503."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.calls: list[dict[str, Any]] = []
+        self.delivered: list[dict[str, Any]] = []
+        self.arrived = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        message = await request.json()
+        self.calls.append(message)
+        if len(self.calls) <= self.refusals:
+            return web.Response(status=503)
+        self.delivered.append(message)
+        self.arrived.set()
+        return web.Response(status=204)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    hook = Receiver(refusals=1)
+    app = web.Application()
+    app.router.add_post("/hook", hook.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield hook, str(server.make_url("/hook"))
+    await server.close()
+
+
+async def test_an_ended_request_is_notified_and_a_refused_notification_retried(
+    serve: Serve, folders: dict[str, Path], receiver: tuple[Receiver, str]
+) -> None:
+    hook, url = receiver
+    harness = await serve_async(serve, folders, async_notify_url=url)
+    client = runtime_client(harness)
+    source = folders["inputs"] / "rows.csv"
+    source.write_bytes(b"0.5\n")
+    sent = await invoke_async(
+        client,
+        EndpointName="sklearn-3",
+        InputLocation=source.as_uri(),
+        ContentType="text/csv",
+        CustomAttributes="trace=7",
+        InferenceId="notified",
+    )
+    await asyncio.wait_for(hook.arrived.wait(), 10)
+    assert len(hook.calls) == 2  # refused once, then delivered
+    assert hook.calls[0] == hook.calls[1]
+    [message] = hook.delivered
+    assert message["inferenceId"] == "notified"
+    assert message["invocationStatus"] == "Completed"
+    assert message["eventName"] == "InferenceResult"
+    assert message["requestParameters"] == {
+        "endpointName": "sklearn-3",
+        "inputLocation": source.resolve().as_uri(),
+        "contentType": "text/csv",
+        "customAttributes": "trace=7",
+    }
+    assert message["responseParameters"] == {
+        "outputLocation": sent["OutputLocation"],
+        "contentType": "application/json",  # as the real-time answer to CSV without Accept
+    }
+    assert message["receivedTime"].endswith("Z") and message["eventTime"].endswith("Z")
+
+    hook.arrived.clear()
+    failed = await invoke_async(
+        client,
+        EndpointName="raising-handler",
+        InputLocation=source.as_uri(),
+        ContentType="text/csv",
+        InferenceId="notified-failure",
+    )
+    await asyncio.wait_for(hook.arrived.wait(), 10)
+    message = hook.delivered[-1]
+    assert message["invocationStatus"] == "Failed"
+    assert "feature 0 is out of range" in message["failureReason"]
+    assert message["responseParameters"] == {"failureLocation": failed["FailureLocation"]}
+
+
+# Large inputs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/csv"])
+async def test_an_input_larger_than_a_request_runs_in_pieces_and_answers_as_a_whole(
+    serve: Serve, folders: dict[str, Path], accept: str
+) -> None:
+    rows = b"".join(b"%.3f\n" % (i / 1000) for i in range(2000))  # 12 kB, 2,000 rows
+    limit = 1024
+    harness = await serve_async(serve, folders, max_request_size=limit)
+    whole = await serve()  # takes the whole body in one real-time request
+    source = folders["inputs"] / "rows.csv"
+    source.write_bytes(rows)
+    sent = await invoke_async(
+        runtime_client(harness),
+        EndpointName="sklearn-3",
+        InputLocation=source.as_uri(),
+        ContentType="text/csv",
+        Accept=accept,
+        InferenceId="large",
+    )
+    assert (await ended(harness, "large"))["Status"] == "done"
+    real_time = await invoke(
+        runtime_client(whole),
+        TargetModel="sklearn-3",
+        Body=rows,
+        ContentType="text/csv",
+        Accept=accept,
+    )
+    assert path_of(sent["OutputLocation"]).read_bytes() == real_time["Payload"]
+    # Each piece was a request of its own, none over the limit.
+    batches = (await harness.samples())[("mmserver_batch_size_count", ())]
+    assert batches >= len(rows) / limit
+    assert not list(folders["outputs"].glob(".*"))  # no staged answer left
+
+
+async def test_a_large_input_on_the_object_store_runs_in_pieces(
+    serve: Serve, folders: dict[str, Path], s3: S3Server
+) -> None:
+    rows = b"".join(b"%.3f\n" % (i / 1000) for i in range(2000))
+    harness = await serve_async(
+        serve, folders, max_request_size=1024, async_output_path=f"s3://{BUCKET}/large"
+    )
+    objects = s3.client()
+    objects.put_object(Bucket=BUCKET, Key="requests/large.csv", Body=rows)
+    await invoke_async(
+        runtime_client(harness),
+        EndpointName="sklearn-8",
+        InputLocation=f"s3://{BUCKET}/requests/large.csv",
+        ContentType="text/csv",
+        InferenceId="large-s3",
+    )
+    assert (await ended(harness, "large-s3"))["Status"] == "done"
+    written = objects.get_object(Bucket=BUCKET, Key="large/large-s3.out")
+    assert written["ContentType"] == "application/json"
+    predictions = json.loads(written["Body"].read())["predictions"]
+    assert len(predictions) == 2000
+    assert predictions[1000] == pytest.approx(2 * 1.0 + 1, abs=0.05)
+
+
+# Where answers go -----------------------------------------------------------------------------
+
+
+async def test_a_loaded_models_own_output_path_is_where_its_answers_go(
+    serve: Serve, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    own = models / "own-outputs"
+    make_tuned_dir(own)
+    with (own / "serving.properties").open("a") as props:
+        props.write(f"option.async_output_path={tmp_path / 'own'}\n")
+    harness = await serve_async(serve, folders, allowed_model_roots=str(models))
+    await harness.wlm.register(url=str(own), name=None, overrides={}, synchronous=True)
+    source = folders["inputs"] / "one.json"
+    source.write_bytes(b"[[0.5]]")
+    client = runtime_client(harness)
+    sent = await invoke_async(
+        client, EndpointName="own-outputs", InputLocation=source.as_uri(), InferenceId="own"
+    )
+    assert path_of(sent["OutputLocation"]) == (tmp_path / "own" / "own.out").resolve()
+    # With no failure path set anywhere, failures go beside the answers.
+    assert path_of(sent["FailureLocation"]) == (tmp_path / "own" / "own-error.out").resolve()
+    assert (await ended(harness, "own"))["Status"] == "done"
+    assert json.loads((tmp_path / "own" / "own.out").read_bytes())["predictions"] == [
+        pytest.approx(2.0, abs=0.05)
+    ]
+
+
+async def test_an_unknown_model_ends_in_a_failure_object(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    harness = await serve_async(serve, folders)
+    response = await harness.post(
+        "/endpoints/no-such-model/async-invocations",
+        b"[[0.5]]",
+        **{"X-Amzn-SageMaker-Inference-Id": "nowhere"},
+    )
+    assert response.status == 202
+    described = await ended(harness, "nowhere")
+    assert described["Status"] == "failed"
+    assert "no-such-model" in described["Error"]
+    failure = json.loads(path_of(response.headers["X-Amzn-SageMaker-FailureLocation"]).read_bytes())
+    assert failure["code"] == 404
+
+
+async def test_an_answer_that_cannot_be_written_fails_the_request(
+    serve: Serve, folders: dict[str, Path], s3: S3Server
+) -> None:
+    harness = await serve_async(
+        serve,
+        folders,
+        async_output_path="s3://no-such-bucket/answers",
+        async_failure_path=f"s3://{BUCKET}/unwritable-failures",
+    )
+    response = await harness.post(
+        "/endpoints/sklearn-3/async-invocations",
+        b"[[0.5]]",
+        **{"X-Amzn-SageMaker-Inference-Id": "unwritable"},
+    )
+    assert response.status == 202
+    described = await ended(harness, "unwritable")
+    assert described["Status"] == "failed"
+    assert "s3://no-such-bucket/answers/unwritable.out cannot be written" in described["Error"]
+    failure = s3.client().get_object(Bucket=BUCKET, Key="unwritable-failures/unwritable-error.out")
+    assert "cannot be written" in json.loads(failure["Body"].read())["message"]

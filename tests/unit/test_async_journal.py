@@ -89,3 +89,35 @@ def test_a_new_connection_finds_the_open_requests_in_order(tmp_path: Path) -> No
     counts = reopened.counts()
     assert (counts[State.QUEUED], counts[State.FAILED], counts[State.DONE]) == (3, 1, 0)
     assert reopened.path.with_name(reopened.path.name + "-wal").exists()  # WAL mode
+
+
+def test_uses_together_are_one_transaction_and_each_gets_its_result(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+
+    def refused() -> None:
+        raise ValueError("not this one")
+
+    results = journal.together(
+        [
+            lambda: journal.add(invocation("a"))[1],
+            refused,
+            lambda: journal.move("a", State.RUNNING),
+            lambda: journal.move("missing", State.RUNNING),
+        ]
+    )
+    assert results[0] is True
+    assert isinstance(results[1], ValueError) and str(results[1]) == "not this one"
+    assert results[2:] == [True, False]
+    journal.close()
+    assert Journal(tmp_path).states() == {"a": State.RUNNING}  # committed
+
+
+def test_ended_requests_are_pruned_once_old_enough(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    for name in ("old", "recent", "open"):
+        journal.add(invocation(name))
+    for name, at in (("old", 10.0), ("recent", 50.0)):
+        journal.move(name, State.RUNNING)
+        journal.finish(name, State.DONE, None, at)
+    assert journal.prune(ended_before=20.0) == 1
+    assert journal.states() == {"recent": State.DONE, "open": State.QUEUED}

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from mmserver.asynchronous.runner import async_share, room_for_async
+from mmserver.asynchronous.admission import async_share, room_for_async
 from mmserver.jobs import Job, JobQueue, Tally
 from mmserver.scaling import PoolSnapshot, should_add_background_worker, should_add_worker
 

@@ -1,0 +1,97 @@
+"""Computing one asynchronous request's answer: its input read (whole, or in pieces for a large
+line-based one, :mod:`mmserver.asynchronous.pieces`), submitted through the WorkLoadManager as a
+background job when real time leaves room (:class:`~mmserver.asynchronous.admission.Turns`),
+and the answer the real-time SageMaker path would give for the same body."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mmserver.answers import answer_body
+from mmserver.asynchronous.admission import Turns
+from mmserver.asynchronous.journal import Invocation
+from mmserver.asynchronous.locations import Locations
+from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
+from mmserver.codecs import Request, make_request
+from mmserver.config import ServerConfig
+
+if TYPE_CHECKING:
+    from mmserver.wlm import WorkLoadManager
+
+#: The most bytes of one piece of a large input: its answer, a few times its size as JSON, is
+#: what the frontend holds at a time.
+PIECE_BYTES = 1 << 20
+
+
+class Computer:
+    """Computes the answers of asynchronous requests."""
+
+    def __init__(
+        self,
+        wlm: WorkLoadManager,
+        locations: Locations,
+        turns: Turns,
+        config: ServerConfig,
+        state_dir: Path,
+    ) -> None:
+        self.wlm = wlm
+        self.locations = locations
+        self.turns = turns
+        self.max_request_size = config.max_request_size
+        self.staging = state_dir / "answers"
+
+    async def compute(self, invocation: Invocation, deadline: float) -> tuple[bytes | Path, str]:
+        """The answer to ``invocation`` and its content type: its body, or for an input cut
+        in pieces the file the pieces' answers were joined in. ``deadline`` is on the event
+        loop's clock."""
+        limit = self.max_request_size
+        if limit and splittable(invocation.content_type):
+            size = await asyncio.to_thread(self.locations.size, invocation.input)
+            if size > limit:
+                piece = min(limit, PIECE_BYTES)
+                return await self._in_pieces(invocation, deadline, piece)
+        body = await asyncio.to_thread(self.locations.read, invocation.input)
+        job = make_request(body, invocation.content_type, invocation.accept)
+        del body
+        return _answer(await self._predict(invocation, job, deadline), job)
+
+    async def _in_pieces(
+        self, invocation: Invocation, deadline: float, limit: int
+    ) -> tuple[Path, str]:
+        """Read the input in pieces of at most ``limit`` bytes, each one a request, and join
+        their answers in a file: the frontend holds one piece and its answer at a time."""
+        stream = await asyncio.to_thread(self.locations.open, invocation.input)
+        staged = self.locations.staging(invocation.output, self.staging)
+        joiner = AnswerJoiner(staged)
+        cut = pieces(stream, limit, invocation.content_type)
+        try:
+            while (piece := await asyncio.to_thread(next, cut, None)) is not None:
+                job = make_request(piece, invocation.content_type, invocation.accept)
+                del piece
+                body, content_type = _answer(await self._predict(invocation, job, deadline), job)
+                await asyncio.to_thread(joiner.add, body, content_type)
+            await asyncio.to_thread(joiner.close)
+        except BaseException:
+            joiner.discard()
+            raise
+        finally:
+            stream.close()
+        return staged, joiner.content_type or "application/json"
+
+    async def _predict(self, invocation: Invocation, job: Request, deadline: float) -> bytes:
+        """Submit ``job`` to the model of ``invocation`` as a background job when real-time
+        traffic leaves room; the model's answer."""
+        await self.turns.take()
+        try:
+            submission = self.wlm.submit(invocation.model, job, deadline=deadline, background=True)
+            return await submission.answer
+        finally:
+            self.turns.give_back()
+
+
+def _answer(answer: bytes, job: Request) -> tuple[bytes, str]:
+    """The body and content type the real-time SageMaker path answers for ``answer``."""
+    body, content_type = answer_body(answer, job[2])
+    return bytes(body), content_type
