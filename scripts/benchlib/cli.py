@@ -509,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"warning: load average {load[0]:.2f}: something else is running on this machine")
     raw = run(args)
     raw["machine"] = {"cpus": os.cpu_count(), "capacity": capacity, "loadavg": load}
+    raw["floor"] = "baseline" if args.baseline_exe else args.floor
     summary = report.summarize(raw)
     text = report.table(summary, _header(args, capacity, load))
     if "grpc" in raw:
