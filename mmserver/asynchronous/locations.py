@@ -12,10 +12,11 @@ them in threads; the one S3 client is thread-safe).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -118,66 +119,27 @@ class Locations:
     def read(self, location: str) -> bytes:
         """The whole body at ``location``. Raises :class:`InputMissing` when there is none, and
         :class:`ServiceUnavailable` when the object store cannot be reached."""
-        if is_object(location):
-            bucket, key = _bucket_key(location)
-            try:
-                response = self.client.get_object(Bucket=bucket, Key=key)
-                return bytes(response["Body"].read())
-            except ClientError as exc:
-                code = str(exc.response.get("Error", {}).get("Code", ""))
-                if code in _NOT_FOUND:
-                    raise InputMissing(f"the input {location} does not exist") from None
-                raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
-            except BotoCoreError as exc:
-                raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
-        path = local_path(location)
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            raise InputMissing(f"the input {location} does not exist") from None
-        except OSError as exc:
-            raise InputMissing(f"the input {location} cannot be read: {exc.strerror}") from None
+        with _reading(location):
+            if is_object(location):
+                bucket, key = _bucket_key(location)
+                return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+            return local_path(location).read_bytes()
 
     def size(self, location: str) -> int:
         """The size in bytes of the input at ``location`` (:class:`InputMissing` if none)."""
-        if is_object(location):
-            bucket, key = _bucket_key(location)
-            try:
+        with _reading(location):
+            if is_object(location):
+                bucket, key = _bucket_key(location)
                 return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-            except ClientError as exc:
-                raise self._read_error(location, exc) from None
-            except BotoCoreError as exc:
-                raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
-        try:
             return local_path(location).stat().st_size
-        except FileNotFoundError:
-            raise InputMissing(f"the input {location} does not exist") from None
-        except OSError as exc:
-            raise InputMissing(f"the input {location} cannot be read: {exc.strerror}") from None
 
     def open(self, location: str) -> Any:
         """A stream of the input at ``location`` (``read(n)``, ``close()``)."""
-        if is_object(location):
-            bucket, key = _bucket_key(location)
-            try:
+        with _reading(location):
+            if is_object(location):
+                bucket, key = _bucket_key(location)
                 return self.client.get_object(Bucket=bucket, Key=key)["Body"]
-            except ClientError as exc:
-                raise self._read_error(location, exc) from None
-            except BotoCoreError as exc:
-                raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
-        try:
             return open(local_path(location), "rb")  # the caller closes it
-        except FileNotFoundError:
-            raise InputMissing(f"the input {location} does not exist") from None
-        except OSError as exc:
-            raise InputMissing(f"the input {location} cannot be read: {exc.strerror}") from None
-
-    @staticmethod
-    def _read_error(location: str, exc: ClientError) -> MMServerError:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in _NOT_FOUND:
-            return InputMissing(f"the input {location} does not exist")
-        return ServiceUnavailable(f"the input {location} cannot be read: {exc}")
 
     @staticmethod
     def staging(location: str, folder: Path) -> Path:
@@ -267,3 +229,22 @@ def _sync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _reading(location: str) -> Iterator[None]:
+    """Reading the input at ``location``: its errors as :class:`InputMissing` (no such input,
+    or a local one that cannot be read) or :class:`ServiceUnavailable` (the object store)."""
+    try:
+        yield
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in _NOT_FOUND:
+            raise InputMissing(f"the input {location} does not exist") from None
+        raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
+    except BotoCoreError as exc:
+        raise ServiceUnavailable(f"the input {location} cannot be read: {exc}") from None
+    except FileNotFoundError:
+        raise InputMissing(f"the input {location} does not exist") from None
+    except OSError as exc:
+        raise InputMissing(f"the input {location} cannot be read: {exc.strerror}") from None
