@@ -15,9 +15,10 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator
 
-#: The record attributes a JSON line carries besides the fixed ones, when a record has them
-#: (the access log's records have all of them: :mod:`mmserver.api.accesslog`).
-CONTEXT = ("model", "request_id", "method", "path", "status", "latency_ms", "bytes")
+#: The record attributes a JSON line carries besides the fixed ones, when a record has them.
+#: (The access log writes its own lines, with these and its own fields:
+#: :mod:`mmserver.api.accesslog`.)
+CONTEXT = ("model", "request_id")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -94,19 +94,14 @@ class AccessLog:
     def _text_line(self, line: _Line) -> str:
         created, method, path, status, seconds, model, rid, size = line
         second, millis = self._second_of(created)
-        return (
-            f"{second},{millis:03d} INFO {LOGGER}: {method} {shown_path(path)} "
-            f"{status} {seconds * 1000:.2f} ms model={model} bytes={size} {rid}\n"
-        )
+        message = _message(method, path, status, seconds * 1000, model, size, rid)
+        return f"{second},{millis:03d} INFO {LOGGER}: {message}\n"
 
     def _json_line(self, line: _Line) -> str:
         created, method, path, status, seconds, model, rid, size = line
         second, millis = self._second_of(created)
         latency_ms = round(seconds * 1000, 3)
-        message = (
-            f"{method} {shown_path(path)} {status} {latency_ms:.2f} ms "
-            f"model={model} bytes={size} {rid}"
-        )
+        message = _message(method, path, status, latency_ms, model, size, rid)
         # What json.dumps writes for these fields, in JsonFormatter's order, at a third of its
         # cost: the strings through json's own escaping, the numbers as json writes them.
         return (
@@ -116,6 +111,15 @@ class AccessLog:
             f'"path": {_quote(path)}, "status": {status:d}, "latency_ms": {latency_ms!r}, '
             f'"bytes": {size:d}}}\n'
         )
+
+
+def _message(
+    method: str, path: str, status: int, latency_ms: float, model: str, size: int, rid: str
+) -> str:
+    """A line's message, the same in both formats."""
+    return (
+        f"{method} {shown_path(path)} {status} {latency_ms:.2f} ms model={model} bytes={size} {rid}"
+    )
 
 
 def _local_second(second: int) -> str:
