@@ -106,12 +106,11 @@ class JobQueue:
         self.tally.background += change
 
     def _uncount(self, jobs: Iterable[Job]) -> None:
-        """Count background jobs among ``jobs``, taken out, as gone (only while any is queued:
-        the real-time path does not pay for it)."""
-        if self.background:
-            gone = sum(1 for job in jobs if job.background)
-            if gone:
-                self._count_background(-gone)
+        """Count background jobs among ``jobs``, taken out, as gone. Called only while any is
+        queued (``if self.background``, at the call): the real-time path makes no call."""
+        gone = sum(1 for job in jobs if job.background)
+        if gone:
+            self._count_background(-gone)
 
     def take(self, count: int, max_bytes: int = 0) -> list[Job]:
         """Up to ``count`` jobs from the front of the queue (at least one if any is queued),
@@ -121,7 +120,8 @@ class JobQueue:
         length = batch_length((len(job.request[0]) for job in items), count, max_bytes)
         self.tally.jobs -= length
         taken = [items.popleft() for _ in range(length)]
-        self._uncount(taken)
+        if self.background:
+            self._uncount(taken)
         return taken
 
     def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
@@ -143,7 +143,8 @@ class JobQueue:
         items = list(self._items)
         self._items.clear()
         self.tally.jobs -= len(items)
-        self._uncount(items)
+        if self.background:
+            self._uncount(items)
         return items
 
     def expire(self, now: float) -> tuple[list[Job], float | None]:
@@ -154,7 +155,8 @@ class JobQueue:
         if expired:
             self._items = items = collections.deque(job for job in items if job.deadline > now)
             self.tally.jobs -= len(expired)
-            self._uncount(expired)
+            if self.background:
+                self._uncount(expired)
         return expired, min((job.deadline for job in items), default=None)
 
     def oldest_enqueued_at(self) -> float | None:
