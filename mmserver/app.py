@@ -33,10 +33,9 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     (§15) on one port."""
     app = web.Application(client_max_size=config.max_request_size)
     access = AccessLog(config.log_format) if config.access_log else None
-    runner = AsyncInference(config, wlm, metrics) if config.async_enabled else None
-    app[STATE] = ApiState(
-        config=config, wlm=wlm, metrics=metrics, access_log=access, asynchronous=runner
-    )
+    state = app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics, access_log=access)
+    if config.async_enabled:
+        state.asynchronous = AsyncInference(config, wlm, metrics, without_paths=state.without_paths)
     handlers: dict[str, Handler] = {
         **inference.HANDLERS,
         **management.HANDLERS,

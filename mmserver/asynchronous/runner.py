@@ -96,7 +96,12 @@ class AsyncInference:
         *,
         locations: Locations | None = None,
         clock: Callable[[], float] = time.time,
+        without_paths: Callable[[str], str] = str,
     ) -> None:
+        #: An error's message as a client is shown it (the server's folders cut from it:
+        #: :meth:`mmserver.api.ApiState.without_paths`), in failure objects, the journal and
+        #: notifications alike.
+        self.without_paths = without_paths
         self.config = config
         self.wlm = wlm
         self.metrics = metrics
@@ -497,7 +502,9 @@ class AsyncInference:
         self, invocation: Invocation, state: State, error: errors.MMServerError
     ) -> None:
         """Write the failure object of ``error`` and end the request in ``state``."""
-        body = json.dumps({**error.to_dict(), "inferenceId": invocation.id}).encode()
+        message = self.without_paths(error.message)
+        fields = {k: message if v == error.message else v for k, v in error.to_dict().items()}
+        body = json.dumps({**fields, "inferenceId": invocation.id}).encode()
         try:
             await asyncio.to_thread(
                 self.locations.write, invocation.failure, body, "application/json"
@@ -513,14 +520,12 @@ class AsyncInference:
         now = self.clock()
         if state is State.EXPIRED:
             ended = await self._writer.call(
-                journal.move, invocation.id, state, error=error.message, at=now
+                journal.move, invocation.id, state, error=message, at=now
             )
         else:
-            ended = await self._writer.call(
-                journal.finish, invocation.id, state, error.message, now
-            )
+            ended = await self._writer.call(journal.finish, invocation.id, state, message, now)
         if ended:
-            self._ended(invocation, state, error=error.message)
+            self._ended(invocation, state, error=message)
 
     def _ended(
         self,

@@ -721,3 +721,22 @@ async def test_an_answer_that_cannot_be_written_fails_the_request(
     assert "s3://no-such-bucket/answers/unwritable.out cannot be written" in described["Error"]
     failure = s3.client().get_object(Bucket=BUCKET, Key="unwritable-failures/unwritable-error.out")
     assert "cannot be written" in json.loads(failure["Body"].read())["message"]
+
+
+async def test_a_failure_names_no_server_folder(
+    serve: Serve, folders: dict[str, Path], store_root: Path
+) -> None:
+    """A failure is shown as a real-time error is: the server's folders (here the model store,
+    where inputs may be read) cut from its message, in the failure object and the state call."""
+    harness = await serve_async(serve, folders)
+    client = runtime_client(harness)
+    missing = store_root / "no-such-input.json"
+    response = await invoke_async(
+        client, EndpointName="sklearn-5", InputLocation=missing.as_uri(), InferenceId="hidden"
+    )
+    described = await ended(harness, "hidden")
+    failure = json.loads(path_of(response["FailureLocation"]).read_bytes())
+    assert failure["code"] == 400
+    for shown in (failure["message"], described["Error"]):
+        assert "no-such-input.json does not exist" in shown
+        assert str(store_root) not in shown
