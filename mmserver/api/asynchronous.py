@@ -17,6 +17,12 @@ from aiohttp import web
 from mmserver.api import STATE, read_body
 from mmserver.api.middleware import Handler, answers_errors
 from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
+from mmserver.asynchronous.requests import (
+    EXTENSION_HEADER,
+    FILENAME_HEADER,
+    TIMEOUT_HEADER,
+    TTL_HEADER,
+)
 from mmserver.errors import NotFound
 
 _PREFIX = "X-Amzn-SageMaker-"
@@ -47,10 +53,10 @@ async def invoke_async(request: web.Request) -> web.Response:
         accept=headers.get(_PREFIX + "Accept"),
         custom_attributes=headers.get(_PREFIX + "Custom-Attributes"),
         inference_id=headers.get(_PREFIX + "Inference-Id"),
-        ttl=headers.get(_PREFIX + "RequestTTLSeconds"),
-        timeout=headers.get(_PREFIX + "InvocationTimeoutSeconds"),
-        output_extension=headers.get(_PREFIX + "S3OutputPathExtension"),
-        filename=headers.get(_PREFIX + "Filename"),
+        ttl=headers.get(TTL_HEADER),
+        timeout=headers.get(TIMEOUT_HEADER),
+        output_extension=headers.get(EXTENSION_HEADER),
+        filename=headers.get(FILENAME_HEADER),
     )
     invocation, _ = await runner.accept(asked, body)
     return web.json_response(

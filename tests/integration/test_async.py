@@ -62,14 +62,6 @@ async def ended(harness: Harness, inference_id: str, seconds: float = 20.0) -> d
         await asyncio.sleep(0.01)
 
 
-async def reached(harness: Harness, inference_id: str, status: str) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + 10
-    while (await state(harness, inference_id))["Status"] != status:
-        assert loop.time() < give_up, f"request {inference_id} never {status}"
-        await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 def folders(tmp_path: Path) -> dict[str, Path]:
     inputs = tmp_path / "inputs"
