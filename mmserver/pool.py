@@ -438,8 +438,7 @@ class ModelPool:
             info = await asyncio.shield(future)
         except BaseException:
             if self._slot_loads.get(slot.index) is future:
-                del self._slot_loads[slot.index]
-                self._memory_changed()
+                self._leave_slot(slot)
             raise
         if self._slot_loads.get(slot.index) is future and isinstance(future, asyncio.Task):
             # Loaded: what stays is a resolved future, not the finished task and its coroutine.
@@ -462,6 +461,29 @@ class ModelPool:
             self.cost.set_probe(probe)
             if not self._stay_low <= probe <= self._stay_high and not self._unloading:
                 self._move(lane_for(self.lane, probe, self.backend.heavy_batch_s))
+
+    def _leave_slot(self, slot: Slot, unload: bool = True) -> asyncio.Task[None] | None:
+        """The model leaves ``slot``: it is unloaded there (the task doing it), or at the end of
+        its load there if that is still running in the process."""
+        load = self._slot_loads.pop(slot.index, None)
+        if load is None:
+            return None
+        self._memory_changed()
+        if not load.done():
+            load.add_done_callback(lambda _: self._leave_slot_loaded(slot, load, unload))
+            return None
+        return self._leave_slot_loaded(slot, load, unload)
+
+    def _leave_slot_loaded(
+        self, slot: Slot, load: asyncio.Future[LoadInfo], unload: bool
+    ) -> asyncio.Task[None] | None:
+        if load.cancelled() or load.exception() is not None:
+            return None  # nothing loaded there (and the error is retrieved: no one waits for it)
+        if not unload or slot.index in self._slot_loads:  # loaded there again since
+            return None
+        return asyncio.get_running_loop().create_task(
+            slot.unload(self.key), name=f"mmserver-unload-{self.name}"
+        )
 
     def may_retire(self, worker: Worker, idle_seconds: float) -> bool:
         if self._stopped:
@@ -506,11 +528,7 @@ class ModelPool:
             len(self.workers),
         )
         if slot.index not in self._per_slot:
-            if self._slot_loads.pop(slot.index, None) is not None:
-                self._memory_changed()
-                asyncio.get_running_loop().create_task(
-                    slot.unload(self.key), name=f"mmserver-unload-{self.name}"
-                )
+            self._leave_slot(slot)
         if slot.lane.name != self.lane and not self._stopped and not self._unloading:
             self._fill_lane()
         if error is not None and not self.workers and not self._stopped:
@@ -560,10 +578,11 @@ class ModelPool:
         if started:
             await asyncio.gather(*(w.ready for w in started))
 
-    async def stop(self, drain_timeout: float | None) -> None:
+    async def stop(self, drain_timeout: float | None, unload: bool = True) -> None:
         """Refuse new jobs; let the workers answer what is queued (up to ``drain_timeout``
         seconds; ``None`` = do not wait); answer the rest with 503; stop the workers and unload
-        the model from every slot."""
+        the model from every slot (unless ``unload`` is false: the server is stopping, and the
+        backend processes with it, some maybe still held by a prediction past the drain)."""
         self._unloading = True
         self.queue.close()
         if self._idle and len(self.queue):
@@ -592,10 +611,8 @@ class ModelPool:
             worker.exit(None)
         await asyncio.gather(*(w.wait_started() for w in workers))
         slots = {s.index: s for s in self.backend.slots}
-        for index in list(self._slot_loads):
-            self._slot_loads.pop(index)
-            self._memory_changed()
-            await slots[index].unload(self.key)
+        unloads = [self._leave_slot(slots[index], unload) for index in list(self._slot_loads)]
+        await asyncio.gather(*(u for u in unloads if u is not None))
 
     def path_batches(self) -> dict[str, int]:
         """The batches each predict path took."""

@@ -98,6 +98,7 @@ class Room:
         """Loads waiting for room give up the next time they look (the server is shutting
         down: it cancels them)."""
         self._closed = True
+        self._changed.set()
 
     # The loaded models ------------------------------------------------------------------------
 
@@ -168,6 +169,10 @@ class Room:
                 break
             self._changed.clear()
             try:
+                # wait_for's extra task matters: a load that has just ended wakes the requests
+                # waiting for it before this loop looks again, so its model is busy by then
+                # and not taken as a victim straight away. A stop that its return swallows
+                # ends the loop anyway (the room is closed first).
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except TimeoutError:
                 pass
@@ -195,8 +200,11 @@ class Room:
         """Every :data:`MEMORY_WATCH_S`, and after each load, keep the backends' memory in the
         budget (:meth:`keep_in_budget`)."""
         while True:
+            # Not asyncio.wait_for: cancelled as the event is set, it returns and the watch
+            # would go on after the server's stop cancelled it (asyncio.timeout cannot).
             try:
-                await asyncio.wait_for(self._loaded_one.wait(), MEMORY_WATCH_S)
+                async with asyncio.timeout(MEMORY_WATCH_S):
+                    await self._loaded_one.wait()
             except TimeoutError:
                 pass
             self._loaded_one.clear()

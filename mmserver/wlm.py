@@ -202,7 +202,7 @@ class WorkLoadManager:
         # The pools drain as loaded models: they stay READY, with their series, until the end.
         records = [r for r in self._catalog.records.values() if r.pool is not None]
         await asyncio.gather(
-            *(r.pool.stop(drain_timeout) for r in records if r.pool is not None),
+            *(r.pool.stop(drain_timeout, unload=False) for r in records if r.pool is not None),
             return_exceptions=True,
         )
         for record in records:

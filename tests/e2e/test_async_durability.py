@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 
 from mmserver.asynchronous.journal import Journal, State
-from tests.behaviour_models import make_gated_recording_dir
-from tests.e2e.server_process import ServerProcess, descendants, wait_gone
+from tests.behaviour_models import make_gated_recording_dir, make_slow_load_dir
+from tests.e2e.server_process import ServerProcess, descendants, until, wait_gone
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -227,3 +227,22 @@ async def test_sigterm_past_drain_timeout_requeues_the_running_request(setup: Se
             for inference_id in gated:
                 await until_status(session, server.url, inference_id, "done")
     assert {p.name for p in setup.outputs.iterdir()} == {f"{i}.out" for i in gated}
+
+
+async def test_sigterm_during_its_models_load_keeps_the_request_queued(setup: Setup) -> None:
+    started, load_gate = setup.tmp / "load-started", setup.tmp / "load-gate"
+    make_slow_load_dir(setup.store / "slow", started, load_gate, batch_size=1, maxWorkers=1)
+    async with aiohttp.ClientSession() as session:
+        async with setup.server("--drain-timeout", "2") as server:
+            waiting = await accept(session, server.url, "slow", 1)
+            await until(lambda: asyncio.to_thread(started.exists), 60, "the model's load")
+            server.signal(signal.SIGTERM)
+            # The load, held in a backend process by user code, does not hold the stop: the
+            # server ends within its drain timeout and a margin, the request still queued.
+            assert await server.wait(20) == 0
+        assert states(setup) == {waiting: State.QUEUED}
+        load_gate.touch()
+        async with setup.server() as server:
+            await until_status(session, server.url, waiting, "done")
+    answer = json.loads((setup.outputs / f"{waiting}.out").read_bytes())
+    assert answer == {"predictions": [2.0]}

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.behaviour_models import make_sleeping_dir
-from tests.e2e.server_process import ServerProcess, descendants, wait_gone
+from tests.behaviour_models import make_gated_dir, make_sleeping_dir, make_slow_load_dir
+from tests.e2e.server_process import ServerProcess, descendants, until, wait_gone
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -101,3 +101,50 @@ async def test_sigterm_under_load_answers_every_accepted_request(
         log = server.log()
         assert "shutting down" in log and "mmserver stopped" in log
         assert "Traceback" not in log
+
+
+async def busy(session: aiohttp.ClientSession, url: str, model: str) -> bool:
+    """Whether a worker of ``model`` has sent its batch to the backend."""
+    async with session.get(f"{url}/models/{model}") as response:
+        if response.status != 200:
+            return False
+        groups = (await response.json())[0]["models"][0]["workerGroups"]
+    return any(w["status"] == "BUSY" for g in groups for w in g["workers"])
+
+
+@pytest.mark.parametrize("held", ["prediction", "load"])
+async def test_work_held_in_a_backend_past_the_drain_does_not_hold_the_stop(
+    tmp_path: Path, held: str
+) -> None:
+    """A prediction (or a model's load) that user code holds in a backend process for longer
+    than the drain: the request is answered 503, the server stops (it does not wait for the
+    backend process to answer an unload), exit code 0, no process left."""
+    root = tmp_path / "store"
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    if held == "prediction":
+        make_gated_dir(root / "held", gate, batch_size=1, maxWorkers=1)
+    else:
+        make_slow_load_dir(root / "held", started, gate, batch_size=1, maxWorkers=1)
+    async with ServerProcess(
+        root, tmp_path / "server.log", "--backend-processes", "1", "--drain-timeout", "1"
+    ) as server:
+        family = set(descendants(server.pid))
+        async with aiohttp.ClientSession() as session:
+            call = asyncio.ensure_future(
+                session.post(f"{server.url}/predictions/held", json=[[1.0]])
+            )
+            if held == "prediction":
+                await until(lambda: busy(session, server.url, "held"), 60, "the batch sent")
+            else:
+                await until(lambda: asyncio.to_thread(started.exists), 60, "the load started")
+            family |= set(descendants(server.pid))
+            server.signal(signal.SIGTERM)
+            async with await call as response:
+                assert response.status == 503
+                assert (await response.json())["type"] == "WlmShutdownException"
+            # Held up to 60 s (30 s for the load) by its user code: the stop does not wait.
+            assert await server.wait(25) == 0
+        await wait_gone(family)
+        log = server.log()
+        assert "mmserver stopped" in log and "Traceback" not in log
+        assert "exception was never retrieved" not in log
