@@ -50,6 +50,7 @@ from mmserver.store.archive import model_root, unpack_archive
 from mmserver.store.cache import CopyCache
 from mmserver.store.local import local_entry, prepare_local
 from mmserver.store.names import ARCHIVE_SUFFIXES, archive_name, normalize_name
+from mmserver.store.objects import error_code
 from mmserver.store.source import StoreEntry, Unpacker
 from mmserver.store.urls import split_object_url
 
@@ -201,7 +202,7 @@ class ObjectStore:
             try:
                 head = self.client.head_object(Bucket=self.bucket, Key=key)
             except ClientError as exc:
-                if _code(exc) in _NOT_FOUND:
+                if error_code(exc) in _NOT_FOUND:
                     continue
                 raise self._store_error(exc) from None
             except BotoCoreError as exc:
@@ -284,7 +285,7 @@ class ObjectStore:
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=key, IfMatch=entry.etag)
         except ClientError as exc:
-            code = _code(exc)
+            code = error_code(exc)
             if code in _NOT_FOUND:
                 raise ModelNotFound(f"model {entry.name}: {entry.url} no longer exists") from None
             if code in ("PreconditionFailed", "412"):
@@ -320,7 +321,7 @@ class ObjectStore:
         where = f"the model store {self.root}"
         detail = f" {during}" if during else ""
         if isinstance(exc, ClientError):
-            code = _code(exc)
+            code = error_code(exc)
             message = exc.response.get("Error", {}).get("Message") or code
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in _DENIED or status == 403:
@@ -337,10 +338,6 @@ class ObjectStore:
                 "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
             )
         return ServiceUnavailable(f"{where} is unreachable{detail}: {exc}")
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 def _too_large(entry: StoreEntry, what: str, limit: int) -> ModelLoadError:

@@ -1,0 +1,59 @@
+"""Bodies read and written whole at local locations: what a reader sees, the mode a new file
+gets, and the errors that say a location is missing or unreadable (the object-store side runs
+against the S3 test server in tests/integration/test_async.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from mmserver.store.objects import LocationError, Objects, bucket_key, local_path, write_whole
+
+
+def test_a_body_is_written_whole_with_the_mode_the_umask_gives(tmp_path: Path) -> None:
+    target = tmp_path / "deep" / "answer.out"
+    old = os.umask(0o027)
+    try:
+        Objects().write(target.as_uri(), b"[1, 2]", "application/json")
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"[1, 2]"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert [p.name for p in target.parent.iterdir()] == ["answer.out"]  # no temporary left
+
+
+def test_a_failed_write_leaves_the_old_body_and_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "answer.out"
+    write_whole(target, b"old")
+
+    with pytest.raises(TypeError):  # the write fails midway
+        write_whole(target, "new")  # type: ignore[arg-type]
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["answer.out"]
+
+
+def test_missing_and_unreadable_locations_say_which(tmp_path: Path) -> None:
+    objects = Objects()
+    missing = str(tmp_path / "nothing.csv")
+    assert not objects.exists(missing)
+    with pytest.raises(LocationError) as info:
+        objects.read(missing)
+    assert info.value.missing and not info.value.remote
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with pytest.raises(LocationError) as info:
+        objects.read(str(folder))
+    assert not info.value.missing and info.value.reason == "Is a directory"
+
+
+def test_urls_and_paths() -> None:
+    assert local_path("file:///data/in%20put.csv") == Path("/data/in put.csv")
+    assert local_path("/data/x.csv") == Path("/data/x.csv")
+    with pytest.raises(LocationError, match="only local file:// URLs"):
+        local_path("file://elsewhere/data/x.csv")
+    assert bucket_key("s3://bucket/a/b/") == ("bucket", "a/b/")
+    with pytest.raises(LocationError):
+        bucket_key("s3://")
