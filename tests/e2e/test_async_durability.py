@@ -99,25 +99,23 @@ async def until_status(
     session: aiohttp.ClientSession, url: str, inference_id: str, wanted: str, timeout: float = 60
 ) -> None:
     """Ask the state call until request ``inference_id`` is ``wanted``."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while (await status(session, url, inference_id))["Status"] != wanted:
-        assert loop.time() < give_up, f"{inference_id} never {wanted}"
-        await asyncio.sleep(0.02)
+
+    async def reached() -> bool:
+        return bool((await status(session, url, inference_id))["Status"] == wanted)
+
+    await until(reached, timeout, f"{inference_id} {wanted}")
 
 
 async def until_predicting(session: aiohttp.ClientSession, url: str, model: str) -> None:
     """Wait until a worker of ``model`` has sent its batch to the backend (held at the gate)."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + 60
-    while True:
+
+    async def busy() -> bool:
         async with session.get(f"{url}/models/{model}") as response:
             described = await response.json()
         groups = described[0]["models"][0]["workerGroups"] if response.status == 200 else []
-        if any(w["status"] == "BUSY" for g in groups for w in g["workers"]):
-            return
-        assert loop.time() < give_up, f"{model} never predicted"
-        await asyncio.sleep(0.02)
+        return any(w["status"] == "BUSY" for g in groups for w in g["workers"])
+
+    await until(busy, 60, f"{model} predicting")
 
 
 def states(setup: Setup) -> dict[str, State]:
@@ -179,15 +177,13 @@ async def test_sigterm_lets_running_requests_end_and_keeps_the_queued_ones(
             await until_status(session, server.url, gated[0], "running")
             await until_predicting(session, server.url, "gated")
             server.signal(signal.SIGTERM)
+
             # Once the server reports not ready it starts nothing new: the gate opens then.
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + 10
-            while True:
+            async def not_ready() -> bool:
                 async with session.get(f"{server.url}/ping") as response:
-                    if response.status == 503:
-                        break
-                assert loop.time() < give_up, "the server never reported not ready"
-                await asyncio.sleep(0.02)
+                    return response.status == 503
+
+            await until(not_ready, 10, "the server reporting not ready")
             setup.gate.touch()
             assert await server.wait(60) == 0
         journal = states(setup)
@@ -210,14 +206,14 @@ async def test_sigterm_past_drain_timeout_requeues_the_running_request(setup: Se
             # during a load is another case).
             await until_predicting(session, server.url, "gated")
             server.signal(signal.SIGTERM)
+
             # Past the drain timeout the running request goes back to the queue (the journal
             # says so while the server still stops); only then may its prediction, held in the
             # backend process, end: its answer comes too late to be written.
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + 30
-            while states(setup)[gated[0]] is not State.QUEUED:
-                assert loop.time() < give_up, "the running request was not queued again"
-                await asyncio.sleep(0.02)
+            async def queued_again() -> bool:
+                return states(setup)[gated[0]] is State.QUEUED
+
+            await until(queued_again, 30, "the running request queued again")
             setup.gate.touch()
             assert await server.wait(60) == 0
         assert states(setup) == dict.fromkeys(gated, State.QUEUED)
