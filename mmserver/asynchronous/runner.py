@@ -114,6 +114,10 @@ class AsyncInference:
         #: Queued requests per model, in the order they were accepted; the models in the
         #: order they get their next turn.
         self._queued: dict[str, collections.deque[Invocation]] = {}
+        #: The requests in :attr:`_queued` (kept as they come and go: read at every accept).
+        self._queued_count = 0
+        #: The URL prefix of the inline bodies saved under :attr:`inputs_dir` (set at start).
+        self._inline_prefix = "file:///nowhere/"
         self._running: dict[str, asyncio.Task[None]] = {}
         self._per_model: collections.Counter[str] = collections.Counter()
         self._settling: set[asyncio.Task[None]] = set()
@@ -144,6 +148,7 @@ class AsyncInference:
         their written answers say, or run again; queued ones keep their order."""
         await self._writer.open(functools.partial(Journal, self.state_dir))
         await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
+        self._inline_prefix = await asyncio.to_thread(lambda: file_url(self.inputs_dir) + "/")
         await self._prune()
         recovered = 0
         found = await self._writer.call(self._writer.current().open)
@@ -225,7 +230,7 @@ class AsyncInference:
     @property
     def open_requests(self) -> int:
         """Requests accepted and not ended (queued or running)."""
-        return sum(len(q) for q in self._queued.values()) + len(self._running)
+        return self._queued_count + len(self._running)
 
     async def accept(self, request: AsyncRequest, body: bytes) -> tuple[Invocation, bool]:
         """Journal one request and queue it: its row, and whether it is new (``False``: a
@@ -319,6 +324,7 @@ class AsyncInference:
             queue.appendleft(invocation)
         else:
             queue.append(invocation)
+        self._queued_count += 1
         self._wake.set()
 
     async def status(self, inference_id: str) -> Invocation:
@@ -370,6 +376,7 @@ class AsyncInference:
             if self._per_model[model] >= limit:
                 continue
             invocation = queue.popleft()
+            self._queued_count -= 1
             if not queue:
                 del self._queued[model]
             else:  # its next request waits for the other models' turns
@@ -391,6 +398,7 @@ class AsyncInference:
             if not expired:
                 continue
             left = collections.deque(i for i in queue if i.expires_at > now)
+            self._queued_count -= len(expired)
             if left:
                 self._queued[model] = left
             else:
@@ -540,9 +548,8 @@ class AsyncInference:
         self.metrics.async_requests.labels(state.value).inc()
         if self.notifier is not None:
             self.notifier.send(notification(invocation, state, self.clock(), content_type, error))
-        path = local_path(invocation.input) if invocation.input.startswith("file:") else None
-        if path is not None and path.parent == self.inputs_dir:
-            path.unlink(missing_ok=True)
+        if invocation.input.startswith(self._inline_prefix):  # an inline body saved here
+            local_path(invocation.input).unlink(missing_ok=True)
         self._wake.set()
 
     # Metrics ----------------------------------------------------------------------------------
