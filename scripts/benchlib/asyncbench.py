@@ -7,7 +7,8 @@ evenly over ``sklearn-0`` … ``sklearn-99``. It runs twice per run: alone, and 
 model) are sent over the same 100 models by :data:`SENDERS` threads and answered into the
 output folder. Measured: the asynchronous requests accepted per second (the 202s), answered per
 second (from the first accept to the last output), the time from each one's 202 to its output
-file (p50, p99), and the real-time p99 alone and beside them. Then one CSV input of
+file (p50, p99), and the real-time p99 alone and beside them; then a fifth as many asynchronous
+requests alone, for the CPU the frontend and the backends spend per request. Then one CSV input of
 ``--async-large-mb`` MiB through one model: its time and the growth of the frontend's resident
 set meanwhile. Targets: the real-time p99 beside the asynchronous load at most 1.5 x alone, and
 at most 20 ms; the frontend's growth with the large input at most 64 MiB.
@@ -97,6 +98,29 @@ class _Sender:
                         self.refused[status] = self.refused.get(status, 0) + 1
         finally:
             client.close()
+
+
+def _alone(
+    server: servers.Server, inputs: Path, outputs: Path, count: int, prefix: str
+) -> dict[str, Any]:
+    """``count`` asynchronous requests with no real-time load: the CPU the frontend process
+    and the backend processes spent per answered request, from the first send to the last
+    answer (what an asynchronous request costs the real-time requests it runs beside)."""
+    done_before = _done(server)
+    before = servers.tree_cpu(server.pid)
+    sender = _Sender(server, inputs, count, prefix).start()
+    sender.join()
+    give_up = time.time() + ANSWER_LIMIT_S
+    while _done(server) - done_before < len(sender.accepted) and time.time() < give_up:
+        time.sleep(0.05)
+    after = servers.tree_cpu(server.pid)
+    answered = sum(1 for i in sender.accepted if (outputs / f"{i}.out").exists())
+    used = servers.cpu_percent(server.pid, before, after, 1.0)
+    return {
+        "alone_answered": answered,
+        "alone_frontend_us": 1e4 * used["main"] / max(1, answered),
+        "alone_backends_us": 1e4 * used["children"] / max(1, answered),
+    }
 
 
 def _done(server: servers.Server) -> float:
@@ -268,6 +292,7 @@ def run(
                 "p50_s": _quantile(latencies, 0.50),
                 "p99_s": _quantile(latencies, 0.99),
             }
+            result.update(_alone(server, inputs, outputs, max(100, requests // 5), f"alone{r}"))
             runs.append(result)
             log(
                 f"async run {r + 1}: {result['accepted']} accepted at "
@@ -306,6 +331,12 @@ def summary_lines(raw: dict[str, Any]) -> list[str]:
         f"real-time req/s alone {fmt(_median([r['alone']['rps'] for r in runs]), '.0f')}, "
         f"beside {fmt(_median([r['beside']['rps'] for r in runs]), '.0f')}",
     ]
+    if runs and "alone_frontend_us" in runs[0]:
+        lines.append(
+            f"  alone ({runs[0]['alone_answered']} requests, no real-time load): CPU per "
+            f"request, frontend {fmt(_median([r['alone_frontend_us'] for r in runs]), '.0f')} us, "
+            f"backends {fmt(_median([r['alone_backends_us'] for r in runs]), '.0f')} us"
+        )
     large = raw.get("large")
     if large:
         lines.append(
