@@ -1,0 +1,170 @@
+"""Files to records, records to payloads, answers back to output lines (pure functions).
+
+With ``--split-type Line`` a record is a line of the file (``\\n`` or ``\\r\\n``; blank lines are
+not records); with ``None`` it is the whole file. A payload is a run of consecutive records sent
+as one request: as many as fit in ``--max-payload-mb`` (``MultiRecord``) or one
+(``SingleRecord``). CSV and LIBSVM records are sent as lines; JSON lines as one JSON array (the
+server takes an array of rows or records). An answer is split back into one output per record
+(a CSV line, or an element of ``predictions``), so ``MultiRecord`` and ``SingleRecord`` write the
+same output; ``--join-source Input`` joins each to its record as SageMaker does.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mmserver.transform.failures import FileFailed
+from mmserver.transform.options import CSV, JSON, JSON_LINES, TransformOptions
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Records ``start`` to ``end`` (excluded) of a file: its ``index``-th request."""
+
+    index: int
+    start: int
+    end: int
+
+
+def split_records(data: bytes, split_type: str) -> list[bytes]:
+    """The records of a file's content."""
+    if split_type == "None":
+        return [data] if data.strip() else []
+    records = []
+    for line in data.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.strip():
+            records.append(line)
+    return records
+
+
+class Framing:
+    """How records are put into a request body, and its ``Content-Type``."""
+
+    def __init__(self, options: TransformOptions) -> None:
+        self.array = options.content_type == JSON_LINES
+        self.whole = options.split_type == "None"
+        self.content_type = JSON if self.array else options.content_type
+
+    def size(self, record: bytes) -> int:
+        """What one more record adds to a body."""
+        return len(record) + 1
+
+    def base(self) -> int:
+        return 1 if self.array and not self.whole else 0
+
+    def body(self, records: Sequence[bytes]) -> bytes:
+        if self.array:
+            if self.whole:  # a whole JSON-lines file: its lines as one array
+                records = split_records(records[0], "Line")
+            return b"[" + b",".join(records) + b"]"
+        if self.whole:
+            return records[0]
+        return b"\n".join(records) + b"\n"
+
+
+def pack(records: Sequence[bytes], framing: Framing, limit: int, single: bool) -> list[Payload]:
+    """The payloads of a file's records, in order. Raises :class:`FileFailed` for a record that
+    does not fit in ``limit`` bytes on its own."""
+    payloads: list[Payload] = []
+    start, size = 0, framing.base()
+    for number, record in enumerate(records):
+        cost = framing.size(record)
+        if framing.base() + cost > limit:
+            raise FileFailed(
+                f"record {number + 1} is {len(record):,} bytes, more than the payload limit "
+                f"of {limit:,} bytes (--max-payload-mb); raise the limit or split the record"
+            )
+        if number > start and (single or size + cost > limit):
+            payloads.append(Payload(len(payloads), start, number))
+            start, size = number, framing.base()
+        size += cost
+    if start < len(records):
+        payloads.append(Payload(len(payloads), start, len(records)))
+    return payloads
+
+
+def answers(body: bytes, response_type: str) -> list[Any]:
+    """One value per record from an answer's body: a CSV line (bytes), or an element of a JSON
+    answer's ``predictions``. Raises :class:`ValueError` for a body of neither form."""
+    if response_type.partition(";")[0].strip().lower() == CSV:
+        text = body.rstrip(b"\n")
+        return [line.rstrip(b"\r") for line in text.split(b"\n")] if text else []
+    data = json.loads(body)
+    if isinstance(data, dict) and isinstance(data.get("predictions"), list):
+        return list(data["predictions"])
+    if isinstance(data, list):
+        return data
+    raise ValueError("the answer is neither CSV lines nor JSON with a predictions list")
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _csv_line(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    buffer = io.StringIO()
+    cells = value if isinstance(value, list) else [value]
+    csv.writer(buffer, lineterminator="").writerow(
+        json.dumps(c) if isinstance(c, float | int | bool) or c is None else c for c in cells
+    )
+    return buffer.getvalue().encode()
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):  # a CSV line answered where JSON was asked for
+        text = value.decode()
+        try:
+            return json.loads(f"[{text}]") if "," in text else json.loads(text)
+        except ValueError:
+            return text
+    return value
+
+
+def output_lines(
+    records: Sequence[bytes], values: Sequence[Any], options: TransformOptions
+) -> list[bytes]:
+    """The output line of each record (its answer value, joined to it with
+    ``--join-source Input``)."""
+    csv_out = options.answer_type == CSV
+    lines = []
+    for record, value in zip(records, values, strict=True):
+        if options.join_source != "Input":
+            lines.append(_csv_line(value) if csv_out else _compact(_json_value(value)))
+        elif options.content_type == JSON_LINES:
+            lines.append(_join_json(record, _json_value(value)))
+        else:
+            lines.append(record + b"," + _csv_line(value))
+    return lines
+
+
+def _join_json(record: bytes, value: Any) -> bytes:
+    source = json.loads(record)
+    if isinstance(source, dict):
+        return _compact({**source, "SageMakerOutput": value})
+    return _compact({"SageMakerInput": source, "SageMakerOutput": value})
+
+
+def part(
+    records: Sequence[bytes], body: bytes, response_type: str, options: TransformOptions
+) -> bytes:
+    """What one payload's answer adds to its file's output. Raises :class:`ValueError` when the
+    answer does not hold one value per record."""
+    if options.assemble_with == "None":
+        return body
+    values = answers(body, response_type)
+    if options.split_type == "None":
+        return b"".join(
+            (_csv_line(v) if options.answer_type == CSV else _compact(_json_value(v))) + b"\n"
+            for v in values
+        )
+    if len(values) != len(records):
+        raise ValueError(f"the model answered {len(values)} values for {len(records)} records")
+    return b"".join(line + b"\n" for line in output_lines(records, values, options))
