@@ -1,15 +1,20 @@
 """The server a job starts for itself when it is given no ``--url``: ``mmserver serve`` over
 ``--model-store`` in a child process, on a free loopback port, stopped (SIGTERM, so it drains)
-when the job ends. Its log goes to ``server.log`` in the job's journal folder.
+when the job ends. Its log goes to ``server.log`` in the job's journal folder. On Linux the
+server also gets SIGTERM when the job's process dies any other way (SIGKILL included), so a
+killed job leaves no server behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -19,6 +24,24 @@ from mmserver.transform.failures import TransformError
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _ending_with_parent() -> Callable[[], None] | None:
+    """What the child runs before the server so that it gets SIGTERM when its parent dies
+    (Linux; ``None`` elsewhere). The C library is found here, before the fork: the child may
+    only make the call."""
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    if not name:
+        return None
+    libc = ctypes.CDLL(name, use_errno=True)
+
+    def hook() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    return hook
 
 
 def free_port() -> int:
@@ -61,7 +84,12 @@ class LocalServer:
             args += ["--backend-processes", str(self.backend_processes)]
         with open(self.log_path, "ab") as log:  # noqa: ASYNC230 - opening a log is quick
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, *args, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL
+                sys.executable,
+                *args,
+                stdout=log,
+                stderr=log,
+                stdin=asyncio.subprocess.DEVNULL,
+                preexec_fn=_ending_with_parent(),
             )
         try:
             await self._wait_ready()

@@ -1,0 +1,115 @@
+"""The pure parts of ``mmserver transform``: records into payloads, answers into output lines,
+the journal's torn entries, the options' checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmserver.transform.failures import FileFailed, TransformError
+from mmserver.transform.journal import Journal
+from mmserver.transform.options import TransformOptions, parse
+from mmserver.transform.records import Framing, Payload, pack, part, split_records
+
+BASE = ("--model", "m", "--input", "in", "--output", "out")
+
+
+def _options(*extra: str) -> TransformOptions:
+    return parse([*BASE, *extra])
+
+
+def test_lines_are_records_and_blank_lines_are_not() -> None:
+    assert split_records(b"1,2\r\n\n3,4\n  \n5,6", "Line") == [b"1,2", b"3,4", b"5,6"]
+    assert split_records(b"1,2\n3,4\n", "None") == [b"1,2\n3,4\n"]
+    assert split_records(b"\n\n", "None") == []
+
+
+@pytest.mark.parametrize(
+    ("limit", "single", "ranges"),
+    [
+        (100, False, [(0, 4)]),  # everything fits
+        (8, False, [(0, 2), (2, 4)]),  # 4 bytes a record: two a payload
+        (11, False, [(0, 2), (2, 4)]),
+        (12, False, [(0, 3), (3, 4)]),
+        (100, True, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+    ],
+)
+def test_payloads_take_the_records_that_fit(
+    limit: int, single: bool, ranges: list[tuple[int, int]]
+) -> None:
+    records = [b"1,2", b"3,4", b"5,6", b"7,8"]
+    payloads = pack(records, Framing(_options()), limit, single)
+    assert [(p.start, p.end) for p in payloads] == ranges
+    assert [p.index for p in payloads] == list(range(len(ranges)))
+    for p in payloads:
+        assert len(Framing(_options()).body(records[p.start : p.end])) <= limit
+
+
+def test_a_record_over_the_limit_fails_its_file() -> None:
+    with pytest.raises(FileFailed, match="record 2 is 9 bytes, more than the payload limit of 8"):
+        pack([b"1", b"123456789"], Framing(_options()), 8, False)
+
+
+def test_json_lines_go_as_one_array() -> None:
+    framing = Framing(_options("--content-type", "application/jsonlines"))
+    assert framing.content_type == "application/json"
+    records = [b"[1,2]", b'{"a":1}']
+    assert framing.body(records) == b'[[1,2],{"a":1}]'
+    assert pack(records, framing, 15, False) == [Payload(0, 0, 2)]
+    assert pack(records, framing, 14, False) == [Payload(0, 0, 1), Payload(1, 1, 2)]
+
+
+def test_answers_become_one_line_a_record_joined_as_sagemaker_joins() -> None:
+    records = [b"1.5,2", b"3,4"]
+    csv = _options("--join-source", "Input")
+    assert part(records, b"7.0\n9.5\n", "text/csv; charset=utf-8", csv) == b"1.5,2,7.0\n3,4,9.5\n"
+    answer = json.dumps({"predictions": [[0.25, 0.75], [1.0, 0.0]]}).encode()
+    assert part(records, answer, "application/json", csv) == b"1.5,2,0.25,0.75\n3,4,1.0,0.0\n"
+    jsonl = _options("--content-type", "application/jsonlines", "--join-source", "Input")
+    joined = part([b'{"id":7,"x":1}', b"[2]"], b'{"predictions":[3,5]}', "application/json", jsonl)
+    assert joined == (
+        b'{"id":7,"x":1,"SageMakerOutput":3}\n{"SageMakerInput":[2],"SageMakerOutput":5}\n'
+    )
+    assert part(records, answer, "application/json", _options()) == b"0.25,0.75\n1.0,0.0\n"
+    raw = _options("--assemble-with", "None")
+    assert part(records, answer, "application/json", raw) == answer
+    with pytest.raises(ValueError, match="the model answered 1 values for 2 records"):
+        part(records, b"7.0\n", "text/csv", _options())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--max-payload-mb", "0"), "give a size above 0 and at most 100 MiB"),
+        (("--max-payload-mb", "101"), "give a size above 0 and at most 100 MiB"),
+        (("--content-type", "application/json"), "is not split into lines"),
+        (("--join-source", "Input", "--split-type", "None", "--content-type", "text/csv"), "needs"),
+        (("--url", "localhost:8080"), "give http://host:port"),
+    ],
+)
+def test_bad_options_are_refused(args: tuple[str, ...], message: str) -> None:
+    with pytest.raises(TransformError, match=message):
+        _options(*args)
+
+
+def test_the_journal_cuts_a_torn_entry_and_keeps_the_whole_ones(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j", "f1", {"model": "m"})
+    header = {"size": 10, "records": 3, "payloads": 3}
+    assert journal.parts("a.csv", header) == {}
+    journal.add_part("a.csv", 0, b"1\n")
+    journal.add_part("a.csv", 2, b"3\n")
+    path = next((tmp_path / "j" / "parts").iterdir())
+    whole = path.stat().st_size
+    with open(path, "ab") as torn:
+        torn.write(b"1 20\nonly part")
+    again = Journal(tmp_path / "j", "f1", {"model": "m"})
+    assert again.parts("a.csv", header) == {0: b"1\n", 2: b"3\n"}
+    assert path.stat().st_size == whole
+    # Recorded for another split of the file: redone from the start.
+    assert again.parts("a.csv", {**header, "size": 11}) == {}
+    again.finish("a.csv")
+    assert Journal(tmp_path / "j", "f1", {}).done() == {"a.csv"}
+    with pytest.raises(TransformError, match="holds the progress of another job"):
+        Journal(tmp_path / "j", "f2", {})
