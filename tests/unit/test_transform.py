@@ -3,6 +3,7 @@ the journal's torn entries, the options' checks."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 
 from mmserver.transform.failures import FileFailed, TransformError
 from mmserver.transform.journal import Journal
-from mmserver.transform.options import TransformOptions, parse
+from mmserver.transform.options import MIB, TransformOptions, parse
+from mmserver.transform.progress import Display, Tally, line, summary
 from mmserver.transform.records import Framing, Payload, pack, part, split_records
 
 BASE = ("--model", "m", "--input", "in", "--output", "out")
@@ -113,3 +115,44 @@ def test_the_journal_cuts_a_torn_entry_and_keeps_the_whole_ones(tmp_path: Path) 
     assert Journal(tmp_path / "j", "f1", {}).done() == {"a.csv"}
     with pytest.raises(TransformError, match="holds the progress of another job"):
         Journal(tmp_path / "j", "f2", {})
+
+
+def test_progress_shows_records_size_files_rate_and_time_left() -> None:
+    tally = Tally(started=100.0, total_files=4, total_bytes=4 * MIB)
+    tally.records, tally.bytes_done, tally.files_done = 5000, MIB, 1
+    assert line(tally, 110.0, bar=False) == (
+        " 25%  5,000 records  1.0/4.0 MB  1/4 files  500 records/s  0:30 left"
+    )
+    assert line(tally, 110.0, bar=True).startswith("[######..................]  25%")
+    tally.files_failed, tally.records_failed = 1, 70
+    assert "2/4 files (1 failed)" in line(tally, 110.0, bar=False)
+    assert summary(tally, 3700.0) == (
+        "1 of 4 files written, 1 failed; 5,000 records (70 in failed files) in 1:00:00 "
+        "(3600.0 s), 1 records/s"
+    )
+
+
+def test_a_continued_job_counts_only_its_own_records_in_its_rate() -> None:
+    tally = Tally(started=0.0, total_files=2, total_bytes=0)
+    tally.files_done, tally.files_resumed, tally.records, tally.records_resumed = 2, 1, 300, 100
+    assert summary(tally, 10.0) == (
+        "2 of 2 files written, 0 failed; 300 records (0 in failed files) in 0:10 (10.0 s), "
+        "20 records/s; continued an earlier run: 1 files and 100 records were already done"
+    )
+
+
+def test_the_display_draws_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tally = Tally(started=0.0, total_files=1, total_bytes=0)
+    terminal, log = Terminal(), io.StringIO()
+    Display(tally, terminal, "auto").finish(1.0)
+    Display(tally, log, "auto").finish(1.0)
+    assert terminal.getvalue().startswith("\r[........................]   0%  0 records")
+    assert log.getvalue().splitlines()[0].startswith("  0%  0 records  0.0 MB  0/1 files")
+    assert log.getvalue().splitlines()[1].startswith("0 of 1 files written")
+    quiet = io.StringIO()
+    Display(tally, quiet, "none").finish(1.0)
+    assert quiet.getvalue().startswith("0 of 1 files written")
