@@ -107,7 +107,7 @@ class Job:
         )
         header = {"size": len(data), "records": len(records), "payloads": len(payloads)}
         outputs = self.journal.parts(file.name, header)
-        sizes = [sum(len(r) + 1 for r in records[p.start : p.end]) for p in payloads]
+        sizes = [sum(map(len, records[p.start : p.end])) + p.end - p.start for p in payloads]
         state = _File(file, records, payloads, outputs, len(payloads) - len(outputs), sizes=sizes)
         resumed = sum(payloads[i].end - payloads[i].start for i in outputs if i < len(payloads))
         self.tally.records += resumed

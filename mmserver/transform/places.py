@@ -5,24 +5,23 @@ file, an ``s3://bucket/prefix`` (every object whose key starts with it, named by
 the prefix's last ``/``), or a SageMaker manifest (``--data-type ManifestFile``: a local file or
 an object, ``[{"prefix": "s3://bucket/prefix/"}, "relative/key", ...]``). Objects are read and
 written with the model store's S3 client settings (:func:`mmserver.store.s3.make_client`: the
-endpoint, region and credentials from the usual AWS variables and files) through
-:class:`mmserver.asynchronous.locations.Locations`, which writes every output whole (a local one
-to a temporary file renamed into place, an object by one ``put_object``). Every method blocks:
-the job calls them in threads.
+endpoint, region and credentials from the usual AWS variables and files; boto3 is imported only
+for a job that uses S3). Every output is written whole: a local one to a temporary file renamed
+into place, an object by one ``put_object``. Every method blocks: the job calls them in threads.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from mmserver.asynchronous.locations import Locations
-from mmserver.errors import ConfigError, MMServerError
+from mmserver.errors import ConfigError
 from mmserver.store import split_object_url
 from mmserver.transform.failures import FileFailed, TransformError
 from mmserver.transform.options import TransformOptions
@@ -60,13 +59,24 @@ class Places:
 
     def __init__(self, options: TransformOptions, client: Any = None) -> None:
         self.options = options
-        self._locations = Locations((), client=client)
+        self._client = client
+        self._lock = threading.Lock()
         self.output = options.output.strip()
         if is_object(self.output):
             _split(self.output)
             self.output = self.output.rstrip("/")
         else:
             self.output = str(Path(self.output))
+
+    @property
+    def client(self) -> Any:
+        """The one S3 client (thread-safe), made on first use."""
+        with self._lock:
+            if self._client is None:
+                from mmserver.store.s3 import make_client
+
+                self._client = make_client()
+            return self._client
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -106,8 +116,8 @@ class Places:
         bucket, prefix = _split(url)
         folder = prefix[: prefix.rfind("/") + 1]
         files = []
-        try:
-            pages = self._locations.client.get_paginator("list_objects_v2")
+        with _s3_errors(f"the input {url} cannot be listed", TransformError):
+            pages = self.client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=bucket, Prefix=prefix):
                 for item in page.get("Contents", []):
                     key = str(item["Key"])
@@ -116,16 +126,14 @@ class Places:
                     files.append(
                         InputFile(key[len(folder) :], f"s3://{bucket}/{key}", int(item["Size"]))
                     )
-        except (BotoCoreError, ClientError) as exc:
-            raise TransformError(f"the input {url} cannot be listed: {exc}") from None
         if not files:
             raise TransformError(f"no objects under {url}: check the bucket and prefix")
         return files
 
     def _manifest(self, where: str) -> list[InputFile]:
         try:
-            text = self._locations.read(where)
-        except MMServerError as exc:
+            text = self._read(where)
+        except FileFailed as exc:
             raise TransformError(f"the manifest: {exc.message}") from None
         try:
             entries = json.loads(text)
@@ -146,10 +154,19 @@ class Places:
 
     def read(self, file: InputFile) -> bytes:
         """The content of ``file``. Raises :class:`FileFailed`."""
+        return self._read(file.location)
+
+    def _read(self, location: str) -> bytes:
+        if is_object(location):
+            bucket, key = _split(location)
+            with _s3_errors(f"the input {location} cannot be read", FileFailed, location):
+                return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
         try:
-            return self._locations.read(file.location)
-        except MMServerError as exc:
-            raise FileFailed(exc.message) from None
+            return Path(location).read_bytes()
+        except FileNotFoundError:
+            raise FileFailed(f"the input {location} does not exist") from None
+        except OSError as exc:
+            raise FileFailed(f"the input {location} cannot be read: {exc.strerror}") from None
 
     # -- outputs ---------------------------------------------------------------------------
 
@@ -165,11 +182,11 @@ class Places:
         kind = "text/plain" if suffix == ERROR_SUFFIX else self.options.answer_type
         try:
             if is_object(location):
-                self._locations.write(location, data, kind)
+                bucket, key = _split(location)
+                with _s3_errors(f"{location} cannot be written", TransformError):
+                    self.client.put_object(Bucket=bucket, Key=key, Body=data, ContentType=kind)
             else:
                 _write_whole(Path(location), data)
-        except MMServerError as exc:
-            raise TransformError(exc.message) from None
         except OSError as exc:
             raise TransformError(f"{location} cannot be written: {exc.strerror}") from None
 
@@ -178,12 +195,29 @@ class Places:
         location = self.output_location(name, ERROR_SUFFIX)
         if is_object(location):
             bucket, key = _split(location)
-            try:
-                self._locations.client.delete_object(Bucket=bucket, Key=key)
-            except (BotoCoreError, ClientError):
-                pass
+            with _s3_errors(f"{location} cannot be removed", TransformError):
+                self.client.delete_object(Bucket=bucket, Key=key)
         else:
             Path(location).unlink(missing_ok=True)
+
+
+_NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
+
+
+@contextmanager
+def _s3_errors(what: str, kind: type[TransformError], location: str = "") -> Iterator[None]:
+    """boto3's errors as ``kind``: ``what`` and the reason (a missing ``location`` said so)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if location and code in _NOT_FOUND:
+            raise kind(f"the input {location} does not exist") from None
+        raise kind(f"{what}: {exc}") from None
+    except BotoCoreError as exc:
+        raise kind(f"{what}: {exc}") from None
 
 
 def _write_whole(path: Path, data: bytes) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +32,17 @@ class Payload:
     end: int
 
 
+#: A line that is empty or blank, or a carriage return: what the plain split cannot take.
+_IRREGULAR = re.compile(rb"\r|(?:^|\n)[ \t\f\v]*(?:\n|$)")
+
+
 def split_records(data: bytes, split_type: str) -> list[bytes]:
     """The records of a file's content."""
     if split_type == "None":
         return [data] if data.strip() else []
+    body = data[:-1] if data.endswith(b"\n") else data
+    if body and _IRREGULAR.search(body) is None:  # every line a record, the common case
+        return body.split(b"\n")
     records = []
     for line in data.split(b"\n"):
         line = line.rstrip(b"\r")
@@ -159,6 +167,14 @@ def part(
     answer does not hold one value per record."""
     if options.assemble_with == "None":
         return body
+    csv_answer = response_type.partition(";")[0].strip().lower() == CSV
+    if csv_answer and options.answer_type == CSV and options.join_source != "Input":
+        # The answer's lines are the output lines: counted, not taken apart.
+        text = body.replace(b"\r\n", b"\n").rstrip(b"\n")
+        count = text.count(b"\n") + 1 if text else 0
+        if options.split_type == "Line" and count != len(records):
+            raise ValueError(f"the model answered {count} values for {len(records)} records")
+        return text + b"\n" if text else b""
     values = answers(body, response_type)
     if options.split_type == "None":
         return b"".join(
