@@ -68,6 +68,10 @@ class Job:
                 group.create_task(self._reader(files, queue), name="transform-reader")
         except* TransformError as failures:
             raise failures.exceptions[0] from None
+        except* OSError as failures:  # the journal's disk (the outputs' is a TransformError)
+            raise TransformError(
+                f"the journal {self.journal.folder} cannot be written: {failures.exceptions[0]}"
+            ) from None
 
     async def _reader(
         self, files: list[InputFile], queue: asyncio.Queue[tuple[_File, rec.Payload] | None]

@@ -103,8 +103,12 @@ class Places:
         if not root.is_dir():
             raise TransformError(f"the input {root} does not exist: give a folder or a file")
         files = []
+        # An output folder inside the input is not input: a rerun would read the outputs.
+        skip = Path(self.output).resolve() if not is_object(self.output) else None
         for folder, dirs, names in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            dirs[:] = sorted(
+                d for d in dirs if not d.startswith(".") and (Path(folder) / d).resolve() != skip
+            )
             for name in names:
                 path = Path(folder) / name
                 if name.startswith(".") or not path.is_file():

@@ -12,6 +12,7 @@ import pytest
 from mmserver.transform.failures import FileFailed, TransformError
 from mmserver.transform.journal import Journal
 from mmserver.transform.options import MIB, TransformOptions, parse
+from mmserver.transform.places import Places
 from mmserver.transform.progress import Display, Tally, line, summary
 from mmserver.transform.records import Framing, Payload, pack, part, split_records
 
@@ -156,3 +157,17 @@ def test_the_display_draws_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
     quiet = io.StringIO()
     Display(tally, quiet, "none").finish(1.0)
     assert quiet.getvalue().startswith("0 of 1 files written")
+
+
+def test_a_folder_lists_its_files_but_not_hidden_ones_nor_the_output_inside_it(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    for name in ("a.csv", "day/b.csv", ".hidden", "scored/a.csv.out", ".mmserver-transform/x"):
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_text("1\n")
+    options = parse(["--model", "m", "--input", str(data), "--output", str(data / "scored")])
+    files = Places(options).list_inputs()
+    assert [(f.name, f.size) for f in files] == [("a.csv", 2), ("day/b.csv", 2)]
+    with pytest.raises(TransformError, match="does not exist: give a folder or a file"):
+        Places(parse([*BASE[:2], "--input", str(tmp_path / "no"), "--output", "o"])).list_inputs()
