@@ -1,11 +1,14 @@
 """The run of a job: files read one after another, their payloads sent by a fixed set of
 senders, each file's output assembled and written once its last payload is answered.
 
-Flow control: the reader puts payloads into a queue of ``2 x concurrency`` places, and
-``concurrency`` senders take them, so at most that many requests are in flight and only the
-files whose payloads are queued or in flight are held in memory. Payloads already in the
-journal are not sent again. A payload refused fails its file: its later payloads are not sent,
-and a ``.error`` is written instead of the output (``--on-error fail`` then stops the job). A
+Flow control: the reader puts payloads into a queue of ``concurrency`` places, and
+``2 x concurrency`` senders take them; a sender holds one of ``concurrency`` slots only while
+its request is in flight, so at most that many requests are, and a sender recording an answer
+(the journal, the output) leaves its slot to another: the server is never kept waiting on the
+job's own work. Only the files whose payloads are queued or in flight are held in memory.
+Payloads already in the journal are not sent again. A payload refused fails its file: its later
+payloads are not sent, and a ``.error`` is written instead of the output (``--on-error fail``
+then stops the job). A
 :class:`~mmserver.transform.failures.TransformError` in any task stops the whole job (the task
 group cancels the rest); what was recorded stays in the journal for the next run.
 """
@@ -56,14 +59,17 @@ class Job:
         self.tally = tally
         self.concurrency = concurrency
         self.framing = rec.Framing(options)
+        self.senders = 2 * concurrency
+        self._slots = asyncio.Semaphore(concurrency)
 
     async def run(self, files: list[InputFile]) -> None:
         """Transform every file not done yet. Raises :class:`TransformError` when the job
         stops before the end."""
-        queue: asyncio.Queue[tuple[_File, rec.Payload] | None] = asyncio.Queue(2 * self.concurrency)
+        queue: asyncio.Queue[tuple[_File, rec.Payload] | None] = asyncio.Queue(self.concurrency)
+        self._slots = asyncio.Semaphore(self.concurrency)
         try:
             async with asyncio.TaskGroup() as group:
-                for number in range(self.concurrency):
+                for number in range(self.senders):
                     group.create_task(self._sender(queue), name=f"transform-sender-{number}")
                 group.create_task(self._reader(files, queue), name="transform-reader")
         except* TransformError as failures:
@@ -94,7 +100,7 @@ class Job:
             for payload in state.payloads:
                 if payload.index not in state.outputs:
                     await queue.put((state, payload))
-        for _ in range(self.concurrency):
+        for _ in range(self.senders):
             await queue.put(None)
 
     def _open(self, file: InputFile) -> _File:
@@ -138,7 +144,8 @@ class Job:
     async def _send(self, state: _File, payload: rec.Payload) -> None:
         records = state.records[payload.start : payload.end]
         body = self.framing.body(records)
-        answer, kind = await self.sender.send(body, self.framing.content_type)
+        async with self._slots:
+            answer, kind = await self.sender.send(body, self.framing.content_type)
         try:
             output = await asyncio.to_thread(rec.part, records, answer, kind, self.options)
         except (ValueError, UnicodeDecodeError) as exc:
