@@ -146,14 +146,23 @@ class Job:
         body = self.framing.body(records)
         async with self._slots:
             answer, kind = await self.sender.send(body, self.framing.content_type)
-        try:
-            output = await asyncio.to_thread(rec.part, records, answer, kind, self.options)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise FileFailed(f"the answer cannot be used: {exc}") from None
-        await asyncio.to_thread(self.journal.add_part, state.file.name, payload.index, output)
+        output = await asyncio.to_thread(self._record, state, payload, records, answer, kind)
         state.outputs[payload.index] = output
         self.tally.records += len(records)
         self.tally.bytes_done += state.sizes[payload.index]
+
+    def _record(
+        self, state: _File, payload: rec.Payload, records: list[bytes], answer: bytes, kind: str
+    ) -> bytes:
+        """The output of an answered payload, recorded in the journal (in a thread) unless it
+        is its file's last: the output itself is written next."""
+        try:
+            output = rec.part(records, answer, kind, self.options)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise FileFailed(f"the answer cannot be used: {exc}") from None
+        if state.remaining > 1:
+            self.journal.add_part(state.file.name, payload.index, output)
+        return output
 
     async def _finish(self, state: _File) -> None:
         name = state.file.name
@@ -162,10 +171,14 @@ class Job:
             return
         output = b"".join(state.outputs[p.index] for p in state.payloads)
         state.records.clear()
-        await asyncio.to_thread(self.places.write, name, output)
-        await asyncio.to_thread(self.places.remove_error, name)
-        await asyncio.to_thread(self.journal.finish, name)
+        await asyncio.to_thread(self._write, name, output)
         self.tally.files_done += 1
+
+    def _write(self, name: str, output: bytes) -> None:
+        """Write a file's output whole, then mark it done (in a thread)."""
+        self.places.write(name, output)
+        self.places.remove_error(name)
+        self.journal.finish(name)
 
     async def _failed(self, file: InputFile, message: str, records: int) -> None:
         text = f"{file.location}: {message}"

@@ -190,6 +190,13 @@ class TransformOptions:
         return CSV if self.content_type == CSV else JSON_LINES
 
     @property
+    def request_accept(self) -> str:
+        """The ``Accept`` the requests send: JSON, unless the answers' bodies are the output
+        (``--assemble-with None``). The server's JSON answers are the cheaper to make, and the
+        job writes them in the ``--accept`` form itself."""
+        return self.answer_type if self.assemble_with == "None" else JSON
+
+    @property
     def max_payload_bytes(self) -> int:
         return int(self.max_payload_mb * MIB)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,12 +117,16 @@ def _compact(value: Any) -> bytes:
 
 
 def _csv_line(value: Any) -> bytes:
+    """A value as the server writes it in a CSV answer: a row's cells comma-separated (a dict's
+    values), a nested list or dict as JSON, ``None`` as an empty cell."""
     if isinstance(value, bytes):
         return value
+    cells = list(value.values()) if isinstance(value, dict) else value
+    if not isinstance(cells, list):
+        cells = [cells]
     buffer = io.StringIO()
-    cells = value if isinstance(value, list) else [value]
     csv.writer(buffer, lineterminator="").writerow(
-        json.dumps(c) if isinstance(c, float | int | bool) or c is None else c for c in cells
+        json.dumps(c) if isinstance(c, list | dict) else c for c in cells
     )
     return buffer.getvalue().encode()
 
@@ -142,6 +147,8 @@ def output_lines(
     """The output line of each record (its answer value, joined to it with
     ``--join-source Input``)."""
     csv_out = options.answer_type == CSV
+    if options.join_source != "Input" and _plain_numbers(values):
+        return [repr(v).encode() for v in values]  # CSV's and JSON's form alike
     lines = []
     for record, value in zip(records, values, strict=True):
         if options.join_source != "Input":
@@ -151,6 +158,11 @@ def output_lines(
         else:
             lines.append(record + b"," + _csv_line(value))
     return lines
+
+
+def _plain_numbers(values: Sequence[Any]) -> bool:
+    """Whether every value is a finite float or an int (not a bool): written as ``repr``."""
+    return all((type(v) is float and math.isfinite(v)) or type(v) is int for v in values)
 
 
 def _join_json(record: bytes, value: Any) -> bytes:
@@ -183,4 +195,6 @@ def part(
         )
     if len(values) != len(records):
         raise ValueError(f"the model answered {len(values)} values for {len(records)} records")
+    if options.join_source != "Input" and _plain_numbers(values):
+        return ("\n".join(map(repr, values)) + "\n").encode()
     return b"".join(line + b"\n" for line in output_lines(records, values, options))
