@@ -57,6 +57,7 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
     tally = Tally(loop.time(), len(files), sum(f.size for f in files))
     display = Display(tally, stream, options.progress)
     async with contextlib.AsyncExitStack() as stack:
+        # The clock starts once a server answers: the job's rate is its own, not a start-up's.
         if options.url:
             url = options.url
             concurrency = options.max_concurrent_transforms or (os.cpu_count() or 1)
@@ -74,6 +75,7 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
         sender = await stack.enter_async_context(
             Sender(url, options.model, options.request_accept, concurrency, options.timeout)
         )
+        tally.started = loop.time()
         shown = asyncio.create_task(display.run(), name="transform-progress")
         try:
             await Job(options, places, journal, sender, tally, concurrency).run(files)
