@@ -21,6 +21,8 @@ from tests.e2e.transform_process import (
     write_csv_files,
 )
 from tests.models import make_classifier_dir, make_pipeline_dir
+from tests.tabular_models import customers
+from tests.tabular_models import make_pipeline_model as make_tabular_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -199,3 +201,28 @@ async def test_help_lists_every_option() -> None:
         assert f"  {flag} " in text
     for value in ("MultiRecord", "SingleRecord", "ManifestFile", "application/jsonlines"):
         assert value in text
+
+
+async def test_dataframe_records_in_json_lines_joined_to_their_answers(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    pipeline = make_tabular_pipeline(store / "customers")
+    frame = customers(60, seed=4)
+    rows = [
+        {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+        for r in frame.to_dict(orient="records")
+    ]
+    data = tmp_path / "in"
+    data.mkdir()
+    (data / "customers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    async with ServerProcess(store, tmp_path / "server.log", "--backend-processes", "1") as server:
+        code, text = await run_transform(
+            "--url", server.url, "--model", "customers", "--input", str(data),
+            "--output", str(tmp_path / "out"), "--content-type", "application/jsonlines",
+            "--join-source", "Input", "--max-payload-mb", "0.001",
+        )  # fmt: skip
+    assert code == 0, text
+    lines = (tmp_path / "out" / "customers.jsonl.out").read_text().splitlines()
+    joined = [json.loads(line) for line in lines]
+    assert [{k: v for k, v in j.items() if k != "SageMakerOutput"} for j in joined] == rows
+    assert [j["SageMakerOutput"] for j in joined] == pipeline.predict(frame).tolist()
