@@ -10,6 +10,8 @@ start to its exit, reading and writing included); wrk's rows per second sending 
 payload, as the job sent it, over and over at the same concurrency; their ratio (target >= 0.8:
 the job is not slower than a hand-written client); and the time of a rerun after the job was
 killed (SIGKILL) once half its files were done, against the full run's (target about 0.5).
+Then the linear model's job again through ``mmserver cluster`` (two instances of one backend
+process each, behind HAProxy; skipped without HAProxy), with wrk at the same balancer.
 """
 
 from __future__ import annotations
@@ -21,13 +23,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from proctools import free_port
 
 from benchlib import servers, wrk
 from benchlib.loads import Log, Settings, describe_run
 
 FILES = 20
+CLUSTER_INSTANCES = 2
 FOREST = "bench-transform-forest"
 FOREST_FEATURES = 8
 STAMP = ".bench-transform"
@@ -87,9 +95,36 @@ def first_payload(path: Path) -> tuple[bytes, int]:
     return b"\n".join(lines) + b"\n", len(lines)
 
 
-def _command(
-    exe: Path, server: servers.Server, model: str, data: Path, out: Path, c: int
-) -> list[str]:
+@dataclass(frozen=True)
+class Target:
+    """Where a job goes: a server, or a cluster's balancer (``pid`` None: no CPU counted)."""
+
+    name: str
+    url: str
+    pid: int | None
+
+
+@contextmanager
+def cluster(exe: Path, store: Path, state: Path, log: Log) -> Iterator[Target]:
+    """``mmserver cluster`` of :data:`CLUSTER_INSTANCES` instances of one backend process each
+    over ``store``, stopped at the end."""
+    port = free_port()
+    start = [
+        str(exe), "cluster", "start", "--instances", str(CLUSTER_INSTANCES), "--model-store",
+        str(store), "--state-dir", str(state), "--port", str(port), "--backend-processes", "1",
+    ]  # fmt: skip
+    done = subprocess.run(start, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"mmserver cluster start exited with {done.returncode}:\n{done.stdout}")
+    try:
+        log(f"mmserver cluster of {CLUSTER_INSTANCES} on http://127.0.0.1:{port}")
+        yield Target(f"{CLUSTER_INSTANCES}-instance cluster", f"http://127.0.0.1:{port}", None)
+    finally:
+        stop = [str(exe), "cluster", "stop", "--state-dir", str(state)]
+        subprocess.run(stop, capture_output=True, text=True, timeout=300)
+
+
+def _command(exe: Path, server: Target, model: str, data: Path, out: Path, c: int) -> list[str]:
     return [
         str(exe), "transform", "--url", server.url, "--model", model, "--input", str(data),
         "--output", str(out), "--max-concurrent-transforms", str(c), "--progress", "none",
@@ -133,7 +168,7 @@ def _killed_at_half(argv: list[str], journal: Path) -> int:
 
 
 def _one_model(
-    server: servers.Server,
+    server: Target,
     exe: Path,
     model: str,
     features: int,
@@ -144,15 +179,18 @@ def _one_model(
     log: Log,
 ) -> dict[str, Any]:
     data = tmp / f"{model}-in"
-    paths = write_inputs(data, rows, features)
+    paths = sorted(data.glob("*.csv")) if data.is_dir() else write_inputs(data, rows, features)
     body, body_rows = first_payload(paths[0])
     body_file = tmp / f"{model}-payload.csv"
     body_file.write_bytes(body)
     servers.wait_quiet(settings.quiet_wait_s)
-    _job(_command(exe, server, model, paths[0], tmp / f"{model}-warm", 1))  # loads the model
+    # Loads the model (on each instance of a cluster: a payload a request, more than one).
+    _job(_command(exe, server, model, data, tmp / f"{model}-warm", concurrency))
+    shutil.rmtree(tmp / f"{model}-warm")
     runs = []
     for r in range(settings.runs):
         out = tmp / f"{model}-out-{r}"
+        shutil.rmtree(out, ignore_errors=True)
         seconds, inside = _job(_command(exe, server, model, data, out, concurrency))
         load = wrk.Load(
             url=server.url, pattern="single", model=model, duration_s=settings.duration_s,
@@ -176,6 +214,7 @@ def _one_model(
         runs.append(run)
     # Killed at half its files, then run again.
     out = tmp / f"{model}-resumed"
+    shutil.rmtree(out, ignore_errors=True)
     argv = _command(exe, server, model, data, out, concurrency)
     done = _killed_at_half(argv, out / ".mmserver-transform")
     rerun = _job(argv)[0]
@@ -205,10 +244,19 @@ def run(
     results: dict[str, Any] = {"concurrency": concurrency}
     with server:
         log(f"mmserver pid {server.pid} on {server.url} (transform section)")
+        one = Target("one server", server.url, server.pid)
         for model, features in (("sklearn-0", 1), (FOREST, FOREST_FEATURES)):
             results[model] = _one_model(
-                server, exe, model, features, rows, concurrency, settings, tmp, log
+                one, exe, model, features, rows, concurrency, settings, tmp, log
             )
+    if not shutil.which("haproxy"):
+        log("haproxy is not installed: no cluster run of the transform section")
+        return results
+    with cluster(exe, model_store, tmp / "cluster", log) as balancer:
+        # The linear model only: the forest's run on one server tells its cost already.
+        results[f"sklearn-0, {balancer.name}"] = _one_model(
+            balancer, exe, "sklearn-0", 1, rows, concurrency, settings, tmp, log
+        )
     return results
 
 
