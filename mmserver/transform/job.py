@@ -117,7 +117,7 @@ class Job:
         )
         header = {"size": len(data), "records": len(records), "payloads": len(payloads)}
         outputs = self.journal.parts(file.name, header)
-        sizes = [sum(map(len, records[p.start : p.end])) + p.end - p.start for p in payloads]
+        sizes = [p.size for p in payloads]
         state = _File(file, records, payloads, outputs, len(payloads) - len(outputs), sizes=sizes)
         resumed = sum(payloads[i].end - payloads[i].start for i in outputs if i < len(payloads))
         self.tally.records += resumed

@@ -4,8 +4,9 @@ Layout of the journal folder::
 
     job.json        the job's fingerprint (:meth:`TransformOptions.fingerprint`) and arguments
     done            one line per input file whose output is written (its name, as JSON)
-    parts/<hash>    the answered payloads of a file not done yet: a header line, then entries
-                    ``<index> <length>\\n<output bytes>``
+    parts/<hash>    the answered payloads of a file not done yet: a header line (the file's
+                    size, records and payloads), then entries ``<index> <length>\\n<output>``;
+                    none for a file whose only payload goes straight to its output
 
 Each entry is one ``write`` to a file opened for appending, so a run killed at any moment
 leaves whole entries and at most one torn one at the end, which the next run cuts off. An
@@ -49,6 +50,7 @@ class Journal:
             else:
                 _write_whole(job, json.dumps({"fingerprint": fingerprint, "job": description}))
             self._done = self._read_done()
+            self._headers: dict[str, bytes] = {}
         except OSError as exc:
             raise TransformError(f"the journal {self.folder} cannot be used: {exc}") from None
         except ValueError:
@@ -86,9 +88,11 @@ class Journal:
             data = path.read_bytes()
         except FileNotFoundError:
             data = b""
+        with self._lock:
+            self._headers[name] = expected
         head = data.partition(b"\n")[0]
         if head != expected:
-            _write_whole(path, expected.decode() + "\n")
+            path.unlink(missing_ok=True)
             return {}
         parts: dict[int, bytes] = {}
         at = len(head) + 1
@@ -108,13 +112,17 @@ class Journal:
         """Record the output of the input ``name``'s payload ``index``."""
         entry = b"%d %d\n" % (index, len(output)) + output
         with self._lock:
-            _append(self._parts_path(name), entry)
+            path = self._parts_path(name)
+            if not path.exists():  # the first entry comes with the header (from parts())
+                entry = self._headers[name] + b"\n" + entry
+            _append(path, entry)
 
     def finish(self, name: str) -> None:
         """Record that the output of the input ``name`` is written."""
         with self._lock:
             _append(self.folder / "done", json.dumps(name).encode() + b"\n")
             self._done.add(name)
+            self._headers.pop(name, None)
             self._parts_path(name).unlink(missing_ok=True)
 
 

@@ -20,17 +20,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mmserver.transform.failures import FileFailed
 from mmserver.transform.options import CSV, JSON, JSON_LINES, TransformOptions
 
 
 @dataclass(frozen=True)
 class Payload:
-    """Records ``start`` to ``end`` (excluded) of a file: its ``index``-th request."""
+    """Records ``start`` to ``end`` (excluded) of a file: its ``index``-th request; ``size``:
+    their bytes with a separator each."""
 
     index: int
     start: int
     end: int
+    size: int = 0
 
 
 #: A line that is empty or blank, or a carriage return: what the plain split cannot take.
@@ -60,11 +64,8 @@ class Framing:
         self.whole = options.split_type == "None"
         self.content_type = JSON if self.array else options.content_type
 
-    def size(self, record: bytes) -> int:
-        """What one more record adds to a body."""
-        return len(record) + 1
-
     def base(self) -> int:
+        """A body's bytes besides its records' (each adds its length and one separator)."""
         return 1 if self.array and not self.whole else 0
 
     def body(self, records: Sequence[bytes]) -> bytes:
@@ -78,23 +79,30 @@ class Framing:
 
 
 def pack(records: Sequence[bytes], framing: Framing, limit: int, single: bool) -> list[Payload]:
-    """The payloads of a file's records, in order. Raises :class:`FileFailed` for a record that
-    does not fit in ``limit`` bytes on its own."""
+    """The payloads of a file's records, in order, each with the size of its records (a
+    record's bytes and its separator). Raises :class:`FileFailed` for a record that does not
+    fit in ``limit`` bytes on its own. The cuts are found on the running total of the sizes
+    (numpy): one step per payload, not per record."""
+    if not records:
+        return []
+    costs = np.fromiter(map(len, records), dtype=np.int64, count=len(records)) + 1
+    room = limit - framing.base()
+    too_large = np.flatnonzero(costs > room)
+    if too_large.size:
+        number = int(too_large[0])
+        raise FileFailed(
+            f"record {number + 1} is {len(records[number]):,} bytes, more than the payload "
+            f"limit of {limit:,} bytes (--max-payload-mb); raise the limit or split the record"
+        )
+    if single:
+        return [Payload(i, i, i + 1, int(c)) for i, c in enumerate(costs.tolist())]
+    totals = np.cumsum(costs)
     payloads: list[Payload] = []
-    start, size = 0, framing.base()
-    for number, record in enumerate(records):
-        cost = framing.size(record)
-        if framing.base() + cost > limit:
-            raise FileFailed(
-                f"record {number + 1} is {len(record):,} bytes, more than the payload limit "
-                f"of {limit:,} bytes (--max-payload-mb); raise the limit or split the record"
-            )
-        if number > start and (single or size + cost > limit):
-            payloads.append(Payload(len(payloads), start, number))
-            start, size = number, framing.base()
-        size += cost
-    if start < len(records):
-        payloads.append(Payload(len(payloads), start, len(records)))
+    start, before = 0, 0
+    while start < len(records):
+        end = int(np.searchsorted(totals, before + room, side="right"))
+        payloads.append(Payload(len(payloads), start, end, int(totals[end - 1]) - before))
+        start, before = end, int(totals[end - 1])
     return payloads
 
 

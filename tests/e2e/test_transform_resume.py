@@ -42,7 +42,7 @@ async def test_a_killed_job_run_again_finishes_as_an_uninterrupted_run(tmp_path:
 
     job = await start_transform(*args, "--output", str(out))
     try:
-        await until(_journal_has_files(journal, 3), 120, "three files done")
+        await until(_journal_has_files(journal, 3), 120, "three files done, a fourth begun")
         family = descendants(job.pid)
         assert family, "the job's own server"
         job.send_signal(signal.SIGKILL)
@@ -76,7 +76,10 @@ async def test_a_killed_job_run_again_finishes_as_an_uninterrupted_run(tmp_path:
 
 
 def _journal_has_files(journal: Path, count: int) -> Callable[[], Awaitable[bool]]:
+    """Whether ``count`` files are done and the next one has payloads recorded."""
+
     async def reached() -> bool:
-        return _done(journal) >= count
+        parts = journal / "parts"
+        return _done(journal) >= count and parts.is_dir() and any(parts.iterdir())
 
     return reached

@@ -60,8 +60,8 @@ def test_json_lines_go_as_one_array() -> None:
     assert framing.content_type == "application/json"
     records = [b"[1,2]", b'{"a":1}']
     assert framing.body(records) == b'[[1,2],{"a":1}]'
-    assert pack(records, framing, 15, False) == [Payload(0, 0, 2)]
-    assert pack(records, framing, 14, False) == [Payload(0, 0, 1), Payload(1, 1, 2)]
+    assert pack(records, framing, 15, False) == [Payload(0, 0, 2, 14)]
+    assert pack(records, framing, 14, False) == [Payload(0, 0, 1, 6), Payload(1, 1, 2, 8)]
 
 
 def test_answers_become_one_line_a_record_joined_as_sagemaker_joins() -> None:
