@@ -184,8 +184,9 @@ def _one_model(
     body_file = tmp / f"{model}-payload.csv"
     body_file.write_bytes(body)
     servers.wait_quiet(settings.quiet_wait_s)
-    # Loads the model (on each instance of a cluster: a payload a request, more than one).
-    _job(_command(exe, server, model, data, tmp / f"{model}-warm", concurrency))
+    # Loads the model: one file in small payloads, so that each instance of a cluster gets some.
+    warm = _command(exe, server, model, paths[0], tmp / f"{model}-warm", concurrency)
+    _job([*warm, "--max-payload-mb", "0.01"])
     shutil.rmtree(tmp / f"{model}-warm")
     runs = []
     for r in range(settings.runs):
