@@ -83,3 +83,37 @@ def _journal_has_files(journal: Path, count: int) -> Callable[[], Awaitable[bool
         return _done(journal) >= count and parts.is_dir() and any(parts.iterdir())
 
     return reached
+
+
+@pytest.mark.timeout(180)
+async def test_ctrl_c_stops_the_job_and_its_server_and_a_rerun_finishes(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    make_pipeline_dir(store / "pipe")
+    data = tmp_path / "in"
+    write_csv_files(data, FILES, features=3)
+    out = tmp_path / "out"
+    args = (
+        "--model", "pipe", "--model-store", str(store), "--backend-processes", "1",
+        "--input", str(data), "--output", str(out), "--batch-strategy", "SingleRecord",
+        "--max-concurrent-transforms", "1",
+    )  # fmt: skip
+    job = await start_transform(*args)
+    try:
+        await until(_journal_has_files(out / ".mmserver-transform", 1), 120, "a file done")
+        family = descendants(job.pid)
+        job.send_signal(signal.SIGINT)
+        printed, _ = await asyncio.wait_for(job.communicate(), 60)
+    finally:
+        if job.returncode is None:
+            job.kill()
+            await job.wait()
+    text = printed.decode()
+    assert job.returncode == 130, text
+    assert text.rstrip().endswith("interrupted; run the same command again to continue")
+    assert f"of {len(FILES)} files written, 0 failed" in text  # the summary, before stopping
+    await wait_gone(family, timeout=60)
+
+    code, text = await run_transform(*args, timeout=180)
+    assert code == 0, text
+    assert "continued an earlier run" in text
+    assert sorted(outputs(out)) == sorted(name + ".out" for name in FILES)
