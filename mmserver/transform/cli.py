@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from mmserver.model_config import cpu_count
 from mmserver.transform.failures import TransformError
 from mmserver.transform.job import Job
 from mmserver.transform.journal import Journal
@@ -60,7 +60,7 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
         # The clock starts once a server answers: the job's rate is its own, not a start-up's.
         if options.url:
             url = options.url
-            concurrency = options.max_concurrent_transforms or (os.cpu_count() or 1)
+            concurrency = options.max_concurrent_transforms or cpu_count()
         else:
             server = LocalServer(
                 options.model_store,
@@ -70,7 +70,7 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
             )
             url = (await stack.enter_async_context(server)).url
             concurrency = options.max_concurrent_transforms or (
-                options.backend_processes or os.cpu_count() or 1
+                options.backend_processes or cpu_count()
             )
         sender = await stack.enter_async_context(
             Sender(url, options.model, options.request_accept, concurrency, options.timeout)

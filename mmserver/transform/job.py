@@ -66,7 +66,6 @@ class Job:
         """Transform every file not done yet. Raises :class:`TransformError` when the job
         stops before the end."""
         queue: asyncio.Queue[tuple[_File, rec.Payload] | None] = asyncio.Queue(self.concurrency)
-        self._slots = asyncio.Semaphore(self.concurrency)
         try:
             async with asyncio.TaskGroup() as group:
                 for number in range(self.senders):

@@ -102,8 +102,8 @@ class TransformOptions:
     max_concurrent_transforms: int = _opt(
         0,
         "Requests in flight; 0 = the backend processes of the server started without --url, "
-        "or the CPU cores of this machine with --url (give the instances' total for a "
-        "cluster).",
+        "or the CPUs this machine gives the job (its cgroup quota, its affinity) with --url "
+        "(give the instances' backend processes in total for a cluster).",
         metavar="INT",
     )
     accept: str = _opt(
