@@ -35,6 +35,7 @@ from benchlib import (
     servers,
     store,
     tabular,
+    transformbench,
     trees,
     wrk,
 )
@@ -52,9 +53,10 @@ SECTIONS = (
     "grpc",
     "scale",
     "async",
+    "transform",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own.
-OPT_IN = ("grpc", "scale", "async")
+OPT_IN = ("grpc", "scale", "async", "transform")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -192,6 +194,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=1024,
         help="MiB of the async section's one large CSV input (1024; 0 = none)",
+    )
+    group = parser.add_argument_group("transform section (--only transform)")
+    group.add_argument(
+        "--transform-rows",
+        type=int,
+        default=1_000_000,
+        help="CSV rows of each model's job, in 20 files (1000000)",
+    )
+    group.add_argument(
+        "--transform-concurrency",
+        type=int,
+        default=0,
+        help="requests in flight of the job and of wrk beside it (0 = the CPU cores)",
     )
     group = parser.add_argument_group("scale section (--only scale)")
     group.add_argument(
@@ -345,6 +360,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _log,
             )
         if args.sections == ["async"]:
+            return raw
+    if "transform" in args.sections:
+        with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
+            raw["transform"] = transformbench.run(
+                model_store,
+                Path(tmp),
+                args.out,
+                args.server_arg,
+                args.server_exe,
+                settings,
+                args.transform_rows,
+                args.transform_concurrency,
+                _log,
+            )
+        if args.sections == ["transform"]:
             return raw
     if "batching" in args.sections:
         store.ensure_forests(model_store)
@@ -516,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
         text = text.rstrip("\n") + "\n" + "\n".join(grpcload.summary_lines(raw["grpc"])) + "\n"
     if "async" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(asyncbench.summary_lines(raw["async"])) + "\n"
+    if "transform" in raw:
+        text = text.rstrip("\n") + "\n" + "\n".join(transformbench.summary_lines(raw["transform"]))
+        text += "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
     text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
     print(text, end="")

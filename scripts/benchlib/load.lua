@@ -14,6 +14,8 @@
 --                   mlserver: POST /v2/models/NAME/infer (Open Inference Protocol) (default djl)
 --   BENCH_BODY      request body (default [[0.5]]; for v2 and mlserver, a V2 inference
 --                   request, which benchlib/wrk.py makes of the rows)
+--   BENCH_BODY_FILE a file holding the body instead (the djl API; any size)
+--   BENCH_CONTENT_TYPE  the djl API's Content-Type (default application/json)
 --   BENCH_THREADS   wrk's -t, used to stagger the threads' schedules
 --   BENCH_THREAD_RATE  requests/s offered by each wrk thread; unset or 0 = closed loop
 --   BENCH_SEED      random seed (default 1)
@@ -55,6 +57,14 @@ local hot_share = env_number("BENCH_HOT", 0.9)
 local zipf_s = env_number("BENCH_ZIPF_S", 1.1)
 local api = os.getenv("BENCH_API") or "djl"
 local body = os.getenv("BENCH_BODY") or "[[0.5]]"
+-- A body too large for an environment variable (128 KiB at most) is read from a file.
+local body_file = os.getenv("BENCH_BODY_FILE") or ""
+if body_file ~= "" then
+    local f = assert(io.open(body_file, "rb"))
+    body = f:read("*a")
+    f:close()
+end
+local content_type = os.getenv("BENCH_CONTENT_TYPE") or "application/json"
 local thread_count = env_number("BENCH_THREADS", 1)
 local thread_rate = env_number("BENCH_THREAD_RATE", 0)
 local seed = env_number("BENCH_SEED", 1)
@@ -73,7 +83,7 @@ local function build_request(name)
         return wrk.format("POST", "/v2/models/" .. name .. "/infer",
             {["Content-Type"] = "application/json"}, body)
     end
-    return wrk.format("POST", "/predictions/" .. name, {["Content-Type"] = "application/json"}, body)
+    return wrk.format("POST", "/predictions/" .. name, {["Content-Type"] = content_type}, body)
 end
 
 -- Built in init(): wrk sets the Host header only then.

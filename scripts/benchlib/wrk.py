@@ -49,6 +49,9 @@ class Load:
     start: int = 0  # the cycle pattern's first model
     body: str = "[[0.5]]"  # rows; the v2 API sends them as a V2 inference request
     raw_body: bool = False  # send ``body`` as it is, whatever the API (e.g. a V2 request)
+    body_file: str = ""  # the body read from this file instead (djl API; any size)
+    content_type: str = "application/json"  # of the djl API's body
+    timeout_s: int = 0  # a request's timeout; 0 = WRK_TIMEOUT_S
 
 
 @dataclass
@@ -128,7 +131,7 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
         f"-t{load.threads}",
         f"-c{load.connections}",
         f"-d{max(1, round(load.duration_s))}s",
-        f"--timeout={WRK_TIMEOUT_S}s",
+        f"--timeout={load.timeout_s or WRK_TIMEOUT_S}s",
         "--latency",
         "-s",
         str(LUA_SCRIPT),
@@ -145,6 +148,8 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
         BENCH_SEED=str(load.seed),
         BENCH_START=str(load.start),
         BENCH_BODY=load.body if load.raw_body else request_body(load.api, load.body),
+        BENCH_BODY_FILE=load.body_file,
+        BENCH_CONTENT_TYPE=load.content_type,
     )
     return argv, env
 

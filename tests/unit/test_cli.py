@@ -70,12 +70,13 @@ def test_cluster_is_listed_and_runs_its_own_command(capsys: pytest.CaptureFixtur
     assert "balance leastconn" in done.stdout
 
 
-def test_serving_does_not_import_the_cluster() -> None:
+def test_serving_does_not_import_the_cluster_nor_the_batch_transform() -> None:
     code = (
         "import sys\n"
         "import mmserver.cli, mmserver.server\n"
         "mmserver.cli.build_config(['serve'], {})\n"
-        "print(sorted(m for m in sys.modules if m.startswith('mmserver.cluster')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('mmserver.cluster', "
+        "'mmserver.transform'))))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False

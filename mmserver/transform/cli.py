@@ -1,0 +1,87 @@
+"""``mmserver transform [options]``: the command (``mmserver transform --help`` lists every
+option, :mod:`mmserver.transform.options` declares them).
+
+Exit codes: 0 every file written; 1 some files failed (each has its ``.error``); 2 the job
+could not run or stopped (bad options, no input, unknown model, ``--on-error fail``); 130
+interrupted (run the same command again to continue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from mmserver.model_config import cpu_count
+from mmserver.transform.failures import TransformError
+from mmserver.transform.job import Job
+from mmserver.transform.journal import Journal
+from mmserver.transform.local import LocalServer
+from mmserver.transform.options import PROG, TransformOptions, default_journal, parse
+from mmserver.transform.places import Places
+from mmserver.transform.progress import Display, Tally
+from mmserver.transform.sender import Sender
+
+
+def main(argv: Sequence[str], out: TextIO | None = None) -> int:
+    """Run the command line ``argv`` (the arguments after ``transform``); the exit code."""
+    stream = out or sys.stderr
+    try:
+        options = parse(argv)
+        import uvloop  # the server's event loop: its sockets' reads and writes are the cheaper
+
+        return uvloop.run(run(options, stream))
+    except TransformError as exc:
+        print(f"{PROG}: {exc.message}", file=stream)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted; run the same command again to continue", file=stream)
+        return 130
+
+
+async def run(options: TransformOptions, stream: TextIO) -> int:
+    """Run the job ``options`` describes, reporting to ``stream``; the exit code."""
+    places = Places(options)
+    files = await asyncio.to_thread(places.list_inputs)
+    journal_dir = Path(default_journal(options))
+    journal = await asyncio.to_thread(
+        Journal,
+        journal_dir,
+        options.fingerprint(),
+        {"model": options.model, "input": options.input, "output": options.output},
+    )
+    loop = asyncio.get_running_loop()
+    tally = Tally(loop.time(), len(files), sum(f.size for f in files))
+    display = Display(tally, stream, options.progress)
+    async with contextlib.AsyncExitStack() as stack:
+        # The clock starts once a server answers: the job's rate is its own, not a start-up's.
+        if options.url:
+            url = options.url
+            concurrency = options.max_concurrent_transforms or cpu_count()
+        else:
+            server = LocalServer(
+                options.model_store,
+                options.backend_processes,
+                options.max_payload_bytes,
+                journal_dir / "server.log",
+            )
+            url = (await stack.enter_async_context(server)).url
+            concurrency = options.max_concurrent_transforms or (
+                options.backend_processes or cpu_count()
+            )
+        sender = await stack.enter_async_context(
+            Sender(url, options.model, options.request_accept, concurrency, options.timeout)
+        )
+        tally.started = loop.time()
+        shown = asyncio.create_task(display.run(), name="transform-progress")
+        try:
+            await Job(options, places, journal, sender, tally, concurrency).run(files)
+        finally:
+            shown.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await shown
+            display.finish(loop.time())
+    return 1 if tally.files_failed else 0

@@ -1,0 +1,208 @@
+"""Files to records, records to payloads, answers back to output lines (pure functions).
+
+With ``--split-type Line`` a record is a line of the file (``\\n`` or ``\\r\\n``; blank lines are
+not records); with ``None`` it is the whole file. A payload is a run of consecutive records sent
+as one request: as many as fit in ``--max-payload-mb`` (``MultiRecord``) or one
+(``SingleRecord``). CSV and LIBSVM records are sent as lines; JSON lines as one JSON array (the
+server takes an array of rows or records). An answer is split back into one output per record
+(a CSV line, or an element of ``predictions``), so ``MultiRecord`` and ``SingleRecord`` write the
+same output; ``--join-source Input`` joins each to its record as SageMaker does.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmserver.transform.failures import FileFailed
+from mmserver.transform.options import CSV, JSON, JSON_LINES, TransformOptions
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Records ``start`` to ``end`` (excluded) of a file: its ``index``-th request; ``size``:
+    their bytes with a separator each."""
+
+    index: int
+    start: int
+    end: int
+    size: int = 0
+
+
+#: A line that is empty or blank, or a carriage return: what the plain split cannot take.
+_IRREGULAR = re.compile(rb"\r|(?:^|\n)[ \t\f\v]*(?:\n|$)")
+
+
+def split_records(data: bytes, split_type: str) -> list[bytes]:
+    """The records of a file's content."""
+    if split_type == "None":
+        return [data] if data.strip() else []
+    body = data[:-1] if data.endswith(b"\n") else data
+    if body and _IRREGULAR.search(body) is None:  # every line a record, the common case
+        return body.split(b"\n")
+    records = []
+    for line in data.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.strip():
+            records.append(line)
+    return records
+
+
+class Framing:
+    """How records are put into a request body, and its ``Content-Type``."""
+
+    def __init__(self, options: TransformOptions) -> None:
+        self.array = options.content_type == JSON_LINES
+        self.whole = options.split_type == "None"
+        self.content_type = JSON if self.array else options.content_type
+
+    def base(self) -> int:
+        """A body's bytes besides its records' (each adds its length and one separator)."""
+        return 1 if self.array and not self.whole else 0
+
+    def body(self, records: Sequence[bytes]) -> bytes:
+        if self.array:
+            if self.whole:  # a whole JSON-lines file: its lines as one array
+                records = split_records(records[0], "Line")
+            return b"[" + b",".join(records) + b"]"
+        if self.whole:
+            return records[0]
+        return b"\n".join(records) + b"\n"
+
+
+def pack(records: Sequence[bytes], framing: Framing, limit: int, single: bool) -> list[Payload]:
+    """The payloads of a file's records, in order, each with the size of its records (a
+    record's bytes and its separator). Raises :class:`FileFailed` for a record that does not
+    fit in ``limit`` bytes on its own. The cuts are found on the running total of the sizes
+    (numpy): one step per payload, not per record."""
+    if not records:
+        return []
+    costs = np.fromiter(map(len, records), dtype=np.int64, count=len(records)) + 1
+    room = limit - framing.base()
+    too_large = np.flatnonzero(costs > room)
+    if too_large.size:
+        number = int(too_large[0])
+        raise FileFailed(
+            f"record {number + 1} is {len(records[number]):,} bytes, more than the payload "
+            f"limit of {limit:,} bytes (--max-payload-mb); raise the limit or split the record"
+        )
+    if single:
+        return [Payload(i, i, i + 1, int(c)) for i, c in enumerate(costs.tolist())]
+    totals = np.cumsum(costs)
+    payloads: list[Payload] = []
+    start, before = 0, 0
+    while start < len(records):
+        end = int(np.searchsorted(totals, before + room, side="right"))
+        payloads.append(Payload(len(payloads), start, end, int(totals[end - 1]) - before))
+        start, before = end, int(totals[end - 1])
+    return payloads
+
+
+def answers(body: bytes, response_type: str) -> list[Any]:
+    """One value per record from an answer's body: a CSV line (bytes), or an element of a JSON
+    answer's ``predictions``. Raises :class:`ValueError` for a body of neither form."""
+    if response_type.partition(";")[0].strip().lower() == CSV:
+        text = body.rstrip(b"\n")
+        return [line.rstrip(b"\r") for line in text.split(b"\n")] if text else []
+    data = json.loads(body)
+    if isinstance(data, dict) and isinstance(data.get("predictions"), list):
+        return list(data["predictions"])
+    if isinstance(data, list):
+        return data
+    raise ValueError("the answer is neither CSV lines nor JSON with a predictions list")
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _csv_line(value: Any) -> bytes:
+    """A value as the server writes it in a CSV answer: a row's cells comma-separated (a dict's
+    values), a nested list or dict as JSON, ``None`` as an empty cell."""
+    if isinstance(value, bytes):
+        return value
+    cells = list(value.values()) if isinstance(value, dict) else value
+    if not isinstance(cells, list):
+        cells = [cells]
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(
+        json.dumps(c) if isinstance(c, list | dict) else c for c in cells
+    )
+    return buffer.getvalue().encode()
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):  # a CSV line answered where JSON was asked for
+        text = value.decode()
+        try:
+            return json.loads(f"[{text}]") if "," in text else json.loads(text)
+        except ValueError:
+            return text
+    return value
+
+
+def output_lines(
+    records: Sequence[bytes], values: Sequence[Any], options: TransformOptions
+) -> list[bytes]:
+    """The output line of each record (its answer value, joined to it with
+    ``--join-source Input``)."""
+    csv_out = options.answer_type == CSV
+    if options.join_source != "Input" and _plain_numbers(values):
+        return [repr(v).encode() for v in values]  # CSV's and JSON's form alike
+    lines = []
+    for record, value in zip(records, values, strict=True):
+        if options.join_source != "Input":
+            lines.append(_csv_line(value) if csv_out else _compact(_json_value(value)))
+        elif options.content_type == JSON_LINES:
+            lines.append(_join_json(record, _json_value(value)))
+        else:
+            lines.append(record + b"," + _csv_line(value))
+    return lines
+
+
+def _plain_numbers(values: Sequence[Any]) -> bool:
+    """Whether every value is a finite float or an int (not a bool): written as ``repr``."""
+    return all((type(v) is float and math.isfinite(v)) or type(v) is int for v in values)
+
+
+def _join_json(record: bytes, value: Any) -> bytes:
+    source = json.loads(record)
+    if isinstance(source, dict):
+        return _compact({**source, "SageMakerOutput": value})
+    return _compact({"SageMakerInput": source, "SageMakerOutput": value})
+
+
+def part(
+    records: Sequence[bytes], body: bytes, response_type: str, options: TransformOptions
+) -> bytes:
+    """What one payload's answer adds to its file's output. Raises :class:`ValueError` when the
+    answer does not hold one value per record."""
+    if options.assemble_with == "None":
+        return body
+    csv_answer = response_type.partition(";")[0].strip().lower() == CSV
+    if csv_answer and options.answer_type == CSV and options.join_source != "Input":
+        # The answer's lines are the output lines: counted, not taken apart.
+        text = body.replace(b"\r\n", b"\n").rstrip(b"\n")
+        count = text.count(b"\n") + 1 if text else 0
+        if options.split_type == "Line" and count != len(records):
+            raise ValueError(f"the model answered {count} values for {len(records)} records")
+        return text + b"\n" if text else b""
+    values = answers(body, response_type)
+    if options.split_type == "None":
+        return b"".join(
+            (_csv_line(v) if options.answer_type == CSV else _compact(_json_value(v))) + b"\n"
+            for v in values
+        )
+    if len(values) != len(records):
+        raise ValueError(f"the model answered {len(values)} values for {len(records)} records")
+    if options.join_source != "Input" and _plain_numbers(values):
+        return ("\n".join(map(repr, values)) + "\n").encode()
+    return b"".join(line + b"\n" for line in output_lines(records, values, options))
