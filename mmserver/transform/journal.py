@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mmserver.store.objects import write_whole
 from mmserver.transform.failures import TransformError
 
 
@@ -48,7 +49,9 @@ class Journal:
                         "that folder to start over"
                     )
             else:
-                _write_whole(job, json.dumps({"fingerprint": fingerprint, "job": description}))
+                write_whole(
+                    job, json.dumps({"fingerprint": fingerprint, "job": description}).encode()
+                )
             self._done = self._read_done()
             self._headers: dict[str, bytes] = {}
         except OSError as exc:
@@ -134,12 +137,6 @@ def _append(path: Path, data: bytes) -> None:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
-
-
-def _write_whole(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 def _summary(job: dict[str, Any]) -> str:

@@ -3,26 +3,23 @@
 Inputs: a local folder (every file under it, hidden ones aside, by relative path), a local
 file, an ``s3://bucket/prefix`` (every object whose key starts with it, named by its key past
 the prefix's last ``/``), or a SageMaker manifest (``--data-type ManifestFile``: a local file or
-an object, ``[{"prefix": "s3://bucket/prefix/"}, "relative/key", ...]``). Objects are read and
-written with the model store's S3 client settings (:func:`mmserver.store.s3.make_client`: the
-endpoint, region and credentials from the usual AWS variables and files; boto3 is imported only
-for a job that uses S3). Every output is written whole: a local one to a temporary file renamed
-into place, an object by one ``put_object``. Every method blocks: the job calls them in threads.
+an object, ``[{"prefix": "s3://bucket/prefix/"}, "relative/key", ...]``). Bodies are read and
+outputs written whole by :class:`mmserver.store.objects.Objects` (the model store's S3 client
+settings; boto3 is imported only for a job that uses S3). Every method blocks: the job calls
+them in threads.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmserver.errors import ConfigError
-from mmserver.store import split_object_url
+from mmserver.store.objects import LocationError, Objects, bucket_key, is_object
 from mmserver.transform.failures import FileFailed, TransformError
 from mmserver.transform.options import TransformOptions
 
@@ -40,18 +37,23 @@ class InputFile:
     size: int
 
 
-def is_object(location: str) -> bool:
-    return location[:5].lower() == "s3://"
-
-
 def _split(url: str) -> tuple[str, str]:
     """``s3://bucket/key-prefix`` as ``(bucket, key prefix)``, the prefix as written."""
     try:
-        bucket, _ = split_object_url(url)
-    except ConfigError as exc:
-        raise TransformError(exc.message.replace("model store", "location")) from None
-    rest = url.strip()[5:].partition("/")[2]
-    return bucket, rest
+        return bucket_key(url)
+    except LocationError as exc:
+        raise TransformError(exc.reason) from None
+
+
+@contextmanager
+def _failing(what: str, kind: type[TransformError]) -> Iterator[None]:
+    """A location's errors as ``kind``: ``what`` and the reason; a missing input said so."""
+    try:
+        yield
+    except LocationError as exc:
+        if exc.missing and kind is FileFailed:
+            raise kind(f"the input {exc.location} does not exist") from None
+        raise kind(f"{what}: {exc.reason}") from None
 
 
 class Places:
@@ -59,24 +61,13 @@ class Places:
 
     def __init__(self, options: TransformOptions, client: Any = None) -> None:
         self.options = options
-        self._client = client
-        self._lock = threading.Lock()
+        self.objects = Objects(client)
         self.output = options.output.strip()
         if is_object(self.output):
             _split(self.output)
             self.output = self.output.rstrip("/")
         else:
             self.output = str(Path(self.output))
-
-    @property
-    def client(self) -> Any:
-        """The one S3 client (thread-safe), made on first use."""
-        with self._lock:
-            if self._client is None:
-                from mmserver.store.s3 import make_client
-
-                self._client = make_client()
-            return self._client
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -118,18 +109,12 @@ class Places:
 
     def _objects(self, url: str) -> list[InputFile]:
         bucket, prefix = _split(url)
-        folder = prefix[: prefix.rfind("/") + 1]
-        files = []
-        with _s3_errors(f"the input {url} cannot be listed", TransformError):
-            pages = self.client.get_paginator("list_objects_v2")
-            for page in pages.paginate(Bucket=bucket, Prefix=prefix):
-                for item in page.get("Contents", []):
-                    key = str(item["Key"])
-                    if key.endswith("/"):
-                        continue
-                    files.append(
-                        InputFile(key[len(folder) :], f"s3://{bucket}/{key}", int(item["Size"]))
-                    )
+        folder = f"s3://{bucket}/{prefix[: prefix.rfind('/') + 1]}"
+        with _failing(f"the input {url} cannot be listed", TransformError):
+            files = [
+                InputFile(location[len(folder) :], location, size)
+                for location, size in self.objects.list(url)
+            ]
         if not files:
             raise TransformError(f"no objects under {url}: check the bucket and prefix")
         return files
@@ -161,16 +146,8 @@ class Places:
         return self._read(file.location)
 
     def _read(self, location: str) -> bytes:
-        if is_object(location):
-            bucket, key = _split(location)
-            with _s3_errors(f"the input {location} cannot be read", FileFailed, location):
-                return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
-        try:
-            return Path(location).read_bytes()
-        except FileNotFoundError:
-            raise FileFailed(f"the input {location} does not exist") from None
-        except OSError as exc:
-            raise FileFailed(f"the input {location} cannot be read: {exc.strerror}") from None
+        with _failing(f"the input {location} cannot be read", FileFailed):
+            return self.objects.read(location)
 
     # -- outputs ---------------------------------------------------------------------------
 
@@ -184,59 +161,14 @@ class Places:
         Raises :class:`TransformError`: an output that cannot be written stops the job."""
         location = self.output_location(name, suffix)
         kind = "text/plain" if suffix == ERROR_SUFFIX else self.options.answer_type
-        try:
-            if is_object(location):
-                bucket, key = _split(location)
-                with _s3_errors(f"{location} cannot be written", TransformError):
-                    self.client.put_object(Bucket=bucket, Key=key, Body=data, ContentType=kind)
-            else:
-                _write_whole(Path(location), data)
-        except OSError as exc:
-            raise TransformError(f"{location} cannot be written: {exc.strerror}") from None
+        with _failing(f"{location} cannot be written", TransformError):
+            self.objects.write(location, data, kind)
 
     def remove_error(self, name: str) -> None:
         """Remove the ``.error`` an earlier run left for the input ``name``, if any."""
         location = self.output_location(name, ERROR_SUFFIX)
-        if is_object(location):
-            bucket, key = _split(location)
-            with _s3_errors(f"{location} cannot be removed", TransformError):
-                self.client.delete_object(Bucket=bucket, Key=key)
-        else:
-            Path(location).unlink(missing_ok=True)
-
-
-_NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
-
-
-@contextmanager
-def _s3_errors(what: str, kind: type[TransformError], location: str = "") -> Iterator[None]:
-    """boto3's errors as ``kind``: ``what`` and the reason (a missing ``location`` said so)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        yield
-    except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if location and code in _NOT_FOUND:
-            raise kind(f"the input {location} does not exist") from None
-        raise kind(f"{what}: {exc}") from None
-    except BotoCoreError as exc:
-        raise kind(f"{what}: {exc}") from None
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """Write ``path`` whole: a temporary file beside it, synced, renamed into place (with the
-    mode the umask gives a new file, as any other output of the user's)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+        with _failing(f"{location} cannot be removed", TransformError):
+            self.objects.delete(location)
 
 
 def _size(path: Path) -> int:
