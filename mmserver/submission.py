@@ -2,10 +2,13 @@
 
 A request to a loaded model is queued at once, with no coroutine of its own: the loaded pools
 are looked up by name (:attr:`Room.loaded <mmserver.room.Room.loaded>`), the model is marked
-most recently used, and the pool queues the job. Any other request waits in a task of its own
-for the model's load (:meth:`Loader.get_pool <mmserver.loading.Loader.get_pool>`), then is
-queued. A per-model admission rule (a rate limit, say) goes in :meth:`Submitter.submit`, before
-the pool's queue.
+most recently used, and the pool queues the job. A request to a model with versions whose
+rollout is known goes the same way to the loaded version it routes to
+(:meth:`Versions.route <mmserver.versions.Versions.route>`). Any other request waits in a task
+of its own for the version it goes to (:meth:`Versions.resolve
+<mmserver.versions.Versions.resolve>`) and the model's load (:meth:`Loader.get_pool
+<mmserver.loading.Loader.get_pool>`), then is queued. A per-model admission rule (a rate
+limit, say) goes in :meth:`Submitter.submit`, before the pool's queue.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from mmserver.codecs import Request
 from mmserver.loading import Loader
 from mmserver.metrics import ModelRequests
 from mmserver.room import Room
+from mmserver.versions import Versions
 
 
 class Submission:
@@ -38,9 +42,10 @@ class Submission:
 class Submitter:
     """Queues requests for their models, loading a model first if needed."""
 
-    def __init__(self, room: Room, loader: Loader) -> None:
+    def __init__(self, room: Room, loader: Loader, versions: Versions) -> None:
         self._loaded = room.loaded
         self._loader = loader
+        self._versions = versions
 
     def submit(
         self,
@@ -56,6 +61,11 @@ class Submitter:
         asynchronous one) does not count toward the model's real-time scale-up."""
         loaded = self._loaded
         pool = loaded.get(name)
+        if pool is None:
+            routed = self._versions.route(name)
+            if routed is not None:
+                name = routed
+                pool = loaded.get(name)
         if pool is not None:
             loaded.move_to_end(name)
             try:
@@ -81,6 +91,6 @@ class Submitter:
         background: bool,
     ) -> bytes:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
-        pool = await self._loader.get_pool(name)
+        pool = await self._loader.get_pool(await self._versions.resolve(name))
         submission.requests = pool.requests
         return await pool.submit(request, deadline, client_gone, arrived, background)

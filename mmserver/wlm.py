@@ -8,6 +8,8 @@ that do its jobs, each the one owner of its state:
   policy is :func:`mmserver.eviction.choose_victims`), unloading, and the memory watch;
 - :mod:`mmserver.files` — a load's file work, in threads and unpacking processes;
 - :mod:`mmserver.loading` — loading on demand, one load however many requests wait for it;
+- :mod:`mmserver.versions` — the versions of a model with versions, and which of them a request
+  goes to;
 - :mod:`mmserver.submission` — a request queued for its model: every protocol's handler calls
   :meth:`WorkLoadManager.submit`.
 
@@ -37,8 +39,15 @@ from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.room import Room
-from mmserver.store import ModelSource, StoreIndex, normalize_name, resolve_model_url
+from mmserver.store import (
+    ModelSource,
+    StoreIndex,
+    normalize_name,
+    normalize_target,
+    resolve_model_url,
+)
 from mmserver.submission import Submission, Submitter
+from mmserver.versions import Rollout, Versions
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
 
@@ -87,7 +96,9 @@ class WorkLoadManager:
             retry_seconds=load_retry_seconds,
             clock=clock,
         )
-        self._submitter = Submitter(self._room, self._loader)
+        state_dir = config.state_path if config.state_dir.strip() else config.cache_path
+        self._versions = Versions(self._catalog, self._room.loaded, state_dir)
+        self._submitter = Submitter(self._room, self._loader, self._versions)
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The scan of a local store begun at :meth:`start` (which does not wait for it).
         self.first_scan: asyncio.Task[None] | None = None
@@ -142,6 +153,7 @@ class WorkLoadManager:
     async def start(self) -> None:
         """Start the backend processes, then load the models named by ``load_models``."""
         await self.backend.start()
+        await self._versions.open()
         self._files.bind(asyncio.get_running_loop())
         self._room.measure_budget(UNPACK_PROCESSES if self._files.processes is not None else 0)
         self.accepting = True
@@ -159,8 +171,9 @@ class WorkLoadManager:
             names = [n.strip() for n in wanted.split(",") if n.strip()]
         for name in names:
             try:
-                self._catalog.record(normalize_name(name)).startup = True
-                await self._loader.get_pool(name)
+                key = await self._versions.resolve(name)
+                self._catalog.record(key).startup = True
+                await self._loader.get_pool(key)
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
 
@@ -257,9 +270,26 @@ class WorkLoadManager:
         return await self.submit(name, request, client_gone, deadline=deadline).answer
 
     async def ready(self, name: str) -> str:
-        """Load model ``name`` (any spelling) if it is not loaded; its name."""
+        """Load model ``name`` (any spelling; of a model with versions, the version it names or
+        the default) if it is not loaded; its name (a version's key)."""
         self._refuse_if_stopping()
-        return (await self._loader.get_pool(name)).name
+        return (await self._loader.get_pool(await self._versions.resolve(name))).name
+
+    async def resolve(self, name: str) -> str:
+        """The model or version key a request for ``name`` goes to (:mod:`mmserver.versions`);
+        :class:`errors.ModelNotFound` for a version the model does not have."""
+        return await self._versions.resolve(name)
+
+    async def rollout(self, name: str) -> Rollout | None:
+        """The versions of model ``name`` and where its requests go (``None``: a model without
+        versions)."""
+        return await self._versions.rollout_of(name)
+
+    async def set_default_version(self, name: str, version: int) -> Rollout:
+        """Load version ``version`` of model ``name`` (management: no room is 507), then send
+        the requests that name no version to it (:meth:`Versions.switch`)."""
+        self._refuse_if_stopping()
+        return await self._versions.switch(name, version, self._get_pool_for_management)
 
     # Management -------------------------------------------------------------------------------
 
@@ -316,7 +346,7 @@ class WorkLoadManager:
     async def load(self, name: str) -> None:
         """Load a model of the store, or a registered one, now (management: no room is 507)."""
         self._refuse_if_stopping()
-        await self._get_pool_for_management(name)
+        await self._get_pool_for_management(await self._versions.resolve(name))
 
     async def _get_pool_for_management(self, name: str) -> ModelPool:
         """The model's pool, loaded if needed, for a management call, which is told that the
@@ -337,7 +367,7 @@ class WorkLoadManager:
         """Apply new worker and batching settings to a model, live (loading it if needed);
         the model's configuration now."""
         self._refuse_if_stopping()
-        name = normalize_name(name)
+        name = await self._versions.resolve(name)
         self._catalog.check_overrides(overrides)
         pool = await self._get_pool_for_management(name)
         config = pool.config.requested(**overrides)
@@ -349,8 +379,17 @@ class WorkLoadManager:
         return config
 
     async def unload(self, name: str) -> None:
-        """Unload a model (answering what it has queued first) and forget its registration."""
-        name = normalize_name(name)
+        """Unload a model or version (answering what it has queued first) and forget its
+        registration. A model with versions: every version of it that is loaded."""
+        name = normalize_target(name)
+        rollout = self._versions.rollouts.get(name)
+        if rollout is not None:
+            keys = [k for k in map(rollout.key, rollout.versions) if self._catalog.get(k)]
+            if not keys:
+                raise errors.ModelNotFound(f"model {name}: none of its versions is loaded")
+            for key in keys:
+                await self.unload(key)
+            return
         record = self._catalog.get(name)
         if record is not None and record.load is not None:
             await asyncio.gather(record.load, return_exceptions=True)

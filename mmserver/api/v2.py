@@ -33,7 +33,7 @@ from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
 from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
 from mmserver.record import ModelStatus
-from mmserver.store import normalize_name
+from mmserver.store import normalize_name, split_version
 from mmserver.v2codec import (
     VERSION,
     datatype_of,
@@ -112,9 +112,9 @@ async def not_ready_reason(wlm: WorkLoadManager, name: str) -> str | None:
     """Why model ``name`` is not ready (``None``: it is): it loads on its first request or on a
     repository load. Raises :class:`ModelNotFound` for a model the server does not know, and
     :class:`ShuttingDown` once shutdown has begun."""
-    name = normalize_name(name)
     if not wlm.accepting:
         raise ShuttingDown("the server is shutting down; its models take no new requests")
+    name = await wlm.resolve(name)
     status = wlm.status(name)
     if status is ModelStatus.READY:
         return None
@@ -129,8 +129,14 @@ async def not_ready_reason(wlm: WorkLoadManager, name: str) -> str | None:
 
 async def metadata_of(wlm: WorkLoadManager, name: str) -> dict[str, Any]:
     """Model ``name``'s V2 metadata (:func:`describe`), loading it first if needed."""
-    name = await wlm.ready(name)
-    return describe(name, wlm.signature(name))
+    key = await wlm.ready(name)
+    metadata = describe(key, wlm.signature(key))
+    base, version = split_version(key)
+    if version is not None:
+        rollout = await wlm.rollout(base)
+        metadata["name"] = base
+        metadata["versions"] = [str(v) for v in (rollout.versions if rollout else (version,))]
+    return metadata
 
 
 #: A column's kind (:mod:`mmserver.schema`) to the datatype of its V2 input.
