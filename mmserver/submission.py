@@ -54,6 +54,7 @@ class Submitter:
         client_gone: Callable[[], bool] | None,
         deadline: float | None,
         background: bool = False,
+        routing: str | None = None,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling). A loaded model named exactly
         ``name`` gets it queued at once; otherwise a task finds (or loads) the model, then
@@ -62,7 +63,7 @@ class Submitter:
         loaded = self._loaded
         pool = loaded.get(name)
         if pool is None:
-            routed = self._versions.route(name)
+            routed = self._versions.route(name, routing)
             if routed is not None:
                 name = routed
                 pool = loaded.get(name)
@@ -77,7 +78,7 @@ class Submitter:
         submission = Submission.__new__(Submission)
         submission.requests = None
         submission.answer = asyncio.get_running_loop().create_task(
-            self._after_load(name, request, deadline, client_gone, submission, background)
+            self._after_load(name, request, deadline, client_gone, submission, background, routing)
         )
         return submission
 
@@ -89,8 +90,9 @@ class Submitter:
         client_gone: Callable[[], bool] | None,
         submission: Submission,
         background: bool,
+        routing: str | None,
     ) -> bytes:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
-        pool = await self._loader.get_pool(await self._versions.resolve(name))
+        pool = await self._loader.get_pool(await self._versions.resolve(name, routing))
         submission.requests = pool.requests
         return await pool.submit(request, deadline, client_gone, arrived, background)

@@ -10,7 +10,11 @@ its own record, loads, scales and is evicted on its own, and its series carry
   request names a version not known yet;
 - the **default** version, which a request that names none goes to: the one the management
   API set (:meth:`Versions.set_default`), else ``option.default_version`` of the model
-  folder's ``serving.properties``, else the highest.
+  folder's ``serving.properties``, else the highest;
+- the **canary**: a version that takes ``canary_percent`` % of the requests that name none
+  (``option.canary_version``, ``option.canary_percent``, or the management API). A request
+  with a routing key goes by a hash of the key (:func:`canary_bucket`: the same key, the same
+  version, on every instance of a cluster); one without, at random.
 
 A request naming a version goes to it; V2's version ``1`` of a model without versions is the
 model itself. :meth:`Versions.route` answers at once for a model whose rollout is known (the
@@ -28,11 +32,13 @@ import asyncio
 import json
 import logging
 import os
+import random
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mmserver import errors
 from mmserver.catalog import Catalog
@@ -50,6 +56,14 @@ class Saved:
     """What the management API set for one model (``None``: not set)."""
 
     default: int | None = None
+    canary: int | None = None
+    canary_percent: float | None = None
+
+
+def canary_bucket(key: str) -> float:
+    """Where the routing key ``key`` falls in [0, 100): a request goes to the canary when this
+    is below its percentage. CRC-32, so every process and instance agrees."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % 10_000 / 100
 
 
 @dataclass
@@ -66,6 +80,25 @@ class Rollout:
     #: Why requests that name no version cannot be routed (a default that names no version):
     #: they are answered this error; those naming a version are served.
     error: errors.ConfigError | None = None
+    #: The canary version and the share (%) of the requests naming no version it takes.
+    canary: int | None = None
+    canary_percent: float = 0.0
+    #: Where the canary comes from: ``serving.properties`` or ``management`` (``None``: none).
+    canary_from: str | None = None
+
+    @property
+    def splits(self) -> bool:
+        """Whether some requests naming no version go to the canary."""
+        return self.canary is not None and self.canary_percent > 0 and self.canary != self.default
+
+    def pick(self, routing: str | None, draw: Callable[[], float]) -> str:
+        """The key of the version a request naming none goes to (``routing``: its routing
+        key; ``draw``: a random number in [0, 1))."""
+        if self.splits:
+            point = canary_bucket(routing) if routing is not None else draw() * 100
+            if point < self.canary_percent:
+                return version_key(self.name, cast(int, self.canary))
+        return version_key(self.name, self.default)
 
     def key(self, version: int) -> str:
         return version_key(self.name, version)
@@ -89,9 +122,36 @@ def make_rollout(
             rollout.default_from = "serving.properties"
         except errors.ConfigError as exc:
             rollout.error = exc
+    canary_text = props.get("option.canary_version")
+    if canary_text is not None and rollout.error is None:
+        try:
+            rollout.canary = _version_in(name, "option.canary_version", canary_text, versions)
+            rollout.canary_percent = _percent(
+                name, "option.canary_percent", props.get("option.canary_percent", "0")
+            )
+            rollout.canary_from = "serving.properties"
+        except errors.ConfigError as exc:
+            rollout.error = exc
     if saved is not None and saved.default in versions:
         rollout.default, rollout.default_from, rollout.error = saved.default, "management", None
+    if saved is not None and saved.canary_percent is not None:
+        if saved.canary is None or saved.canary in versions:
+            rollout.canary, rollout.canary_percent = saved.canary, saved.canary_percent
+            rollout.canary_from = "management" if saved.canary is not None else None
     return rollout
+
+
+def _percent(name: str, key: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = -1.0
+    if 0 <= value <= 100:
+        return value
+    raise errors.ConfigError(
+        f"model {name}: serving.properties: {key}={text!r} must be a number from 0 to 100",
+        model=name,
+    )
 
 
 def _version_in(name: str, key: str, text: str, versions: tuple[int, ...]) -> int:
@@ -118,6 +178,8 @@ class Versions:
         self.rollouts: dict[str, Rollout] = {}
         self._saved: dict[str, Saved] = {}
         self._writing = asyncio.Lock()
+        #: Draws the share of a request without a routing key.
+        self.random = random.Random()
 
     async def open(self) -> None:
         """Read what the management API set before the server last stopped."""
@@ -136,17 +198,17 @@ class Versions:
 
     # Requests ---------------------------------------------------------------------------------
 
-    def route(self, name: str) -> str | None:
-        """The key of the version a request for ``name`` goes to, when that is known without
-        a look-up in the store (``None``: it is not)."""
+    def route(self, name: str, routing: str | None = None) -> str | None:
+        """The key of the version a request for ``name`` (with the routing key ``routing``)
+        goes to, when that is known without a look-up in the store (``None``: it is not)."""
         rollout = self.rollouts.get(name)
         if rollout is not None and rollout.error is None:
-            return rollout.default_key
+            return rollout.pick(routing, self.random.random)
         if name[-2:] == "/1" and name[:-2] in self._loaded:
             return name[:-2]  # V2's version 1 of a loaded model without versions
         return None
 
-    async def resolve(self, name: str) -> str:
+    async def resolve(self, name: str, routing: str | None = None) -> str:
         """The key of the model or version a request for ``name`` (any spelling, with or without
         a version) goes to: :class:`errors.ModelNotFound` for a version the model does not
         have. A name the store does not hold comes back as it is (its load answers 404)."""
@@ -164,7 +226,7 @@ class Versions:
         if version is None:
             if rollout.error is not None:
                 raise rollout.error
-            return rollout.default_key
+            return rollout.pick(routing, self.random.random)
         if version not in rollout.versions:
             raise errors.ModelNotFound(
                 f"model {base} has no version {version}; its versions are "
@@ -204,18 +266,40 @@ class Versions:
             if known.default in entry.versions:
                 rollout.default, rollout.default_from = known.default, known.default_from
                 rollout.error = None
+        if known is not None and known.canary_from == "management":
+            if known.canary in entry.versions:
+                rollout.canary, rollout.canary_percent = known.canary, known.canary_percent
+                rollout.canary_from = known.canary_from
         self.rollouts[base] = rollout
         return rollout
 
     # Management -------------------------------------------------------------------------------
 
     async def switch(
-        self, name: str, version: int, load: Callable[[str], Awaitable[ModelPool]]
+        self,
+        name: str,
+        version: int,
+        load: Callable[[str], Awaitable[ModelPool]],
+        canary_percent: float | None = None,
     ) -> Rollout:
         """Send the requests to model ``name`` that name no version to ``version`` from now
-        on, once ``load`` has loaded it (its workers started: no request waits for its load);
-        a version that fails to load takes no request (the call fails with the load's error).
+        on (with ``canary_percent``: that share of them, as its canary; 0 ends the canary),
+        once ``load`` has loaded it (its workers started: no request waits for its load); a
+        version that fails to load takes no request (the call fails with the load's error).
         Written down, so it survives a restart."""
+        rollout = await self._rollout_named(name, version)
+        if canary_percent is not None and canary_percent == 0:
+            await self.set_canary(rollout, None, 0.0)
+            return rollout
+        await load(rollout.key(version))
+        if canary_percent is None:
+            await self.set_default(rollout, version)
+        else:
+            await self.set_canary(rollout, version, canary_percent)
+        return rollout
+
+    async def _rollout_named(self, name: str, version: int) -> Rollout:
+        """The rollout of model ``name``, which must hold ``version``."""
         rollout = await self.rollout_of(name)
         base = normalize_target(name).partition("/")[0]
         if rollout is None:
@@ -228,8 +312,6 @@ class Versions:
                 f"model {base} has no version {version}; its versions are "
                 f"{', '.join(map(str, rollout.versions))}"
             )
-        await load(rollout.key(version))
-        await self.set_default(rollout, version)
         return rollout
 
     async def set_default(self, rollout: Rollout, version: int) -> None:
@@ -239,6 +321,19 @@ class Versions:
         self._saved.setdefault(rollout.name, Saved()).default = version
         await self._save()
         log.info("model %s: requests go to version %d from now on", rollout.name, version)
+
+    async def set_canary(self, rollout: Rollout, version: int | None, percent: float) -> None:
+        """Send ``percent`` % of the requests that name no version to ``version`` (loaded by
+        the caller first; ``None``: no canary), and write it down."""
+        rollout.canary, rollout.canary_percent = version, percent
+        rollout.canary_from = "management" if version is not None else None
+        saved = self._saved.setdefault(rollout.name, Saved())
+        saved.canary, saved.canary_percent = version, percent
+        await self._save()
+        if version is None:
+            log.info("model %s: the canary ended", rollout.name)
+        else:
+            log.info("model %s: %g%% of requests go to version %d", rollout.name, percent, version)
 
     async def _save(self) -> None:
         """Write what the management API set (atomically: a reader sees the old file or the

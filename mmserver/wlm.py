@@ -242,6 +242,7 @@ class WorkLoadManager:
         *,
         deadline: float | None = None,
         background: bool = False,
+        routing: str | None = None,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling), loading the model first if
         needed: every inference path comes in here. The answer's body is the result of the
@@ -253,10 +254,11 @@ class WorkLoadManager:
         :class:`errors.ShuttingDown` at once; every other error is the future's.
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout.
         A ``background`` request (an asynchronous one) does not count toward the model's
-        real-time scale-up (:mod:`mmserver.scaling`)."""
+        real-time scale-up (:mod:`mmserver.scaling`). ``routing``, a routing key, picks the
+        version of a canary rollout (:mod:`mmserver.versions`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
-        return self._submitter.submit(name, request, client_gone, deadline, background)
+        return self._submitter.submit(name, request, client_gone, deadline, background, routing)
 
     async def infer(
         self,
@@ -290,6 +292,13 @@ class WorkLoadManager:
         the requests that name no version to it (:meth:`Versions.switch`)."""
         self._refuse_if_stopping()
         return await self._versions.switch(name, version, self._get_pool_for_management)
+
+    async def set_canary(self, name: str, version: int, percent: float) -> Rollout:
+        """Load version ``version`` of model ``name``, then send ``percent`` % of the requests
+        that name no version to it (0: end the canary; nothing is loaded then)."""
+        self._refuse_if_stopping()
+        load = self._get_pool_for_management
+        return await self._versions.switch(name, version, load, canary_percent=percent)
 
     # Management -------------------------------------------------------------------------------
 

@@ -65,12 +65,18 @@ class Exchange:
         accept: str | None,
         header_length: str | None,
         client_gone: Callable[[], bool] | None,
+        routing: str | None = None,
     ) -> asyncio.Future[bytes]:
         """Make the job and queue it on model ``name``: the future of the answer's body. Raises
-        what the job's headers or the server's state refuse at once."""
+        what the job's headers or the server's state refuse at once. ``routing`` is the
+        request's routing key (a canary rollout sends the same key to the same version)."""
         self.name = name
         self.job = job = self.protocol.make_job(body, content_type, accept, header_length)
-        self.submission = submission = self.state.wlm.submit(name, job, client_gone)
+        wlm = self.state.wlm
+        if routing is None:
+            self.submission = submission = wlm.submit(name, job, client_gone)
+        else:
+            self.submission = submission = wlm.submit(name, job, client_gone, routing=routing)
         return submission.answer
 
     def answered(self, answer: bytes) -> tuple[bytes | memoryview, str, dict[str, str] | None]:

@@ -102,6 +102,9 @@ async def describe_model(request: web.Request) -> web.Response:
         described["version"] = str(version)
         described["isDefault"] = version == rollout.default
         described["defaultFrom"] = rollout.default_from
+        if version == rollout.canary and rollout.canary_from is not None:
+            described["canaryPercent"] = rollout.canary_percent
+            described["canaryFrom"] = rollout.canary_from
         workflows.append({"workflowName": name, "version": str(version), "models": [described]})
     return web.json_response(workflows)
 
@@ -269,6 +272,36 @@ async def set_default_version(request: web.Request) -> web.Response:
     )
 
 
+async def set_canary_version(request: web.Request) -> web.Response:
+    """``PUT /models/{model}/{version}/set-canary?percent=P``: the version is loaded, then
+    ``P`` % of the requests that name no version go to it (``percent=0`` ends the canary);
+    the change survives a restart."""
+    authorize(request)
+    name = normalize_name(request.match_info["model"])
+    key = versioned(name, request.match_info["version"])
+    params = await request_params(request)
+    if "percent" not in params:
+        raise InvalidInput("parameter percent is required: the share (0 to 100) of requests")
+    percent = _percent(params["percent"])
+    version = int(key.split("/")[1])
+    rollout = await request.app[STATE].wlm.set_canary(name, version, percent)
+    if rollout.canary is None:
+        return web.json_response({"status": f'Canary of model "{name}" ended.'})
+    return web.json_response(
+        {"status": f'Canary of model "{name}" set to version {version} at {percent:g}%.'}
+    )
+
+
+def _percent(value: Any) -> float:
+    try:
+        percent = float(value)
+    except (TypeError, ValueError):
+        percent = -1.0
+    if isinstance(value, bool) or not 0 <= percent <= 100:
+        raise InvalidInput(f"parameter percent must be a number from 0 to 100, got {_shown(value)}")
+    return percent
+
+
 async def metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: Prometheus text, rendered in a thread so the event loop keeps serving."""
     state = request.app[STATE]
@@ -357,5 +390,6 @@ HANDLERS: dict[str, Handler] = {
     "rescale_model": answers_errors(rescale_model),
     "unload_model": answers_errors(unload_model),
     "set_default_version": answers_errors(set_default_version),
+    "set_canary_version": answers_errors(set_canary_version),
     "metrics": answers_errors(metrics),
 }

@@ -31,6 +31,9 @@ from mmserver.v2codec import HEADER_LENGTH, split_answer, v2_request
 JSON = "application/json"
 BINARY = "application/octet-stream"
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
+#: The header whose value picks the version of a model's canary rollout a request goes to: the
+#: same value, the same version (:mod:`mmserver.versions`).
+ROUTING_KEY = "X-Mmserver-Routing-Key"
 
 #: Makes the job of a request from its body and the headers that matter
 #: (``Content-Type``, ``Accept``, ``Inference-Header-Content-Length``), checking only those.
@@ -165,6 +168,7 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", _DJL_VERSION, DJL, "rescale_model"),
     Route("DELETE", _DJL_VERSION, DJL, "unload_model"),
     Route("PUT", _DJL_VERSION + "/set-default", DJL, "set_default_version"),
+    Route("PUT", _DJL_VERSION + "/set-canary", DJL, "set_canary_version"),
     Route("GET", "/metrics", DJL, "metrics"),
     # The Open Inference Protocol's health, metadata and model repository.
     Route("GET", "/v2", V2, "server_metadata"),

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from mmserver.api.protocols import ROUTING_KEY
+from mmserver.versions import canary_bucket
 from tests.integration.harness import Harness, Serve, ServerLikeTestServer, error_of
 from tests.integration.s3server import s3_environment
 from tests.integration.test_objectstore import serving, tar_gz
@@ -195,7 +197,7 @@ async def test_the_default_switches_warm_and_survives_a_restart(
     response = await harness.client.put("/models/versioned/1/set-default")
     assert response.status == 200
     saved = json.loads((tmp_path / "cache" / "rollouts.json").read_text())
-    assert saved == {"models": {"versioned": {"default": 1}}}
+    assert saved["models"]["versioned"]["default"] == 1
 
     restarted = await serve(**options)
     assert (await predict(restarted, "/predictions/versioned"))["predictions"] == [11.0]
@@ -263,3 +265,90 @@ async def test_versions_from_an_object_store(tmp_path: Path) -> None:
                 response = await http.post("/predictions/versioned", json=[[0.5]])
                 assert (await response.json())["predictions"] == [12.0]
             assert sorted(server.wlm.loaded) == ["versioned/1", "versioned/2"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Canary
+# ------------------------------------------------------------------------------------------------
+
+CALLERS = [f"caller-{i}" for i in range(1000)]
+
+
+async def answers_by_key(harness: Harness, keys: list[str]) -> dict[str, float]:
+    """The answer to one unversioned request per routing key."""
+    answers = {}
+    for key in keys:
+        body = await predict(harness, "/predictions/versioned", **{ROUTING_KEY: key})
+        answers[key] = body["predictions"][0]
+    return answers
+
+
+async def test_a_canary_takes_its_share_by_routing_key(serve: Serve, tmp_path: Path) -> None:
+    store = make_versioned_store(tmp_path / "store")
+    properties = store / "versioned" / "serving.properties"
+    properties.write_text("option.base=10\noption.canary_version=1\noption.canary_percent=10\n")
+    harness = await serve(model_store=str(store))
+    answers = await answers_by_key(harness, CALLERS)
+    to_canary = [key for key, answer in answers.items() if answer == 11.0]
+    assert set(answers.values()) == {11.0, 12.0}
+    # The keys the hash puts below 10 %: about a tenth of them.
+    assert to_canary == [key for key in CALLERS if canary_bucket(key) < 10]
+    assert 70 <= len(to_canary) <= 130
+    # The same caller always sees the same version.
+    assert await answers_by_key(harness, CALLERS[:100]) == {k: answers[k] for k in CALLERS[:100]}
+    samples = await harness.samples()
+    assert samples[("mmserver_requests_total", (("code", "200"), ("model", "versioned/1")))] == (
+        len(to_canary) + sum(1 for k in CALLERS[:100] if k in to_canary)
+    )
+    response = await harness.client.get("/models/versioned/1")
+    [workflow] = await response.json()
+    model = workflow["models"][0]
+    assert (model["canaryPercent"], model["canaryFrom"]) == (10.0, "serving.properties")
+
+
+async def test_the_canary_is_set_warm_by_a_call_and_survives_a_restart(
+    serve: Serve, store: Path, tmp_path: Path
+) -> None:
+    options = {"model_store": str(store), "cache_dir": str(tmp_path / "cache")}
+    harness = await serve(**options)
+    response = await harness.client.put("/models/versioned/1/set-canary", params={"percent": "50"})
+    assert response.status == 200, await response.text()
+    status = (await response.json())["status"]
+    assert status == 'Canary of model "versioned" set to version 1 at 50%.'
+    assert "versioned/1" in harness.wlm.loaded  # loaded before any request went to it
+    keyed = await answers_by_key(harness, CALLERS[:200])
+    assert sorted(k for k, a in keyed.items() if a == 11.0) == sorted(
+        k for k in CALLERS[:200] if canary_bucket(k) < 50
+    )
+    # Without a routing key, at random: both versions answer.
+    unkeyed = {
+        (await predict(harness, "/predictions/versioned"))["predictions"][0] for _ in range(100)
+    }
+    assert unkeyed == {11.0, 12.0}
+    saved = json.loads((tmp_path / "cache" / "rollouts.json").read_text())
+    assert saved["models"]["versioned"] == {"default": None, "canary": 1, "canary_percent": 50.0}
+
+    restarted = await serve(**options)
+    assert await answers_by_key(restarted, CALLERS[:200]) == keyed
+    response = await restarted.client.put("/models/versioned/1/set-canary?percent=0")
+    assert response.status == 200
+    assert (await response.json())["status"] == 'Canary of model "versioned" ended.'
+    assert set((await answers_by_key(restarted, CALLERS[:50])).values()) == {12.0}
+
+
+async def test_a_canary_that_fails_to_load_takes_no_traffic(serve: Serve, store: Path) -> None:
+    write_version(store / "versioned" / "3", 3, FAILING_HANDLER)
+    harness = await serve(model_store=str(store))
+    response = await harness.client.put("/models/versioned/2/set-default")
+    assert response.status == 200
+    response = await harness.client.put("/models/versioned/3/set-canary?percent=50")
+    assert response.status == 500
+    assert "version 3 cannot load" in (await error_of(response))["message"]
+    assert set((await answers_by_key(harness, CALLERS[:50])).values()) == {12.0}
+    for bad in ("101", "-1", "x", "nan"):
+        response = await harness.client.put(f"/models/versioned/2/set-canary?percent={bad}")
+        assert response.status == 400
+        message = (await error_of(response))["message"]
+        assert message.startswith("parameter percent must be a number from 0 to 100")
+    response = await harness.client.put("/models/versioned/2/set-canary")
+    assert response.status == 400
