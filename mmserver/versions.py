@@ -1,20 +1,13 @@
-"""Versions: which version of a model a request goes to, and the rollout of a model's versions.
+"""Versions: which version of a model a request goes to, and the rollouts of models' versions.
 
 A model folder of the store may hold numbered versions (``NAME/1/``, ``NAME/2.tar.gz``...).
 Each version is a model of its own to the rest of the server, under its key ``NAME/2``: it has
 its own record, loads, scales and is evicted on its own, and its series carry
-``model="NAME/2"``. This module owns what is per model rather than per version, one
-:class:`Rollout` each:
-
-- the versions the store holds, read when the model is first asked for, and again when a
-  request names a version not known yet;
-- the **default** version, which a request that names none goes to: the one the management
-  API set (:meth:`Versions.set_default`), else ``option.default_version`` of the model
-  folder's ``serving.properties``, else the highest;
-- the **canary**: a version that takes ``canary_percent`` % of the requests that name none
-  (``option.canary_version``, ``option.canary_percent``, or the management API). A request
-  with a routing key goes by a hash of the key (:func:`canary_bucket`: the same key, the same
-  version, on every instance of a cluster); one without, at random.
+``model="NAME/2"``. This module keeps what is per model rather than per version, one
+:class:`~mmserver.rollout.Rollout` each (its default version, canary and shadow: see
+:mod:`mmserver.rollout`), made from the versions the store holds (read when the model is first
+asked for, when a request names a version not known yet, and when it is described), the model
+folder's ``serving.properties`` and what the management API set.
 
 A request naming a version goes to it; V2's version ``1`` of a model without versions is the
 model itself. :meth:`Versions.route` answers at once for a model whose rollout is known (the
@@ -33,136 +26,22 @@ import json
 import logging
 import os
 import random
-import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from mmserver import errors
 from mmserver.catalog import Catalog
 from mmserver.pool import ModelPool
-from mmserver.store import normalize_target, split_version, version_key
+from mmserver.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
+from mmserver.store import normalize_target, split_version
 
 log = logging.getLogger(__name__)
 
 #: The file of the rollouts set through the management API.
 STATE_FILE = "rollouts.json"
-
-
-@dataclass
-class Saved:
-    """What the management API set for one model (``None``: not set)."""
-
-    default: int | None = None
-    canary: int | None = None
-    canary_percent: float | None = None
-
-
-def canary_bucket(key: str) -> float:
-    """Where the routing key ``key`` falls in [0, 100): a request goes to the canary when this
-    is below its percentage. CRC-32, so every process and instance agrees."""
-    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % 10_000 / 100
-
-
-@dataclass
-class Rollout:
-    """One model with versions: its versions, and where its requests go."""
-
-    name: str
-    versions: tuple[int, ...]
-    #: The version requests that name none go to.
-    default: int
-    #: Where :attr:`default` comes from: ``store`` (the highest), ``serving.properties`` or
-    #: ``management``.
-    default_from: str
-    #: Why requests that name no version cannot be routed (a default that names no version):
-    #: they are answered this error; those naming a version are served.
-    error: errors.ConfigError | None = None
-    #: The canary version and the share (%) of the requests naming no version it takes.
-    canary: int | None = None
-    canary_percent: float = 0.0
-    #: Where the canary comes from: ``serving.properties`` or ``management`` (``None``: none).
-    canary_from: str | None = None
-
-    @property
-    def splits(self) -> bool:
-        """Whether some requests naming no version go to the canary."""
-        return self.canary is not None and self.canary_percent > 0 and self.canary != self.default
-
-    def pick(self, routing: str | None, draw: Callable[[], float]) -> str:
-        """The key of the version a request naming none goes to (``routing``: its routing
-        key; ``draw``: a random number in [0, 1))."""
-        if self.splits:
-            point = canary_bucket(routing) if routing is not None else draw() * 100
-            if point < self.canary_percent:
-                return version_key(self.name, cast(int, self.canary))
-        return version_key(self.name, self.default)
-
-    def key(self, version: int) -> str:
-        return version_key(self.name, version)
-
-    @property
-    def default_key(self) -> str:
-        return version_key(self.name, self.default)
-
-
-def make_rollout(
-    name: str, versions: tuple[int, ...], props: dict[str, str], saved: Saved | None
-) -> Rollout:
-    """The rollout of model ``name`` from its versions, its folder's ``serving.properties``
-    (``props``) and what the management API set (``saved``); a key that names no version is
-    its :attr:`Rollout.error`."""
-    rollout = Rollout(name, versions, versions[-1], "store")
-    text = props.get("option.default_version")
-    if text is not None:
-        try:
-            rollout.default = _version_in(name, "option.default_version", text, versions)
-            rollout.default_from = "serving.properties"
-        except errors.ConfigError as exc:
-            rollout.error = exc
-    canary_text = props.get("option.canary_version")
-    if canary_text is not None and rollout.error is None:
-        try:
-            rollout.canary = _version_in(name, "option.canary_version", canary_text, versions)
-            rollout.canary_percent = _percent(
-                name, "option.canary_percent", props.get("option.canary_percent", "0")
-            )
-            rollout.canary_from = "serving.properties"
-        except errors.ConfigError as exc:
-            rollout.error = exc
-    if saved is not None and saved.default in versions:
-        rollout.default, rollout.default_from, rollout.error = saved.default, "management", None
-    if saved is not None and saved.canary_percent is not None:
-        if saved.canary is None or saved.canary in versions:
-            rollout.canary, rollout.canary_percent = saved.canary, saved.canary_percent
-            rollout.canary_from = "management" if saved.canary is not None else None
-    return rollout
-
-
-def _percent(name: str, key: str, text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        value = -1.0
-    if 0 <= value <= 100:
-        return value
-    raise errors.ConfigError(
-        f"model {name}: serving.properties: {key}={text!r} must be a number from 0 to 100",
-        model=name,
-    )
-
-
-def _version_in(name: str, key: str, text: str, versions: tuple[int, ...]) -> int:
-    stripped = text.strip()
-    if stripped.isdigit() and int(stripped) in versions:
-        return int(stripped)
-    raise errors.ConfigError(
-        f"model {name}: serving.properties: {key}={text!r} is not one of its versions "
-        f"({', '.join(map(str, versions))})",
-        model=name,
-    )
 
 
 class Versions:
@@ -262,14 +141,13 @@ class Versions:
             return known
         props = await asyncio.to_thread(self.catalog.store.model_properties, base)
         rollout = make_rollout(base, entry.versions, props, self._saved.get(base))
-        if known is not None and known.default_from == "management":
-            if known.default in entry.versions:
+        if known is not None:  # what a call set since the file was read stays
+            if known.default_from == FROM_MANAGEMENT and known.default in entry.versions:
                 rollout.default, rollout.default_from = known.default, known.default_from
                 rollout.error = None
-        if known is not None and known.canary_from == "management":
-            if known.canary in entry.versions:
-                rollout.canary, rollout.canary_percent = known.canary, known.canary_percent
-                rollout.canary_from = known.canary_from
+            for role, share in known.shares.items():
+                if share.source == FROM_MANAGEMENT and share.version in entry.versions:
+                    rollout.shares[role] = share
         self.rollouts[base] = rollout
         return rollout
 
@@ -280,22 +158,23 @@ class Versions:
         name: str,
         version: int,
         load: Callable[[str], Awaitable[ModelPool]],
-        canary_percent: float | None = None,
+        role: str = "default",
+        percent: float = 100.0,
     ) -> Rollout:
-        """Send the requests to model ``name`` that name no version to ``version`` from now
-        on (with ``canary_percent``: that share of them, as its canary; 0 ends the canary),
-        once ``load`` has loaded it (its workers started: no request waits for its load); a
-        version that fails to load takes no request (the call fails with the load's error).
-        Written down, so it survives a restart."""
+        """Make ``version`` model ``name``'s default (``role`` ``default``), or give it
+        ``percent`` % of the requests that name no version as its canary or shadow (0 ends
+        that role), once ``load`` has loaded it (its workers started: no request waits for its
+        load); a version that fails to load takes no request (the call fails with the load's
+        error). Written down, so it survives a restart."""
         rollout = await self._rollout_named(name, version)
-        if canary_percent is not None and canary_percent == 0:
-            await self.set_canary(rollout, None, 0.0)
+        if role != "default" and percent == 0:
+            await self.set_share(rollout, role, None)
             return rollout
         await load(rollout.key(version))
-        if canary_percent is None:
+        if role == "default":
             await self.set_default(rollout, version)
         else:
-            await self.set_canary(rollout, version, canary_percent)
+            await self.set_share(rollout, role, Share(version, percent, FROM_MANAGEMENT))
         return rollout
 
     async def _rollout_named(self, name: str, version: int) -> Rollout:
@@ -317,23 +196,30 @@ class Versions:
     async def set_default(self, rollout: Rollout, version: int) -> None:
         """Send the requests that name no version to ``version`` (loaded by the caller first),
         and write it down."""
-        rollout.default, rollout.default_from, rollout.error = version, "management", None
+        rollout.default, rollout.default_from, rollout.error = version, FROM_MANAGEMENT, None
         self._saved.setdefault(rollout.name, Saved()).default = version
         await self._save()
         log.info("model %s: requests go to version %d from now on", rollout.name, version)
 
-    async def set_canary(self, rollout: Rollout, version: int | None, percent: float) -> None:
-        """Send ``percent`` % of the requests that name no version to ``version`` (loaded by
-        the caller first; ``None``: no canary), and write it down."""
-        rollout.canary, rollout.canary_percent = version, percent
-        rollout.canary_from = "management" if version is not None else None
+    async def set_share(self, rollout: Rollout, role: str, share: Share | None) -> None:
+        """Give ``share`` the role ``role`` (its version loaded by the caller first; ``None``:
+        end the role), and write it down."""
         saved = self._saved.setdefault(rollout.name, Saved())
-        saved.canary, saved.canary_percent = version, percent
-        await self._save()
-        if version is None:
-            log.info("model %s: the canary ended", rollout.name)
+        if share is None:
+            rollout.shares.pop(role, None)
+            setattr(saved, role, [None, 0.0])
+            log.info("model %s: the %s ended", rollout.name, role)
         else:
-            log.info("model %s: %g%% of requests go to version %d", rollout.name, percent, version)
+            rollout.shares[role] = share
+            setattr(saved, role, [share.version, share.percent])
+            log.info(
+                "model %s: version %d is the %s of %g%% of requests",
+                rollout.name,
+                share.version,
+                role,
+                share.percent,
+            )
+        await self._save()
 
     async def _save(self) -> None:
         """Write what the management API set (atomically: a reader sees the old file or the

@@ -38,6 +38,7 @@ from mmserver.loading import Loader
 from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
+from mmserver.rollout import Rollout
 from mmserver.room import Room
 from mmserver.store import (
     ModelSource,
@@ -47,7 +48,7 @@ from mmserver.store import (
     resolve_model_url,
 )
 from mmserver.submission import Submission, Submitter
-from mmserver.versions import Rollout, Versions
+from mmserver.versions import Versions
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
 
@@ -293,12 +294,13 @@ class WorkLoadManager:
         self._refuse_if_stopping()
         return await self._versions.switch(name, version, self._get_pool_for_management)
 
-    async def set_canary(self, name: str, version: int, percent: float) -> Rollout:
-        """Load version ``version`` of model ``name``, then send ``percent`` % of the requests
-        that name no version to it (0: end the canary; nothing is loaded then)."""
+    async def set_share(self, name: str, version: int, role: str, percent: float) -> Rollout:
+        """Load version ``version`` of model ``name``, then give it ``percent`` % of the
+        requests that name no version as its ``role`` (``canary`` or ``shadow``; 0 ends the
+        role, and nothing is loaded)."""
         self._refuse_if_stopping()
         load = self._get_pool_for_management
-        return await self._versions.switch(name, version, load, canary_percent=percent)
+        return await self._versions.switch(name, version, load, role, percent)
 
     # Management -------------------------------------------------------------------------------
 

@@ -32,9 +32,10 @@ from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
 from mmserver.codecs import media_type
 from mmserver.config import boolean
-from mmserver.errors import InvalidInput, InvalidModelName
+from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
 from mmserver.model_config import mistyped_keys
 from mmserver.record import ModelStatus
+from mmserver.rollout import percent_of
 from mmserver.store import name_from_url, normalize_name
 from mmserver.wlm import ModelView
 
@@ -102,9 +103,10 @@ async def describe_model(request: web.Request) -> web.Response:
         described["version"] = str(version)
         described["isDefault"] = version == rollout.default
         described["defaultFrom"] = rollout.default_from
-        if version == rollout.canary and rollout.canary_from is not None:
-            described["canaryPercent"] = rollout.canary_percent
-            described["canaryFrom"] = rollout.canary_from
+        for role, share in rollout.shares.items():
+            if share.version == version:
+                described[f"{role}Percent"] = share.percent
+                described[f"{role}From"] = share.source
         workflows.append({"workflowName": name, "version": str(version), "models": [described]})
     return web.json_response(workflows)
 
@@ -272,34 +274,31 @@ async def set_default_version(request: web.Request) -> web.Response:
     )
 
 
-async def set_canary_version(request: web.Request) -> web.Response:
-    """``PUT /models/{model}/{version}/set-canary?percent=P``: the version is loaded, then
-    ``P`` % of the requests that name no version go to it (``percent=0`` ends the canary);
-    the change survives a restart."""
-    authorize(request)
-    name = normalize_name(request.match_info["model"])
-    key = versioned(name, request.match_info["version"])
-    params = await request_params(request)
-    if "percent" not in params:
-        raise InvalidInput("parameter percent is required: the share (0 to 100) of requests")
-    percent = _percent(params["percent"])
-    version = int(key.split("/")[1])
-    rollout = await request.app[STATE].wlm.set_canary(name, version, percent)
-    if rollout.canary is None:
-        return web.json_response({"status": f'Canary of model "{name}" ended.'})
-    return web.json_response(
-        {"status": f'Canary of model "{name}" set to version {version} at {percent:g}%.'}
-    )
+def share_handler(role: str) -> Handler:
+    """The handler of ``PUT /models/{model}/{version}/set-<role>?percent=P`` (``canary`` or
+    ``shadow``): the version is loaded, then ``P`` % of the requests that name no version take
+    it in that role (``percent=0`` ends the role); the change survives a restart."""
 
+    async def set_share(request: web.Request) -> web.Response:
+        authorize(request)
+        name = normalize_name(request.match_info["model"])
+        key = versioned(name, request.match_info["version"])
+        params = await request_params(request)
+        if "percent" not in params:
+            raise InvalidInput("parameter percent is required: the share (0 to 100) of requests")
+        try:
+            percent = percent_of(params["percent"], "parameter percent")
+        except ConfigError as exc:
+            raise InvalidInput(exc.message) from None
+        version = int(key.split("/")[1])
+        rollout = await request.app[STATE].wlm.set_share(name, version, role, percent)
+        if rollout.shares.get(role) is None:
+            return web.json_response({"status": f'The {role} of model "{name}" ended.'})
+        return web.json_response(
+            {"status": f'The {role} of model "{name}" is version {version} at {percent:g}%.'}
+        )
 
-def _percent(value: Any) -> float:
-    try:
-        percent = float(value)
-    except (TypeError, ValueError):
-        percent = -1.0
-    if isinstance(value, bool) or not 0 <= percent <= 100:
-        raise InvalidInput(f"parameter percent must be a number from 0 to 100, got {_shown(value)}")
-    return percent
+    return answers_errors(set_share)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -390,6 +389,7 @@ HANDLERS: dict[str, Handler] = {
     "rescale_model": answers_errors(rescale_model),
     "unload_model": answers_errors(unload_model),
     "set_default_version": answers_errors(set_default_version),
-    "set_canary_version": answers_errors(set_canary_version),
+    "set_canary_version": share_handler("canary"),
+    "set_shadow_version": share_handler("shadow"),
     "metrics": answers_errors(metrics),
 }

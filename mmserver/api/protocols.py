@@ -169,6 +169,7 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", _DJL_VERSION, DJL, "unload_model"),
     Route("PUT", _DJL_VERSION + "/set-default", DJL, "set_default_version"),
     Route("PUT", _DJL_VERSION + "/set-canary", DJL, "set_canary_version"),
+    Route("PUT", _DJL_VERSION + "/set-shadow", DJL, "set_shadow_version"),
     Route("GET", "/metrics", DJL, "metrics"),
     # The Open Inference Protocol's health, metadata and model repository.
     Route("GET", "/v2", V2, "server_metadata"),

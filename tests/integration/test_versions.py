@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from mmserver.api.protocols import ROUTING_KEY
-from mmserver.versions import canary_bucket
+from mmserver.rollout import canary_bucket
 from tests.integration.harness import Harness, Serve, ServerLikeTestServer, error_of
 from tests.integration.s3server import s3_environment
 from tests.integration.test_objectstore import serving, tar_gz
@@ -314,7 +314,7 @@ async def test_the_canary_is_set_warm_by_a_call_and_survives_a_restart(
     response = await harness.client.put("/models/versioned/1/set-canary", params={"percent": "50"})
     assert response.status == 200, await response.text()
     status = (await response.json())["status"]
-    assert status == 'Canary of model "versioned" set to version 1 at 50%.'
+    assert status == 'The canary of model "versioned" is version 1 at 50%.'
     assert "versioned/1" in harness.wlm.loaded  # loaded before any request went to it
     keyed = await answers_by_key(harness, CALLERS[:200])
     assert sorted(k for k, a in keyed.items() if a == 11.0) == sorted(
@@ -326,13 +326,13 @@ async def test_the_canary_is_set_warm_by_a_call_and_survives_a_restart(
     }
     assert unkeyed == {11.0, 12.0}
     saved = json.loads((tmp_path / "cache" / "rollouts.json").read_text())
-    assert saved["models"]["versioned"] == {"default": None, "canary": 1, "canary_percent": 50.0}
+    assert saved["models"]["versioned"] == {"default": None, "canary": [1, 50.0], "shadow": None}
 
     restarted = await serve(**options)
     assert await answers_by_key(restarted, CALLERS[:200]) == keyed
     response = await restarted.client.put("/models/versioned/1/set-canary?percent=0")
     assert response.status == 200
-    assert (await response.json())["status"] == 'Canary of model "versioned" ended.'
+    assert (await response.json())["status"] == 'The canary of model "versioned" ended.'
     assert set((await answers_by_key(restarted, CALLERS[:50])).values()) == {12.0}
 
 
@@ -349,6 +349,6 @@ async def test_a_canary_that_fails_to_load_takes_no_traffic(serve: Serve, store:
         response = await harness.client.put(f"/models/versioned/2/set-canary?percent={bad}")
         assert response.status == 400
         message = (await error_of(response))["message"]
-        assert message.startswith("parameter percent must be a number from 0 to 100")
+        assert message.startswith(f"parameter percent='{bad}' must be a number from 0 to 100")
     response = await harness.client.put("/models/versioned/2/set-canary")
     assert response.status == 400
