@@ -21,6 +21,8 @@ from mmserver.codecs import Request
 from mmserver.loading import Loader
 from mmserver.metrics import ModelRequests
 from mmserver.room import Room
+from mmserver.shadow import Shadows
+from mmserver.store import normalize_target
 from mmserver.versions import Versions
 
 
@@ -46,6 +48,9 @@ class Submitter:
         self._loaded = room.loaded
         self._loader = loader
         self._versions = versions
+        #: Where requests routed to a model's versions also run on its shadow (set by the
+        #: WorkLoadManager, which owns it).
+        self.shadows: Shadows | None = None
 
     def submit(
         self,
@@ -62,10 +67,12 @@ class Submitter:
         asynchronous one) does not count toward the model's real-time scale-up."""
         loaded = self._loaded
         pool = loaded.get(name)
+        shadow = None
         if pool is None:
             routed = self._versions.route(name, routing)
             if routed is not None:
-                name = routed
+                shadow = self._versions.shadow_of(name, routing)
+                model, name = name, routed
                 pool = loaded.get(name)
         if pool is not None:
             loaded.move_to_end(name)
@@ -74,6 +81,8 @@ class Submitter:
             except errors.MMServerError as exc:  # the model's queue is full
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_exception(exc)
+            if shadow is not None and self.shadows is not None:
+                self.shadows.offer(model, shadow, request, answer)
             return Submission(answer, pool.requests)
         submission = Submission.__new__(Submission)
         submission.requests = None
@@ -93,6 +102,12 @@ class Submitter:
         routing: str | None,
     ) -> bytes:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
-        pool = await self._loader.get_pool(await self._versions.resolve(name, routing))
+        versions = self._versions
+        pool = await self._loader.get_pool(await versions.resolve(name, routing))
+        if self.shadows is not None and not background and versions.rollouts:
+            model = normalize_target(name)
+            shadow = versions.shadow_of(model, routing)
+            if shadow is not None:
+                self.shadows.offer(model, shadow, request, submission.answer)
         submission.requests = pool.requests
         return await pool.submit(request, deadline, client_gone, arrived, background)

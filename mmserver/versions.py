@@ -87,6 +87,15 @@ class Versions:
             return name[:-2]  # V2's version 1 of a loaded model without versions
         return None
 
+    def shadow_of(self, name: str, routing: str | None) -> str | None:
+        """The key of the shadow version a request for ``name`` (naming no version) also runs
+        on, or ``None``."""
+        rollout = self.rollouts.get(name)
+        if rollout is None or rollout.error is not None:
+            return None
+        version = rollout.takes("shadow", routing, self.random.random)
+        return None if version is None else rollout.key(version)
+
     async def resolve(self, name: str, routing: str | None = None) -> str:
         """The key of the model or version a request for ``name`` (any spelling, with or without
         a version) goes to: :class:`errors.ModelNotFound` for a version the model does not

@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from mmserver import errors
+from mmserver.asynchronous.admission import Turns, async_share
 from mmserver.backend import BackendPool
 from mmserver.capacity import Limit
 from mmserver.catalog import Catalog, ModelListing, ModelView, WorkerView
@@ -40,6 +41,7 @@ from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.rollout import Rollout
 from mmserver.room import Room
+from mmserver.shadow import Shadows
 from mmserver.store import (
     ModelSource,
     StoreIndex,
@@ -51,6 +53,11 @@ from mmserver.submission import Submission, Submitter
 from mmserver.versions import Versions
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
+
+
+def _no_op() -> None:
+    """A shadow run that yields to real-time requests is not counted apart."""
+
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +107,9 @@ class WorkLoadManager:
         state_dir = config.state_path if config.state_dir.strip() else config.cache_path
         self._versions = Versions(self._catalog, self._room.loaded, state_dir)
         self._submitter = Submitter(self._room, self._loader, self._versions)
+        turns = Turns(async_share(config.backend_processes), lambda: self.real_time_queued, _no_op)
+        self._shadows = Shadows(self._run_shadow, turns, metrics)
+        self._submitter.shadows = self._shadows
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The scan of a local store begun at :meth:`start` (which does not wait for it).
         self.first_scan: asyncio.Task[None] | None = None
@@ -116,6 +126,11 @@ class WorkLoadManager:
         """Real-time jobs waiting in every model's queue now (background jobs not counted)."""
         queued = self._room.queued
         return queued.jobs - queued.background
+
+    @property
+    def shadow_runs(self) -> int:
+        """Shadow runs offered and not ended (:mod:`mmserver.shadow`)."""
+        return self._shadows.pending
 
     @property
     def budget(self) -> Limit:
@@ -212,6 +227,7 @@ class WorkLoadManager:
             return
         self._stopped = True
         self.begin_shutdown()
+        await self._shadows.stop()
         await self._loader.cancel_all()
         # The pools drain as loaded models: they stay READY, with their series, until the end.
         records = [r for r in self._catalog.records.values() if r.pool is not None]
@@ -260,6 +276,10 @@ class WorkLoadManager:
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
         return self._submitter.submit(name, request, client_gone, deadline, background, routing)
+
+    async def _run_shadow(self, key: str, request: Request) -> bytes:
+        """A shadow run of ``request`` on version ``key``: a background job."""
+        return await self.submit(key, request, background=True).answer
 
     async def infer(
         self,

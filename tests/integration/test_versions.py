@@ -9,6 +9,7 @@ which version gave it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from mmserver.api.protocols import ROUTING_KEY
-from mmserver.rollout import canary_bucket
-from tests.integration.harness import Harness, Serve, ServerLikeTestServer, error_of
+from mmserver.rollout import canary_bucket, shadow_bucket
+from tests.integration.harness import Harness, Serve, ServerLikeTestServer, error_of, wait_until
 from tests.integration.s3server import s3_environment
 from tests.integration.test_objectstore import serving, tar_gz
 
@@ -352,3 +353,103 @@ async def test_a_canary_that_fails_to_load_takes_no_traffic(serve: Serve, store:
         assert message.startswith(f"parameter percent='{bad}' must be a number from 0 to 100")
     response = await harness.client.put("/models/versioned/2/set-canary")
     assert response.status == 400
+
+
+# ------------------------------------------------------------------------------------------------
+# Shadow
+# ------------------------------------------------------------------------------------------------
+
+GATED_HANDLER = """\
+from tests.integration import gate
+
+
+def load(model_dir, properties):
+    return float(properties.get("option.base", "0")) + float(properties["option.reply"])
+
+
+def predict(model, batch):
+    gate.current.pass_through()
+    return [model for _ in batch]
+"""
+
+RAISING_HANDLER = """\
+def load(model_dir, properties):
+    return 0.0
+
+
+def predict(model, batch):
+    raise ValueError("the shadow cannot answer")
+"""
+
+
+async def comparisons(harness: Harness) -> dict[str, float]:
+    samples = await harness.samples()
+    return {
+        dict(labels)["result"]: count
+        for (name, labels), count in samples.items()
+        if name == "mmserver_shadow_comparisons_total" and dict(labels)["model"] == "versioned"
+    }
+
+
+async def test_a_shadow_blocked_at_a_gate_neither_delays_nor_changes_an_answer(
+    serve: Serve, store: Path, gate: Any
+) -> None:
+    write_version(store / "versioned" / "3", 3, GATED_HANDLER)
+    harness = await serve(model_store=str(store))
+    response = await harness.client.put("/models/versioned/2/set-default")
+    assert response.status == 200
+    response = await harness.client.put("/models/versioned/3/set-shadow?percent=100")
+    assert response.status == 200, await response.text()
+    assert (await response.json())["status"] == (
+        'The shadow of model "versioned" is version 3 at 100%.'
+    )
+    # The first answer comes back; its shadow run then waits at the gate.
+    assert (await predict(harness, "/predictions/versioned"))["predictions"] == [12.0]
+    assert await asyncio.to_thread(gate.wait_entered)
+    # While it is held there, the primary answers every request (their shadows are queued
+    # behind the held one, as background jobs).
+    for _ in range(5):
+        assert (await predict(harness, "/predictions/versioned"))["predictions"] == [12.0]
+    assert gate.passed == 0 and await comparisons(harness) == {}
+    gate.open()
+    await wait_until(lambda: harness.wlm.shadow_runs == 0)
+    assert await comparisons(harness) == {"different": 6.0}
+
+
+async def test_comparisons_count_same_different_and_error(serve: Serve, store: Path) -> None:
+    write_version(store / "versioned" / "3", 2)  # answers as version 2 does
+    write_version(store / "versioned" / "4", 3)
+    write_version(store / "versioned" / "5", 0, RAISING_HANDLER)
+    harness = await serve(model_store=str(store))
+    response = await harness.client.put("/models/versioned/2/set-default")
+    assert response.status == 200
+    for shadow, result in (("3", "same"), ("4", "different"), ("5", "error")):
+        path = f"/models/versioned/{shadow}/set-shadow?percent=100"
+        assert (await harness.client.put(path)).status == 200
+        for _ in range(3):
+            assert (await predict(harness, "/predictions/versioned"))["predictions"] == [12.0]
+        await wait_until(lambda: harness.wlm.shadow_runs == 0)
+        assert (await comparisons(harness))[result] == 3.0
+    # Requests naming a version have no shadow; a share of 0 ends the shadow.
+    assert (await predict(harness, "/predictions/versioned/2"))["predictions"] == [12.0]
+    response = await harness.client.put("/models/versioned/5/set-shadow?percent=0")
+    assert (await response.json())["status"] == 'The shadow of model "versioned" ended.'
+    assert (await predict(harness, "/predictions/versioned"))["predictions"] == [12.0]
+    assert await comparisons(harness) == {"same": 3.0, "different": 3.0, "error": 3.0}
+
+
+async def test_a_shadow_share_is_taken_by_routing_key(serve: Serve, tmp_path: Path) -> None:
+    store = make_versioned_store(tmp_path / "store")
+    write_version(store / "versioned" / "3", 3)
+    (store / "versioned" / "serving.properties").write_text(
+        "option.base=10\noption.default_version=2\noption.shadow_version=3\n"
+        "option.shadow_percent=20\n"
+    )
+    harness = await serve(model_store=str(store))
+    keys = CALLERS[:300]
+    answers = await answers_by_key(harness, keys)
+    assert set(answers.values()) == {12.0}
+    await wait_until(lambda: harness.wlm.shadow_runs == 0)
+    expected = sum(1 for key in keys if shadow_bucket(key) < 20)
+    assert 30 <= expected <= 90
+    assert await comparisons(harness) == {"different": float(expected)}

@@ -1,0 +1,144 @@
+"""Shadow runs: a request that named no version also runs on its model's shadow version, after
+its own answer, and the two answers are compared.
+
+The shadow run never delays nor fails the answer: it begins once the answer's future is done
+(the door's own callbacks, which send the answer, were registered on it before or run first),
+only for an answer that succeeded, and takes the asynchronous requests' place in the server:
+it waits for a turn while any real-time request is queued, at most all the backend processes
+but one run shadows at once (:class:`~mmserver.asynchronous.admission.Turns`), and its job is
+a *background* job of the shadow version, which does not count toward the version's real-time
+scale-up. At most :data:`MAX_WAITING` shadow runs wait or run at once: past them a run is
+skipped (counted ``skipped``), never queued without bound.
+
+The answers are compared by value (:func:`same_answers`): JSON numbers within
+:data:`TOLERANCE` (relative or absolute), everything else exactly, the version an Open
+Inference Protocol answer names left out. ``mmserver_shadow_comparisons_total{model,result}``
+counts ``same``, ``different``, ``error`` (the shadow failed) and ``skipped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mmserver.asynchronous.admission import Turns
+from mmserver.codecs import Request
+from mmserver.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: Shadow runs waiting for a turn or running, at most.
+MAX_WAITING = 256
+#: Two numbers of the answers are the same when they differ by at most this much, relatively
+#: or absolutely (float32 against float64 models, another library version's rounding).
+TOLERANCE = 1e-6
+#: Answers larger than this are compared in a thread, not on the event loop.
+_INLINE_BYTES = 64 * 1024
+
+#: Runs ``request`` on a version (its key) as a background job: the answer's body.
+Submit = Callable[[str, Request], Awaitable[bytes]]
+
+
+def same_answers(primary: bytes, shadow: bytes, tolerance: float = TOLERANCE) -> bool:
+    """Whether two answers to one request say the same: as JSON, equal with numbers within
+    ``tolerance`` and an Open Inference Protocol answer's ``model_version`` left out; otherwise
+    byte for byte."""
+    if primary == shadow:
+        return True
+    try:
+        first, second = json.loads(primary), json.loads(shadow)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    if isinstance(first, dict) and isinstance(second, dict):
+        first.pop("model_version", None)
+        second.pop("model_version", None)
+    return _close(first, second, tolerance)
+
+
+def _close(first: Any, second: Any, tolerance: float) -> bool:
+    if isinstance(first, bool) or isinstance(second, bool):
+        return first is second
+    if isinstance(first, (int, float)) and isinstance(second, (int, float)):
+        return math.isclose(first, second, rel_tol=tolerance, abs_tol=tolerance)
+    if isinstance(first, list) and isinstance(second, list):
+        return len(first) == len(second) and all(
+            _close(a, b, tolerance) for a, b in zip(first, second, strict=True)
+        )
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(
+            _close(first[k], second[k], tolerance) for k in first
+        )
+    return bool(first == second)
+
+
+class Shadows:
+    """The shadow runs of the server (see the module docstring); their owner: it keeps their
+    tasks and cancels them on :meth:`stop`."""
+
+    def __init__(self, submit: Submit, turns: Turns, metrics: Metrics) -> None:
+        self._submit = submit
+        self._turns = turns
+        self._metrics = metrics
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Runs offered and not ended (waiting for the answer, a turn, or running).
+        self.pending = 0
+        self._stopped = False
+
+    def offer(
+        self, model: str, shadow: str, request: Request, answer: asyncio.Future[bytes]
+    ) -> None:
+        """Run ``request`` on version ``shadow`` of ``model`` once ``answer`` is done, if it
+        succeeded, and compare the answers."""
+        if self._stopped or self.pending >= MAX_WAITING:
+            self._count(model, "skipped")
+            return
+        self.pending += 1
+        answer.add_done_callback(functools.partial(self._answered, model, shadow, request))
+
+    def _answered(
+        self, model: str, shadow: str, request: Request, answer: asyncio.Future[bytes]
+    ) -> None:
+        if self._stopped or answer.cancelled() or answer.exception() is not None:
+            self.pending -= 1  # no answer to compare with: the request failed
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._run(model, shadow, request, answer.result()), name=f"mmserver-shadow-{shadow}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, model: str, shadow: str, request: Request, primary: bytes) -> None:
+        try:
+            await self._turns.take()
+            try:
+                answer = await self._submit(shadow, request)
+            finally:
+                self._turns.give_back()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("model %s: shadow version %s failed: %s", model, shadow, exc)
+            self._count(model, "error")
+            return
+        finally:
+            self.pending -= 1
+        if len(primary) + len(answer) > _INLINE_BYTES:
+            same = await asyncio.to_thread(same_answers, primary, answer)
+        else:
+            same = same_answers(primary, answer)
+        self._count(model, "same" if same else "different")
+
+    def _count(self, model: str, result: str) -> None:
+        self._metrics.shadow_comparisons.labels(model, result).inc()
+
+    async def stop(self) -> None:
+        """Take no more runs; cancel those under way and wait for them."""
+        self._stopped = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
