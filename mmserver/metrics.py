@@ -511,6 +511,10 @@ class Metrics:
             "same, different, error (the shadow failed), skipped (too many shadow runs).",
             ["model", "result"],
         )
+        self.capture_dropped = CounterFamily(
+            "mmserver_capture_dropped",
+            "Captured requests not written: the capture buffer was full, or the write failed.",
+        )
         self.async_oldest_seconds = GaugeFamily(
             "mmserver_async_oldest_queued_seconds",
             "Age of the oldest queued asynchronous request (0: none queued).",

@@ -214,6 +214,13 @@ class ModelConfig:
         "Where the model's asynchronous failures go, instead of the server's async_failure_path.",
         keys=("option.async_failure_path",),
     )
+    capture_percent: float = option(
+        0.0,
+        "Share (0 to 100) of the model's answered requests written to capture_path, with "
+        "their answers.",
+        keys=("option.capture_percent",),
+        minimum=0,
+    )
     #: Every key of serving.properties as written, for custom handlers.
     properties: Mapping[str, str] = field(default_factory=dict)
 
@@ -256,6 +263,10 @@ class ModelConfig:
             raise ConfigError(
                 f"option.missing_values={self.missing_values!r} must be one of "
                 f"{', '.join(MISSING_POLICIES)}"
+            )
+        if self.capture_percent > 100:
+            raise ConfigError(
+                f"option.capture_percent={self.capture_percent!r} must be from 0 to 100"
             )
         if self.method not in METHODS:
             raise ConfigError(f"option.method={self.method!r} is not one of {', '.join(METHODS)}")

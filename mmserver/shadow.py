@@ -23,10 +23,13 @@ import functools
 import json
 import logging
 import math
+import time
+import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from mmserver.asynchronous.admission import Turns
+from mmserver.capture import Capture, Record
 from mmserver.codecs import Request
 from mmserver.metrics import Metrics
 
@@ -76,6 +79,16 @@ def _close(first: Any, second: Any, tolerance: float) -> bool:
     return bool(first == second)
 
 
+class Run(NamedTuple):
+    """One shadow run: the model, the key of the version that answered and of its shadow, and
+    the request."""
+
+    model: str
+    primary: str
+    shadow: str
+    request: Request
+
+
 class Shadows:
     """The shadow runs of the server (see the module docstring); their owner: it keeps their
     tasks and cancels them on :meth:`stop`."""
@@ -84,45 +97,53 @@ class Shadows:
         self._submit = submit
         self._turns = turns
         self._metrics = metrics
+        #: Where a shadow answer that differs is captured with the primary's (``None``: no
+        #: data capture).
+        self.capture: Capture | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: Runs offered and not ended (waiting for the answer, a turn, or running).
         self.pending = 0
         self._stopped = False
 
     def offer(
-        self, model: str, shadow: str, request: Request, answer: asyncio.Future[bytes]
+        self,
+        model: str,
+        primary: str,
+        shadow: str,
+        request: Request,
+        answer: asyncio.Future[bytes],
     ) -> None:
-        """Run ``request`` on version ``shadow`` of ``model`` once ``answer`` is done, if it
-        succeeded, and compare the answers."""
+        """Run ``request`` on version ``shadow`` of ``model`` once ``answer`` (of version
+        ``primary``) is done, if it succeeded, and compare the answers."""
         if self._stopped or self.pending >= MAX_WAITING:
             self._count(model, "skipped")
             return
         self.pending += 1
-        answer.add_done_callback(functools.partial(self._answered, model, shadow, request))
+        run = Run(model, primary, shadow, request)
+        answer.add_done_callback(functools.partial(self._answered, run))
 
-    def _answered(
-        self, model: str, shadow: str, request: Request, answer: asyncio.Future[bytes]
-    ) -> None:
+    def _answered(self, run: Run, answer: asyncio.Future[bytes]) -> None:
         if self._stopped or answer.cancelled() or answer.exception() is not None:
             self.pending -= 1  # no answer to compare with: the request failed
             return
         task = asyncio.get_running_loop().create_task(
-            self._run(model, shadow, request, answer.result()), name=f"mmserver-shadow-{shadow}"
+            self._run(run, answer.result()), name=f"mmserver-shadow-{run.shadow}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, model: str, shadow: str, request: Request, primary: bytes) -> None:
+    async def _run(self, run: Run, primary: bytes) -> None:
+        model = run.model
         try:
             await self._turns.take()
             try:
-                answer = await self._submit(shadow, request)
+                answer = await self._submit(run.shadow, run.request)
             finally:
                 self._turns.give_back()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.info("model %s: shadow version %s failed: %s", model, shadow, exc)
+            log.info("model %s: shadow version %s failed: %s", model, run.shadow, exc)
             self._count(model, "error")
             return
         finally:
@@ -132,6 +153,23 @@ class Shadows:
         else:
             same = same_answers(primary, answer)
         self._count(model, "same" if same else "different")
+        capture = self.capture
+        if not same and capture is not None:
+            body, content_type, csv = run.request
+            answer_type = "text/csv" if csv else "application/json"
+            capture.offer(
+                Record(
+                    run.primary,
+                    time.time(),
+                    f"shadow-{uuid.uuid4()}",
+                    body,
+                    content_type or "application/json",
+                    primary,
+                    answer_type,
+                    answer,
+                    run.shadow,
+                )
+            )
 
     def _count(self, model: str, result: str) -> None:
         self._metrics.shadow_comparisons.labels(model, result).inc()

@@ -20,6 +20,7 @@ from mmserver import errors
 from mmserver.codecs import Request
 from mmserver.loading import Loader
 from mmserver.metrics import ModelRequests
+from mmserver.pool import ModelPool
 from mmserver.room import Room
 from mmserver.shadow import Shadows
 from mmserver.store import normalize_target
@@ -31,14 +32,17 @@ class Submission:
     model's series to count the answer in, known once the request has reached a loaded model
     (at once for a loaded one)."""
 
-    __slots__ = ("answer", "requests")
+    __slots__ = ("answer", "pool", "requests")
 
     answer: asyncio.Future[bytes]
     requests: ModelRequests | None
+    #: The loaded model (or version) the request went to, once known.
+    pool: ModelPool | None
 
-    def __init__(self, answer: asyncio.Future[bytes], requests: ModelRequests | None) -> None:
+    def __init__(self, answer: asyncio.Future[bytes], pool: ModelPool | None) -> None:
         self.answer = answer
-        self.requests = requests
+        self.pool = pool
+        self.requests = pool.requests if pool is not None else None
 
 
 class Submitter:
@@ -82,10 +86,11 @@ class Submitter:
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_exception(exc)
             if shadow is not None and self.shadows is not None:
-                self.shadows.offer(model, shadow, request, answer)
-            return Submission(answer, pool.requests)
+                self.shadows.offer(model, name, shadow, request, answer)
+            return Submission(answer, pool)
         submission = Submission.__new__(Submission)
         submission.requests = None
+        submission.pool = None
         submission.answer = asyncio.get_running_loop().create_task(
             self._after_load(name, request, deadline, client_gone, submission, background, routing)
         )
@@ -104,10 +109,11 @@ class Submitter:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
         versions = self._versions
         pool = await self._loader.get_pool(await versions.resolve(name, routing))
+        submission.pool = pool
         if self.shadows is not None and not background and versions.rollouts:
             model = normalize_target(name)
             shadow = versions.shadow_of(model, routing)
             if shadow is not None:
-                self.shadows.offer(model, shadow, request, submission.answer)
+                self.shadows.offer(model, pool.name, shadow, request, submission.answer)
         submission.requests = pool.requests
         return await pool.submit(request, deadline, client_gone, arrived, background)

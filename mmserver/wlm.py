@@ -31,6 +31,7 @@ from mmserver import errors
 from mmserver.asynchronous.admission import Turns, async_share
 from mmserver.backend import BackendPool
 from mmserver.capacity import Limit
+from mmserver.capture import Capture
 from mmserver.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig
@@ -126,6 +127,15 @@ class WorkLoadManager:
         """Real-time jobs waiting in every model's queue now (background jobs not counted)."""
         queued = self._room.queued
         return queued.jobs - queued.background
+
+    @property
+    def capture(self) -> Capture | None:
+        """Where shadow answers that differ are captured with the primary's."""
+        return self._shadows.capture
+
+    @capture.setter
+    def capture(self, capture: Capture | None) -> None:
+        self._shadows.capture = capture
 
     @property
     def shadow_runs(self) -> int:
