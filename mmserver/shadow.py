@@ -3,12 +3,13 @@ its own answer, and the two answers are compared.
 
 The shadow run never delays nor fails the answer: it begins once the answer's future is done
 (the door's own callbacks, which send the answer, were registered on it before or run first),
-only for an answer that succeeded, and takes the asynchronous requests' place in the server:
-it waits for a turn while any real-time request is queued, at most all the backend processes
-but one run shadows at once (:class:`~mmserver.asynchronous.admission.Turns`), and its job is
-a *background* job of the shadow version, which does not count toward the version's real-time
-scale-up. At most :data:`MAX_WAITING` shadow runs wait or run at once: past them a run is
-skipped (counted ``skipped``), never queued without bound.
+only for an answer that succeeded, and only in spare capacity: when no real-time request is
+queued for any model and fewer than ``limit`` shadow runs are under way (all the backend
+processes but one, as for asynchronous requests, :func:`~mmserver.asynchronous.admission.
+async_share`); otherwise it is skipped (counted ``skipped``), never queued. Its job is a
+*background* job of the shadow version, which does not count toward the version's real-time
+scale-up. At most :data:`MAX_WAITING` requests wait for their answer with a shadow run to
+follow; past them a run is skipped too.
 
 The answers are compared by value (:func:`same_answers`): JSON numbers within
 :data:`TOLERANCE` (relative or absolute), everything else exactly, the version an Open
@@ -28,7 +29,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from mmserver.asynchronous.admission import Turns
 from mmserver.capture import Capture, Record
 from mmserver.codecs import Request
 from mmserver.metrics import Metrics
@@ -93,15 +93,20 @@ class Shadows:
     """The shadow runs of the server (see the module docstring); their owner: it keeps their
     tasks and cancels them on :meth:`stop`."""
 
-    def __init__(self, submit: Submit, turns: Turns, metrics: Metrics) -> None:
+    def __init__(
+        self, submit: Submit, limit: int, real_time_queued: Callable[[], int], metrics: Metrics
+    ) -> None:
         self._submit = submit
-        self._turns = turns
+        #: Shadow runs under way at once, at most; and how many are.
+        self.limit = limit
+        self.running = 0
+        self._real_time_queued = real_time_queued
         self._metrics = metrics
         #: Where a shadow answer that differs is captured with the primary's (``None``: no
         #: data capture).
         self.capture: Capture | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        #: Runs offered and not ended (waiting for the answer, a turn, or running).
+        #: Runs offered whose request is not answered yet.
         self.pending = 0
         self._stopped = False
 
@@ -123,9 +128,13 @@ class Shadows:
         answer.add_done_callback(functools.partial(self._answered, run))
 
     def _answered(self, run: Run, answer: asyncio.Future[bytes]) -> None:
+        self.pending -= 1
         if self._stopped or answer.cancelled() or answer.exception() is not None:
-            self.pending -= 1  # no answer to compare with: the request failed
+            return  # no answer to compare with: the request failed
+        if self.running >= self.limit or self._real_time_queued():
+            self._count(run.model, "skipped")  # no spare capacity now
             return
+        self.running += 1
         task = asyncio.get_running_loop().create_task(
             self._run(run, answer.result()), name=f"mmserver-shadow-{run.shadow}"
         )
@@ -135,11 +144,7 @@ class Shadows:
     async def _run(self, run: Run, primary: bytes) -> None:
         model = run.model
         try:
-            await self._turns.take()
-            try:
-                answer = await self._submit(run.shadow, run.request)
-            finally:
-                self._turns.give_back()
+            answer = await self._submit(run.shadow, run.request)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -147,7 +152,7 @@ class Shadows:
             self._count(model, "error")
             return
         finally:
-            self.pending -= 1
+            self.running -= 1
         if len(primary) + len(answer) > _INLINE_BYTES:
             same = await asyncio.to_thread(same_answers, primary, answer)
         else:

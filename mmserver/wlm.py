@@ -28,7 +28,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from mmserver import errors
-from mmserver.asynchronous.admission import Turns, async_share
+from mmserver.asynchronous.admission import async_share
 from mmserver.backend import BackendPool
 from mmserver.capacity import Limit
 from mmserver.capture import Capture
@@ -54,10 +54,6 @@ from mmserver.submission import Submission, Submitter
 from mmserver.versions import Versions
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
-
-
-def _no_op() -> None:
-    """A shadow run that yields to real-time requests is not counted apart."""
 
 
 log = logging.getLogger(__name__)
@@ -108,8 +104,12 @@ class WorkLoadManager:
         state_dir = config.state_path if config.state_dir.strip() else config.cache_path
         self._versions = Versions(self._catalog, self._room.loaded, state_dir)
         self._submitter = Submitter(self._room, self._loader, self._versions)
-        turns = Turns(async_share(config.backend_processes), lambda: self.real_time_queued, _no_op)
-        self._shadows = Shadows(self._run_shadow, turns, metrics)
+        self._shadows = Shadows(
+            self._run_shadow,
+            async_share(config.backend_processes),
+            lambda: self.real_time_queued,
+            metrics,
+        )
         self._submitter.shadows = self._shadows
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The scan of a local store begun at :meth:`start` (which does not wait for it).
@@ -139,8 +139,9 @@ class WorkLoadManager:
 
     @property
     def shadow_runs(self) -> int:
-        """Shadow runs offered and not ended (:mod:`mmserver.shadow`)."""
-        return self._shadows.pending
+        """Shadow runs offered and not ended: waiting for their request's answer, or running
+        (:mod:`mmserver.shadow`)."""
+        return self._shadows.pending + self._shadows.running
 
     @property
     def budget(self) -> Limit:

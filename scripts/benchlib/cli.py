@@ -31,6 +31,7 @@ from benchlib import (
     peers,
     probes,
     report,
+    rollout,
     scale,
     servers,
     store,
@@ -52,9 +53,10 @@ SECTIONS = (
     "grpc",
     "scale",
     "async",
+    "rollout",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own.
-OPT_IN = ("grpc", "scale", "async")
+OPT_IN = ("grpc", "scale", "async", "rollout")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -346,6 +348,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.sections == ["async"]:
             return raw
+    if "rollout" in args.sections:
+        with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
+            raw["rollout"] = rollout.run(
+                model_store, Path(tmp), args.out, args.server_arg, args.server_exe, settings, _log
+            )
+        if args.sections == ["rollout"]:
+            return raw
     if "batching" in args.sections:
         store.ensure_forests(model_store)
     if "neighbour" in args.sections:
@@ -516,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         text = text.rstrip("\n") + "\n" + "\n".join(grpcload.summary_lines(raw["grpc"])) + "\n"
     if "async" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(asyncbench.summary_lines(raw["async"])) + "\n"
+    if "rollout" in raw:
+        text = text.rstrip("\n") + "\n" + "\n".join(rollout.summary_lines(raw["rollout"])) + "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
     text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
     print(text, end="")
