@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver import errors
-from mmserver.catalog import Catalog
+from mmserver.catalog import Catalog, ModelListing
 from mmserver.pool import ModelPool
 from mmserver.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
 from mmserver.store import normalize_target, split_version
@@ -86,6 +86,19 @@ class Versions:
         if name[-2:] == "/1" and name[:-2] in self._loaded:
             return name[:-2]  # V2's version 1 of a loaded model without versions
         return None
+
+    def listed(self, rows: list[ModelListing]) -> list[ModelListing]:
+        """``rows`` of a listing, a model with versions given its default version's status."""
+        rollouts = self.rollouts
+        if not rollouts:
+            return rows
+        records = self.catalog.records
+        listed = []
+        for row in rows:
+            rollout = rollouts.get(row.name)
+            record = records.get(rollout.default_key) if rollout is not None else None
+            listed.append(row if record is None else row._replace(status=record.status))
+        return listed
 
     def shadow_of(self, name: str, routing: str | None) -> str | None:
         """The key of the shadow version a request for ``name`` (naming no version) also runs

@@ -355,12 +355,14 @@ class WorkLoadManager:
 
     async def list_page(self, after: str | None, limit: int) -> tuple[list[ModelListing], bool]:
         """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
-        by name, and whether more follow. From the store index: O(log n + limit)."""
-        return await self._catalog.list_page(after, limit)
+        by name, and whether more follow. From the store index: O(log n + limit). A model
+        with versions has the status of its default version."""
+        page, more = await self._catalog.list_page(after, limit)
+        return self._versions.listed(page), more
 
     async def list_models(self) -> list[ModelListing]:
         """Every model of the store and every registered one, sorted by name."""
-        return await self._catalog.list_models()
+        return self._versions.listed(await self._catalog.list_models())
 
     async def describe(self, name: str) -> ModelView:
         """What the server knows of model ``name``: its configuration and status, and of a

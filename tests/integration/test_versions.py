@@ -102,8 +102,14 @@ async def test_every_form_of_address_reaches_its_version(serve: Serve, store: Pa
     body = await response.json()
     assert (body["model_name"], body["model_version"]) == ("versioned", "1")
     assert body["outputs"][0]["data"] == [11.0]
-    # Each version is loaded on its own, under its key.
+    # Each version is loaded on its own, under its key; the listing shows the model with its
+    # default version's status.
     assert sorted(harness.wlm.loaded) == ["versioned/1", "versioned/2"]
+    listed = (await (await harness.client.get("/models")).json())["models"]
+    assert [(m["modelName"], m["status"]) for m in listed] == [
+        ("plain", "UNLOADED"),
+        ("versioned", "READY"),
+    ]
     samples = await harness.samples()
     for key, count in (("versioned/1", 3), ("versioned/2", 2)):
         labels = (("code", "200"), ("model", key))
