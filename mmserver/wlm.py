@@ -319,6 +319,11 @@ class WorkLoadManager:
         versions)."""
         return await self._versions.rollout_of(name)
 
+    def known_rollout(self, name: str) -> Rollout | None:
+        """The rollout of model ``name`` as the server last read it (``None``: a model without
+        versions, or one not asked for yet); no store look-up."""
+        return self._versions.rollouts.get(name)
+
     async def set_default_version(self, name: str, version: int) -> Rollout:
         """Load version ``version`` of model ``name`` (management: no room is 507), then send
         the requests that name no version to it (:meth:`Versions.switch`)."""

@@ -210,19 +210,27 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 async def index_of(wlm: WorkLoadManager, only_ready: bool) -> list[dict[str, str]]:
     """The repository index: every model of the store and every registered one, with its
-    version, state (Triton's names) and the reason for it; the loaded ones only when
-    ``only_ready``."""
+    version, state (Triton's names) and the reason for it (a model with versions the server
+    has read: a row per version); the loaded ones only when ``only_ready``."""
     index = []
     for model in await wlm.list_models():
-        name, status = model.name, model.status
-        if only_ready and status is not ModelStatus.READY:
-            continue
-        reason = ""
-        if status is ModelStatus.FAILED:
-            reason = wlm.failure(name) or "the last load failed"
-        elif status is ModelStatus.UNLOADED:
-            reason = "not loaded"
-        index.append({"name": name, "version": VERSION, "state": _STATES[status], "reason": reason})
+        rollout = wlm.known_rollout(model.name)
+        rows = (
+            [(model.name, VERSION, model.status)]
+            if rollout is None
+            else [(rollout.key(v), str(v), wlm.status(rollout.key(v))) for v in rollout.versions]
+        )
+        for key, version, status in rows:
+            if only_ready and status is not ModelStatus.READY:
+                continue
+            reason = ""
+            if status is ModelStatus.FAILED:
+                reason = wlm.failure(key) or "the last load failed"
+            elif status is ModelStatus.UNLOADED:
+                reason = "not loaded"
+            index.append(
+                {"name": model.name, "version": version, "state": _STATES[status], "reason": reason}
+            )
     return index
 
 

@@ -110,6 +110,12 @@ async def test_every_form_of_address_reaches_its_version(serve: Serve, store: Pa
         ("plain", "UNLOADED"),
         ("versioned", "READY"),
     ]
+    response = await harness.client.post("/v2/repository/index", json={})
+    assert [(m["name"], m["version"], m["state"]) for m in await response.json()] == [
+        ("plain", "1", "UNAVAILABLE"),
+        ("versioned", "1", "READY"),
+        ("versioned", "2", "READY"),
+    ]
     samples = await harness.samples()
     for key, count in (("versioned/1", 3), ("versioned/2", 2)):
         labels = (("code", "200"), ("model", key))
