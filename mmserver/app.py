@@ -10,6 +10,7 @@ server's job: it calls :func:`check_security` before binding, and its runner
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -19,6 +20,7 @@ from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, check_security, unmatched
 from mmserver.api.protocols import INFER, ROUTES
 from mmserver.asynchronous import AsyncInference
+from mmserver.capture import Capture
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 
@@ -36,6 +38,18 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     state = app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics, access_log=access)
     if config.async_enabled:
         state.asynchronous = AsyncInference(config, wlm, metrics, without_paths=state.without_paths)
+    if config.capture_path.strip():
+        capture = state.capture = Capture(config.capture_path, config.capture_buffer, metrics)
+        wlm.capture = capture  # shadow runs whose answers differ are captured with both
+
+        async def start_capture(app: web.Application) -> None:
+            capture.start()
+
+        async def close_capture(app: web.Application) -> None:
+            await asyncio.to_thread(capture.close)  # what is buffered is written first
+
+        app.on_startup.append(start_capture)
+        app.on_cleanup.append(close_capture)
     handlers: dict[str, Handler] = {
         **inference.HANDLERS,
         **management.HANDLERS,

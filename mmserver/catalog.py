@@ -36,6 +36,8 @@ from mmserver.store import (
     StoreEntry,
     StoreIndex,
     normalize_name,
+    normalize_target,
+    split_version,
     suffix_of,
     tree_size,
 )
@@ -222,6 +224,12 @@ class Catalog:
         """``entry``, or :class:`errors.ModelNotFound` when the lookup found no model."""
         if entry is None:
             root = self.store.root
+            base, version = split_version(name)
+            if version is not None:
+                raise errors.ModelNotFound(
+                    f"model {base} has no version {version} in the model store ({root}); add "
+                    f"{name}/ (or {name}.tar.gz) to the model's folder"
+                )
             if isinstance(root, Path) and _is_hollow(root, name):
                 raise errors.ModelNotFound(
                     f"model {name} has no model file: its folder in the model store holds no "
@@ -243,8 +251,10 @@ class Catalog:
         return entry
 
     def note(self, name: str, entry: StoreEntry | None) -> None:
-        """Tell the index what a lookup of ``name`` found."""
-        self.index.note(name, None if entry is None else entry_suffix(entry))
+        """Tell the index what a lookup of ``name`` found (the index lists models, not their
+        versions)."""
+        if "/" not in name:
+            self.index.note(name, None if entry is None else entry_suffix(entry))
 
     # Registration -----------------------------------------------------------------------------
 
@@ -346,7 +356,7 @@ class Catalog:
     async def describe(self, name: str) -> ModelView:
         """What the server knows of model ``name``: its configuration and status, and of a
         loaded model its workers, memory, cost and predict paths; the last load's error."""
-        name = normalize_name(name)
+        name = normalize_target(name)
         record = self.records.get(name)
         pool = record.pool if record is not None else None
         entry = record.registered if record is not None else None

@@ -216,8 +216,9 @@ class ServerConfig:
     state_dir: str = _opt(
         "",
         "Folder of the asynchronous inference journal (SQLite in WAL mode) and of the inline "
-        "inputs it holds; empty = no asynchronous inference (POST .../async-invocations is "
-        "answered 404).",
+        "inputs it holds, and of the default versions set through the management API "
+        "(rollouts.json); empty = no asynchronous inference (POST .../async-invocations is "
+        "answered 404), and the default versions are kept in cache_dir.",
     )
     async_output_path: str = _opt(
         "",
@@ -246,6 +247,17 @@ class ServerConfig:
         "backoff); empty = none.",
     )
     async_max_workers: int = server_option("async_max_workers")
+    capture_path: str = _opt(
+        "",
+        "Where sampled requests and answers are written in SageMaker's data capture format "
+        "(JSON lines, a file per model, version and hour): a local folder or "
+        "s3://bucket/prefix; empty = no capture. A model's option.capture_percent is its share.",
+    )
+    capture_buffer: int = _opt(
+        10000,
+        "Captured records waiting to be written, at most; past it a record is dropped and "
+        "counted (mmserver_capture_dropped_total), never an answer slowed.",
+    )
     insecure_management: bool = _opt(
         False, "Allow an open management API on a non-loopback address without a token."
     )
@@ -288,6 +300,12 @@ class ServerConfig:
                 f"option min_workers={self.min_workers} is greater than "
                 f"max_workers={self.max_workers}"
             )
+        try:
+            check_location(self.capture_path)
+        except ConfigError as exc:
+            raise ConfigError(f"option capture_path: {exc.message}") from None
+        if self.capture_buffer < 1:
+            raise ConfigError(f"option capture_buffer={self.capture_buffer}: must be >= 1")
         if self.state_dir:
             for name in ("async_output_path", "async_failure_path"):
                 try:

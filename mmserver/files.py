@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from mmserver.config import ModelConfig, load_model_config
-from mmserver.store import ModelSource, StoreEntry, UnpackProcesses
+from mmserver.errors import ModelLoadError
+from mmserver.model_config import PROPERTIES_FILE, model_config_from_properties
+from mmserver.store import ModelSource, StoreEntry, UnpackProcesses, split_version
 
 #: Threads doing a load's file work where the unpacking processes do not: without backend
 #: processes, and an object store's downloads.
@@ -30,9 +32,23 @@ Prepared = tuple[Path, ModelConfig | None]
 def prepare(store: ModelSource, entry: StoreEntry, defaults: ModelConfig) -> Prepared:
     """The directory holding the files of ``entry`` (fetched and unpacked if needed), and its
     ``serving.properties`` over ``defaults``, or ``None`` without one: the caller keeps its one
-    defaults object for every such model (an answer from a process would be a copy)."""
+    defaults object for every such model (an answer from a process would be a copy). A
+    version's ``serving.properties`` goes over its model folder's."""
+    if entry.versions:
+        raise ModelLoadError(
+            f"model {entry.name} has versions ({', '.join(map(str, entry.versions))}); "
+            f"load one of them ({entry.name}/{entry.versions[-1]})",
+            model=entry.name,
+        )
     model_dir = store.prepare(entry)
-    config = load_model_config(model_dir, defaults)
+    base, version = split_version(entry.name)
+    inherited = defaults
+    if version is not None:
+        props = store.model_properties(base)
+        if props:
+            where = f"{store.root}/{base}/{PROPERTIES_FILE}"
+            inherited = model_config_from_properties(props, defaults, where)
+    config = load_model_config(model_dir, inherited)
     return model_dir, None if config is defaults else config
 
 

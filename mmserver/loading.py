@@ -26,7 +26,7 @@ from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.room import Room
-from mmserver.store import StoreEntry, normalize_name
+from mmserver.store import StoreEntry, normalize_target
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,9 @@ class Loader:
         self._generation = 0
 
     async def get_pool(self, name: str) -> ModelPool:
-        """The pool of a loaded model, loading it first if needed (single flight)."""
-        name = normalize_name(name)
+        """The pool of a loaded model or version, loading it first if needed (single
+        flight)."""
+        name = normalize_target(name)
         catalog, loaded = self.catalog, self.room.loaded
         while True:
             pool = loaded.get(name)

@@ -505,6 +505,16 @@ class Metrics:
             "Times queued asynchronous requests were held back because real-time requests "
             "were queued.",
         )
+        self.shadow_comparisons = CounterFamily(
+            "mmserver_shadow_comparisons",
+            "Requests also run on their model's shadow version, by how its answer compared: "
+            "same, different, error (the shadow failed), skipped (too many shadow runs).",
+            ["model", "result"],
+        )
+        self.capture_dropped = CounterFamily(
+            "mmserver_capture_dropped",
+            "Captured requests not written: the capture buffer was full, or the write failed.",
+        )
         self.async_oldest_seconds = GaugeFamily(
             "mmserver_async_oldest_queued_seconds",
             "Age of the oldest queued asynchronous request (0: none queued).",

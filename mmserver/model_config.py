@@ -214,6 +214,13 @@ class ModelConfig:
         "Where the model's asynchronous failures go, instead of the server's async_failure_path.",
         keys=("option.async_failure_path",),
     )
+    capture_percent: float = option(
+        0.0,
+        "Share (0 to 100) of the model's answered requests written to capture_path, with "
+        "their answers.",
+        keys=("option.capture_percent",),
+        minimum=0,
+    )
     #: Every key of serving.properties as written, for custom handlers.
     properties: Mapping[str, str] = field(default_factory=dict)
 
@@ -256,6 +263,10 @@ class ModelConfig:
             raise ConfigError(
                 f"option.missing_values={self.missing_values!r} must be one of "
                 f"{', '.join(MISSING_POLICIES)}"
+            )
+        if self.capture_percent > 100:
+            raise ConfigError(
+                f"option.capture_percent={self.capture_percent!r} must be from 0 to 100"
             )
         if self.method not in METHODS:
             raise ConfigError(f"option.method={self.method!r} is not one of {', '.join(METHODS)}")
@@ -333,7 +344,18 @@ def _short_number(value: float) -> str:
 
 _warned_unknown: set[tuple[str, str]] = set()
 #: Keys the backend reads where the model loads (:mod:`mmserver.schema`).
-_READ_AT_LOAD = frozenset({"option.columns"})
+#: Keys of a model folder's serving.properties that set its versions' rollout
+#: (:mod:`mmserver.versions`), not one version's configuration.
+ROLLOUT_KEYS = frozenset(
+    {
+        "option.default_version",
+        "option.canary_version",
+        "option.canary_percent",
+        "option.shadow_version",
+        "option.shadow_percent",
+    }
+)
+_READ_AT_LOAD = frozenset({"option.columns"}) | ROLLOUT_KEYS
 
 
 def mistyped_keys(props: Mapping[str, str]) -> list[str]:
@@ -392,7 +414,8 @@ def model_config_from_properties(
         if isinstance(number, float) and number != number:  # NaN
             raise ConfigError(f"{where}: {key}={raw!r} is not a valid number")
         changes[name] = number
-    changes["properties"] = dict(props)
+    # A version's keys over those of its model folder (empty for a model without versions).
+    changes["properties"] = {**defaults.properties, **props}
     try:
         return dataclasses.replace(defaults, **changes)
     except ConfigError as exc:
@@ -400,7 +423,8 @@ def model_config_from_properties(
 
 
 def load_model_config(model_dir: Path, defaults: ModelConfig) -> ModelConfig:
-    """Read ``model_dir/serving.properties`` (if any) over ``defaults``."""
+    """Read ``model_dir/serving.properties`` (if any) over ``defaults`` (for a version, its
+    model folder's keys over the server's defaults)."""
     path = model_dir / PROPERTIES_FILE
     if not path.is_file():
         return defaults

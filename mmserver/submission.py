@@ -2,10 +2,13 @@
 
 A request to a loaded model is queued at once, with no coroutine of its own: the loaded pools
 are looked up by name (:attr:`Room.loaded <mmserver.room.Room.loaded>`), the model is marked
-most recently used, and the pool queues the job. Any other request waits in a task of its own
-for the model's load (:meth:`Loader.get_pool <mmserver.loading.Loader.get_pool>`), then is
-queued. A per-model admission rule (a rate limit, say) goes in :meth:`Submitter.submit`, before
-the pool's queue.
+most recently used, and the pool queues the job. A request to a model with versions whose
+rollout is known goes the same way to the loaded version it routes to
+(:meth:`Versions.route <mmserver.versions.Versions.route>`). Any other request waits in a task
+of its own for the version it goes to (:meth:`Versions.resolve
+<mmserver.versions.Versions.resolve>`) and the model's load (:meth:`Loader.get_pool
+<mmserver.loading.Loader.get_pool>`), then is queued. A per-model admission rule (a rate
+limit, say) goes in :meth:`Submitter.submit`, before the pool's queue.
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ from mmserver import errors
 from mmserver.codecs import Request
 from mmserver.loading import Loader
 from mmserver.metrics import ModelRequests
+from mmserver.pool import ModelPool
 from mmserver.room import Room
+from mmserver.shadow import Shadows
+from mmserver.store import normalize_target
+from mmserver.versions import Versions
 
 
 class Submission:
@@ -25,22 +32,29 @@ class Submission:
     model's series to count the answer in, known once the request has reached a loaded model
     (at once for a loaded one)."""
 
-    __slots__ = ("answer", "requests")
+    __slots__ = ("answer", "pool", "requests")
 
     answer: asyncio.Future[bytes]
     requests: ModelRequests | None
+    #: The loaded model (or version) the request went to, once known.
+    pool: ModelPool | None
 
-    def __init__(self, answer: asyncio.Future[bytes], requests: ModelRequests | None) -> None:
+    def __init__(self, answer: asyncio.Future[bytes], pool: ModelPool | None) -> None:
         self.answer = answer
-        self.requests = requests
+        self.pool = pool
+        self.requests = pool.requests if pool is not None else None
 
 
 class Submitter:
     """Queues requests for their models, loading a model first if needed."""
 
-    def __init__(self, room: Room, loader: Loader) -> None:
+    def __init__(self, room: Room, loader: Loader, versions: Versions) -> None:
         self._loaded = room.loaded
         self._loader = loader
+        self._versions = versions
+        #: Where requests routed to a model's versions also run on its shadow (set by the
+        #: WorkLoadManager, which owns it).
+        self.shadows: Shadows | None = None
 
     def submit(
         self,
@@ -49,6 +63,7 @@ class Submitter:
         client_gone: Callable[[], bool] | None,
         deadline: float | None,
         background: bool = False,
+        routing: str | None = None,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling). A loaded model named exactly
         ``name`` gets it queued at once; otherwise a task finds (or loads) the model, then
@@ -56,6 +71,13 @@ class Submitter:
         asynchronous one) does not count toward the model's real-time scale-up."""
         loaded = self._loaded
         pool = loaded.get(name)
+        shadow = None
+        if pool is None:
+            routed = self._versions.route(name, routing)
+            if routed is not None:
+                shadow = self._versions.shadow_of(name, routing)
+                model, name = name, routed
+                pool = loaded.get(name)
         if pool is not None:
             loaded.move_to_end(name)
             try:
@@ -63,11 +85,14 @@ class Submitter:
             except errors.MMServerError as exc:  # the model's queue is full
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_exception(exc)
-            return Submission(answer, pool.requests)
+            if shadow is not None and self.shadows is not None:
+                self.shadows.offer(model, name, shadow, request, answer)
+            return Submission(answer, pool)
         submission = Submission.__new__(Submission)
         submission.requests = None
+        submission.pool = None
         submission.answer = asyncio.get_running_loop().create_task(
-            self._after_load(name, request, deadline, client_gone, submission, background)
+            self._after_load(name, request, deadline, client_gone, submission, background, routing)
         )
         return submission
 
@@ -79,8 +104,16 @@ class Submitter:
         client_gone: Callable[[], bool] | None,
         submission: Submission,
         background: bool,
+        routing: str | None,
     ) -> bytes:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
-        pool = await self._loader.get_pool(name)
+        versions = self._versions
+        pool = await self._loader.get_pool(await versions.resolve(name, routing))
+        submission.pool = pool
+        if self.shadows is not None and not background and versions.rollouts:
+            model = normalize_target(name)
+            shadow = versions.shadow_of(model, routing)
+            if shadow is not None:
+                self.shadows.offer(model, pool.name, shadow, request, submission.answer)
         submission.requests = pool.requests
         return await pool.submit(request, deadline, client_gone, arrived, background)

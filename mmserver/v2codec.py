@@ -556,7 +556,8 @@ def encode_v2(request: InferRequest, results: Mapping[str, Any], model: str) -> 
         else:
             output["data"] = _json_values(array, datatype)
         outputs.append(output)
-    answer: dict[str, Any] = {"model_name": model, "model_version": VERSION}
+    name, _, version = model.partition("/")  # a version's key: NAME/2
+    answer: dict[str, Any] = {"model_name": name, "model_version": version or VERSION}
     if request.id is not None:
         answer["id"] = request.id
     answer["outputs"] = outputs

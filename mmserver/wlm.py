@@ -8,6 +8,8 @@ that do its jobs, each the one owner of its state:
   policy is :func:`mmserver.eviction.choose_victims`), unloading, and the memory watch;
 - :mod:`mmserver.files` — a load's file work, in threads and unpacking processes;
 - :mod:`mmserver.loading` — loading on demand, one load however many requests wait for it;
+- :mod:`mmserver.versions` — the versions of a model with versions, and which of them a request
+  goes to;
 - :mod:`mmserver.submission` — a request queued for its model: every protocol's handler calls
   :meth:`WorkLoadManager.submit`.
 
@@ -26,8 +28,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from mmserver import errors
+from mmserver.asynchronous.admission import async_share
 from mmserver.backend import BackendPool
 from mmserver.capacity import Limit
+from mmserver.capture import Capture
 from mmserver.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig
@@ -36,11 +40,21 @@ from mmserver.loading import Loader
 from mmserver.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
+from mmserver.rollout import Rollout
 from mmserver.room import Room
-from mmserver.store import ModelSource, StoreIndex, normalize_name, resolve_model_url
+from mmserver.shadow import Shadows
+from mmserver.store import (
+    ModelSource,
+    StoreIndex,
+    normalize_name,
+    normalize_target,
+    resolve_model_url,
+)
 from mmserver.submission import Submission, Submitter
+from mmserver.versions import Versions
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
+
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +101,16 @@ class WorkLoadManager:
             retry_seconds=load_retry_seconds,
             clock=clock,
         )
-        self._submitter = Submitter(self._room, self._loader)
+        state_dir = config.state_path if config.state_dir.strip() else config.cache_path
+        self._versions = Versions(self._catalog, self._room.loaded, state_dir)
+        self._submitter = Submitter(self._room, self._loader, self._versions)
+        self._shadows = Shadows(
+            self._run_shadow,
+            async_share(config.backend_processes),
+            lambda: self.real_time_queued,
+            metrics,
+        )
+        self._submitter.shadows = self._shadows
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The scan of a local store begun at :meth:`start` (which does not wait for it).
         self.first_scan: asyncio.Task[None] | None = None
@@ -104,6 +127,21 @@ class WorkLoadManager:
         """Real-time jobs waiting in every model's queue now (background jobs not counted)."""
         queued = self._room.queued
         return queued.jobs - queued.background
+
+    @property
+    def capture(self) -> Capture | None:
+        """Where shadow answers that differ are captured with the primary's."""
+        return self._shadows.capture
+
+    @capture.setter
+    def capture(self, capture: Capture | None) -> None:
+        self._shadows.capture = capture
+
+    @property
+    def shadow_runs(self) -> int:
+        """Shadow runs offered and not ended: waiting for their request's answer, or running
+        (:mod:`mmserver.shadow`)."""
+        return self._shadows.pending + self._shadows.running
 
     @property
     def budget(self) -> Limit:
@@ -142,6 +180,7 @@ class WorkLoadManager:
     async def start(self) -> None:
         """Start the backend processes, then load the models named by ``load_models``."""
         await self.backend.start()
+        await self._versions.open()
         self._files.bind(asyncio.get_running_loop())
         self._room.measure_budget(UNPACK_PROCESSES if self._files.processes is not None else 0)
         self.accepting = True
@@ -159,8 +198,9 @@ class WorkLoadManager:
             names = [n.strip() for n in wanted.split(",") if n.strip()]
         for name in names:
             try:
-                self._catalog.record(normalize_name(name)).startup = True
-                await self._loader.get_pool(name)
+                key = await self._versions.resolve(name)
+                self._catalog.record(key).startup = True
+                await self._loader.get_pool(key)
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
 
@@ -198,6 +238,7 @@ class WorkLoadManager:
             return
         self._stopped = True
         self.begin_shutdown()
+        await self._shadows.stop()
         await self._loader.cancel_all()
         # The pools drain as loaded models: they stay READY, with their series, until the end.
         records = [r for r in self._catalog.records.values() if r.pool is not None]
@@ -229,6 +270,7 @@ class WorkLoadManager:
         *,
         deadline: float | None = None,
         background: bool = False,
+        routing: str | None = None,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling), loading the model first if
         needed: every inference path comes in here. The answer's body is the result of the
@@ -240,10 +282,15 @@ class WorkLoadManager:
         :class:`errors.ShuttingDown` at once; every other error is the future's.
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout.
         A ``background`` request (an asynchronous one) does not count toward the model's
-        real-time scale-up (:mod:`mmserver.scaling`)."""
+        real-time scale-up (:mod:`mmserver.scaling`). ``routing``, a routing key, picks the
+        version of a canary rollout (:mod:`mmserver.versions`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
-        return self._submitter.submit(name, request, client_gone, deadline, background)
+        return self._submitter.submit(name, request, client_gone, deadline, background, routing)
+
+    async def _run_shadow(self, key: str, request: Request) -> bytes:
+        """A shadow run of ``request`` on version ``key``: a background job."""
+        return await self.submit(key, request, background=True).answer
 
     async def infer(
         self,
@@ -257,9 +304,39 @@ class WorkLoadManager:
         return await self.submit(name, request, client_gone, deadline=deadline).answer
 
     async def ready(self, name: str) -> str:
-        """Load model ``name`` (any spelling) if it is not loaded; its name."""
+        """Load model ``name`` (any spelling; of a model with versions, the version it names or
+        the default) if it is not loaded; its name (a version's key)."""
         self._refuse_if_stopping()
-        return (await self._loader.get_pool(name)).name
+        return (await self._loader.get_pool(await self._versions.resolve(name))).name
+
+    async def resolve(self, name: str) -> str:
+        """The model or version key a request for ``name`` goes to (:mod:`mmserver.versions`);
+        :class:`errors.ModelNotFound` for a version the model does not have."""
+        return await self._versions.resolve(name)
+
+    async def rollout(self, name: str) -> Rollout | None:
+        """The versions of model ``name`` and where its requests go (``None``: a model without
+        versions)."""
+        return await self._versions.rollout_of(name)
+
+    def known_rollout(self, name: str) -> Rollout | None:
+        """The rollout of model ``name`` as the server last read it (``None``: a model without
+        versions, or one not asked for yet); no store look-up."""
+        return self._versions.rollouts.get(name)
+
+    async def set_default_version(self, name: str, version: int) -> Rollout:
+        """Load version ``version`` of model ``name`` (management: no room is 507), then send
+        the requests that name no version to it (:meth:`Versions.switch`)."""
+        self._refuse_if_stopping()
+        return await self._versions.switch(name, version, self._get_pool_for_management)
+
+    async def set_share(self, name: str, version: int, role: str, percent: float) -> Rollout:
+        """Load version ``version`` of model ``name``, then give it ``percent`` % of the
+        requests that name no version as its ``role`` (``canary`` or ``shadow``; 0 ends the
+        role, and nothing is loaded)."""
+        self._refuse_if_stopping()
+        load = self._get_pool_for_management
+        return await self._versions.switch(name, version, load, role, percent)
 
     # Management -------------------------------------------------------------------------------
 
@@ -283,12 +360,14 @@ class WorkLoadManager:
 
     async def list_page(self, after: str | None, limit: int) -> tuple[list[ModelListing], bool]:
         """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
-        by name, and whether more follow. From the store index: O(log n + limit)."""
-        return await self._catalog.list_page(after, limit)
+        by name, and whether more follow. From the store index: O(log n + limit). A model
+        with versions has the status of its default version."""
+        page, more = await self._catalog.list_page(after, limit)
+        return self._versions.listed(page), more
 
     async def list_models(self) -> list[ModelListing]:
         """Every model of the store and every registered one, sorted by name."""
-        return await self._catalog.list_models()
+        return self._versions.listed(await self._catalog.list_models())
 
     async def describe(self, name: str) -> ModelView:
         """What the server knows of model ``name``: its configuration and status, and of a
@@ -316,7 +395,7 @@ class WorkLoadManager:
     async def load(self, name: str) -> None:
         """Load a model of the store, or a registered one, now (management: no room is 507)."""
         self._refuse_if_stopping()
-        await self._get_pool_for_management(name)
+        await self._get_pool_for_management(await self._versions.resolve(name))
 
     async def _get_pool_for_management(self, name: str) -> ModelPool:
         """The model's pool, loaded if needed, for a management call, which is told that the
@@ -337,7 +416,7 @@ class WorkLoadManager:
         """Apply new worker and batching settings to a model, live (loading it if needed);
         the model's configuration now."""
         self._refuse_if_stopping()
-        name = normalize_name(name)
+        name = await self._versions.resolve(name)
         self._catalog.check_overrides(overrides)
         pool = await self._get_pool_for_management(name)
         config = pool.config.requested(**overrides)
@@ -349,8 +428,17 @@ class WorkLoadManager:
         return config
 
     async def unload(self, name: str) -> None:
-        """Unload a model (answering what it has queued first) and forget its registration."""
-        name = normalize_name(name)
+        """Unload a model or version (answering what it has queued first) and forget its
+        registration. A model with versions: every version of it that is loaded."""
+        name = normalize_target(name)
+        rollout = self._versions.rollouts.get(name)
+        if rollout is not None:
+            keys = [k for k in map(rollout.key, rollout.versions) if self._catalog.get(k)]
+            if not keys:
+                raise errors.ModelNotFound(f"model {name}: none of its versions is loaded")
+            for key in keys:
+                await self.unload(key)
+            return
         record = self._catalog.get(name)
         if record is not None and record.load is not None:
             await asyncio.gather(record.load, return_exceptions=True)

@@ -35,6 +35,7 @@ from mmserver.metrics import Metrics
 if TYPE_CHECKING:
     from mmserver.api.accesslog import AccessLog
     from mmserver.asynchronous import AsyncInference
+    from mmserver.capture import Capture
     from mmserver.wlm import WorkLoadManager
 
 
@@ -68,6 +69,8 @@ class ApiState:
     access_log: AccessLog | None = None
     #: Asynchronous inference, when the server has a ``state_dir``.
     asynchronous: AsyncInference | None = None
+    #: The data capture, when the server has a ``capture_path``.
+    capture: Capture | None = None
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mmserver.api.protocols import Protocol
+from mmserver.capture import Capture, Record
 from mmserver.codecs import Request
 from mmserver.errors import InvalidModelName, MMServerError, ModelNotFound, ShuttingDown
 from mmserver.store import normalize_name
@@ -65,12 +66,18 @@ class Exchange:
         accept: str | None,
         header_length: str | None,
         client_gone: Callable[[], bool] | None,
+        routing: str | None = None,
     ) -> asyncio.Future[bytes]:
         """Make the job and queue it on model ``name``: the future of the answer's body. Raises
-        what the job's headers or the server's state refuse at once."""
+        what the job's headers or the server's state refuse at once. ``routing`` is the
+        request's routing key (a canary rollout sends the same key to the same version)."""
         self.name = name
         self.job = job = self.protocol.make_job(body, content_type, accept, header_length)
-        self.submission = submission = self.state.wlm.submit(name, job, client_gone)
+        wlm = self.state.wlm
+        if routing is None:
+            self.submission = submission = wlm.submit(name, job, client_gone)
+        else:
+            self.submission = submission = wlm.submit(name, job, client_gone, routing=routing)
         return submission.answer
 
     def answered(self, answer: bytes) -> tuple[bytes | memoryview, str, dict[str, str] | None]:
@@ -81,7 +88,31 @@ class Exchange:
         requests = self.submission.requests
         if requests is not None:
             requests.answered(time.perf_counter() - self.start)
+        capture = self.state.capture
+        if capture is not None:
+            self._capture(capture, rendered)
         return rendered
+
+    def _capture(
+        self, capture: Capture, rendered: tuple[bytes | memoryview, str, dict[str, str] | None]
+    ) -> None:
+        """Hand the request and its answer to the data capture when the model's share draws
+        it (:mod:`mmserver.capture`)."""
+        pool = self.submission.pool if self.submission is not None else None
+        if pool is None or not pool.config.capture_percent or self.job is None:
+            return
+        if capture.sampled(pool.config.capture_percent):
+            job = self.job
+            record = Record(
+                pool.name,
+                time.time(),
+                self.rid,
+                job[0],
+                job[1] or "application/json",
+                bytes(rendered[0]),
+                rendered[1],
+            )
+            capture.offer(record)
 
     def failed(self, error: BaseException, method: str, path: str) -> MMServerError:
         """The error the client is shown for ``error`` (:func:`shown_error`), counted as

@@ -18,7 +18,7 @@ from mmserver.api import REQUEST_ID, STATE, read_body, request_id
 from mmserver.api.accesslog import MODEL_KEY
 from mmserver.api.dataplane import Exchange
 from mmserver.api.middleware import Handler, render_error
-from mmserver.api.protocols import TARGET_MODEL, Route
+from mmserver.api.protocols import ROUTING_KEY, TARGET_MODEL, Route
 from mmserver.v2codec import HEADER_LENGTH
 
 _HEALTHY = b'{"status": "Healthy"}'
@@ -65,6 +65,7 @@ def inference_handler(route: Route) -> Handler:
                 headers.get(hdrs.ACCEPT),
                 headers.get(HEADER_LENGTH),
                 transport.is_closing if transport is not None else None,
+                headers.get(ROUTING_KEY),
             )
             answered, content_type, extra = exchange.answered(answer)
         except asyncio.CancelledError:

@@ -58,7 +58,7 @@ import httptools
 from mmserver.api import ApiState
 from mmserver.api.leananswer import LeanExchange
 from mmserver.api.leanflow import LeanFlow
-from mmserver.api.protocols import Route, match_inference
+from mmserver.api.protocols import ROUTING_KEY, Route, match_inference
 
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
@@ -75,6 +75,8 @@ _NOT_LEAN = frozenset(
         b"upgrade",
         b"proxy-connection",
         b"sec-websocket-key1",
+        # Routed by its value among a model's versions (aiohttp's handler reads it).
+        ROUTING_KEY.lower().encode(),
     }
 )
 #: Answers a connection may owe (pipelined requests): past them, reading waits for half of them.

@@ -29,11 +29,13 @@ from aiohttp import web
 
 from mmserver.api import STATE, read_body
 from mmserver.api.middleware import Handler, answers_errors, authorize
+from mmserver.api.protocols import versioned
 from mmserver.codecs import media_type
 from mmserver.config import boolean
-from mmserver.errors import InvalidInput, InvalidModelName
+from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
 from mmserver.model_config import mistyped_keys
 from mmserver.record import ModelStatus
+from mmserver.rollout import percent_of
 from mmserver.store import name_from_url, normalize_name
 from mmserver.wlm import ModelView
 
@@ -79,11 +81,40 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def describe_model(request: web.Request) -> web.Response:
-    """``GET /models/{model}``: DJL's ``DescribeWorkflowResponse[]``, one workflow (unversioned,
-    so it has no ``version``, as DJL leaves a null one out) holding the model."""
+    """``GET /models/{model}`` and ``GET /models/{model}/{version}``: DJL's
+    ``DescribeWorkflowResponse[]``. A model without versions is one workflow without a
+    ``version`` (DJL leaves a null one out); a model with versions is one workflow per version
+    (or the one named), each with its ``version``, and the rollout: which version is the
+    default (``isDefault``) and why (``defaultFrom``)."""
+    wlm = request.app[STATE].wlm
     name = normalize_name(request.match_info["model"])
-    model = await request.app[STATE].wlm.describe(name)
-    return web.json_response([{"workflowName": name, "models": [_describe(model)]}])
+    asked = request.match_info.get("version")
+    if asked is not None:
+        await wlm.resolve(versioned(name, asked))  # 404 for a version the model does not have
+    rollout = await wlm.rollout(name)
+    if rollout is None:
+        model = await wlm.describe(name)
+        return web.json_response([{"workflowName": name, "models": [_describe(model)]}])
+    versions = rollout.versions if asked is None else (int(asked),)
+    workflows = []
+    for version in versions:
+        described = _describe(await wlm.describe(rollout.key(version)))
+        described["modelName"] = name
+        described["version"] = str(version)
+        described["isDefault"] = version == rollout.default
+        described["defaultFrom"] = rollout.default_from
+        for role, share in rollout.shares.items():
+            if share.version == version:
+                described[f"{role}Percent"] = share.percent
+                described[f"{role}From"] = share.source
+        workflows.append({"workflowName": name, "version": str(version), "models": [described]})
+    return web.json_response(workflows)
+
+
+def _target(request: web.Request) -> str:
+    """The model, or the model's version (``NAME/2``), the path names."""
+    name = normalize_name(request.match_info["model"])
+    return versioned(name, request.match_info.get("version"))
 
 
 def _describe(model: ModelView) -> dict[str, Any]:
@@ -208,7 +239,7 @@ async def register_model(request: web.Request) -> web.Response:
 async def rescale_model(request: web.Request) -> web.Response:
     """``PUT /models/{model}``: change workers and batching of a model live."""
     authorize(request)
-    name = normalize_name(request.match_info["model"])
+    name = _target(request)
     overrides = _overrides(await request_params(request), _RESCALE_PARAMS)
     config = await request.app[STATE].wlm.rescale(name, overrides)
     return web.json_response(
@@ -222,9 +253,52 @@ async def rescale_model(request: web.Request) -> web.Response:
 async def unload_model(request: web.Request) -> web.Response:
     """``DELETE /models/{model}``: unload a model (a store model loads again when asked for)."""
     authorize(request)
-    name = normalize_name(request.match_info["model"])
+    name = _target(request)
+    if "/" in name:
+        await request.app[STATE].wlm.resolve(name)  # 404 for a version the model does not have
     await request.app[STATE].wlm.unload(name)
     return web.json_response({"status": f'Model or workflow "{name}" unregistered'})
+
+
+async def set_default_version(request: web.Request) -> web.Response:
+    """``PUT /models/{model}/{version}/set-default`` (TorchServe's call): the version is
+    loaded (its workers started), then the requests that name no version go to it; the change
+    survives a restart. A version that fails to load takes no request: the call fails with
+    the load's error."""
+    authorize(request)
+    name = normalize_name(request.match_info["model"])
+    key = versioned(name, request.match_info["version"])
+    rollout = await request.app[STATE].wlm.set_default_version(name, int(key.split("/")[1]))
+    return web.json_response(
+        {"status": f'Default version of model "{name}" set to {rollout.default}.'}
+    )
+
+
+def share_handler(role: str) -> Handler:
+    """The handler of ``PUT /models/{model}/{version}/set-<role>?percent=P`` (``canary`` or
+    ``shadow``): the version is loaded, then ``P`` % of the requests that name no version take
+    it in that role (``percent=0`` ends the role); the change survives a restart."""
+
+    async def set_share(request: web.Request) -> web.Response:
+        authorize(request)
+        name = normalize_name(request.match_info["model"])
+        key = versioned(name, request.match_info["version"])
+        params = await request_params(request)
+        if "percent" not in params:
+            raise InvalidInput("parameter percent is required: the share (0 to 100) of requests")
+        try:
+            percent = percent_of(params["percent"], "parameter percent")
+        except ConfigError as exc:
+            raise InvalidInput(exc.message) from None
+        version = int(key.split("/")[1])
+        rollout = await request.app[STATE].wlm.set_share(name, version, role, percent)
+        if rollout.shares.get(role) is None:
+            return web.json_response({"status": f'The {role} of model "{name}" ended.'})
+        return web.json_response(
+            {"status": f'The {role} of model "{name}" is version {version} at {percent:g}%.'}
+        )
+
+    return answers_errors(set_share)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -314,5 +388,8 @@ HANDLERS: dict[str, Handler] = {
     "describe_model": answers_errors(describe_model),
     "rescale_model": answers_errors(rescale_model),
     "unload_model": answers_errors(unload_model),
+    "set_default_version": answers_errors(set_default_version),
+    "set_canary_version": share_handler("canary"),
+    "set_shadow_version": share_handler("shadow"),
     "metrics": answers_errors(metrics),
 }

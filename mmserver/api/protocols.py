@@ -18,17 +18,22 @@ A new protocol is a :class:`Protocol` and its rows here; a door that serves it c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from mmserver.answers import answer_body
 from mmserver.codecs import Request, make_request
 from mmserver.errors import InvalidInput, ModelNotFound
-from mmserver.v2codec import HEADER_LENGTH, VERSION, split_answer, v2_request
+from mmserver.store.names import VERSION_RE
+from mmserver.v2codec import HEADER_LENGTH, split_answer, v2_request
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
+#: The header whose value picks the version of a model's canary rollout a request goes to: the
+#: same value, the same version (:mod:`mmserver.versions`).
+ROUTING_KEY = "X-Mmserver-Routing-Key"
 
 #: Makes the job of a request from its body and the headers that matter
 #: (``Content-Type``, ``Accept``, ``Inference-Header-Content-Length``), checking only those.
@@ -101,10 +106,10 @@ class Route:
         object.__setattr__(self, "segments", tuple(self.path.split("/")[1:]))
 
     def model_name(self, params: Mapping[str, str], target: str | None, query: str | None) -> str:
-        """The model an inference request on this route names: the path's ``{model}``; on the
-        SageMaker paths without one, the ``X-Amzn-SageMaker-Target-Model`` header (boto3's
-        ``TargetModel``) or the ``model_name`` query parameter. A V2 path's version must be
-        ``1`` (:class:`ModelNotFound` otherwise)."""
+        """The model an inference request on this route names: the path's ``{model}`` (and
+        ``{version}``: ``NAME/2``); on the SageMaker paths without one, the
+        ``X-Amzn-SageMaker-Target-Model`` header (boto3's ``TargetModel``, ``NAME/2.tar.gz``
+        for a version) or the ``model_name`` query parameter."""
         name = params.get("model") or target or query
         if not name:
             raise missing_target()
@@ -112,13 +117,15 @@ class Route:
 
 
 def versioned(name: str, version: str | None) -> str:
-    """``name``, when ``version`` (a V2 path's, ``None`` for none) is one the model has: every
-    model has one version, ``1`` (:class:`ModelNotFound` for another)."""
-    if version is not None and version != VERSION:
-        raise ModelNotFound(
-            f"model {name} has one version, {VERSION}; there is no version {version[:40]!r}"
-        )
-    return name
+    """What a request for version ``version`` of model ``name`` asks for: ``NAME/2`` (``None``,
+    no version: ``name``). The model's versions decide where it goes
+    (:mod:`mmserver.versions`); a version that is not a number is none the model has
+    (:class:`ModelNotFound`)."""
+    if version is None:
+        return name
+    if not VERSION_RE.fullmatch(version):
+        raise ModelNotFound(f"model {name} has no version {version[:40]!r}")
+    return f"{name}/{version}"
 
 
 def missing_target() -> InvalidInput:
@@ -129,6 +136,9 @@ def missing_target() -> InvalidInput:
     )
 
 
+#: A model's version in DJL's management paths: a number (``/models/{model}/invoke`` is
+#: SageMaker's inference path, and answers 405 to another method).
+_DJL_VERSION = "/models/{model}/{version:[0-9]+}"
 _V2_MODEL = "/v2/models/{model}"
 _V2_VERSION = "/v2/models/{model}/versions/{version}"
 
@@ -137,6 +147,7 @@ _V2_VERSION = "/v2/models/{model}/versions/{version}"
 ROUTES: tuple[Route, ...] = (
     # Inference: DJL, the SageMaker multi-model container, SageMaker Runtime, V2.
     Route("POST", "/predictions/{model}", DJL, INFER, lean=True),
+    Route("POST", "/predictions/{model}/{version}", DJL, INFER, lean=True),
     Route("POST", "/invocations", SAGEMAKER, INFER, lean=True),
     Route("POST", "/endpoints/{endpoint}/invocations", SAGEMAKER, INFER, lean=True),
     Route("POST", "/models/{model}/invoke", SAGEMAKER, INFER, lean=True),
@@ -153,6 +164,12 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/models/{model}", DJL, "describe_model"),
     Route("PUT", "/models/{model}", DJL, "rescale_model"),
     Route("DELETE", "/models/{model}", DJL, "unload_model"),
+    Route("GET", _DJL_VERSION, DJL, "describe_model"),
+    Route("PUT", _DJL_VERSION, DJL, "rescale_model"),
+    Route("DELETE", _DJL_VERSION, DJL, "unload_model"),
+    Route("PUT", _DJL_VERSION + "/set-default", DJL, "set_default_version"),
+    Route("PUT", _DJL_VERSION + "/set-canary", DJL, "set_canary_version"),
+    Route("PUT", _DJL_VERSION + "/set-shadow", DJL, "set_shadow_version"),
     Route("GET", "/metrics", DJL, "metrics"),
     # The Open Inference Protocol's health, metadata and model repository.
     Route("GET", "/v2", V2, "server_metadata"),
@@ -208,5 +225,10 @@ def protocol_of(canonical: str | None, path: str) -> Protocol:
 
 def known_paths() -> str:
     """The paths outside ``/v2`` the server answers, for the 404 answer."""
-    paths = dict.fromkeys(r.path for r in ROUTES if r.protocol is not V2)
+    paths = dict.fromkeys(_PATTERN.sub(r"{\1}", r.path) for r in ROUTES if r.protocol is not V2)
     return ", ".join(paths)
+
+
+#: A placeholder's pattern in a route's path (``{version:[0-9]+}``), left out where the paths
+#: are shown.
+_PATTERN = re.compile(r"\{(\w+):[^}]*\}")

@@ -33,7 +33,7 @@ from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
 from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
 from mmserver.record import ModelStatus
-from mmserver.store import normalize_name
+from mmserver.store import normalize_name, split_version
 from mmserver.v2codec import (
     VERSION,
     datatype_of,
@@ -112,9 +112,9 @@ async def not_ready_reason(wlm: WorkLoadManager, name: str) -> str | None:
     """Why model ``name`` is not ready (``None``: it is): it loads on its first request or on a
     repository load. Raises :class:`ModelNotFound` for a model the server does not know, and
     :class:`ShuttingDown` once shutdown has begun."""
-    name = normalize_name(name)
     if not wlm.accepting:
         raise ShuttingDown("the server is shutting down; its models take no new requests")
+    name = await wlm.resolve(name)
     status = wlm.status(name)
     if status is ModelStatus.READY:
         return None
@@ -129,8 +129,14 @@ async def not_ready_reason(wlm: WorkLoadManager, name: str) -> str | None:
 
 async def metadata_of(wlm: WorkLoadManager, name: str) -> dict[str, Any]:
     """Model ``name``'s V2 metadata (:func:`describe`), loading it first if needed."""
-    name = await wlm.ready(name)
-    return describe(name, wlm.signature(name))
+    key = await wlm.ready(name)
+    metadata = describe(key, wlm.signature(key))
+    base, version = split_version(key)
+    if version is not None:
+        rollout = await wlm.rollout(base)
+        metadata["name"] = base
+        metadata["versions"] = [str(v) for v in (rollout.versions if rollout else (version,))]
+    return metadata
 
 
 #: A column's kind (:mod:`mmserver.schema`) to the datatype of its V2 input.
@@ -204,19 +210,27 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 async def index_of(wlm: WorkLoadManager, only_ready: bool) -> list[dict[str, str]]:
     """The repository index: every model of the store and every registered one, with its
-    version, state (Triton's names) and the reason for it; the loaded ones only when
-    ``only_ready``."""
+    version, state (Triton's names) and the reason for it (a model with versions the server
+    has read: a row per version); the loaded ones only when ``only_ready``."""
     index = []
     for model in await wlm.list_models():
-        name, status = model.name, model.status
-        if only_ready and status is not ModelStatus.READY:
-            continue
-        reason = ""
-        if status is ModelStatus.FAILED:
-            reason = wlm.failure(name) or "the last load failed"
-        elif status is ModelStatus.UNLOADED:
-            reason = "not loaded"
-        index.append({"name": name, "version": VERSION, "state": _STATES[status], "reason": reason})
+        rollout = wlm.known_rollout(model.name)
+        rows = (
+            [(model.name, VERSION, model.status)]
+            if rollout is None
+            else [(rollout.key(v), str(v), wlm.status(rollout.key(v))) for v in rollout.versions]
+        )
+        for key, version, status in rows:
+            if only_ready and status is not ModelStatus.READY:
+                continue
+            reason = ""
+            if status is ModelStatus.FAILED:
+                reason = wlm.failure(key) or "the last load failed"
+            elif status is ModelStatus.UNLOADED:
+                reason = "not loaded"
+            index.append(
+                {"name": model.name, "version": version, "state": _STATES[status], "reason": reason}
+            )
     return index
 
 

@@ -33,6 +33,9 @@ from mmserver.store.names import (
     archive_name,
     is_model_name,
     normalize_name,
+    normalize_target,
+    split_version,
+    version_key,
 )
 from mmserver.store.opening import open_store
 from mmserver.store.source import ModelSource, StoreEntry, Unpacker
@@ -62,10 +65,13 @@ __all__ = [
     "model_root",
     "name_from_url",
     "normalize_name",
+    "normalize_target",
     "open_store",
     "resolve_model_url",
     "split_object_url",
+    "split_version",
     "suffix_of",
     "tree_size",
     "unpack_archive",
+    "version_key",
 ]

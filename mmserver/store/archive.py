@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from mmserver.errors import ModelLoadError, ModelNotFound, UnsafeArchive
+from mmserver.store.names import file_stem
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ def unpack_archive(archive: Path, target: Path, max_unpacked_bytes: int, name: s
     """
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=target.parent))
+        stem = file_stem(name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{stem}-", dir=target.parent))
         try:
             _safe_extract(archive, tmp, max_unpacked_bytes, name)
             tmp.chmod(0o755)

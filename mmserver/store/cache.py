@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmserver.store.local import tree_size
-from mmserver.store.names import MODEL_NAME_RE
+from mmserver.store.names import MODEL_NAME_RE, VERSION_RE, key_of_stem
 
 log = logging.getLogger(__name__)
 
-_COPY_RE = re.compile(r"(?P<name>" + MODEL_NAME_RE.pattern + r")-[0-9a-f]{16}")
+_COPY_RE = re.compile(
+    r"(?P<name>" + MODEL_NAME_RE.pattern + r"(?:@" + VERSION_RE.pattern + r")?)-[0-9a-f]{16}"
+)
 # A temporary folder this old belongs to a process that died: no download takes a day.
 _STALE_TMP_SECONDS = 24 * 3600
 
@@ -220,4 +222,4 @@ class CopyCache:
 def _copy_name(folder: str) -> str:
     match = _COPY_RE.fullmatch(folder)
     assert match is not None
-    return match.group("name")
+    return key_of_stem(match.group("name"))

@@ -1,5 +1,6 @@
 """The store on the local file system: a directory of models, each a folder ``NAME/`` or an
-archive ``NAME.tar.gz`` (or ``NAME.tgz``).
+archive ``NAME.tar.gz`` (or ``NAME.tgz``); a folder holding entries named by numbers
+(``NAME/1/``, ``NAME/2.tar.gz``) is a model with versions, each of them found as ``NAME/2``.
 
 :class:`ModelStore` lists entries and unpacks archives into a cache directory, once per archive
 version (:func:`prepare_local`, with :func:`mmserver.store.archive.unpack_archive`); it never
@@ -18,13 +19,25 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 from mmserver.errors import Forbidden, InvalidInput, ModelLoadError, ModelNotFound
+from mmserver.properties import read_properties
 from mmserver.store.archive import model_root, unpack_archive
-from mmserver.store.names import ARCHIVE_SUFFIXES, archive_name, is_model_name, normalize_name
+from mmserver.store.names import (
+    ARCHIVE_SUFFIXES,
+    archive_name,
+    entry_version,
+    file_stem,
+    is_model_name,
+    normalize_name,
+    normalize_target,
+    split_version,
+)
 from mmserver.store.source import StoreEntry, Unpacker
 
 # A directory entry walk stops counting here: the size only feeds the memory estimate, and a
 # store folder with more files than this is not a model anyway.
 _MAX_DIR_FILES = 10_000
+#: The file a model folder's versions inherit settings from.
+PROPERTIES_FILE = "serving.properties"
 
 
 def tree_size(path: Path) -> tuple[int, int]:
@@ -168,27 +181,46 @@ class ModelStore:
         return os.path.join(self._root_text, name + suffix)
 
     def find(self, name: str) -> StoreEntry | None:
-        """The entry for ``name`` (``sklearn-7`` or ``sklearn-7.tar.gz``), looked up now, so an
-        entry added while the server runs is found. Raises :class:`InvalidModelName`."""
-        base = normalize_name(name)
+        """The entry for ``name`` (``sklearn-7``, ``sklearn-7.tar.gz``, or a version's key
+        ``sklearn-7/2``), looked up now, so an entry added while the server runs is found.
+        Raises :class:`InvalidModelName`."""
+        key = normalize_target(name)
+        base, version = split_version(key)
         folder = self.root / base
-        if folder.is_dir() and not self._is_cache(str(folder)):
+        if version is not None:
+            if not folder.is_dir() or self._is_cache(str(folder)):
+                return None
             if self._links_out(str(folder)):
                 raise self._refuse_link(base)
+            return self._find_in(folder, str(version), key)
+        return self._find_in(self.root, base, key)
+
+    def _find_in(self, parent: Path, filename: str, key: str) -> StoreEntry | None:
+        """The entry of ``key`` in ``parent``: the folder ``filename`` or its archive."""
+        folder = parent / filename
+        if folder.is_dir() and not self._is_cache(str(folder)):
+            if self._links_out(str(folder)):
+                raise self._refuse_link(key)
             size = _dir_size(folder)
             if size is not None:
-                return StoreEntry(base, folder, "directory", size)
+                versions = () if "/" in key else folder_versions(folder)
+                return StoreEntry(key, folder, "directory", size, versions=versions)
         for suffix in ARCHIVE_SUFFIXES:
-            path = self.root / (base + suffix)
+            path = parent / (filename + suffix)
             try:
                 st = path.stat()
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
                 if self._links_out(str(path)):
-                    raise self._refuse_link(base)
-                return StoreEntry(base, path, "archive", st.st_size)
+                    raise self._refuse_link(key)
+                return StoreEntry(key, path, "archive", st.st_size)
         return None
+
+    def model_properties(self, name: str) -> dict[str, str]:
+        """The keys of ``NAME/serving.properties``, which the versions of ``NAME`` inherit."""
+        path = self.root / normalize_name(name) / PROPERTIES_FILE
+        return read_properties(path) if path.is_file() else {}
 
     def entry_for_path(self, path: Path, name: str) -> StoreEntry:
         """An entry for a registered model whose files are at ``path`` (a folder or an archive
@@ -209,7 +241,7 @@ class ModelStore:
 
     def remove_unpacked(self, name: str) -> None:
         """Delete the unpacked copies of model ``name`` (best effort)."""
-        base = normalize_name(name)
+        base = file_stem(normalize_target(name))
         pattern = re.compile(re.escape(base) + r"-[0-9a-f]{16}")
         try:
             with os.scandir(self.cache_dir) as it:
@@ -285,6 +317,26 @@ def _has_file(path: str) -> bool:
     return False
 
 
+def folder_versions(folder: Path) -> tuple[int, ...]:
+    """The versions the model folder ``folder`` holds (entries ``1/``, ``2.tar.gz``...), sorted;
+    empty when it holds none (it is then a model of its own files)."""
+    found: set[int] = set()
+    try:
+        with os.scandir(folder) as it:
+            for item in it:
+                version = entry_version(item.name)
+                if version is None:
+                    continue
+                try:
+                    if item.is_dir() or (item.is_file() and item.name != str(version)):
+                        found.add(version)
+                except OSError:
+                    continue
+    except OSError:
+        return ()
+    return tuple(sorted(found))
+
+
 def local_entry(path: Path, name: str) -> StoreEntry:
     """The entry of model ``name`` whose files are at the local ``path`` (a folder or an
     archive)."""
@@ -317,7 +369,7 @@ def prepare_local(
         st = entry.path.stat()
     except FileNotFoundError:
         raise ModelNotFound(f"model {entry.name}: {entry.path} no longer exists") from None
-    target = cache_dir / f"{entry.name}-{_cache_key(st)}"
+    target = cache_dir / f"{file_stem(entry.name)}-{_cache_key(st)}"
     if target.is_dir():
         return model_root(target)
     return (unpack or unpack_archive)(entry.path, target, max_unpacked_bytes, entry.name)

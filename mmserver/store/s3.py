@@ -1,10 +1,12 @@
 """The model store on S3-compatible object storage: ``s3://bucket/prefix``.
 
 Every model is an object ``prefix/NAME.tar.gz`` (or ``NAME.tgz``), as in SageMaker multi-model
-endpoints. Listing reads the object listing only; the first load of a model downloads its archive
-and unpacks it into the local cache with the rules of local archives
-(:func:`mmserver.store.archive.unpack_archive`). The endpoint, region and credentials come from the
-usual AWS environment variables and files, through boto3.
+endpoints, or a model with versions: objects ``prefix/NAME/1.tar.gz``, ``prefix/NAME/2.tar.gz``...
+and optionally ``prefix/NAME/serving.properties``, which the versions inherit (found when asked
+for; a listing shows the archives of the prefix). Listing reads the object listing only; the
+first load of a model downloads its archive and unpacks it into the local cache with the rules of
+local archives (:func:`mmserver.store.archive.unpack_archive`). The endpoint, region and
+credentials come from the usual AWS environment variables and files, through boto3.
 
 Cache layout (``cache_dir``)::
 
@@ -46,10 +48,18 @@ from botocore.exceptions import (
 )
 
 from mmserver.errors import MMServerError, ModelLoadError, ModelNotFound, ServiceUnavailable
+from mmserver.properties import parse_properties
 from mmserver.store.archive import model_root, unpack_archive
 from mmserver.store.cache import CopyCache
 from mmserver.store.local import local_entry, prepare_local
-from mmserver.store.names import ARCHIVE_SUFFIXES, archive_name, normalize_name
+from mmserver.store.names import (
+    ARCHIVE_SUFFIXES,
+    archive_name,
+    entry_version,
+    file_stem,
+    normalize_name,
+    normalize_target,
+)
 from mmserver.store.objects import error_code
 from mmserver.store.source import StoreEntry, Unpacker
 from mmserver.store.urls import split_object_url
@@ -194,21 +204,64 @@ class ObjectStore:
         return f"s3://{self.bucket}/{self.prefix}{name}{suffix}"
 
     def find(self, name: str) -> StoreEntry | None:
-        """The current version of model ``name`` (one HeadObject per archive suffix), or
-        ``None``. Raises :class:`InvalidModelName` before any request."""
-        base = normalize_name(name)
+        """The current version of model ``name`` (one HeadObject per archive suffix), or of a
+        version's key ``NAME/2``; a model with versions is found by a listing of ``NAME/``
+        when it has no archive of its own. ``None`` when there is none. Raises
+        :class:`InvalidModelName` before any request."""
+        key = normalize_target(name)
         for suffix in ARCHIVE_SUFFIXES:
-            key = self.prefix + base + suffix
+            object_key = self.prefix + key + suffix
             try:
-                head = self.client.head_object(Bucket=self.bucket, Key=key)
+                head = self.client.head_object(Bucket=self.bucket, Key=object_key)
             except ClientError as exc:
                 if error_code(exc) in _NOT_FOUND:
                     continue
                 raise self._store_error(exc) from None
             except BotoCoreError as exc:
                 raise self._store_error(exc) from None
-            return self._entry(base, key, head["ContentLength"], head["ETag"])
-        return None
+            return self._entry(key, object_key, head["ContentLength"], head["ETag"])
+        if "/" in key:
+            return None
+        versions = self._versions(key)
+        if not versions:
+            return None
+        url = f"s3://{self.bucket}/{self.prefix}{key}/"
+        return StoreEntry(
+            key, self.cache_dir / file_stem(key), "object", 0, object_url=url, versions=versions
+        )
+
+    def _versions(self, name: str) -> tuple[int, ...]:
+        """The versions of the archives ``prefix/NAME/N.tar.gz`` (or ``.tgz``), sorted."""
+        found: set[int] = set()
+        folder = self.prefix + name + "/"
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=folder, Delimiter="/"
+            )
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    filename = obj["Key"][len(folder) :]
+                    version = entry_version(filename)
+                    if version is not None and filename != str(version):
+                        found.add(version)
+        except (BotoCoreError, ClientError) as exc:
+            raise self._store_error(exc) from None
+        return tuple(sorted(found))
+
+    def model_properties(self, name: str) -> dict[str, str]:
+        """The keys of the object ``prefix/NAME/serving.properties``, which the versions of
+        ``NAME`` inherit (``{}`` without one)."""
+        key = f"{self.prefix}{normalize_name(name)}/serving.properties"
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+            data = response["Body"].read(1 << 20)
+        except ClientError as exc:
+            if error_code(exc) in _NOT_FOUND:
+                return {}
+            raise self._store_error(exc) from None
+        except BotoCoreError as exc:
+            raise self._store_error(exc) from None
+        return parse_properties(data.decode("utf-8", errors="replace"))
 
     def entry_for_path(self, path: Path, name: str) -> StoreEntry:
         """An entry for a model registered from a local path inside the allowed roots."""
@@ -218,7 +271,7 @@ class ObjectStore:
         digest = hashlib.sha256(etag.encode()).hexdigest()[:16]
         return StoreEntry(
             name,
-            self.cache_dir / f"{name}-{digest}",
+            self.cache_dir / f"{file_stem(name)}-{digest}",
             "object",
             size,
             object_url=f"s3://{self.bucket}/{key}",
@@ -254,9 +307,10 @@ class ObjectStore:
             raise _too_large(entry, f"is {entry.size_bytes} bytes", limit)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._cache.sweep_once()
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=self.cache_dir))
+        stem = file_stem(entry.name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{stem}-", dir=self.cache_dir))
         try:
-            archive = tmp / f"{entry.name}.tar.gz"
+            archive = tmp / f"{stem}.tar.gz"
             started = time.perf_counter()
             try:
                 with open(archive, "wb") as out:
@@ -313,7 +367,7 @@ class ObjectStore:
 
     def remove_unpacked(self, name: str) -> None:
         """Delete the cached copies of model ``name`` (best effort)."""
-        self._cache.remove(normalize_name(name))
+        self._cache.remove(normalize_target(name))
 
     # Errors -------------------------------------------------------------------------------------
 

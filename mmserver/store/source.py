@@ -24,6 +24,9 @@ class StoreEntry:
     #: The object's ``s3://`` URL and version (its ETag), for an entry of an object store.
     object_url: str | None = None
     etag: str | None = None
+    #: The versions a model folder holds (``NAME/1/``, ``NAME/2.tar.gz``...), sorted; empty for
+    #: a model that is its own files (and for a version's own entry).
+    versions: tuple[int, ...] = ()
 
     @property
     def url(self) -> str:
@@ -70,6 +73,11 @@ class ModelSource(Protocol):
 
     def url_of(self, name: str, suffix: str) -> str:
         """The url of the entry ``name + suffix``, as :attr:`StoreEntry.url` shows it."""
+        ...
+
+    def model_properties(self, name: str) -> dict[str, str]:
+        """The keys of the ``serving.properties`` of model folder ``name`` itself, which its
+        versions inherit (``{}`` without one)."""
         ...
 
     def entry_for_path(self, path: Path, name: str) -> StoreEntry:

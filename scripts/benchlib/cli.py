@@ -31,6 +31,7 @@ from benchlib import (
     peers,
     probes,
     report,
+    rollout,
     scale,
     servers,
     store,
@@ -54,9 +55,10 @@ SECTIONS = (
     "scale",
     "async",
     "transform",
+    "rollout",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own.
-OPT_IN = ("grpc", "scale", "async", "transform")
+OPT_IN = ("grpc", "scale", "async", "transform", "rollout")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -376,6 +378,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.sections == ["transform"]:
             return raw
+    if "rollout" in args.sections:
+        with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
+            raw["rollout"] = rollout.run(
+                model_store, Path(tmp), args.out, args.server_arg, args.server_exe, settings, _log
+            )
+        if args.sections == ["rollout"]:
+            return raw
     if "batching" in args.sections:
         store.ensure_forests(model_store)
     if "neighbour" in args.sections:
@@ -549,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     if "transform" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(transformbench.summary_lines(raw["transform"]))
         text += "\n"
+    if "rollout" in raw:
+        text = text.rstrip("\n") + "\n" + "\n".join(rollout.summary_lines(raw["rollout"])) + "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
     text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
     print(text, end="")

@@ -286,6 +286,10 @@ class Reader:
         at = args.index("--model-store")
         store = self.folder / args[at + 1]
         options = args[:at] + args[at + 2 :]
+        if "--capture-path" in options:  # a folder of the reader's, as the store is
+            at = options.index("--capture-path")
+            if "://" not in options[at + 1]:
+                options[at + 1] = str(self.folder / options[at + 1])
         self.grpc_port = None
         if "--grpc-port" in options:
             at = options.index("--grpc-port")

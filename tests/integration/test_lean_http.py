@@ -87,6 +87,11 @@ TAKEN: dict[str, bytes] = {
     "v2 bad header length": _request(
         "/v2/models/sklearn-4/infer", V2_BODY, Inference_Header_Content_Length="x"
     ),
+    "version 1": _request("/predictions/sklearn-5/1"),
+    "version 2": _request("/predictions/sklearn-5/2"),
+    "sagemaker version": _request(
+        "/invocations", X_Amzn_SageMaker_Target_Model="sklearn-6/1.tar.gz"
+    ),
 }
 
 
@@ -129,6 +134,7 @@ HANDED: dict[str, bytes] = {
     "connection close": _request("/predictions/sklearn-4", Connection="close"),
     "non-ascii header": _request("/predictions/sklearn-4", X_Note="caf\xe9"),
     "v2 version path": _request("/v2/models/sklearn-4/versions/1/infer", V2_BODY),
+    "routing key": _request("/predictions/sklearn-4", X_Mmserver_Routing_Key="caller-1"),
 }
 
 

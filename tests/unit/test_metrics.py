@@ -103,6 +103,8 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_async_backlog",
         "mmserver_async_yields",
         "mmserver_async_oldest_queued_seconds",
+        "mmserver_shadow_comparisons",
+        "mmserver_capture_dropped",
         "process_resident_memory_bytes",
         "process_cpu_seconds",
         "process_open_fds",

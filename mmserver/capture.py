@@ -1,0 +1,223 @@
+"""Data capture: a sample of each model's requests and answers, written as SageMaker's data
+capture writes them, off the request path.
+
+A model's ``option.capture_percent`` is the share of its answered requests captured, to the
+server's ``capture_path`` (a folder or ``s3://bucket/prefix``). The request path only draws
+the sample and puts the record's raw parts in a bounded buffer (``capture_buffer`` records):
+when it is full the record is dropped and counted (``mmserver_capture_dropped_total``), never
+an answer slowed. One thread (:class:`Capture`, started and stopped with the application)
+takes records from the buffer, makes their JSON lines, and writes what it took at most
+:data:`FLUSH_S` seconds after the first of them:
+
+- to a folder, appended to ``MODEL/VERSION/YYYY/MM/DD/HH/<instance>.jsonl`` (a file per model,
+  version and hour of the record's time, UTC; a model without versions is version 1);
+- to S3, one object per model, version and hour for each write:
+  ``prefix/MODEL/VERSION/YYYY/MM/DD/HH/<MM-SS-mmm>-<instance>-<n>.jsonl``.
+
+Each line is one of SageMaker's records: ``captureData.endpointInput`` and
+``captureData.endpointOutput`` (``observedContentType``, ``mode``, ``data``, ``encoding``:
+``JSON`` or ``CSV`` as text, anything else ``BASE64``), ``eventMetadata`` (``eventId``, a
+UUID; ``inferenceId``, the request's id; ``inferenceTime``) and ``eventVersion`` ``"0"``. A
+shadow run whose answer differs (:mod:`mmserver.shadow`) is captured with both answers: the
+shadow's under ``captureData.shadowOutput``, with its ``version``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import logging
+import os
+import queue
+import random
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from mmserver.codecs import media_type
+from mmserver.metrics import Metrics
+from mmserver.store import split_object_url, split_version
+
+log = logging.getLogger(__name__)
+
+#: Seconds between the first record the writer takes and the write of what it took.
+FLUSH_S = 1.0
+#: Records written at once, at most.
+_BATCH = 10_000
+_JSON_TYPES = ("application/json", "application/jsonlines", "application/x-ndjson")
+
+
+class Record(NamedTuple):
+    """A captured request's raw parts, as the request path hands them over (no encoding on
+    the event loop)."""
+
+    model: str
+    at: float
+    inference_id: str
+    request: bytes
+    request_type: str
+    answer: bytes
+    answer_type: str
+    #: A shadow run's answer that differed, and its version's key (``None``: no shadow).
+    shadow: bytes | None = None
+    shadow_key: str | None = None
+
+
+def encode_record(record: Record) -> dict[str, Any]:
+    """The JSON object of ``record``, in SageMaker's data capture format."""
+    moment = datetime.datetime.fromtimestamp(record.at, datetime.UTC)
+    captured: dict[str, Any] = {
+        "endpointInput": _data("INPUT", record.request, record.request_type),
+        "endpointOutput": _data("OUTPUT", record.answer, record.answer_type),
+    }
+    if record.shadow is not None and record.shadow_key is not None:
+        shadow = _data("OUTPUT", record.shadow, record.answer_type)
+        shadow["version"] = str(split_version(record.shadow_key)[1])
+        captured["shadowOutput"] = shadow
+    return {
+        "captureData": captured,
+        "eventMetadata": {
+            "eventId": str(uuid.uuid4()),
+            "inferenceId": record.inference_id,
+            "inferenceTime": moment.strftime("%Y-%m-%dT%H:%M:%S.")
+            + f"{moment.microsecond // 1000:03d}Z",
+        },
+        "eventVersion": "0",
+    }
+
+
+def _data(mode: str, body: bytes, content_type: str) -> dict[str, Any]:
+    kind = media_type(content_type)
+    encoding = "JSON" if kind in _JSON_TYPES else "CSV" if kind == "text/csv" else "BASE64"
+    if encoding != "BASE64":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            encoding = "BASE64"
+    if encoding == "BASE64":
+        text = base64.b64encode(body).decode("ascii")
+    return {
+        "observedContentType": content_type,
+        "mode": mode,
+        "data": text,
+        "encoding": encoding,
+    }
+
+
+def hour_folder(model: str, at: float) -> str:
+    """``MODEL/VERSION/YYYY/MM/DD/HH`` of a record of ``model`` (a model or version key) at
+    ``at`` (UTC)."""
+    name, version = split_version(model)
+    moment = time.gmtime(at)
+    return f"{name}/{version or 1}/" + time.strftime("%Y/%m/%d/%H", moment)
+
+
+class Capture:
+    """The capture of the server (see the module docstring). :meth:`offer` and :meth:`sampled`
+    run on the event loop; the writing in a thread of its own."""
+
+    def __init__(self, location: str, buffer: int, metrics: Metrics) -> None:
+        self.location = location.strip()
+        self.metrics = metrics
+        self._queue: queue.Queue[Record | None] = queue.Queue(buffer)
+        self._thread: threading.Thread | None = None
+        self._random = random.Random()
+        self._instance = f"{socket.gethostname()}-{os.getpid()}"
+        self._sequence = 0
+        self._client: Any = None
+        if self.location[:5].lower() == "s3://":
+            self._bucket, self._prefix = split_object_url(self.location)
+            self._folder: Path | None = None
+        else:
+            self._folder = Path(self.location.removeprefix("file://")).expanduser()
+        #: Records written so far (read by tests and the bench).
+        self.written = 0
+
+    def sampled(self, percent: float) -> bool:
+        """Whether a request of a model capturing ``percent`` % is captured."""
+        return percent >= 100 or self._random.random() * 100 < percent
+
+    def start(self) -> None:
+        """Start the writer (records offered before wait in the buffer)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mmserver-capture", daemon=True)
+            self._thread.start()
+
+    def offer(self, record: Record) -> None:
+        """Hand ``record`` to the writer; dropped and counted when the buffer is full."""
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.metrics.capture_dropped.inc()
+
+    def close(self) -> None:
+        """Write what the buffer holds, then stop the writer (blocks: call it in a thread)."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._queue.put(None)
+        thread.join()
+        self._thread = None
+
+    # The writer's thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            taken, stopping = [first], False
+            deadline = time.monotonic() + FLUSH_S
+            while len(taken) < _BATCH:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=left)
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                taken.append(item)
+            self._write(taken)
+            if stopping:
+                return
+
+    def _write(self, records: list[Record]) -> None:
+        files: dict[str, list[str]] = defaultdict(list)
+        for record in records:
+            line = json.dumps(encode_record(record), separators=(",", ":"))
+            files[hour_folder(record.model, record.at)].append(line + "\n")
+        for folder, lines in files.items():
+            try:
+                if self._folder is not None:
+                    path = self._folder / folder / f"{self._instance}.jsonl"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(path, "a", encoding="utf-8") as out:
+                        out.writelines(lines)
+                else:
+                    self._put(folder, "".join(lines).encode())
+                self.written += len(lines)
+            except Exception as exc:  # the store or disk failed: those records are lost
+                self.metrics.capture_dropped.inc(len(lines))
+                log.warning(
+                    "data capture: %d record(s) not written to %s: %s", len(lines), folder, exc
+                )
+
+    def _put(self, folder: str, body: bytes) -> None:
+        if self._client is None:
+            from mmserver.store.s3 import make_client  # boto3 only where a capture goes to S3
+
+            self._client = make_client()
+        self._sequence += 1
+        stamp = time.strftime("%M-%S", time.gmtime()) + f"-{int(time.time() * 1000) % 1000:03d}"
+        key = f"{self._prefix}{folder}/{stamp}-{self._instance}-{self._sequence}.jsonl"
+        self._client.put_object(
+            Bucket=self._bucket, Key=key.lstrip("/"), Body=body, ContentType="application/jsonl"
+        )
