@@ -51,3 +51,10 @@ def should_retire(s: PoolSnapshot, idle_seconds: float, max_idle_time: float) ->
 def workers_to_start(s: PoolSnapshot) -> int:
     """Workers to add at once so a model reaches its ``minWorkers`` (at load or on rescale)."""
     return max(0, s.min_workers - s.workers)
+
+
+def background_share(backend_processes: int) -> int:
+    """The most background requests (asynchronous requests, shadow runs) submitted to their
+    models at once: all the backend processes but one, so that one is always left to real-time
+    requests (one in-process backend: one)."""
+    return max(1, backend_processes - 1)

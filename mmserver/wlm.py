@@ -28,7 +28,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from mmserver import errors
-from mmserver.asynchronous.admission import async_share
 from mmserver.backend import BackendPool
 from mmserver.capacity import Limit
 from mmserver.capture import Capture
@@ -42,6 +41,7 @@ from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.rollout import Rollout
 from mmserver.room import Room
+from mmserver.scaling import background_share
 from mmserver.shadow import Shadows
 from mmserver.store import (
     ModelSource,
@@ -106,7 +106,7 @@ class WorkLoadManager:
         self._submitter = Submitter(self._room, self._loader, self._versions)
         self._shadows = Shadows(
             self._run_shadow,
-            async_share(config.backend_processes),
+            background_share(config.backend_processes),
             lambda: self.real_time_queued,
             metrics,
         )

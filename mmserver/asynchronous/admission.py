@@ -24,13 +24,6 @@ def room_for_async(real_time_queued: int, running: int, max_running: int) -> boo
     return real_time_queued == 0 and running < max_running
 
 
-def async_share(backend_processes: int) -> int:
-    """The most asynchronous requests submitted to their models at once: all the backend
-    processes but one, so that one is always left to real-time requests (one in-process
-    backend: one)."""
-    return max(1, backend_processes - 1)
-
-
 class Turns:
     """The turns of asynchronous requests to be submitted to their models: at most ``limit``
     at once, and only while ``real_time_queued()`` is 0 (``yielded()`` is told each time one

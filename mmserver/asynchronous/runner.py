@@ -15,8 +15,8 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
    all within its invocation timeout, as a *background* job: it does not count toward its
    model's real-time scale-up (:mod:`mmserver.scaling`). It is submitted only while no
    real-time request is queued, and at most all the backend processes but one have
-   asynchronous requests submitted at once (:func:`async_share`); reading inputs and writing
-   answers overlap (:data:`IO_PER_PREDICTION`);
+   asynchronous requests submitted at once (:func:`~mmserver.scaling.background_share`);
+   reading inputs and writing answers overlap (:data:`IO_PER_PREDICTION`);
 4. it ends: the answer is written to its output location whole, or an error body to its failure
    location, then its row is ended (:meth:`Journal.finish <mmserver.asynchronous.journal.
    Journal.finish>` records an end once), and ``async_notify_url``, if set, is told
@@ -56,7 +56,6 @@ from mmserver.asynchronous.admission import (
     IO_PER_PREDICTION,
     YIELD_S,
     Turns,
-    async_share,
     room_for_async,
 )
 from mmserver.asynchronous.computing import Computer
@@ -68,6 +67,7 @@ from mmserver.asynchronous.writer import JournalThread
 from mmserver.codecs import make_request
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
+from mmserver.scaling import background_share
 from mmserver.store import normalize_name
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class AsyncInference:
         self.notifier = Notifier(url) if url else None
         #: At most this many are submitted to their models at once, over every model...
         self._turns = Turns(
-            async_share(config.backend_processes),
+            background_share(config.backend_processes),
             lambda: self.wlm.real_time_queued,
             metrics.async_yields.inc,
         )

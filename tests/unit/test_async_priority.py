@@ -7,9 +7,14 @@ import asyncio
 
 import pytest
 
-from mmserver.asynchronous.admission import async_share, room_for_async
+from mmserver.asynchronous.admission import room_for_async
 from mmserver.jobs import Job, JobQueue, Tally
-from mmserver.scaling import PoolSnapshot, should_add_background_worker, should_add_worker
+from mmserver.scaling import (
+    PoolSnapshot,
+    background_share,
+    should_add_background_worker,
+    should_add_worker,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,7 +52,7 @@ def test_room_for_async_table(
 
 @pytest.mark.parametrize(("processes", "share"), [(0, 1), (1, 1), (2, 1), (4, 3), (16, 15)])
 def test_asynchronous_work_leaves_one_process_to_real_time(processes: int, share: int) -> None:
-    assert async_share(processes) == share
+    assert background_share(processes) == share
 
 
 async def test_background_jobs_are_counted_apart_and_not_in_the_scaling_snapshot() -> None:
