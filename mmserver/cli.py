@@ -4,8 +4,9 @@ Every flag of ``mmserver serve`` derives from a field of :class:`~mmserver.confi
 ``max_workers`` is ``--max-workers`` and ``MMSERVER_MAX_WORKERS``. Flags default to ``None`` so
 that an option not given on the command line keeps its value from the environment or the file.
 
-``mmserver cluster ...`` hands its arguments to :mod:`mmserver.cluster.cli`, imported only then:
-the server never imports the cluster.
+``mmserver cluster ...`` hands its arguments to :mod:`mmserver.cluster.cli`, and
+``mmserver recommend ...`` to :mod:`mmserver.recommend.cli`, each imported only then: the server
+never imports them.
 """
 
 from __future__ import annotations
@@ -100,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="several mmserver instances behind HAProxy on one port (mmserver cluster --help)",
         add_help=False,
     )
+    commands.add_parser(
+        "recommend",
+        help="load-test a model and recommend its settings and instances "
+        "(mmserver recommend --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -120,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmserver.cluster.cli import main as cluster_main
 
         return cluster_main(args[1:])
+    if args[:1] == ["recommend"]:
+        from mmserver.recommend.cli import main as recommend_main
+
+        return recommend_main(args[1:])
     parser = build_parser()
     parsed = parser.parse_args(args) if args else None
     if parsed is None or parsed.command is None:
