@@ -73,6 +73,7 @@ class Advice:
             out["recommendation"] = {
                 **chosen.setting.to_json(),
                 "serving_properties": chosen.setting.properties(),
+                "server_options": list(chosen.setting.server_args),
                 "rps_per_instance": best.rps,
                 "p99_ms": best.p99_ms,
                 "cpu_ms_per_request": cpu_ms,
@@ -89,7 +90,7 @@ class Advice:
 
     def table(self) -> str:
         head = (
-            f"{'setting':<38} {'req/s at p99':>12} {'p99 ms':>7} {'CPU ms/req':>10} "
+            f"{'setting':<48} {'req/s at p99':>12} {'p99 ms':>7} {'CPU ms/req':>10} "
             f"{'memory/copy':>11}  lane"
         )
         lines = [head]
@@ -105,7 +106,7 @@ class Advice:
             memory = _mib(r.memory_bytes)
             note = f"  ({r.note})" if r.note else ""
             lines.append(
-                f"{r.setting.label:<38} {rps:>12} {p99:>7} {cpu_ms:>10} {memory:>11}  "
+                f"{r.setting.label:<48} {rps:>12} {p99:>7} {cpu_ms:>10} {memory:>11}  "
                 f"{r.lane or '-'}{note}"
             )
         return "\n".join(lines)
@@ -126,6 +127,12 @@ class Advice:
         best = chosen.best
         lines.append(f"Recommended serving.properties for {self.model}:")
         lines.extend(f"  {line}" for line in chosen.setting.properties())
+        if chosen.setting.server_args:
+            options = " ".join(chosen.setting.server_args)
+            lines.append(
+                f"and a server with one lane: mmserver serve {options} "
+                "(server-wide: every model then runs in the same backends at the same priority)"
+            )
         p99 = f" (measured {best.p99_ms:.1f} ms)" if best.p99_ms is not None else ""
         lines.append(
             f"{best.rps:,.0f} req/s per instance at p99 <= {self.p99_ms:g} ms{p99} on this "

@@ -15,19 +15,19 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from mmserver.loadtest import wrk
 from mmserver.model_config import MAX_BATCH_DELAY_MS, cpu_count
 from mmserver.recommend import plot
 from mmserver.recommend.advice import Advice
+from mmserver.recommend.payloads import PayloadError, read_payload
 from mmserver.recommend.progress import Progress
-from mmserver.recommend.search import RUN_OVERHEAD_S, Plan, SettingResult, runs_per_setting, search
-from mmserver.recommend.settings import Setting, grid, write_properties
+from mmserver.recommend.search import RUN_OVERHEAD_S, SettingResult, runs_per_setting
+from mmserver.recommend.settings import LANES, Setting, grid, write_properties
 from mmserver.recommend.target import Target, TargetError
+from mmserver.recommend.trials import Trials
+from mmserver.recommend.trials import run as trials_run
 
-#: Seconds a run lasts at most, however long the budget.
-MAX_RUN_S = 10
 PROG = "mmserver recommend"
 
 
@@ -111,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"maxWorkers values (1 and this machine's CPUs: 1,{cpu_count()})",
     )
     parser.add_argument(
+        "--lanes",
+        default="auto",
+        metavar="LIST",
+        help="auto: the server's lanes (a model costing more than heavy_batch_ms a batch runs "
+        "in the heavy lane, at a lower CPU priority); one: a server with one lane "
+        "(--heavy-processes 0); auto,one tries both, each on a server of its own "
+        "(--model-store only) (auto)",
+    )
+    parser.add_argument(
         "--steps",
         type=int,
         default=4,
@@ -140,23 +149,6 @@ def _numbers(text: str, flag: str, least: int, most: int | None = None) -> list[
     return sorted(set(values))
 
 
-def _body(args: argparse.Namespace) -> str | None:
-    if args.payload is None:
-        return None
-    try:
-        text = args.payload.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise UsageError(f"--payload {args.payload}: cannot read it: {exc}") from None
-    try:
-        json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"--payload {args.payload} is not JSON: {exc}") from None
-    if "\n" in text:  # wrk's script takes the body from one environment variable
-        text = json.dumps(json.loads(text), separators=(",", ":"))
-    body: str = text
-    return body
-
-
 def check(args: argparse.Namespace) -> list[Setting]:
     """The grid, after checking every argument; :class:`UsageError` says what is wrong."""
     if not math.isfinite(args.p99_ms) or args.p99_ms <= 0:
@@ -181,10 +173,22 @@ def check(args: argparse.Namespace) -> list[Setting]:
             )
     if args.load_generator == "wrk" and not wrk.installed():
         raise UsageError("--load-generator wrk: wrk is not installed (apt-get install wrk)")
+    lanes = [part.strip() for part in args.lanes.split(",") if part.strip()]
+    for lane in lanes:
+        if lane not in LANES:
+            raise UsageError(f"--lanes: {lane!r} is not one of {', '.join(LANES)}")
+    if not lanes:
+        raise UsageError("--lanes is empty")
+    if args.url is not None and lanes != ["auto"]:
+        raise UsageError(
+            "--lanes: a running server's lanes are its own (a server option); try one lane "
+            "with --model-store, which starts a server of each"
+        )
     settings = grid(
         _numbers(args.batch_sizes, "--batch-sizes", 1),
         _numbers(args.batch_delays, "--batch-delays", 0, MAX_BATCH_DELAY_MS),
         _numbers(f"1,{cpu_count()}" if args.workers is None else args.workers, "--workers", 1),
+        sorted(set(lanes), key=list(LANES).index),
     )
     runs = len(settings) * runs_per_setting(args.steps)
     least_s = runs * (1 + RUN_OVERHEAD_S)
@@ -198,26 +202,14 @@ def check(args: argparse.Namespace) -> list[Setting]:
     return settings
 
 
-def sample_body(inputs: list[dict[str, Any]]) -> str:
-    """One request made from the model's V2 inputs: a row of 0.5s (as wide as the model takes),
-    or one record for a model of named columns (0.5, or ``"a"`` for a string column)."""
-    if len(inputs) == 1 and len(inputs[0].get("shape", [])) == 2:
-        width = int(inputs[0]["shape"][1])
-        return json.dumps([[0.5] * max(1, width)])
-    if inputs:
-        record = {i["name"]: "a" if i.get("datatype") == "BYTES" else 0.5 for i in inputs}
-        return json.dumps([record])
-    return "[[0.5]]"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
         settings = check(args)
-        body = _body(args)
-    except UsageError as exc:
+        body = read_payload(args.payload)
+    except (UsageError, PayloadError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     use_wrk = args.load_generator == "wrk" or (args.load_generator == "auto" and wrk.installed())
@@ -248,54 +240,47 @@ def _recommend(
     use_wrk: bool,
     deadline: float,
 ) -> int:
-    model: str = args.model
-    if args.model_store is not None:
-        print(f"{PROG}: starting mmserver over {args.model_store}", file=sys.stderr)
-        target = Target.start(args.model_store)
-    else:
-        target = Target.at(args.url)
+    trials = Trials(
+        model=args.model,
+        settings=settings,
+        p99_ms=args.p99_ms,
+        steps=args.steps,
+        deadline=deadline,
+        use_wrk=use_wrk,
+        model_store=args.model_store,
+        url=args.url or "",
+        body=body,
+    )
+    wrote: list[str] = []
+
+    def advise(results: list[SettingResult]) -> Advice:
+        generator = "wrk" if use_wrk else "one Python process"
+        return Advice(args.model, args.p99_ms, args.target_rps, cpu_count(), generator, results)
+
+    def apply_on_url(target: Target, results: list[SettingResult]) -> None:
+        chosen = advise(results).chosen
+        if args.write and args.url and chosen is not None:
+            target.keep(args.model, chosen.setting)
+            wrote.append(f"applied to {args.model} on {target.url} (until it is unloaded)")
+
+    progress = Progress(len(settings) * runs_per_setting(args.steps), deadline)
     try:
-        if body is None:
-            body = sample_body(target.inputs(model))
-        target.load(model, body.encode())
-        runs = len(settings) * runs_per_setting(args.steps)
-        left = deadline - time.monotonic()
-        run_s = min(MAX_RUN_S, math.floor(left / runs - RUN_OVERHEAD_S))
-        plan = Plan(model, body, args.p99_ms, max(1, run_s), args.steps, deadline, use_wrk)
-        progress = Progress(runs, deadline)
-        results: list[SettingResult] = []
-        for setting in settings:
-            before = progress.count
-            results.append(search(target, setting, plan, progress.step))
-            # A setting that stopped early counts its runs as done, so the bar reaches the end.
-            progress.count = before + runs_per_setting(args.steps) - 1
-            progress.step(f"{setting.label}: done")
-        progress.finish()
-        advice = Advice(
-            model,
-            args.p99_ms,
-            args.target_rps,
-            cpu_count(),
-            "wrk" if use_wrk else "one Python process",
-            results,
-        )
-        chosen = advice.chosen
-        if args.write and chosen is not None:
-            if args.model_store is not None:
-                written = write_properties(args.model_store / model, chosen.setting)
-                wrote = f"wrote {written}"
-            else:
-                target.keep(model, chosen.setting)
-                wrote = f"applied to {model} on {target.url} (until it is unloaded)"
-        else:
-            wrote = ""
+        results = trials_run(trials, progress, _say, apply_on_url)
     finally:
-        target.close()
+        progress.finish()
+    advice = advise(results)
+    chosen = advice.chosen
+    if args.write and args.model_store is not None and chosen is not None:
+        wrote.append(f"wrote {write_properties(args.model_store / args.model, chosen.setting)}")
     print(advice.text())
-    if wrote:
-        print(wrote)
+    for line in wrote:
+        print(line)
     _write_outputs(args.out, advice)
     return 0 if chosen is not None else 1
+
+
+def _say(text: str) -> None:
+    print(f"{PROG}: {text}", file=sys.stderr)
 
 
 def _write_outputs(out: Path, advice: Advice) -> None:

@@ -27,7 +27,7 @@ KEPT_UP = 0.9
 CLOSE_ENOUGH = 0.05
 OPEN_CONNECTIONS = 64
 #: Seconds a run costs beyond its duration (wrk's start, the CPU readings), for the budget.
-RUN_OVERHEAD_S = 0.6
+RUN_OVERHEAD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class SettingResult:
             "p99_ms": best.p99_ms if best else None,
             "cpu_ms_per_request": best.cpu_ms_per_request if best else None,
             "memory_bytes": self.memory_bytes,
-            "lane": self.lane,
+            "ran_in_lane": self.lane,
             "note": self.note,
             "runs": [r.to_json() for r in self.runs],
         }

@@ -1,6 +1,6 @@
 """The settings a recommendation tries and writes: one model's ``batch_size``,
 ``max_batch_delay`` and ``maxWorkers``, as the management API sets them and as
-``serving.properties`` lines.
+``serving.properties`` lines; and the lane, a server-wide option (:data:`LANES`).
 
 The trials set ``minWorkers`` equal to ``maxWorkers`` so that every run measures the workers the
 setting allows, not the scaling rule's ramp up to them; the written lines leave ``minWorkers``
@@ -28,6 +28,12 @@ WRITTEN_KEYS: frozenset[str] = frozenset(
 )
 
 
+#: The lanes a recommendation can try, and the server options of each: ``auto`` is the server's
+#: default (a model whose batches cost more than ``heavy_batch_ms`` moves to the heavy lane, at
+#: a lower CPU priority); ``one`` serves every model in one lane (``--heavy-processes 0``).
+LANES: dict[str, tuple[str, ...]] = {"auto": (), "one": ("--heavy-processes", "0")}
+
+
 @dataclass(frozen=True, order=True)
 class Setting:
     """One point of the grid."""
@@ -35,12 +41,19 @@ class Setting:
     batch_size: int
     max_batch_delay: int  # ms
     max_workers: int
+    lane: str = "auto"  # a key of LANES
 
     @property
     def label(self) -> str:
-        return (
+        label = (
             f"batch {self.batch_size}, delay {self.max_batch_delay} ms, workers {self.max_workers}"
         )
+        return label + (", one lane" if self.lane == "one" else "")
+
+    @property
+    def server_args(self) -> tuple[str, ...]:
+        """The options of ``mmserver serve`` its lane needs."""
+        return LANES[self.lane]
 
     def query(self) -> dict[str, str]:
         """The parameters of ``PUT /models/{model}`` that apply it."""
@@ -59,23 +72,28 @@ class Setting:
             f"maxWorkers={self.max_workers}",
         ]
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | str]:
         return {
             "batch_size": self.batch_size,
             "max_batch_delay": self.max_batch_delay,
             "max_workers": self.max_workers,
+            "lane": self.lane,
         }
 
 
 def grid(
-    batch_sizes: Sequence[int], delays: Sequence[int], workers: Sequence[int]
+    batch_sizes: Sequence[int],
+    delays: Sequence[int],
+    workers: Sequence[int],
+    lanes: Sequence[str] = ("auto",),
 ) -> list[Setting]:
-    """Every combination, except a delay with ``batch_size=1`` (a batch of one never waits)."""
+    """Every combination, except a delay with ``batch_size=1`` (a batch of one never waits);
+    the lanes in the order of :data:`LANES` (each lane is a server of its own)."""
     settings = {
-        Setting(b, d if b > 1 else 0, w)
-        for b, d, w in itertools.product(batch_sizes, delays, workers)
+        Setting(b, d if b > 1 else 0, w, lane)
+        for b, d, w, lane in itertools.product(batch_sizes, delays, workers, lanes)
     }
-    return sorted(settings)
+    return sorted(settings, key=lambda s: (list(LANES).index(s.lane), s))
 
 
 def write_properties(folder: Path, setting: Setting) -> Path:

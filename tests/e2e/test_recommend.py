@@ -129,17 +129,21 @@ async def test_a_target_no_setting_meets_is_said_plainly(tmp_path: Path) -> None
         "--payload", str(payload),
         "--batch-sizes", "1",
         "--workers", "1",
+        "--lanes", "auto,one",
         "--steps", "1",
-        "--max-minutes", "0.15",
+        "--max-minutes", "0.5",
         "--out", str(out),
         "--write",
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
+    assert "starting mmserver over" in done.stderr and "(one lane)" in done.stderr
     assert "No setting kept p99 <= 0.05 ms with every request answered" in done.stdout
     assert "nothing to recommend" in done.stdout
     result = json.loads((out / "recommendation.json").read_text())
     assert result["recommendation"] is None
-    assert len(result["settings"][0]["runs"]) == 2
+    assert [s["lane"] for s in result["settings"]] == ["auto", "one"]
+    assert [len(s["runs"]) for s in result["settings"]] == [2, 2]
+    assert result["settings"][1]["ran_in_lane"] == "light"  # one lane: the light one
     assert (store / "slow" / "serving.properties").read_text() == before
     assert image.imread(out / "recommendation.png").ndim == 3
 

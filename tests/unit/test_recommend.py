@@ -12,7 +12,8 @@ import pytest
 from mmserver.model_config import ModelConfig, load_model_config
 from mmserver.properties import read_properties
 from mmserver.recommend.advice import Advice
-from mmserver.recommend.cli import main, sample_body
+from mmserver.recommend.cli import main
+from mmserver.recommend.payloads import sample_body
 from mmserver.recommend.search import Run, SettingResult, done, next_rate
 from mmserver.recommend.settings import Setting, grid, write_properties
 from tests.models import make_linear_archive, make_linear_model
@@ -27,6 +28,19 @@ def test_grid_tries_no_delay_without_batching() -> None:
         Setting(32, 2, 1),
         Setting(32, 2, 2),
     ]
+
+
+def test_each_lane_is_a_server_of_its_own_after_the_default() -> None:
+    settings = grid([8], [0], [1, 2], ["one", "auto"])
+    assert [(s.lane, s.max_workers) for s in settings] == [
+        ("auto", 1),
+        ("auto", 2),
+        ("one", 1),
+        ("one", 2),
+    ]
+    assert settings[0].server_args == ()
+    assert settings[2].server_args == ("--heavy-processes", "0")
+    assert settings[2].label == "batch 8, delay 0 ms, workers 1, one lane"
 
 
 @pytest.mark.parametrize(
@@ -158,6 +172,7 @@ def store(tmp_path: Path) -> Path:
             ["--p99-ms", "20", "--max-minutes", "0.05"],
             "--max-minutes 0.05 is too short for 6 settings of 5 runs of at least 1 s",
         ),
+        (["--p99-ms", "20", "--lanes", "auto,two"], "--lanes: 'two' is not one of auto, one"),
         (
             ["--p99-ms", "20", "--write"],
             "--write: sklearn-0 is an archive in",
@@ -210,5 +225,8 @@ def test_a_url_where_nothing_answers_is_said(capsys: pytest.CaptureFixture[str])
     port = free_port()
     assert main(["m", "--p99-ms", "20", "--url", f"http://127.0.0.1:{port}"]) == 2
     assert f"no server answers at http://127.0.0.1:{port}" in capsys.readouterr().err
+    url = f"http://127.0.0.1:{port}"
+    assert main(["m", "--p99-ms", "20", "--url", url, "--lanes", "auto,one"]) == 2
+    assert "--lanes: a running server's lanes are its own" in capsys.readouterr().err
     assert main(["m", "--p99-ms", "20", "--url", "ftp://x"]) == 2
     assert "--url 'ftp://x' is not an http://HOST:PORT address" in capsys.readouterr().err
