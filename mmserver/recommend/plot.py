@@ -24,18 +24,23 @@ def write_plot(path: Path, results: list[SettingResult], p99_ms: float) -> None:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    colours = plt.get_cmap("tab10")
+    # A setting and the same one with one lane: the same colour, solid and dashed.
+    keys = list(dict.fromkeys(_key(r) for r in results))
     for result in results:
         runs = sorted((r for r in result.runs if r.offered_rps), key=lambda r: r.offered_rps)
         if not runs:
             continue
         offered = [r.offered_rps for r in runs]
-        label = result.setting.label
-        top.plot(offered, [r.rps for r in runs], marker="o", label=label)
+        style = {
+            "color": colours(keys.index(_key(result)) % 10),
+            "linestyle": "--" if result.setting.lane == "one" else "-",
+            "marker": "o",
+            "label": result.setting.label,
+        }
+        top.plot(offered, [r.rps for r in runs], **style)
         bottom.plot(
-            offered,
-            [r.p99_ms if r.p99_ms is not None else float("nan") for r in runs],
-            marker="o",
-            label=label,
+            offered, [r.p99_ms if r.p99_ms is not None else float("nan") for r in runs], **style
         )
     top.set_ylabel("answered req/s")
     top.set_title("Throughput and p99 against offered load")
@@ -47,3 +52,8 @@ def write_plot(path: Path, results: list[SettingResult], p99_ms: float) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _key(result: SettingResult) -> tuple[int, int, int]:
+    setting = result.setting
+    return (setting.batch_size, setting.max_batch_delay, setting.max_workers)

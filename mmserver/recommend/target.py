@@ -34,12 +34,15 @@ class ModelFacts:
 
     setting: Setting
     min_workers: int
-    memory_bytes: int | None
+    memory_bytes: int | None  # of one copy
     lane: str | None
 
     @classmethod
     def of(cls, described: dict[str, Any]) -> ModelFacts:
         group = (described.get("workerGroups") or [{}])[0]
+        # memoryBytes counts every loaded copy: one in each backend process a worker runs in.
+        copies = len({w.get("backend") for w in group.get("workers", [])}) or 1
+        memory = described.get("memoryBytes")
         return cls(
             Setting(
                 int(described.get("batchSize", 1)),
@@ -47,7 +50,7 @@ class ModelFacts:
                 int(group.get("maxWorkers", 1)),
             ),
             int(group.get("minWorkers", 1)),
-            described.get("memoryBytes"),
+            None if memory is None else int(memory) // copies,
             described.get("lane"),
         )
 

@@ -4,7 +4,9 @@ before anything starts)."""
 
 from __future__ import annotations
 
+import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from mmserver.properties import read_properties
 from mmserver.recommend.advice import Advice
 from mmserver.recommend.cli import main
 from mmserver.recommend.payloads import sample_body
+from mmserver.recommend.progress import Progress
 from mmserver.recommend.search import Run, SettingResult, done, next_rate
 from mmserver.recommend.settings import Setting, grid, write_properties
 from tests.models import make_linear_archive, make_linear_model
@@ -230,3 +233,27 @@ def test_a_url_where_nothing_answers_is_said(capsys: pytest.CaptureFixture[str])
     assert "--lanes: a running server's lanes are its own" in capsys.readouterr().err
     assert main(["m", "--p99-ms", "20", "--url", "ftp://x"]) == 2
     assert "--url 'ftp://x' is not an http://HOST:PORT address" in capsys.readouterr().err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
+    terminal = _Terminal()
+    bar = Progress(4, time.monotonic() + 60, terminal)
+    bar.step("closed loop 100 req/s")
+    bar.step("200 req/s offered")
+    bar.finish()
+    text = terminal.getvalue()
+    assert text.startswith("\r\x1b[K[######..................] 1/4 ")
+    assert "closed loop 100 req/s\r\x1b[K[############............] 2/4 " in text
+    assert text.rstrip("\n").endswith("left  200 req/s offered")
+    assert text.endswith("\n")
+    plain = io.StringIO()
+    lines = Progress(2, time.monotonic() + 60, plain)
+    lines.step("closed loop 100 req/s")
+    lines.step("done")
+    lines.finish()
+    assert plain.getvalue() == "[1/2] closed loop 100 req/s\n[2/2] done\n"
