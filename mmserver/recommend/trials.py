@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from mmserver.recommend.payloads import sample_body
@@ -55,7 +55,7 @@ def run(
     per_setting = runs_per_setting(trials.steps)
     lanes = list(dict.fromkeys(s.lane for s in trials.settings))
     results: list[SettingResult] = []
-    plan: Plan | None = None
+    startup_s = 0.0
     for index, lane in enumerate(lanes):
         settings = [s for s in trials.settings if s.lane == lane]
         ran = {r.lane for r in results if r.lane}
@@ -78,12 +78,11 @@ def run(
             if body is None:
                 body = sample_body(target.inputs(trials.model))
             target.load(trials.model, body.encode())
-            if plan is None:
-                # Each further lane's server takes about as long to start and load the model.
-                reserve = 1.5 * (time.monotonic() - opened) * (len(lanes) - 1)
-                plan = _plan(trials, body, reserve)
-            plan = replace(plan, body=body)
+            startup_s = startup_s or time.monotonic() - opened
             for setting in settings:
+                # Each further lane's server takes about as long to start and load the model.
+                reserve = 1.5 * startup_s * (len(lanes) - 1 - index)
+                plan = _plan(trials, body, len(trials.settings) - len(results), reserve)
                 before = progress.count
                 results.append(search(target, setting, plan, progress.step))
                 # A setting cut short counts its runs as done, so the bar reaches its end.
@@ -96,9 +95,11 @@ def run(
     return results
 
 
-def _plan(trials: Trials, body: str, reserve_s: float) -> Plan:
-    """The run length that fits every run into the time left but ``reserve_s``."""
-    runs = len(trials.settings) * runs_per_setting(trials.steps)
+def _plan(trials: Trials, body: str, settings_left: int, reserve_s: float) -> Plan:
+    """The run length that fits the runs of ``settings_left`` settings into the time left but
+    ``reserve_s`` (worked out again before each setting, so the time a setting leaves unused by
+    stopping early lengthens the runs of the next)."""
+    runs = settings_left * runs_per_setting(trials.steps)
     left = trials.deadline - time.monotonic() - reserve_s
     run_s = max(1, min(MAX_RUN_S, math.floor(left / runs - RUN_OVERHEAD_S)))
     return Plan(
