@@ -8,15 +8,15 @@ send slots ``1 / rate`` apart (open loop: ``BENCH_THREAD_RATE`` times ``BENCH_TH
 counting the sends more than 1 ms after their slot as ``load.lua`` does. A request is timed from
 its write to the end of its answer, as wrk times it.
 
-One process on one core: it reaches a few thousand requests per second where wrk reaches tens of
-thousands, and it takes that core from the server on a small machine. Loopback targets only.
+One process: it costs more CPU a request than wrk (on 2 cores, about 35 % of a core against
+wrk's 13 % for the same 5,000 requests per second) and never more than one core, taken from the
+server on a small machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import ipaddress
 import json
 import os
 import random
@@ -204,8 +204,6 @@ async def run(url: str, duration_s: float, connections: int) -> dict[str, object
     """Generate the load; the ``BENCH_JSON`` object ``load.lua`` prints."""
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or 80
-    if not ipaddress.ip_address(host).is_loopback:
-        raise SystemExit(f"pyload: {host} is not a loopback address")
     requests, pick = _requests(host, port)
     rate = float(os.environ.get("BENCH_THREAD_RATE", "0") or 0) * int(
         os.environ.get("BENCH_THREADS", "1")

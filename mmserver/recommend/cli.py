@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except TargetError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # the load generator failed (mmserver.loadtest.wrk says how)
+        print(f"{PROG}: the load generator failed: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -6,18 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 from matplotlib import image
 
 from mmserver.loadtest import wrk
 from tests.behaviour_models import make_spinning_dir
-from tests.e2e.server_process import ROOT, ServerProcess, one_model_store, predict_ok
+from tests.e2e.server_process import (
+    ROOT,
+    ServerProcess,
+    descendants,
+    one_model_store,
+    predict_ok,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -200,3 +208,36 @@ async def test_a_running_server_gets_its_settings_back(tmp_path: Path) -> None:
     assert [(g["minWorkers"], g["maxWorkers"]) for g in after["workerGroups"]] == [
         (g["minWorkers"], g["maxWorkers"]) for g in before["workerGroups"]
     ]
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
+    store, payload = slow_store(tmp_path)
+    argv = [sys.executable, "-m", "mmserver", "recommend", "slow", "--model-store", str(store)]
+    argv += ["--p99-ms", "50", "--payload", str(payload), "--max-minutes", "0.3", "--steps", "1"]
+    argv += ["--batch-sizes", "1", "--workers", "1", "--load-generator", "python"]
+    argv += ["--out", str(tmp_path / "out")]
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=ROOT) as proc:
+        assert proc.stderr is not None
+        try:
+            for line in proc.stderr:  # bounded by the test's timeout
+                if line.startswith("[1/"):
+                    break
+            servers = [
+                p.pid
+                for p in psutil.process_iter(["cmdline"])
+                if "serve" in (p.info["cmdline"] or [])
+                and str(store) in " ".join(p.info["cmdline"])
+            ]
+            assert len(servers) == 1
+            family = [psutil.Process(pid) for pid in [servers[0], *descendants(servers[0])]]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 130
+            assert "interrupted" in proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    # Stopped by the command before it exited: what is left is at most a zombie on its way out.
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    assert not (tmp_path / "out" / "recommendation.json").exists()
