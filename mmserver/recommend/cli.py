@@ -162,9 +162,14 @@ def check(args: argparse.Namespace) -> list[Setting]:
     if args.model_store is not None:
         store = args.model_store
         if not store.is_dir():
-            raise UsageError(f"--model-store {store} is not a folder")
-        entries = [p for p in store.iterdir() if p.name.split(".", 1)[0] == args.model]
-        if not entries:
+            raise UsageError(
+                f"--model-store {store} is not a folder (for a store elsewhere, serve it and "
+                "give --url)"
+            )
+        prefix = args.model + "."
+        if not (store / args.model).exists() and not any(
+            p.name.startswith(prefix) for p in store.iterdir()
+        ):
             raise UsageError(f"the model store {store} has no model {args.model}")
         if args.write and not (store / args.model).is_dir():
             raise UsageError(

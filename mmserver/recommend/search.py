@@ -1,7 +1,7 @@
 """Per setting, the highest throughput whose p99 stays under the target: a short search.
 
-First one closed-loop run (``closed_connections`` connections, each sending its next request as
-soon as its answer arrives) says roughly what the setting can serve at all. Then open-loop runs
+First one closed-loop run (:func:`closed_connections` connections, each sending its next request
+as soon as its answer arrives) says roughly what the setting can serve at all. Then open-loop runs
 at fixed offered rates, starting at :data:`START_SHARE` of that, bisect between the highest rate
 that passed and the lowest that failed (:func:`next_rate`), ``steps`` runs at most. A run passes
 when every request was answered 2xx, the p99 as seen from the send schedule
@@ -104,6 +104,12 @@ def done(passed: float, failed: float | None) -> bool:
     return bool(passed and failed and (failed - passed) / failed < CLOSE_ENOUGH)
 
 
+def closed_connections(setting: Setting) -> int:
+    """Connections of the closed-loop run: enough to fill two rounds of full batches on every
+    worker (8 to :data:`OPEN_CONNECTIONS`)."""
+    return min(OPEN_CONNECTIONS, max(8, 2 * setting.max_workers * setting.batch_size))
+
+
 def runs_per_setting(steps: int) -> int:
     return 1 + steps
 
@@ -118,7 +124,7 @@ def search(
     run. Stops early (saying so in the result's ``note``) when the deadline comes."""
     result = SettingResult(setting)
     target.apply(plan.model, setting)
-    connections = min(OPEN_CONNECTIONS, max(8, 2 * setting.max_workers * setting.batch_size))
+    connections = closed_connections(setting)
     if not _time_left(plan):
         result.note = "not measured: the time budget ran out"
         return result
