@@ -40,8 +40,10 @@ class ModelFacts:
     @classmethod
     def of(cls, described: dict[str, Any]) -> ModelFacts:
         group = (described.get("workerGroups") or [{}])[0]
-        # memoryBytes counts every loaded copy: one in each backend process a worker runs in.
-        copies = len({w.get("backend") for w in group.get("workers", [])}) or 1
+        # memoryBytes counts every loaded copy: one in each backend process a worker runs in
+        # (numbered within its lane).
+        workers = group.get("workers", [])
+        copies = len({(w.get("lane"), w.get("backend")) for w in workers}) or 1
         memory = described.get("memoryBytes")
         return cls(
             Setting(

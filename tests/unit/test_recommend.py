@@ -19,6 +19,7 @@ from mmserver.recommend.payloads import sample_body
 from mmserver.recommend.progress import Progress
 from mmserver.recommend.search import Run, SettingResult, done, next_rate
 from mmserver.recommend.settings import Setting, grid, write_properties
+from mmserver.recommend.target import ModelFacts
 from tests.models import make_linear_archive, make_linear_model
 
 
@@ -257,3 +258,27 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
     lines.step("done")
     lines.finish()
     assert plain.getvalue() == "[1/2] closed loop 100 req/s\n[2/2] done\n"
+
+
+def test_memory_a_copy_counts_a_copy_in_each_backend_of_each_lane() -> None:
+    described = {
+        "batchSize": 32,
+        "maxBatchDelayMillis": 2,
+        "memoryBytes": 3 * 2**20,
+        "lane": "light",
+        "workerGroups": [
+            {
+                "minWorkers": 1,
+                "maxWorkers": 3,
+                "workers": [
+                    {"id": 1, "backend": 0, "lane": "light"},
+                    {"id": 2, "backend": 1, "lane": "light"},
+                    {"id": 3, "backend": 0, "lane": "heavy"},
+                ],
+            }
+        ],
+    }
+    facts = ModelFacts.of(described)
+    assert facts.memory_bytes == 2**20
+    assert facts.setting == Setting(32, 2, 3)
+    assert (facts.min_workers, facts.lane) == (1, "light")
