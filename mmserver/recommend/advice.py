@@ -5,6 +5,7 @@ other CPU counts); as text and as JSON."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,9 @@ from mmserver.recommend.search import SettingResult
 TIE = 0.05
 #: The CPU counts of the estimate for other machines.
 OTHER_CPUS = (2, 4, 8, 16, 32, 64)
+#: Other programs' median CPU use during the runs (% of one core) above which the figures are
+#: said to be disturbed (as scripts/bench says it).
+DISTURBED_PERCENT = 25.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,13 @@ class Advice:
             ),
         )
 
+    @property
+    def other_cpu_percent(self) -> float:
+        """Other programs' median CPU use over every run, in % of one core."""
+        return statistics.median(
+            [run.other_cpu_percent for r in self.results for run in r.runs] or [0.0]
+        )
+
     def instances(self, rps: float) -> int | None:
         """Instances like this machine for ``target_rps``."""
         if not self.target_rps or rps <= 0:
@@ -64,6 +75,7 @@ class Advice:
             "target_rps": self.target_rps,
             "cpus": self.cpus,
             "load_generator": self.generator,
+            "other_cpu_percent": self.other_cpu_percent,
             "settings": [r.to_json() for r in self.results],
             "recommendation": None,
         }
@@ -120,6 +132,13 @@ class Advice:
             self.table(),
             "",
         ]
+        other = self.other_cpu_percent
+        if other > DISTURBED_PERCENT:
+            lines += [
+                f"WARNING: other programs kept the machine {other:.0f} % of a core busy during "
+                "the runs (median): the figures are disturbed; run again on a quiet machine.",
+                "",
+            ]
         chosen = self.chosen
         if chosen is None or chosen.best is None:
             lines.append(self._unmet())

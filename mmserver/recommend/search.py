@@ -57,6 +57,9 @@ class Run:
     passed: bool
     #: The errors by HTTP status or socket error kind (``"503"``, ``"timeout"``...).
     error_kinds: dict[str, int] = field(default_factory=dict)
+    #: What other programs kept busy meanwhile, in % of one core (neither the server nor the
+    #: load generator: :func:`mmserver.loadtest.wrk.run`'s ``other``).
+    other_cpu_percent: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -204,6 +207,7 @@ def _run(target: Target, plan: Plan, rate: float, connections: int) -> Run:
         cpu_ms_per_request=1e3 * used / result.requests if result.requests else None,
         passed=passed,
         error_kinds=dict(result.errors),
+        other_cpu_percent=result.cpu.get("other", 0.0),
     )
 
 

@@ -4,6 +4,7 @@ before anything starts)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import time
@@ -120,6 +121,17 @@ def test_choice_prefers_the_cheaper_of_nearly_equal_settings() -> None:
     assert "40,000 req/s: 41 instances like this one" in text
     assert "an estimate" in text
     assert "  maxWorkers=2" in text
+
+
+def test_a_disturbed_machine_is_said() -> None:
+    result = _result(Setting(1, 0, 1), 100.0)
+    quiet = Advice("m", 20.0, None, 2, "wrk", [result])
+    assert quiet.other_cpu_percent == 0.0
+    assert "WARNING" not in quiet.text()
+    result.runs[:] = [dataclasses.replace(run, other_cpu_percent=80.0) for run in result.runs]
+    busy = Advice("m", 20.0, None, 2, "wrk", [result])
+    assert busy.to_json()["other_cpu_percent"] == 80.0
+    assert "WARNING: other programs kept the machine 80 % of a core busy" in busy.text()
 
 
 def test_no_setting_meeting_the_target_is_said_plainly() -> None:
