@@ -150,7 +150,9 @@ async def test_a_target_no_setting_meets_is_said_plainly(tmp_path: Path) -> None
     result = json.loads((out / "recommendation.json").read_text())
     assert result["recommendation"] is None
     assert [s["lane"] for s in result["settings"]] == ["auto", "one"]
-    assert [len(s["runs"]) for s in result["settings"]] == [2, 2]
+    # The second lane's server starts within the budget; its runs may be cut by it.
+    assert len(result["settings"][0]["runs"]) == 2
+    assert len(result["settings"][1]["runs"]) >= 1
     assert result["settings"][1]["ran_in_lane"] == "light"  # one lane: the light one
     assert (store / "slow" / "serving.properties").read_text() == before
     assert image.imread(out / "recommendation.png").ndim == 3
