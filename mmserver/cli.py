@@ -5,8 +5,8 @@ Every flag of ``mmserver serve`` derives from a field of :class:`~mmserver.confi
 that an option not given on the command line keeps its value from the environment or the file.
 
 ``mmserver cluster ...`` hands its arguments to :mod:`mmserver.cluster.cli`, and
-``mmserver transform ...`` to :mod:`mmserver.transform.cli`, each imported only then: the server
-never imports the cluster or the batch transform.
+``mmserver transform ...`` to :mod:`mmserver.transform.cli` and ``mmserver recommend ...`` to
+:mod:`mmserver.recommend.cli`, each imported only then: the server never imports them.
 """
 
 from __future__ import annotations
@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(mmserver transform --help)",
         add_help=False,
     )
+    commands.add_parser(
+        "recommend",
+        help="load-test a model and recommend its settings and instances "
+        "(mmserver recommend --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -131,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmserver.transform.cli import main as transform_main
 
         return transform_main(args[1:])
+    if args[:1] == ["recommend"]:
+        from mmserver.recommend.cli import main as recommend_main
+
+        return recommend_main(args[1:])
     parser = build_parser()
     parsed = parser.parse_args(args) if args else None
     if parsed is None or parsed.command is None:

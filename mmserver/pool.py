@@ -109,7 +109,11 @@ class ModelPool:
         #: the others stay idle long enough to retire.
         self._idle: list[Worker] = []
         self._dispatch_handle: asyncio.Handle | None = None
-        self._delay_handle: asyncio.TimerHandle | None = None
+        #: The delayed dispatch (:meth:`_dispatch_at`) and its time. The time is kept here:
+        #: uvloop's ``call_at`` for a time already reached returns a plain ``Handle``, which
+        #: has no ``when()``.
+        self._delay_handle: asyncio.Handle | None = None
+        self._delay_at = 0.0
         #: Answers queued jobs 504 at their deadline (:meth:`_expire`), armed for the earliest.
         self._expiry_handle: asyncio.TimerHandle | None = None
         self._expiry_at = 0.0
@@ -296,9 +300,10 @@ class ModelPool:
     def _dispatch_at(self, when: float) -> None:
         handle = self._delay_handle
         if handle is not None:
-            if handle.when() <= when:
+            if self._delay_at <= when:
                 return
             handle.cancel()
+        self._delay_at = when
         self._delay_handle = self._loop.call_at(when, self._dispatch_delayed)
 
     def _expire_at(self, when: float) -> None:

@@ -24,9 +24,10 @@ from typing import Any
 
 from proctools import proc_kb
 
-from benchlib import servers, wrk
-from benchlib.client import Client
+from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
+from mmserver.loadtest import wrk
+from mmserver.loadtest.client import Client
 
 MODELS = 100
 CONNECTIONS = 8

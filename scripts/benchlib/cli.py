@@ -38,8 +38,8 @@ from benchlib import (
     tabular,
     transformbench,
     trees,
-    wrk,
 )
+from mmserver.loadtest import cpu, wrk
 
 SECTIONS = (
     "cold",
@@ -458,7 +458,7 @@ def _measure(
         raw["cold"] = []
         for r in range(args.runs):
             models = [f"sklearn-{999 - r * args.cold_models - i}" for i in range(args.cold_models)]
-            servers.wait_quiet(args.quiet_wait)
+            cpu.wait_quiet(args.quiet_wait)
             result = probes.cold_start(server, models)
             raw["cold"].append(result)
             _log(

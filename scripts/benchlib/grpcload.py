@@ -32,9 +32,10 @@ from typing import Any
 
 from proctools import HOST
 
-from benchlib import report, wrk
+from benchlib import report
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
+from mmserver.loadtest import wrk
 
 #: The most calls one worker sends in a run.
 MAX_CALLS = 2_000_000

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib import servers, wrk
-from benchlib.client import Client, Poller, max_workers, worker_count, worker_start_times
 from benchlib.servers import Server
+from mmserver.loadtest import cpu, wrk
+from mmserver.loadtest.client import Client, Poller, max_workers, worker_count, worker_start_times
 
 HOT_MODEL = "sklearn-0"
 Log = Callable[[str], None]
@@ -75,7 +75,7 @@ def _polled(
 ) -> tuple[wrk.WrkResult, dict[str, Any]]:
     """Run ``load`` against mmserver while polling the hot model's workers (and timing one
     probe request to it) every 50 ms; with ``reset``, start the hot model from minWorkers."""
-    waited = servers.wait_quiet(quiet_wait_s) if quiet_wait_s else 0.0
+    waited = cpu.wait_quiet(quiet_wait_s) if quiet_wait_s else 0.0
     client = Client(server.port)
     try:
         at_start = (
@@ -314,9 +314,9 @@ def profile(
     proc = wrk.start(load)
     out: dict[str, Any] = {}
     try:
-        before = servers.tree_cpu(server.pid)
+        before = cpu.tree_cpu(server.pid)
         time.sleep(1.5)
-        after = servers.tree_cpu(server.pid)
+        after = cpu.tree_cpu(server.pid)
         used = {pid: after[pid] - before.get(pid, 0.0) for pid in after if pid != server.pid}
         targets = {"frontend": server.pid}
         if used:

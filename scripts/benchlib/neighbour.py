@@ -22,11 +22,12 @@ import threading
 import time
 from typing import Any
 
-from benchlib import scale, servers, wrk
-from benchlib.client import Client
+from benchlib import scale
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
 from benchlib.store import HEAVY_FEATURES, HEAVY_MODEL
+from mmserver.loadtest import cpu, wrk
+from mmserver.loadtest.client import Client
 
 LIGHT_MODELS = 100
 LIGHT_CONNECTIONS = 8
@@ -145,7 +146,7 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
         log(f"neighbour, run {r + 1}/{settings.runs}")
         order = CASES[r % len(CASES) :] + CASES[: r % len(CASES)]
         for case in order:
-            servers.wait_quiet(settings.quiet_wait_s)
+            cpu.wait_quiet(settings.quiet_wait_s)
             if case == "light alone":
                 load = _light(server, settings, r)
                 result = wrk.run(load, server.pid)

@@ -9,8 +9,8 @@ from typing import Any
 
 from proctools import tree_memory
 
-from benchlib.client import Client
 from benchlib.servers import Server
+from mmserver.loadtest.client import Client
 
 WARM_MODEL = "sklearn-0"
 

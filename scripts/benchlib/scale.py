@@ -41,9 +41,10 @@ from urllib.parse import quote
 
 from proctools import HOST, proc_kb, tree_memory
 
-from benchlib import probes, servers, store, wrk
-from benchlib.client import BODY, Client
+from benchlib import probes, servers, store
 from benchlib.loads import Log
+from mmserver.loadtest import cpu, wrk
+from mmserver.loadtest.client import BODY, Client
 
 PAGE = 100
 SCRAPES = 5
@@ -218,7 +219,7 @@ UNPACKING_PROCESS = "mmserver-unpack"
 def cpu_per_load(
     root: int, before: dict[int, float], after: dict[int, float], loads: int
 ) -> dict[str, float]:
-    """CPU milliseconds per load between two :func:`servers.tree_cpu` readings of the server
+    """CPU milliseconds per load between two :func:`cpu.tree_cpu` readings of the server
     ``root``, by kind of process: the frontend, the backends (with the idle fork server), the
     unpacking processes, and all of them. Read while the processes still run."""
     used = {"frontend": 0.0, "backends": 0.0, "unpacking": 0.0}
@@ -335,12 +336,12 @@ def run(
         before = _rss_kb(server.pid)
         names = [f"sklearn-{i}" for i in range(settings.models)]
         random.Random(1).shuffle(names)
-        cpu_before = servers.tree_cpu(server.pid)
+        cpu_before = cpu.tree_cpu(server.pid)
         result["cold"] = cold_loads(server, names[:loaded], settings.clients)
         result["cold"]["cpu_ms_per_load"] = cpu_per_load(
-            server.pid, cpu_before, servers.tree_cpu(server.pid), loaded
+            server.pid, cpu_before, cpu.tree_cpu(server.pid), loaded
         )
-        servers.wait_quiet(10.0)  # the loads' last work done before the RSS is read
+        cpu.wait_quiet(10.0)  # the loads' last work done before the RSS is read
         after = _rss_kb(server.pid)
         result["frontend"] = {
             "before_kb": before,

@@ -7,7 +7,6 @@ any descendant still alive after that (mmserver's fork server and backend proces
 from __future__ import annotations
 
 import http.client
-import os
 import signal
 import subprocess
 import sys
@@ -20,57 +19,10 @@ from proctools import (
     descendants,
     free_port,
     kill_left,
-    stat_fields,
 )
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 40.0
-
-
-def tree_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds (user + system) used so far by ``pid`` and each of its descendants."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for each in [pid, *descendants(pid)]:
-        fields = stat_fields(each)
-        if fields is None:
-            continue  # exited meanwhile
-        out[each] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return out
-
-
-def cpu_percent(
-    root: int,
-    before: dict[int, float],
-    after: dict[int, float],
-    seconds: float,
-) -> dict[str, float]:
-    """The CPU use between two :func:`tree_cpu` readings, in % of one core: the root process
-    (``main``) and its descendants together (``children``)."""
-    used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
-    main = used.pop(root, 0.0)
-    return {"main": 100 * main / seconds, "children": 100 * sum(used.values()) / seconds}
-
-
-def machine_busy() -> float:
-    """CPU seconds the whole machine has spent busy (everything but idle and iowait)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    ticks = [int(f) for f in fields[:8]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_quiet(limit_s: float, cores: float = 0.25, window_s: float = 0.5) -> float:
-    """Wait (up to ``limit_s``) until the machine is less busy than ``cores`` over
-    ``window_s``; the seconds waited. Between load runs the servers idle, so what keeps the
-    machine busy then is other programs, which would disturb the next run."""
-    waited = 0.0
-    while waited < limit_s:
-        before = machine_busy()
-        time.sleep(window_s)
-        if machine_busy() - before < cores * window_s:
-            break
-        waited += window_s
-    return waited
 
 
 def _ping(port: int, path: str = "/ping") -> bool:

@@ -33,10 +33,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchlib import wrk
-from benchlib.client import JSON_HEADERS, Client
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
+from mmserver.loadtest import wrk
+from mmserver.loadtest.client import JSON_HEADERS, Client
 
 MODELS = {"logistic": "bench-tabular-logistic", "histgb": "bench-tabular-histgb"}
 FORMS = ("records", "v2 columns")

@@ -16,10 +16,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchlib import servers, wrk
-from benchlib.client import JSON_HEADERS, Client
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
+from mmserver.loadtest import cpu, wrk
+from mmserver.loadtest.client import JSON_HEADERS, Client
 
 FAMILIES = ("forest", "histgb", "xgboost", "lightgbm")
 VARIANTS = ("own", "chosen")
@@ -132,7 +132,7 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
             for variant in VARIANTS:
                 name = model_name(family, variant)
                 _latencies(client, name, one, 5)  # load, warm
-                servers.wait_quiet(settings.quiet_wait_s)
+                cpu.wait_quiet(settings.quiet_wait_s)
                 singles = _latencies(client, name, one, ONE_ROW_REQUESTS)
                 batches = _latencies(client, name, batch, BATCH_REQUESTS)
                 described = client.describe(name) or {}

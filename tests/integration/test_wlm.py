@@ -29,7 +29,7 @@ from tests.behaviour_models import (
     make_recording_dir,
 )
 from tests.integration.harness import wait_until
-from tests.models import make_linked_store, outputs, rows, value
+from tests.models import make_linear_model, make_linked_store, outputs, rows, value
 
 X = rows([[0.5]])
 
@@ -187,6 +187,23 @@ async def test_batching_merges_concurrent_requests_into_one_call(
         assert log.read_text().split() == ["12"]  # 8 requests, 12 rows, one predict call
         for x, result in zip(inputs, results, strict=True):
             assert outputs(result) == [2.0 * row[0] for row in x]
+
+
+async def test_a_batch_delay_rearmed_when_it_is_due_keeps_answering(store: Path) -> None:
+    """uvloop's ``call_at`` for a time less than half a millisecond away is a plain handle
+    (no ``when()``): the pool arms its delayed dispatch that way when a batch's delay is all but
+    over, and arming it again (the next request) must still work."""
+    make_linear_model(store / "delayed")
+    (store / "delayed" / "serving.properties").write_text("batch_size=32\nmax_batch_delay=1\n")
+    async with running(store, backend_processes=1) as wlm:
+        await wlm.infer("delayed", X)
+        pool = wlm.pool("delayed")
+        assert pool is not None
+        loop = asyncio.get_running_loop()
+        pool._dispatch_at(loop.time())  # due now: uvloop gives a handle without a time
+        pool._dispatch_at(loop.time() + 0.01)  # later than the one armed: nothing to change
+        results = await asyncio.gather(*(wlm.infer("delayed", X) for _ in range(50)))
+        assert [value(r) for r in results] == [pytest.approx(2.0, abs=0.05)] * 50
 
 
 async def test_max_loaded_models_is_kept_with_100_models_in_turn(store: Path) -> None:

@@ -1,4 +1,6 @@
-"""Run wrk with the benchmark's Lua script and read the JSON line it prints.
+"""Run wrk with the load script (``load.lua``) and read the JSON line it prints; or, where wrk is
+not installed, :mod:`mmserver.loadtest.pyload`, which takes the same parameters and prints the
+same line.
 
 Closed loop: ``threads`` wrk threads keep ``connections`` connections busy, each sending its next
 request as soon as the previous answer arrives.
@@ -17,14 +19,16 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import servers
+from mmserver.loadtest import cpu
 
 LUA_SCRIPT = Path(__file__).with_name("load.lua")
 WRK_TIMEOUT_S = 5
@@ -198,20 +202,20 @@ def run(
 ) -> WrkResult:
     """Run wrk on ``load`` and return what it measured, with the CPU use of wrk and (given its
     pid) of the server's process tree meanwhile. First wait up to ``quiet_wait_s`` for the
-    machine to be quiet (:func:`servers.wait_quiet`). ``execute`` runs another load generator
+    machine to be quiet (:func:`cpu.wait_quiet`). ``execute`` runs another load generator
     in wrk's place (its child processes' CPU is counted as wrk's)."""
-    waited = servers.wait_quiet(quiet_wait_s) if quiet_wait_s else 0.0
+    waited = cpu.wait_quiet(quiet_wait_s) if quiet_wait_s else 0.0
     wrk_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_before = servers.tree_cpu(server_pid) if server_pid else {}
-    busy_before = servers.machine_busy()
+    server_before = cpu.tree_cpu(server_pid) if server_pid else {}
+    busy_before = cpu.machine_busy()
     started = time.monotonic()
     result = execute(load) if execute is not None else finish(start(load), load)
     elapsed = time.monotonic() - started
-    busy = servers.machine_busy() - busy_before
+    busy = cpu.machine_busy() - busy_before
     wrk_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if server_pid:
-        after = servers.tree_cpu(server_pid)
-        share = servers.cpu_percent(server_pid, server_before, after, elapsed)
+        after = cpu.tree_cpu(server_pid)
+        share = cpu.cpu_percent(server_pid, server_before, after, elapsed)
         result.cpu["server"] = share["main"]
         result.cpu["server_children"] = share["children"]
     used = (wrk_after.ru_utime + wrk_after.ru_stime) - (wrk_before.ru_utime + wrk_before.ru_stime)
@@ -222,3 +226,28 @@ def run(
     result.cpu["other"] = max(0.0, 100 * (busy - ours) / elapsed)
     result.waited_s = waited
     return result
+
+
+def installed() -> bool:
+    """Whether wrk is on the PATH."""
+    return shutil.which("wrk") is not None
+
+
+def execute_python(load: Load) -> WrkResult:
+    """Run ``load`` with :mod:`mmserver.loadtest.pyload` (one Python process) instead of wrk:
+    an ``execute`` for :func:`run` where wrk is not installed."""
+    _, env = command(load)
+    env["BENCH_THREADS"] = "1"
+    env["BENCH_THREAD_RATE"] = f"{load.rate:.6f}" if load.rate else "0"
+    argv = [
+        sys.executable,
+        "-m",
+        "mmserver.loadtest.pyload",
+        load.url,
+        str(load.duration_s),
+        str(load.connections),
+    ]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    return finish(proc, load)

@@ -1,7 +1,8 @@
 """A small blocking HTTP client: one request at a time on a kept-alive loopback connection.
 
 Used where one sequential client is the point (cold start, loading every model, the 50 ms
-worker-count poller), never to generate load: wrk does that.
+worker-count poller, management calls), never to generate load: :mod:`mmserver.loadtest.wrk`
+does that.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from proctools import HOST
+from mmserver.cluster.procfs import HOST
 
 BODY = b"[[0.5]]"
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class Client:
-    """Requests to ``127.0.0.1:port``, reconnecting when the server closes the connection."""
+    """Requests to ``host:port`` (``127.0.0.1`` unless given), reconnecting when the server
+    closes the connection."""
 
-    def __init__(self, port: int, timeout: float = 30.0) -> None:
+    def __init__(self, port: int, timeout: float = 30.0, host: str = HOST) -> None:
+        self.host = host
         self.port = port
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
@@ -38,7 +41,7 @@ class Client:
         """(status, body, seconds from sending to the whole answer read)."""
         for attempt in (1, 2):
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             start = time.perf_counter()
             try:
                 self._conn.request(method, path, body=body, headers=headers or {})
