@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from types import TracebackType
 
 import aiohttp
 
+from mmserver.cluster.procfs import HOST, free_port
 from mmserver.transform.failures import TransformError
 
 START_TIMEOUT_S = 120.0
@@ -44,12 +44,6 @@ def _ending_with_parent() -> Callable[[], None] | None:
     return hook
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class LocalServer:
     """``mmserver serve`` for one job; ``url`` is where it answers once entered."""
 
@@ -61,7 +55,7 @@ class LocalServer:
         self.max_request_bytes = max_request_bytes
         self.log_path = log_path
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{HOST}:{self.port}"
         self._process: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> LocalServer:
@@ -73,7 +67,7 @@ class LocalServer:
             "--model-store",
             self.store,
             "--host",
-            "127.0.0.1",
+            HOST,
             "--port",
             str(self.port),
             # Larger than the largest payload: the framing of a payload may add a few bytes.

@@ -26,7 +26,7 @@ from proctools import proc_kb
 
 from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
-from mmserver.loadtest import wrk
+from mmserver.loadtest import cpu, wrk
 from mmserver.loadtest.client import Client
 
 MODELS = 100
@@ -108,15 +108,15 @@ def _alone(
     and the backend processes spent per answered request, from the first send to the last
     answer (what an asynchronous request costs the real-time requests it runs beside)."""
     done_before = _done(server)
-    before = servers.tree_cpu(server.pid)
+    before = cpu.tree_cpu(server.pid)
     sender = _Sender(server, inputs, count, prefix).start()
     sender.join()
     give_up = time.time() + ANSWER_LIMIT_S
     while _done(server) - done_before < len(sender.accepted) and time.time() < give_up:
         time.sleep(0.05)
-    after = servers.tree_cpu(server.pid)
+    after = cpu.tree_cpu(server.pid)
     answered = sum(1 for i in sender.accepted if (outputs / f"{i}.out").exists())
-    used = servers.cpu_percent(server.pid, before, after, 1.0)
+    used = cpu.cpu_percent(server.pid, before, after, 1.0)
     return {
         "alone_answered": answered,
         "alone_frontend_us": 1e4 * used["main"] / max(1, answered),

@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import servers, wrk
+from benchlib import servers
 from benchlib.client import JSON_HEADERS, Client
 from benchlib.loads import Log, Settings, describe_run
+from mmserver.loadtest import wrk
 
 HOT = "sklearn-0"
 CASES = ("base", "canary", "shadow")

@@ -31,8 +31,9 @@ from typing import Any
 
 from proctools import free_port
 
-from benchlib import servers, wrk
+from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
+from mmserver.loadtest import cpu, wrk
 
 FILES = 20
 CLUSTER_INSTANCES = 2
@@ -183,7 +184,7 @@ def _one_model(
     body, body_rows = first_payload(paths[0])
     body_file = tmp / f"{model}-payload.csv"
     body_file.write_bytes(body)
-    servers.wait_quiet(settings.quiet_wait_s)
+    cpu.wait_quiet(settings.quiet_wait_s)
     # Loads the model: one file in small payloads, so that each instance of a cluster gets some.
     warm = _command(exe, server, model, paths[0], tmp / f"{model}-warm", concurrency)
     _job([*warm, "--max-payload-mb", "0.01"])
