@@ -2,12 +2,16 @@
 capture writes them, off the request path.
 
 A model's ``option.capture_percent`` is the share of its answered requests captured, to the
-server's ``capture_path`` (a folder or ``s3://bucket/prefix``). The request path only draws
-the sample and puts the record's raw parts in a bounded buffer (``capture_buffer`` records):
-when it is full the record is dropped and counted (``mmserver_capture_dropped_total``), never
-an answer slowed. One thread (:class:`Capture`, started and stopped with the application)
-takes records from the buffer, makes their JSON lines, and writes what it took at most
-:data:`FLUSH_S` seconds after the first of them:
+server's ``capture_path`` (a folder or ``s3://bucket/prefix``). After the answer is sent, the
+request path draws the sample, makes the record's JSON line (a few microseconds: a template and
+the C JSON encoder) and puts it in a bounded buffer (``capture_buffer`` records): when it is
+full the record is dropped and counted (``mmserver_capture_dropped_total``), never an answer
+slowed. One thread (:class:`Capture`, started and stopped with the application) takes the lines
+from the buffer and writes what it took at most :data:`FLUSH_S` seconds after the first of
+them. The lines are made on the event loop, not in that thread: a thread that computes holds
+the interpreter's lock, and the event loop then waits for it after each of its system calls (a
+100 % capture made that way cost the hot pattern 30 % of its requests per second and put its
+p99 at 355 ms). The writes:
 
 - to a folder, appended to ``MODEL/VERSION/YYYY/MM/DD/HH/<instance>.jsonl`` (a file per model,
   version and hour of the record's time, UTC; a model without versions is version 1);
@@ -25,7 +29,6 @@ shadow's under ``captureData.shadowOutput``, with its ``version``.
 from __future__ import annotations
 
 import base64
-import datetime
 import json
 import logging
 import os
@@ -34,8 +37,8 @@ import random
 import socket
 import threading
 import time
-import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,45 +71,82 @@ class Record(NamedTuple):
     shadow_key: str | None = None
 
 
-def encode_record(record: Record) -> dict[str, Any]:
-    """The JSON object of ``record``, in SageMaker's data capture format."""
-    moment = datetime.datetime.fromtimestamp(record.at, datetime.UTC)
-    captured: dict[str, Any] = {
-        "endpointInput": _data("INPUT", record.request, record.request_type),
-        "endpointOutput": _data("OUTPUT", record.answer, record.answer_type),
-    }
+def encode_line(record: Record) -> str:
+    """The JSON line of ``record`` (with its newline), in SageMaker's data capture format, made
+    from a template (a dictionary given to ``json.dumps`` costs several times more)."""
+    shadow = ""
     if record.shadow is not None and record.shadow_key is not None:
-        shadow = _data("OUTPUT", record.shadow, record.answer_type)
-        shadow["version"] = str(split_version(record.shadow_key)[1])
-        captured["shadowOutput"] = shadow
-    return {
-        "captureData": captured,
-        "eventMetadata": {
-            "eventId": str(uuid.uuid4()),
-            "inferenceId": record.inference_id,
-            "inferenceTime": moment.strftime("%Y-%m-%dT%H:%M:%S.")
-            + f"{moment.microsecond // 1000:03d}Z",
-        },
-        "eventVersion": "0",
-    }
+        version = _string(str(split_version(record.shadow_key)[1]))
+        shadow = ',"shadowOutput":' + _data("OUTPUT", record.shadow, record.answer_type)
+        shadow = shadow[:-1] + ',"version":' + version + "}"
+    return (
+        '{"captureData":{"endpointInput":'
+        + _data("INPUT", record.request, record.request_type)
+        + ',"endpointOutput":'
+        + _data("OUTPUT", record.answer, record.answer_type)
+        + shadow
+        + '},"eventMetadata":{"eventId":"'
+        + _event_id()
+        + '","inferenceId":'
+        + _string(record.inference_id)
+        + ',"inferenceTime":"'
+        + _moment(record.at)
+        + '"},"eventVersion":"0"}\n'
+    )
 
 
-def _data(mode: str, body: bytes, content_type: str) -> dict[str, Any]:
-    kind = media_type(content_type)
-    encoding = "JSON" if kind in _JSON_TYPES else "CSV" if kind == "text/csv" else "BASE64"
+def _data(mode: str, body: bytes, content_type: str) -> str:
+    """The JSON object of one body: text for JSON and CSV, base64 for anything else (or for
+    text that is not UTF-8)."""
+    encoding = _ENCODINGS.get(content_type)
+    if encoding is None:
+        kind = media_type(content_type)
+        encoding = "JSON" if kind in _JSON_TYPES else "CSV" if kind == "text/csv" else "BASE64"
+        if len(_ENCODINGS) < 256:
+            _ENCODINGS[content_type] = encoding
+    text = None
     if encoding != "BASE64":
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
             encoding = "BASE64"
-    if encoding == "BASE64":
+    if text is None:
         text = base64.b64encode(body).decode("ascii")
-    return {
-        "observedContentType": content_type,
-        "mode": mode,
-        "data": text,
-        "encoding": encoding,
-    }
+    return (
+        '{"observedContentType":'
+        + _string(content_type)
+        + ',"mode":"'
+        + mode
+        + '","data":'
+        + _string(text)
+        + ',"encoding":"'
+        + encoding
+        + '"}'
+    )
+
+
+#: The encoding of a body of each content type seen (a few).
+_ENCODINGS: dict[str, str] = {}
+#: A JSON string of a Python one, by the C encoder ``json.dumps`` uses.
+_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
+_seconds: list[object] = [None, ""]
+
+
+def _event_id() -> str:
+    """A random (version 4) UUID's text."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _moment(at: float) -> str:
+    """``at`` as SageMaker writes an inference time: ``2026-11-26T09:30:00.123Z``."""
+    second = int(at)
+    if _seconds[0] != second:
+        _seconds[:] = [second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))]
+    return f"{_seconds[1]}{int(at * 1000) % 1000:03d}Z"
 
 
 def hour_folder(model: str, at: float) -> str:
@@ -124,7 +164,7 @@ class Capture:
     def __init__(self, location: str, buffer: int, metrics: Metrics) -> None:
         self.location = location.strip()
         self.metrics = metrics
-        self._queue: queue.Queue[Record | None] = queue.Queue(buffer)
+        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(buffer)
         self._thread: threading.Thread | None = None
         self._random = random.Random()
         self._instance = f"{socket.gethostname()}-{os.getpid()}"
@@ -135,6 +175,8 @@ class Capture:
             self._folder: Path | None = None
         else:
             self._folder = Path(self.location.removeprefix("file://")).expanduser()
+        #: The hour folders of the records offered lately, by model and hour.
+        self._folders: dict[tuple[str, int], str] = {}
         #: Records written so far (read by tests and the bench).
         self.written = 0
 
@@ -149,9 +191,19 @@ class Capture:
             self._thread.start()
 
     def offer(self, record: Record) -> None:
-        """Hand ``record`` to the writer; dropped and counted when the buffer is full."""
+        """Hand ``record``'s line to the writer; dropped and counted when the buffer is
+        full."""
+        if self._queue.full():
+            self.metrics.capture_dropped.inc()
+            return
+        hour = int(record.at // 3600)
+        folder = self._folders.get((record.model, hour))
+        if folder is None:
+            if len(self._folders) >= 4096:
+                self._folders.clear()
+            folder = self._folders[record.model, hour] = hour_folder(record.model, record.at)
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait((folder, encode_line(record)))
         except queue.Full:
             self.metrics.capture_dropped.inc()
 
@@ -189,11 +241,10 @@ class Capture:
             if stopping:
                 return
 
-    def _write(self, records: list[Record]) -> None:
+    def _write(self, records: list[tuple[str, str]]) -> None:
         files: dict[str, list[str]] = defaultdict(list)
-        for record in records:
-            line = json.dumps(encode_record(record), separators=(",", ":"))
-            files[hour_folder(record.model, record.at)].append(line + "\n")
+        for folder, line in records:
+            files[folder].append(line)
         for folder, lines in files.items():
             try:
                 if self._folder is not None:

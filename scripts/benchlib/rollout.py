@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import servers
-from benchlib.client import JSON_HEADERS, Client
 from benchlib.loads import Log, Settings, describe_run
 from mmserver.loadtest import wrk
+from mmserver.loadtest.client import JSON_HEADERS, Client
 
 HOT = "sklearn-0"
 CASES = ("base", "canary", "shadow")

@@ -1,0 +1,66 @@
+"""A captured record's JSON line, as SageMaker's data capture writes one: the fields, the
+encodings by content type, the event id and time, and a differing shadow answer."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+from mmserver.capture import Record, encode_line
+
+AT = 1_796_117_400.25  # 2026-12-01T09:30:00.250Z
+
+
+def test_a_line_has_sagemakers_fields() -> None:
+    record = Record(
+        "m", AT, "r-1", b"[[0.5]]", "application/json", b"1.5\n", "text/csv; charset=utf-8"
+    )
+    line = encode_line(record)
+    assert line.endswith("}\n") and line.count("\n") == 1
+    assert json.loads(line) == {
+        "captureData": {
+            "endpointInput": {
+                "observedContentType": "application/json",
+                "mode": "INPUT",
+                "data": "[[0.5]]",
+                "encoding": "JSON",
+            },
+            "endpointOutput": {
+                "observedContentType": "text/csv; charset=utf-8",
+                "mode": "OUTPUT",
+                "data": "1.5\n",
+                "encoding": "CSV",
+            },
+        },
+        "eventMetadata": {
+            "eventId": json.loads(line)["eventMetadata"]["eventId"],
+            "inferenceId": "r-1",
+            "inferenceTime": "2026-12-01T09:30:00.250Z",
+        },
+        "eventVersion": "0",
+    }
+    ids = {json.loads(encode_line(record))["eventMetadata"]["eventId"] for _ in range(50)}
+    assert len(ids) == 50 and all(uuid.UUID(i).version == 4 for i in ids)
+
+
+def test_binary_and_non_utf8_bodies_are_base64_and_a_shadow_answer_has_its_version() -> None:
+    record = Record(
+        "m/2",
+        AT,
+        'r-"2"',
+        b"\xff\x00",
+        "application/json",
+        b"\x93NUMPY",
+        "application/x-npy",
+        shadow=b"\x93NUMPY!",
+        shadow_key="m/1",
+    )
+    parsed = json.loads(encode_line(record))
+    data = parsed["captureData"]
+    assert data["endpointInput"]["encoding"] == "BASE64"  # said JSON, not UTF-8
+    assert base64.b64decode(data["endpointInput"]["data"]) == b"\xff\x00"
+    assert base64.b64decode(data["endpointOutput"]["data"]) == b"\x93NUMPY"
+    assert data["shadowOutput"]["version"] == "1"
+    assert base64.b64decode(data["shadowOutput"]["data"]) == b"\x93NUMPY!"
+    assert parsed["eventMetadata"]["inferenceId"] == 'r-"2"'
