@@ -29,10 +29,10 @@ shadow's under ``captureData.shadowOutput``, with its ``version``.
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import logging
 import os
-import queue
 import random
 import socket
 import threading
@@ -164,7 +164,14 @@ class Capture:
     def __init__(self, location: str, buffer: int, metrics: Metrics) -> None:
         self.location = location.strip()
         self.metrics = metrics
-        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(buffer)
+        #: The lines offered and not written yet, each with its hour folder; at most ``buffer``.
+        self._lines: collections.deque[tuple[str, str]] = collections.deque()
+        self._buffer = buffer
+        #: Set when a line comes into an empty buffer (once until the writer takes it), and
+        #: when the writer is to stop: the writer wakes once per write, not once per line.
+        self._ready = threading.Event()
+        self._signalled = False
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._random = random.Random()
         self._instance = f"{socket.gethostname()}-{os.getpid()}"
@@ -193,7 +200,7 @@ class Capture:
     def offer(self, record: Record) -> None:
         """Hand ``record``'s line to the writer; dropped and counted when the buffer is
         full."""
-        if self._queue.full():
+        if len(self._lines) >= self._buffer:
             self.metrics.capture_dropped.inc()
             return
         hour = int(record.at // 3600)
@@ -202,43 +209,35 @@ class Capture:
             if len(self._folders) >= 4096:
                 self._folders.clear()
             folder = self._folders[record.model, hour] = hour_folder(record.model, record.at)
-        try:
-            self._queue.put_nowait((folder, encode_line(record)))
-        except queue.Full:
-            self.metrics.capture_dropped.inc()
+        self._lines.append((folder, encode_line(record)))
+        if not self._signalled:
+            self._signalled = True
+            self._ready.set()
 
     def close(self) -> None:
         """Write what the buffer holds, then stop the writer (blocks: call it in a thread)."""
         thread = self._thread
         if thread is None:
             return
-        self._queue.put(None)
+        self._stopping.set()
+        self._ready.set()
         thread.join()
         self._thread = None
 
     # The writer's thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        lines = self._lines
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            taken, stopping = [first], False
-            deadline = time.monotonic() + FLUSH_S
-            while len(taken) < _BATCH:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    item = self._queue.get(timeout=left)
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
-                taken.append(item)
-            self._write(taken)
-            if stopping:
+            self._ready.wait()
+            # What comes within FLUSH_S of the first line is written with it.
+            self._stopping.wait(FLUSH_S)
+            self._ready.clear()
+            self._signalled = False
+            while lines:
+                taken = [lines.popleft() for _ in range(min(len(lines), _BATCH))]
+                self._write(taken)
+            if self._stopping.is_set():
                 return
 
     def _write(self, records: list[tuple[str, str]]) -> None:
