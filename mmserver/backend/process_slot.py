@@ -29,6 +29,8 @@ from mmserver.scheduling import LIGHT, PIPELINE_BUDGET_S, Cost, Lane, RunQueue, 
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT = 60.0
+#: Seconds a stopping process gets to exit by itself once its pipe is closed.
+_STOP_GRACE_S = 2.0
 #: How often a process slot checks the deadlines of the messages it holds.
 _WATCH_S = 0.05
 
@@ -256,7 +258,9 @@ class ProcessSlot:
         process = self._process
         if process is not None:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, process.join, 5.0)
+            # Past the drain nothing the process still computes is wanted: an idle process
+            # exits at once, one held by a model's code is killed after this grace.
+            await loop.run_in_executor(None, process.join, _STOP_GRACE_S)
             if process.is_alive():
                 process.kill()
                 await loop.run_in_executor(None, process.join, 5.0)

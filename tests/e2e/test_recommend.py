@@ -139,7 +139,7 @@ async def test_a_target_no_setting_meets_is_said_plainly(tmp_path: Path) -> None
         "--workers", "1",
         "--lanes", "auto,one",
         "--steps", "1",
-        "--max-minutes", "0.5",
+        "--max-minutes", "0.35",
         "--out", str(out),
         "--write",
     )  # fmt: skip
