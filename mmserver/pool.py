@@ -321,6 +321,16 @@ class ModelPool:
             job.fail(waited_too_long())
         if earliest is not None and not self._stopped:
             self._expire_at(earliest)
+        elif self.queue.closed:
+            self._drained()
+
+    def _drained(self) -> None:
+        """A closed queue is empty: the idle workers leave too (a stop waits for every worker,
+        and an idle one would otherwise wait for a batch that cannot come until the drain's
+        timeout)."""
+        if not len(self.queue):
+            for idle in list(self._idle):
+                idle.exit(None)
 
     def _dispatch_delayed(self) -> None:
         self._delay_handle = None
@@ -332,6 +342,7 @@ class ModelPool:
         queue = self.queue
         if self._stopped or (queue.closed and not len(queue)):
             worker.exit(None)
+            self._drained()
             return
         if worker.slot.lane.name != self.lane or self.may_retire(worker, 0.0):
             worker.exit(None)
