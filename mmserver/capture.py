@@ -133,12 +133,17 @@ _seconds: list[object] = [None, ""]
 
 
 def _event_id() -> str:
-    """A random (version 4) UUID's text."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
+    """A random (version 4) UUID's text: 128 random bits with the version and variant set, as
+    ``uuid.uuid4`` makes, from the process's random generator rather than a system call (an
+    event id names a record; it guards nothing)."""
+    h = f"{(_RANDOM.getrandbits(128) & _UUID_CLEAR) | _UUID_SET:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_RANDOM = random.Random()
+#: The version (4) and variant (RFC 4122) bits of a random UUID.
+_UUID_CLEAR = ~((0xF << 76) | (0x3 << 62)) & ((1 << 128) - 1)
+_UUID_SET = (0x4 << 76) | (0x2 << 62)
 
 
 def _moment(at: float) -> str:
