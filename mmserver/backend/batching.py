@@ -5,10 +5,17 @@ decodes each body into what the model takes (:mod:`mmserver.schema`), makes one 
 for all the valid rows — one matrix, or one DataFrame for a model that takes one — and encodes
 one answer per request. A body that does not decode, or has the wrong number of features, gets
 its own error; the others in its batch are answered.
+
+The common batch — every body a JSON list of rows of finite numbers, for a model that takes a
+matrix — is decoded together (:func:`rows_together`): each body parsed alone (no body can change
+how another is read), their rows made one matrix and checked in one numpy call. Any other batch,
+or one where a body is otherwise, is decoded body by body, each body getting its own answer or
+error as :func:`~mmserver.codecs.decode_as` gives it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -16,7 +23,7 @@ import numpy as np
 
 from mmserver import errors
 from mmserver.answers import encode_as, encode_sagemaker_xgboost
-from mmserver.codecs import STRICT, Request, decode_as, sagemaker_container_kind
+from mmserver.codecs import JSON, STRICT, Request, decode_as, media_type, sagemaker_container_kind
 from mmserver.schema import Inputs, matrix_inputs
 from mmserver.tabular import Table, merge_tables
 from mmserver.v2codec import decode_v2, encode_v2, is_v2
@@ -55,8 +62,13 @@ def answer_batch(
     if not isinstance(inputs, Inputs):
         inputs = STRICT if inputs is None else matrix_inputs(inputs, missing=False)
     n_features = inputs.width
-    model = f"model {name}"
     answers: list[Answer] = [b""] * len(requests)
+    together = rows_together(requests, inputs) if len(requests) > 1 else None
+    if together is not None:
+        matrix, counts = together
+        _answer_group(requests, answers, list(enumerate(counts)), matrix, predict, inputs)
+        return answers
+    model = f"model {name}"
     groups: dict[int, list[tuple[int, Rows]]] = {}
     v2: list[int] = []
     for i, (body, kind, _) in enumerate(requests):
@@ -72,21 +84,82 @@ def answer_batch(
             continue
         groups.setdefault(rows.shape[1], []).append((i, rows))
     for group in groups.values():
-        outputs = predict(merge([rows for _, rows in group]))
-        pieces = split(outputs, [len(rows) for _, rows in group])
-        for (i, _), piece in zip(group, pieces, strict=True):
-            _, kind, csv_answer = requests[i]
-            container = inputs.sagemaker_xgboost and sagemaker_container_kind(kind)
-            try:
-                if container:
-                    answers[i] = encode_sagemaker_xgboost(piece, csv_answer)
-                else:
-                    answers[i] = encode_as(piece, csv_answer)
-            except errors.MMServerError as exc:
-                answers[i] = (type(exc).__name__, exc.message)
+        counted = [(i, len(rows)) for i, rows in group]
+        _answer_group(requests, answers, counted, merge([r for _, r in group]), predict, inputs)
     if v2:
         answer_v2(requests, v2, answers, predict, inputs, name, output_names)
     return answers
+
+
+def _answer_group(
+    requests: Sequence[Request],
+    answers: list[Answer],
+    counted: list[tuple[int, int]],
+    rows: Rows,
+    predict: Predict,
+    inputs: Inputs,
+) -> None:
+    """Predict ``rows`` (the rows of the requests at the indices of ``counted``, each with its
+    count of rows, in order) in one call and encode each request's answer into ``answers``."""
+    pieces = split(predict(rows), [count for _, count in counted])
+    for (i, _), piece in zip(counted, pieces, strict=True):
+        _, kind, csv_answer = requests[i]
+        container = inputs.sagemaker_xgboost and sagemaker_container_kind(kind)
+        try:
+            if container:
+                answers[i] = encode_sagemaker_xgboost(piece, csv_answer)
+            else:
+                answers[i] = encode_as(piece, csv_answer)
+        except errors.MMServerError as exc:
+            answers[i] = (type(exc).__name__, exc.message)
+
+
+def rows_together(
+    requests: Sequence[Request], inputs: Inputs
+) -> tuple[np.ndarray, list[int]] | None:
+    """The rows of every request as one float64 matrix, and each request's count of rows, when
+    every request is a JSON list of rows of finite numbers of the model's width (the common
+    batch); ``None`` when any is not, or the model does not take a matrix: the batch is then
+    decoded body by body, each body getting its own answer or error.
+
+    Each body is parsed alone, so no body can change how another is read; what stays per body
+    is the parse and a look at its rows' types, the checks of shape, kinds and values being one
+    numpy call for the batch. A body with a JSON boolean, or not in ASCII (UTF-16, say), or a
+    value that is not a finite number (strings, nulls, NaN and infinities, nesting) leaves the
+    batch to :func:`~mmserver.codecs.decode_as`, which reads or refuses each as it does alone."""
+    if not inputs.dense:
+        return None
+    loads = json.loads
+    rows: list[Any] = []
+    counts: list[int] = []
+    for body, kind, _ in requests:
+        if kind != JSON and (media_type(kind) != JSON if kind else inputs.sagemaker_xgboost):
+            return None
+        if not body.startswith(b"[[") or b"true" in body or b"false" in body or not body.isascii():
+            return None
+        try:
+            data = loads(body)
+        except (ValueError, RecursionError):
+            return None
+        for row in data:
+            if type(row) is not list:
+                return None
+        rows += data
+        counts.append(len(data))
+    try:
+        array = np.array(rows)
+    except (ValueError, TypeError, RecursionError):  # ragged rows
+        return None
+    if array.ndim != 2 or array.dtype.kind not in "iuf" or not array.shape[1]:
+        return None
+    width = inputs.width
+    if width is not None and array.shape[1] != width:
+        return None
+    if array.dtype != np.float64:
+        array = array.astype(np.float64)
+    if not np.isfinite(array).all():
+        return None
+    return array, counts
 
 
 def answer_v2(

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from mmserver import errors
-from mmserver.backend.batching import Answer, answer_batch, split
+from mmserver.backend.batching import Answer, answer_batch, rows_together, split
 from mmserver.codecs import Request, make_request
 from mmserver.jobs import Job, JobQueue, partition_live
+from mmserver.schema import Inputs, matrix_inputs
 from mmserver.v2codec import v2_request
 from tests.models import outputs, rows
 
@@ -211,3 +213,81 @@ def test_v2_requests_share_a_call_per_output_and_get_theirs_back() -> None:
     assert v2_outputs(answers[2]) == {"double": [300.0, 400.0], "predict": [30.0, 40.0]}
     assert answers[3][0] == "InvalidInput" and "no output 'nope'" in answers[3][1]
     assert answers[4] == ("InvalidInput", "model m expects 1 feature(s) per row, got 2")
+
+
+def _alone_and_together(
+    requests: list[Request], inputs: Inputs | int | None
+) -> tuple[list[Answer], list[Answer], int]:
+    """The answers of ``requests`` as one batch, each request's answer alone, and how many
+    calls the batch made to the model."""
+    calls = 0
+
+    def predict(batch: np.ndarray) -> np.ndarray:
+        nonlocal calls
+        calls += 1
+        return np.asarray(batch)[:, 0] * 10 + 1
+
+    together = answer_batch(requests, predict, inputs, "m")
+    made = calls
+    alone = [answer_batch([r], predict, inputs, "m")[0] for r in requests]
+    return together, alone, made
+
+
+def body(text: str, kind: str | None = None) -> Request:
+    return make_request(text.encode(), kind, None)
+
+
+def test_a_batch_of_json_rows_is_decoded_together_and_answered_as_each_alone() -> None:
+    batch = [
+        body("[[1]]"),
+        body("[[2.5], [-3e2]]"),
+        body("[[4]]", "application/json; charset=utf-8"),
+        body("[[1e-3],[7],[8]]"),
+    ]
+    together = rows_together(batch, matrix_inputs(1, missing=False))
+    assert together is not None
+    matrix, counts = together
+    assert matrix.dtype == np.float64 and matrix.flags.c_contiguous
+    assert matrix[:, 0].tolist() == [1.0, 2.5, -300.0, 4.0, 0.001, 7.0, 8.0]
+    assert counts == [1, 2, 1, 3]
+    answers, alone, calls = _alone_and_together(batch, 1)
+    assert calls == 1 and answers == alone
+    assert [outputs(a) for a in answers][1] == [26.0, -2999.0]
+
+
+@pytest.mark.parametrize(
+    ("bodies", "inputs"),
+    [
+        # Bodies that would read as others' rows if they were parsed joined: each is its own.
+        (["[[1]", "[2]]", "[[3]],[[4]]", "[[5]]", "[[6]],[[7]]"], 1),
+        (["[[1]]", "[[true]]", "[[2]]"], 1),  # JSON booleans are not numbers
+        (["[[1]]", '[["2"]]'], 1),  # strings
+        (["[[1]]", "[[null]]"], matrix_inputs(1, missing=False)),
+        (["[[1]]", "[[null]]", "[[NaN]]"], matrix_inputs(1, missing=True)),
+        (["[[1]]", "[[NaN]]", "[[Infinity]]"], 1),
+        (["[[1]]", "[[1, 2]]"], 1),  # the wrong width
+        (["[[1]]", "[[1, 2]]", "[[3]]"], None),  # no known width: one call per width
+        (["[[1]]", "[[]]"], None),
+        (["[[1]]", "[[[1]]]"], None),  # nested too deep
+        (["[[1]]", "[1, 2]"], 2),  # one row, not a list of rows
+        (["[[1]]", '{"instances": [[2]]}'], 1),
+        (["[[1]]", "[[99999999999999999999999]]"], 1),  # past int64: a float all the same
+        (["[[1]]", " [[2]]"], 1),
+        (["[[1]]", "[[2]]"], replace(matrix_inputs(1, missing=False), sagemaker_xgboost=True)),
+    ],
+)
+def test_a_batch_holding_any_other_body_answers_each_as_alone(
+    bodies: list[str], inputs: Inputs | int | None
+) -> None:
+    batch = [body(b) for b in bodies]
+    answers, alone, _ = _alone_and_together(batch, inputs)
+    assert answers == alone
+
+
+def test_bodies_in_utf_16_or_of_other_types_are_not_decoded_together() -> None:
+    utf16 = make_request("[[1]]".encode("utf-16"), None, None)
+    csv = make_request(b"1\n2\n", "text/csv", None)
+    for batch in ([body("[[1]]"), utf16], [body("[[1]]"), csv]):
+        assert rows_together(batch, matrix_inputs(1, missing=False)) is None
+        answers, alone, _ = _alone_and_together(batch, 1)
+        assert answers == alone and all(isinstance(a, bytes) for a in answers)
