@@ -158,8 +158,14 @@ def _treelite(est: Any) -> tuple[str, Fn, Any] | None:
     return kind, run, tl_model
 
 
-#: Rows walked at once by :func:`forest_walk` (its temporaries are rows x trees).
-WALK_ROWS = 256
+#: Below this many rows, :func:`forest_walk` walks every tree at once (its temporaries are
+#: rows x trees); from it, the trees :data:`WALK_TREES` at a time over up to :data:`WALK_ROWS`
+#: rows: the nodes of a few trees stay in the CPU's caches while every row goes through them,
+#: where a walk of all the trees at once reads nodes from memory (a 300-tree forest of depth
+#: 14: ~250 us a row at 2,048 or 16,384 rows, ~120 and ~100 us grouped).
+WALK_GROUPED_FROM = 128
+WALK_TREES = 16
+WALK_ROWS = 4096
 
 
 def forest_walk(est: Any) -> tuple[str, Fn, None] | None:
@@ -210,24 +216,37 @@ def forest_walk(est: Any) -> tuple[str, Fn, None] | None:
     else:
         values = np.concatenate([t.value[:, 0, : int(classes)] for t in trees])
     roots = starts[np.newaxis, :]
-    steps = max(int(t.max_depth) for t in trees)
+    depths = [int(t.max_depth) for t in trees]
     count = len(trees)
     width = int(est.n_features_in_)
+
+    def leaves(rows: np.ndarray, first: int, last: int) -> np.ndarray:
+        """The leaves' values of trees ``first`` to ``last`` (excluded) for ``rows``."""
+        x = rows.astype(np.float32).astype(np.float64).ravel()
+        base = (np.arange(len(rows), dtype=np.intp) * width)[:, np.newaxis]
+        node = np.repeat(roots[:, first:last], len(rows), axis=0)
+        for _ in range(max(depths[first:last])):
+            node = child[2 * node + (x[base + feature[node]] > threshold[node])]
+        return values[node]  # type: ignore[no-any-return]
 
     def walk(batch: np.ndarray) -> np.ndarray:
         if batch.ndim != 2 or batch.shape[1] != width:
             raise ValueError(
                 f"X has shape {batch.shape}; the forest expects rows of {width} features"
             )
+        grouped = len(batch) >= WALK_GROUPED_FROM
+        step = WALK_ROWS if grouped else WALK_GROUPED_FROM
         outputs = []
-        for first in range(0, len(batch) or 1, WALK_ROWS):
-            rows = batch[first : first + WALK_ROWS]
-            x = rows.astype(np.float32).astype(np.float64).ravel()
-            base = (np.arange(len(rows), dtype=np.intp) * width)[:, np.newaxis]
-            node = np.repeat(roots, len(rows), axis=0)
-            for _ in range(steps):
-                node = child[2 * node + (x[base + feature[node]] > threshold[node])]
-            outputs.append(np.cumsum(values[node], axis=1)[:, -1] / count)
+        for first in range(0, len(batch) or 1, step):
+            rows = batch[first : first + step]
+            if grouped:
+                found = np.empty((len(rows), count, *values.shape[1:]), dtype=values.dtype)
+                for tree in range(0, count, WALK_TREES):
+                    found[:, tree : tree + WALK_TREES] = leaves(rows, tree, tree + WALK_TREES)
+            else:
+                found = leaves(rows, 0, count)
+            # Summed tree after tree, as the forest sums them.
+            outputs.append(np.cumsum(found, axis=1)[:, -1] / count)
         return outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
 
     return "value", walk, None

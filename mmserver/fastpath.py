@@ -22,9 +22,12 @@ model that takes missing values, the probes are checked again with NaN in some o
 a candidate that answers otherwise there is kept only for batches without a missing value
 (:attr:`Plan.finite_only`). For a model fitted on a DataFrame of numbers, the own method gets the
 batch as a DataFrame, the candidates as the matrix they compute on.
-Each kept path is timed for one row and for a full batch, and each batch size goes to the path
-that is fastest at that size (costs taken as linear in the rows between the two). Any failure
-or doubt leaves the own method. :class:`Plan` is the result.
+Each kept path is timed for one row, for a full batch and for :data:`LARGE_ROWS` rows (a request
+may hold far more rows than a batch of requests: a batch transform's payload, a large
+asynchronous input, and a forest's own predict, slow for one row, is the fastest there), and
+each batch size goes to the path that is fastest at that size (costs taken as linear in the rows
+between two measurements, and past the last along the last two). Any failure or doubt leaves
+the own method. :class:`Plan` is the result.
 """
 
 from __future__ import annotations
@@ -60,8 +63,12 @@ _RELATIVE = 1e-9
 #: The most rows a full batch is timed with: a larger ``batch_size`` takes the path chosen
 #: for this many rows.
 _TIMED_ROWS = 1024
+#: The rows of the large batch every path is also timed with, once (see the module docstring).
+LARGE_ROWS = 256
 #: Timing repeats: at least 2, at most 7, until this many seconds were spent on one size.
 _TIME_BUDGET_S = 0.02
+#: Past the large batch, the paths' costs are compared at rows that double up to this many.
+_FARTHEST_ROWS = 1 << 30
 
 
 @dataclass
@@ -70,13 +77,24 @@ class Candidate:
     fn: Fn
     one_row_s: float | None = None
     batch_s: float | None = None
+    large_s: float | None = None
 
     def cost(self, rows: int, batch_rows: int) -> float:
+        """The cost of ``rows`` rows: along the line through the measurements on each side of
+        it, past the last along the last two."""
         one = self.one_row_s or 0.0
-        full = self.batch_s if self.batch_s is not None else one
-        if batch_rows <= 1:
+        points = [(1, one)]
+        if batch_rows > 1:
+            points.append((batch_rows, self.batch_s if self.batch_s is not None else one))
+        if self.large_s is not None and LARGE_ROWS > batch_rows:
+            points.append((LARGE_ROWS, self.large_s))
+        if len(points) == 1:
             return one * rows
-        return one + (full - one) * (rows - 1) / (batch_rows - 1)
+        segment = 1
+        while segment < len(points) - 1 and rows > points[segment][0]:
+            segment += 1
+        (r0, c0), (r1, c1) = points[segment - 1], points[segment]
+        return max(0.0, c0 + (c1 - c0) * (rows - r0) / (r1 - r0))
 
 
 @dataclass
@@ -86,7 +104,9 @@ class Plan:
 
     routes: list[tuple[float, str, Fn]]
     batch_rows: int
-    measured: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    measured: dict[str, tuple[float | None, float | None, float | None]] = field(
+        default_factory=dict
+    )
     rejected: dict[str, str] = field(default_factory=dict)
     convert_s: float = 0.0
     #: Paths that answer otherwise than the own method on a missing value: a batch that holds
@@ -115,14 +135,29 @@ class Plan:
                 for first, last, name in self.ranges()
             ],
             "batchRows": self.batch_rows,
+            "largeRows": LARGE_ROWS,
             "measuredMillis": {
-                name: {"oneRow": _ms(one), "batch": _ms(full)}
-                for name, (one, full) in self.measured.items()
+                name: {"oneRow": _ms(one), "batch": _ms(full), "large": _ms(large)}
+                for name, (one, full, large) in self.measured.items()
             },
             "rejected": dict(self.rejected),
             "withoutMissingValuesOnly": sorted(self.finite_only),
             "conversionMillis": _ms(self.convert_s),
         }
+
+    def _costs(
+        self, measured: tuple[float | None, float | None, float | None] | None, start: str, end: str
+    ) -> str:
+        """A path's measured costs as the load line shows them (empty when not measured)."""
+        if measured is None:
+            return ""
+        one, full, large = measured
+        if one is None:
+            return ""
+        text = f"{one * 1000:.3f} ms at 1 row, {(full or 0) * 1000:.3f} ms at {self.batch_rows}"
+        if large is not None:
+            text += f", {large * 1000:.3f} ms at {LARGE_ROWS}"
+        return start + text + end
 
     def summary(self) -> str:
         """One line for the load log."""
@@ -131,22 +166,11 @@ class Plan:
             rows = (
                 f"{first}+" if last is None else f"{first}" if last == first else f"{first}-{last}"
             )
-            one, full = self.measured.get(name, (None, None))
-            cost = (
-                ""
-                if one is None
-                else (
-                    f" ({one * 1000:.3f} ms at 1 row, {(full or 0) * 1000:.3f} ms at "
-                    f"{self.batch_rows})"
-                )
-            )
-            parts.append(f"{rows} rows: {name}{cost}")
+            measured = self.measured.get(name)
+            parts.append(f"{rows} rows: {name}{self._costs(measured, ' (', ')')}")
         own = self.measured.get(OWN)
         if own is not None and OWN not in self.uses and own[0] is not None:
-            parts.append(
-                f"own {own[0] * 1000:.3f} ms at 1 row, {(own[1] or 0) * 1000:.3f} ms at "
-                f"{self.batch_rows}"
-            )
+            parts.append(f"own{self._costs(own, ' ', '')}")
         if self.convert_s:
             parts.append(f"converted in {self.convert_s * 1000:.0f} ms")
         return "; ".join(parts)
@@ -220,9 +244,13 @@ def plan_paths(
         return Plan(
             [(math.inf, LINEAR, kept[1].fn)], batch_rows, rejected=rejected, convert_s=convert_s
         )
-    reps = -(-batch_rows // len(probes))
-    full = np.ascontiguousarray(np.tile(probes, (reps, 1))[:batch_rows])
-    return timed_plan(own, kept, probes[:1], full, batch_rows, rejected, convert_s, finite_only)
+    reps = -(-max(batch_rows, LARGE_ROWS) // len(probes))
+    tiled = np.tile(probes, (reps, 1))
+    full = np.ascontiguousarray(tiled[:batch_rows])
+    large = np.ascontiguousarray(tiled[:LARGE_ROWS])
+    return timed_plan(
+        own, kept, probes[:1], full, batch_rows, rejected, convert_s, finite_only, large
+    )
 
 
 def timed_plan(
@@ -234,21 +262,25 @@ def timed_plan(
     rejected: dict[str, str],
     convert_s: float,
     finite_only: set[str] | frozenset[str] = frozenset(),
+    large: Any = None,
 ) -> Plan:
     """The plan of the verified paths ``kept`` (the own method first), each timed on one row
-    (``one``) and on a full batch (``full``); the own method alone when timing fails."""
+    (``one``), on a full batch (``full``) and once on :data:`LARGE_ROWS` rows (``large``, when
+    more than a full batch); the own method alone when timing fails."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for c in kept:
                 c.one_row_s = fastest(c.fn, one)
                 c.batch_s = fastest(c.fn, full) if batch_rows > 1 else c.one_row_s
+                if large is not None and LARGE_ROWS > batch_rows:
+                    c.large_s = fastest(c.fn, large, repeats=1)
     except Exception as exc:  # e.g. no memory for a huge batch: the own method, as any doubt
         return own_plan(own, batch_rows, f"the paths could not be timed: {reason(exc)}")
     return Plan(
         routes(kept, batch_rows),
         batch_rows,
-        measured={c.name: (c.one_row_s, c.batch_s) for c in kept},
+        measured={c.name: (c.one_row_s, c.batch_s, c.large_s) for c in kept},
         rejected=rejected,
         convert_s=convert_s,
         finite_only=frozenset(finite_only),
@@ -304,8 +336,8 @@ def disagreement(fn: Fn, rows: Any, want: np.ndarray) -> str | None:
     return f"differs on probe rows by {worst:.3g} (largest answer {scale:.3g})"
 
 
-def fastest(fn: Fn, rows: Any) -> float:
-    """The fastest of a few calls (the first call was made when verifying)."""
+def fastest(fn: Fn, rows: Any, repeats: int = 2) -> float:
+    """The fastest of a few calls (at least ``repeats``, more while they are quick)."""
     best = math.inf
     spent = 0.0
     for repeat in range(7):
@@ -314,23 +346,34 @@ def fastest(fn: Fn, rows: Any) -> float:
         took = time.perf_counter() - started
         best = min(best, took)
         spent += took
-        if repeat >= 1 and spent > _TIME_BUDGET_S:
+        if repeat + 1 >= repeats and spent > _TIME_BUDGET_S:
             break
     return best
 
 
 def routes(kept: Sequence[Candidate], batch_rows: int) -> list[tuple[float, str, Fn]]:
-    """The fastest path for every number of rows up to a full batch, costs taken as lines
-    through the two measured points; past a full batch (one request may hold many rows), the
-    full batch's path, since nothing was measured there."""
+    """The fastest path for every number of rows up to the largest measured, costs taken as
+    lines between the measured points; past it (one request may hold many rows), the fastest
+    at rows doubling from there, costs followed along the last two measurements."""
     order = {name: i for i, name in enumerate(PATHS)}
     routes: list[tuple[float, str, Fn]] = []
-    for rows in range(1, max(1, batch_rows) + 1):
+
+    def route(rows: int, last: int) -> None:
         c = min(kept, key=lambda c: (c.cost(rows, batch_rows), order[c.name]))
         if routes and routes[-1][1] == c.name:
-            routes[-1] = (rows, c.name, c.fn)
+            routes[-1] = (last, c.name, c.fn)
         else:
-            routes.append((rows, c.name, c.fn))
+            routes.append((last, c.name, c.fn))
+
+    measured = max(1, batch_rows)
+    if any(c.large_s is not None for c in kept):
+        measured = max(measured, LARGE_ROWS)
+    for rows in range(1, measured + 1):
+        route(rows, rows)
+    rows = measured
+    while rows < _FARTHEST_ROWS:
+        route(2 * rows, 2 * rows)  # a change of path within a doubling takes its far end
+        rows *= 2
     _, name, fn = routes[-1]
     routes[-1] = (math.inf, name, fn)
     return routes

@@ -34,7 +34,16 @@ import numpy as np
 
 from mmserver.candidates import Fn, candidates, scaler_arithmetic, split_pipeline
 from mmserver.families import reason
-from mmserver.fastpath import COMPILED, OWN, Candidate, Plan, disagreement, own_plan, timed_plan
+from mmserver.fastpath import (
+    COMPILED,
+    LARGE_ROWS,
+    OWN,
+    Candidate,
+    Plan,
+    disagreement,
+    own_plan,
+    timed_plan,
+)
 from mmserver.schema import BOOLEAN, NUMBER, Inputs
 from mmserver.tabular import Table
 
@@ -274,7 +283,8 @@ def plan_table_paths(
             rejected[name] = why
     if len(kept) == 1:
         return Plan([(math.inf, OWN, own)], batch_rows, rejected=rejected, convert_s=convert_s)
-    return timed_plan(own, kept, one, _rows(probes, batch_rows), batch_rows, rejected, convert_s)
+    full, large = _rows(probes, batch_rows), _rows(probes, LARGE_ROWS)
+    return timed_plan(own, kept, one, full, batch_rows, rejected, convert_s, large=large)
 
 
 def _behind(transform: Callable[[Table], np.ndarray], fn: Fn, like: np.ndarray) -> Fn:

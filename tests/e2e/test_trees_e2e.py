@@ -102,8 +102,9 @@ async def test_tree_families_answer_as_their_libraries_from_backend_processes(
             [workflow] = await response.json()  # DJL's describe: one workflow, one model
         [model] = workflow["models"]
         paths: dict[str, Any] = model["predictPaths"]
-        used = {route["path"] for route in paths["routes"]}
-        assert used and used <= {"numpy", "treelite"}
+        full = paths["batchRows"]
+        small = {route["path"] for route in paths["routes"] if route["fromRows"] <= full}
+        assert small and small <= {"numpy", "treelite"}  # larger batches: maybe its own
         assert {"numpy", "treelite", "own"} <= set(paths["measuredMillis"])
         assert sum(paths["batches"].values()) == 4
         async with session.get(f"{server.url}/metrics") as response:

@@ -504,7 +504,7 @@ def _forest_cases() -> list[tuple[str, Any, str]]:
 
 @pytest.mark.parametrize("case", _forest_cases(), ids=lambda c: c[0])
 def test_the_forest_walk_answers_bit_for_bit_as_the_forest(case: tuple[str, Any, str]) -> None:
-    from mmserver.candidates import WALK_ROWS, forest_walk
+    from mmserver.candidates import WALK_GROUPED_FROM, WALK_ROWS, forest_walk
 
     _, model, method = case
     built = forest_walk(model)
@@ -512,16 +512,17 @@ def test_the_forest_walk_answers_bit_for_bit_as_the_forest(case: tuple[str, Any,
     _, scores, _ = built
     rng = np.random.default_rng(5)
     # Rows on and around the thresholds (where float32 and float64 comparisons part), and more
-    # rows than one walk takes at once.
+    # rows than one walk takes at once; fewer rows are walked every tree at once.
     thresholds = np.concatenate([t.tree_.threshold for t in model.estimators_])
-    picks = rng.choice(thresholds[thresholds != -2], (2 * WALK_ROWS + 3, 4))
+    picks = rng.choice(thresholds[thresholds != -2], (WALK_ROWS + 3, 4))
     batch = np.where(rng.random(picks.shape) < 0.5, picks, np.nextafter(picks, np.inf))
-    got = np.asarray(scores(batch))
-    if method == "predict" and hasattr(model, "classes_"):
-        got = model.classes_.take(np.argmax(got, axis=1))
-        assert got.tolist() == model.predict(batch).tolist()
-    else:
-        assert np.array_equal(got, getattr(model, method)(batch))
+    for rows in (batch, batch[: WALK_GROUPED_FROM - 1]):
+        got = np.asarray(scores(rows))
+        if method == "predict" and hasattr(model, "classes_"):
+            got = model.classes_.take(np.argmax(got, axis=1))
+            assert got.tolist() == model.predict(rows).tolist()
+        else:
+            assert np.array_equal(got, getattr(model, method)(rows))
     assert np.array_equal(
         np.asarray(scores(batch[:1])).ravel(),
         np.asarray(
@@ -557,7 +558,7 @@ def test_a_classifier_on_a_fast_path_keeps_its_other_outputs() -> None:
     labels = (X[:, 0] > 0).astype(int)
     forest = RandomForestClassifier(10, random_state=0).fit(X, labels)
     predictor = EstimatorPredictor(forest, "predict", "m")
-    assert predictor.plan.uses <= {"numpy", "treelite"}
+    assert predictor.plan.ranges()[0][2] in {"numpy", "treelite"}  # large batches: maybe its own
     assert "predict_proba" in predictor.outputs
     assert np.array_equal(predictor.output("predict_proba", X), forest.predict_proba(X))
     assert np.array_equal(predictor.predict(X), forest.predict(X))
@@ -566,5 +567,31 @@ def test_a_classifier_on_a_fast_path_keeps_its_other_outputs() -> None:
     regressor = RandomForestRegressor(10, random_state=0).fit(X, X[:, 0])
     lean = EstimatorPredictor(regressor, "predict", "m")
     assert lean.outputs == ("predict",)
-    assert (lean.model is None) == (not lean.plan.finite_only)
+    assert (lean.model is None) == ("own" not in lean.plan.uses and not lean.plan.finite_only)
     assert np.array_equal(lean.predict(X), regressor.predict(X))
+
+
+def test_batches_past_the_measured_sizes_go_to_the_path_cheapest_along_its_last_two() -> None:
+    from mmserver.fastpath import LARGE_ROWS, Candidate, Plan, routes
+
+    def fn(batch: np.ndarray) -> np.ndarray:
+        return batch[:, 0]
+
+    # Costs in ms as a small forest's are measured: its own predict about the same at any
+    # size, the walk cheaper up to the large batch and growing with the rows.
+    own = Candidate("own", fn, one_row_s=1.4e-3, batch_s=1.39e-3, large_s=1.38e-3)
+    walk = Candidate("numpy", fn, one_row_s=0.08e-3, batch_s=0.17e-3, large_s=0.33e-3)
+    plan = Plan(routes([own, walk], 32), 32, measured={"own": (1.4e-3, 1.39e-3, 1.38e-3)})
+    assert LARGE_ROWS == 256
+    # The walk costs 0.33 + 0.16 / 224 ms a row past 256 rows: 0.88 ms at 1,024, 1.6 at 2,048.
+    assert plan.ranges() == [(1, 1024, "numpy"), (1025, None, "own")]
+    assert plan.describe()["largeRows"] == 256
+    assert plan.describe()["measuredMillis"]["own"] == {"oneRow": 1.4, "batch": 1.39, "large": 1.38}
+    # Measured at one row and a full batch only: costs follow that line past it (1.006 ms at
+    # 64 rows, past the own predict's 1.0).
+    cheap_start = Candidate("treelite", fn, one_row_s=0.01e-3, batch_s=0.5e-3)
+    flat = Candidate("own", fn, one_row_s=1.0e-3, batch_s=1.0e-3)
+    assert Plan(routes([flat, cheap_start], 32), 32).ranges() == [
+        (1, 32, "treelite"),
+        (33, None, "own"),
+    ]
