@@ -6,7 +6,8 @@ that an option not given on the command line keeps its value from the environmen
 
 ``mmserver cluster ...`` hands its arguments to :mod:`mmserver.cluster.cli`, and
 ``mmserver transform ...`` to :mod:`mmserver.transform.cli` and ``mmserver recommend ...`` to
-:mod:`mmserver.recommend.cli`, each imported only then: the server never imports them.
+:mod:`mmserver.recommend.cli`, each imported only then: the server never imports them, and
+they never import the server's configuration (a transform's start-up is part of its time).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mmserver import __version__, logs
-from mmserver.config import ENV_PREFIX, ServerConfig
-from mmserver.errors import ConfigError
-from mmserver.store.opening import check_store
+from mmserver import __version__
+
+if TYPE_CHECKING:
+    from mmserver.config import ServerConfig
 
 _METAVARS = {int: "INT", float: "NUMBER", str: "TEXT"}
 
@@ -39,6 +41,8 @@ def _default_text(value: object) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser: ``mmserver serve [options]``."""
+    from mmserver.config import ENV_PREFIX, ServerConfig
+
     parser = argparse.ArgumentParser(
         prog="mmserver",
         description="Multi-model server for scikit-learn models.",
@@ -119,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
 def build_config(argv: Sequence[str], env: Mapping[str, str]) -> ServerConfig:
     """The configuration for the command line ``argv`` (e.g. ``["serve", "--port", "9000"]``)
     and the environment ``env``. Raises :class:`ConfigError`; argparse exits on bad syntax."""
+    from mmserver.config import ServerConfig
+    from mmserver.errors import ConfigError
+
     args = build_parser().parse_args(list(argv))
     if args.command != "serve":
         raise ConfigError("no command given; use: mmserver serve [options]")
@@ -148,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if parsed.command == "example-store":
         return _example_store(Path(parsed.directory))
+    from mmserver import logs
+    from mmserver.errors import ConfigError
+    from mmserver.store.opening import check_store
+
     with logs.held() as early:  # written in the log's format, once the options say which
         try:
             config = build_config(args, os.environ)

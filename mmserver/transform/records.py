@@ -16,11 +16,11 @@ import io
 import json
 import math
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
-
-import numpy as np
 
 from mmserver.transform.failures import FileFailed
 from mmserver.transform.options import CSV, JSON, JSON_LINES, TransformOptions
@@ -81,28 +81,27 @@ class Framing:
 def pack(records: Sequence[bytes], framing: Framing, limit: int, single: bool) -> list[Payload]:
     """The payloads of a file's records, in order, each with the size of its records (a
     record's bytes and its separator). Raises :class:`FileFailed` for a record that does not
-    fit in ``limit`` bytes on its own. The cuts are found on the running total of the sizes
-    (numpy): one step per payload, not per record."""
+    fit in ``limit`` bytes on its own. The cuts are found by bisection on the running total of
+    the sizes: one step per payload, not per record."""
     if not records:
         return []
-    costs = np.fromiter(map(len, records), dtype=np.int64, count=len(records)) + 1
+    costs = [len(record) + 1 for record in records]
     room = limit - framing.base()
-    too_large = np.flatnonzero(costs > room)
-    if too_large.size:
-        number = int(too_large[0])
+    if max(costs) > room:
+        number = next(i for i, cost in enumerate(costs) if cost > room)
         raise FileFailed(
             f"record {number + 1} is {len(records[number]):,} bytes, more than the payload "
             f"limit of {limit:,} bytes (--max-payload-mb); raise the limit or split the record"
         )
     if single:
-        return [Payload(i, i, i + 1, int(c)) for i, c in enumerate(costs.tolist())]
-    totals = np.cumsum(costs)
+        return [Payload(i, i, i + 1, c) for i, c in enumerate(costs)]
+    totals = list(accumulate(costs))
     payloads: list[Payload] = []
     start, before = 0, 0
     while start < len(records):
-        end = int(np.searchsorted(totals, before + room, side="right"))
-        payloads.append(Payload(len(payloads), start, end, int(totals[end - 1]) - before))
-        start, before = end, int(totals[end - 1])
+        end = bisect_right(totals, before + room, lo=start)
+        payloads.append(Payload(len(payloads), start, end, totals[end - 1] - before))
+        start, before = end, totals[end - 1]
     return payloads
 
 
