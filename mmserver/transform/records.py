@@ -39,6 +39,8 @@ class Payload:
 
 #: A line that is empty or blank, or a carriage return: what the plain split cannot take.
 _IRREGULAR = re.compile(rb"\r|(?:^|\n)[ \t\f\v]*(?:\n|$)")
+#: The blanks a blank line may hold besides none.
+_BLANKS = (b" ", b"\t", b"\f", b"\v")
 
 
 def split_records(data: bytes, split_type: str) -> list[bytes]:
@@ -46,7 +48,7 @@ def split_records(data: bytes, split_type: str) -> list[bytes]:
     if split_type == "None":
         return [data] if data.strip() else []
     body = data[:-1] if data.endswith(b"\n") else data
-    if body and _IRREGULAR.search(body) is None:  # every line a record, the common case
+    if body and _regular(body):  # every line a record, the common case
         return body.split(b"\n")
     records = []
     for line in data.split(b"\n"):
@@ -54,6 +56,16 @@ def split_records(data: bytes, split_type: str) -> list[bytes]:
         if line.strip():
             records.append(line)
     return records
+
+
+def _regular(body: bytes) -> bool:
+    """Whether every line of ``body`` (its last newline taken off) is a record: no empty or
+    blank line, no carriage return. Looked for byte by byte in C (a file of numbers holds none
+    of these bytes); the regular expression, ~60 ms for 50,000 lines, only for a body holding
+    blanks."""
+    if b"\r" in body or b"\n\n" in body or body[:1] == b"\n" or body[-1:] == b"\n":
+        return False
+    return not any(blank in body for blank in _BLANKS) or _IRREGULAR.search(body) is None
 
 
 class Framing:
@@ -167,6 +179,39 @@ def output_lines(
     return lines
 
 
+#: The bytes of a JSON list of numbers besides its brackets.
+_LIST_OF_NUMBERS = b"0123456789+-.eE, \t\r\n"
+#: The whitespace JSON allows between values.
+_JSON_SPACE = b" \t\r\n"
+_PREDICTIONS = b'{"predictions":'
+
+
+def _number_lines(body: bytes) -> tuple[bytes, int] | None:
+    """A JSON answer whose values (``predictions``, or the whole body's list) are all plain
+    numbers: one line per value, its text as the answer wrote it (the ``repr`` of the number an
+    mmserver answer holds), and their count; ``None`` for any other answer. The numbers are not
+    parsed to be written again: the answer is taken for the JSON its type says (a value that is
+    not, say ``1..2``, is copied as it is), and only its bytes and commas are checked. Parsing
+    50,000 values and writing them again cost the job ~100 ms of CPU, taken from the server on
+    the same machine."""
+    text = body.strip(_JSON_SPACE)
+    if text[:1] == b"[":
+        inner = text[1:]
+    elif text.startswith(_PREDICTIONS) and text[-1:] == b"}":
+        inner = text[len(_PREDICTIONS) : -1].strip(_JSON_SPACE)
+        if inner[:1] != b"[":
+            return None
+        inner = inner[1:]
+    else:
+        return None
+    if inner[-1:] != b"]" or inner[:-1].translate(None, _LIST_OF_NUMBERS):
+        return None
+    values = inner[:-1].translate(None, _JSON_SPACE)
+    if not values or b",," in values or values[:1] == b"," or values[-1:] == b",":
+        return None
+    return values.replace(b",", b"\n") + b"\n", values.count(b",") + 1
+
+
 def _plain_numbers(values: Sequence[Any]) -> bool:
     """Whether every value is a finite float or an int (not a bool): written as ``repr``."""
     return all((type(v) is float and math.isfinite(v)) or type(v) is int for v in values)
@@ -194,6 +239,12 @@ def part(
         if options.split_type == "Line" and count != len(records):
             raise ValueError(f"the model answered {count} values for {len(records)} records")
         return text + b"\n" if text else b""
+    numbers = None if csv_answer or options.join_source == "Input" else _number_lines(body)
+    if numbers is not None and options.split_type == "Line":
+        lines, count = numbers
+        if count != len(records):
+            raise ValueError(f"the model answered {count} values for {len(records)} records")
+        return lines
     values = answers(body, response_type)
     if options.split_type == "None":
         return b"".join(

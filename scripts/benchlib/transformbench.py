@@ -7,7 +7,8 @@ use): ``--transform-rows`` CSV rows in :data:`FILES` files, sent with the comman
 (``--split-type Line``, ``MultiRecord``, 6 MiB payloads) at ``--transform-concurrency``
 requests in flight. Measured: the job's rows per second (wall time of the command, from its
 start to its exit, reading and writing included); wrk's rows per second sending the job's first
-payload, as the job sent it, over and over at the same concurrency; their ratio (target >= 0.8:
+payload, as the job sent it, over and over at the same concurrency for as long as the job ran
+(at least ``--duration``); their ratio (target >= 0.8:
 the job is not slower than a hand-written client); and the time of a rerun after the job was
 killed (SIGKILL) once half its files were done, against the full run's (target about 0.5).
 Then the linear model's job again through ``mmserver cluster`` (two instances of one backend
@@ -194,8 +195,10 @@ def _one_model(
         out = tmp / f"{model}-out-{r}"
         shutil.rmtree(out, ignore_errors=True)
         seconds, inside = _job(_command(exe, server, model, data, out, concurrency))
+        # As long as the job ran (at least --duration): as many payloads as the job sent.
         load = wrk.Load(
-            url=server.url, pattern="single", model=model, duration_s=settings.duration_s,
+            url=server.url, pattern="single", model=model,
+            duration_s=max(settings.duration_s, inside),
             connections=concurrency, threads=1, body_file=str(body_file),
             content_type="text/csv", timeout_s=60, seed=r + 1,
         )  # fmt: skip

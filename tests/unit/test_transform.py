@@ -14,7 +14,16 @@ from mmserver.transform.journal import Journal
 from mmserver.transform.options import MIB, TransformOptions, parse
 from mmserver.transform.places import Places
 from mmserver.transform.progress import Display, Tally, line, summary
-from mmserver.transform.records import Framing, Payload, pack, part, split_records
+from mmserver.transform.records import (
+    Framing,
+    Payload,
+    _number_lines,
+    answers,
+    output_lines,
+    pack,
+    part,
+    split_records,
+)
 
 BASE = ("--model", "m", "--input", "in", "--output", "out")
 
@@ -80,6 +89,70 @@ def test_answers_become_one_line_a_record_joined_as_sagemaker_joins() -> None:
     assert part(records, answer, "application/json", raw) == answer
     with pytest.raises(ValueError, match="the model answered 1 values for 2 records"):
         part(records, b"7.0\n", "text/csv", _options())
+
+
+def _split_line_by_line(data: bytes) -> list[bytes]:
+    """What a split reads as records, line by line: the rule the split's quick check keeps."""
+    return [line.rstrip(b"\r") for line in data.split(b"\n") if line.rstrip(b"\r").strip()]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"1\n2\n3\n",
+        b"1\n2\n3",
+        b"1 ,2\n3,4\n",  # blanks inside a record
+        b"1\n\n2\n",
+        b"\n1\n2",
+        b"1\n2\n\n",
+        b"1\n \t\n2",
+        b"1\n\x0b\n2",
+        b"  \n1",
+        b"1\n  ",
+        b"1\r\n2\r\n",
+        b"1\n2\r",
+        b" ",
+    ],
+)
+def test_a_split_reads_every_layout_of_lines_as_line_by_line(data: bytes) -> None:
+    assert split_records(data, "Line") == _split_line_by_line(data)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"predictions": [1.5, -2, 1e-05, 3e16, 0.1 + 0.2, -0.0, 12345678901234567890]},
+        [7.25, 8],
+        {"predictions": [1.0, None]},  # not numbers only: parsed
+        {"predictions": [[0.25, 0.75], [1.0, 0.0]]},
+        {"predictions": ["a", "b"]},
+    ],
+)
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")])
+def test_number_answers_become_lines_as_written_and_others_as_parsed(
+    answer: object, separators: tuple[str, str]
+) -> None:
+    body = json.dumps(answer, separators=separators).encode()
+    values = answers(body, "application/json")
+    records = [b"0"] * len(values)
+    # Numbers only are written as the answer's text, not parsed and written again.
+    numbers = all(type(v) in (int, float) for v in values)
+    assert (_number_lines(body) is not None) == numbers
+    for options in (_options(), _options("--accept", "application/jsonlines")):
+        # What the answer's values, parsed, are written as (a number: its repr, the text
+        # json.dumps wrote).
+        want = b"".join(line + b"\n" for line in output_lines(records, values, options))
+        assert part(records, body, "application/json", options) == want
+    with pytest.raises(ValueError, match=f"answered {len(values)} values for 1 records"):
+        part([b"0"], body, "application/json", _options())
+
+
+@pytest.mark.parametrize(
+    "body", [b"[1,,2]", b"[,1, 2]", b"[1, 2,]", b"[1, 2", b"[]x", b'{"predictions": 1, 2]}']
+)
+def test_an_answer_that_is_not_json_fails_its_payload(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        part([b"0", b"0"], body, "application/json", _options())
 
 
 @pytest.mark.parametrize(
