@@ -72,8 +72,40 @@ class Record(NamedTuple):
 
 
 def encode_line(record: Record) -> str:
-    """The JSON line of ``record`` (with its newline), in SageMaker's data capture format, made
-    from a template (a dictionary given to ``json.dumps`` costs several times more)."""
+    """The JSON line of ``record`` (with its newline), in SageMaker's data capture format: the
+    parts of each body's object that follow from its content type made once per type, its text
+    escaped by the C encoder ``json.dumps`` uses, the whole joined once (a dictionary given to
+    ``json.dumps`` costs several times more; this is every captured request's cost on the event
+    loop)."""
+    if record.shadow is None:
+        request_head, request_tail = _heads(record.request_type, "INPUT")
+        answer_head, answer_tail = _heads(record.answer_type, "OUTPUT")
+        if request_tail is not None and answer_tail is not None:
+            try:
+                request = record.request.decode()
+                answer = record.answer.decode()
+            except UnicodeDecodeError:
+                pass  # not text after all: base64, below
+            else:
+                return "".join(
+                    (
+                        '{"captureData":{"endpointInput":',
+                        request_head,
+                        _string(request),
+                        request_tail,
+                        ',"endpointOutput":',
+                        answer_head,
+                        _string(answer),
+                        answer_tail,
+                        _METADATA,
+                        _event_id(),
+                        '","inferenceId":',
+                        _string(record.inference_id),
+                        ',"inferenceTime":"',
+                        _moment(record.at),
+                        '"},"eventVersion":"0"}\n',
+                    )
+                )
     shadow = ""
     if record.shadow is not None and record.shadow_key is not None:
         version = _string(str(split_version(record.shadow_key)[1]))
@@ -85,7 +117,7 @@ def encode_line(record: Record) -> str:
         + ',"endpointOutput":'
         + _data("OUTPUT", record.answer, record.answer_type)
         + shadow
-        + '},"eventMetadata":{"eventId":"'
+        + _METADATA
         + _event_id()
         + '","inferenceId":'
         + _string(record.inference_id)
@@ -95,15 +127,38 @@ def encode_line(record: Record) -> str:
     )
 
 
-def _data(mode: str, body: bytes, content_type: str) -> str:
-    """The JSON object of one body: text for JSON and CSV, base64 for anything else (or for
-    text that is not UTF-8)."""
+_METADATA = '},"eventMetadata":{"eventId":"'
+
+
+def _heads(content_type: str, mode: str) -> tuple[str, str | None]:
+    """What comes before and after the text of a body of ``content_type`` in its object; the
+    tail is ``None`` for a type sent as base64. Made once per type seen (a few)."""
+    key = (content_type, mode)
+    found = _HEADS.get(key)
+    if found is None:
+        encoding = _encoding(content_type)
+        head = '{"observedContentType":' + _string(content_type) + ',"mode":"' + mode + '","data":'
+        found = (head, None if encoding == "BASE64" else ',"encoding":"' + encoding + '"}')
+        if len(_HEADS) < 256:
+            _HEADS[key] = found
+    return found
+
+
+def _encoding(content_type: str) -> str:
+    """How a body of ``content_type`` is written: ``JSON`` or ``CSV`` as text, else ``BASE64``."""
     encoding = _ENCODINGS.get(content_type)
     if encoding is None:
         kind = media_type(content_type)
         encoding = "JSON" if kind in _JSON_TYPES else "CSV" if kind == "text/csv" else "BASE64"
         if len(_ENCODINGS) < 256:
             _ENCODINGS[content_type] = encoding
+    return encoding
+
+
+def _data(mode: str, body: bytes, content_type: str) -> str:
+    """The JSON object of one body: text for JSON and CSV, base64 for anything else (or for
+    text that is not UTF-8)."""
+    encoding = _encoding(content_type)
     text = None
     if encoding != "BASE64":
         try:
@@ -127,20 +182,41 @@ def _data(mode: str, body: bytes, content_type: str) -> str:
 
 #: The encoding of a body of each content type seen (a few).
 _ENCODINGS: dict[str, str] = {}
+#: The parts of a body's object around its text, by content type and mode (see :func:`_heads`).
+_HEADS: dict[tuple[str, str], tuple[str, str | None]] = {}
 #: A JSON string of a Python one, by the C encoder ``json.dumps`` uses.
 _string: Callable[[str], str] = json.encoder.encode_basestring_ascii
-_seconds: list[object] = [None, ""]
 
 
-def _event_id() -> str:
-    """A random (version 4) UUID's text: 128 random bits with the version and variant set, as
-    ``uuid.uuid4`` makes, from the process's random generator rather than a system call (an
-    event id names a record; it guards nothing)."""
-    h = f"{(_RANDOM.getrandbits(128) & _UUID_CLEAR) | _UUID_SET:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+class _EventIds:
+    """Version 4 UUIDs' text: 96 random bits of the process's own (with the version and variant
+    set) and a count of its records in the last 32, so each id is new without 128 random bits
+    a record (an event id names a record; it guards nothing). Drawn again in a forked child
+    and when the count wraps."""
+
+    __slots__ = ("count", "prefix")
+
+    def __init__(self) -> None:
+        self.prefix = ""
+        self.count = _COUNT_LIMIT
+
+    def draw(self) -> None:
+        h = f"{(random.SystemRandom().getrandbits(128) & _UUID_CLEAR) | _UUID_SET:032x}"
+        self.prefix = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:24]}%08x"
+        self.count = 0
+
+    def next(self) -> str:
+        self.count += 1
+        if self.count >= _COUNT_LIMIT:
+            self.draw()
+            self.count = 1
+        return self.prefix % self.count
 
 
-_RANDOM = random.Random()
+_COUNT_LIMIT = 1 << 32
+_EVENT_IDS = _EventIds()
+_event_id = _EVENT_IDS.next
+os.register_at_fork(after_in_child=_EVENT_IDS.draw)
 #: The version (4) and variant (RFC 4122) bits of a random UUID.
 _UUID_CLEAR = ~((0xF << 76) | (0x3 << 62)) & ((1 << 128) - 1)
 _UUID_SET = (0x4 << 76) | (0x2 << 62)
@@ -149,9 +225,27 @@ _UUID_SET = (0x4 << 76) | (0x2 << 62)
 def _moment(at: float) -> str:
     """``at`` as SageMaker writes an inference time: ``2026-11-26T09:30:00.123Z``."""
     second = int(at)
-    if _seconds[0] != second:
-        _seconds[:] = [second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))]
-    return f"{_seconds[1]}{int(at * 1000) % 1000:03d}Z"
+    if _SECOND.second != second:
+        _SECOND.second = second
+        _SECOND.text = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
+    return _SECOND.text + _MILLIS[int(at * 1000) % 1000]
+
+
+class _Second:
+    """The last second an inference time was written for, and its text."""
+
+    __slots__ = ("second", "text")
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.text = ""
+
+
+_SECOND = _Second()
+
+
+#: ``000Z`` to ``999Z``: the end of an inference time.
+_MILLIS = [f"{ms:03d}Z" for ms in range(1000)]
 
 
 def hour_folder(model: str, at: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import multiprocessing
 import uuid
 
 from mmserver.capture import Record, encode_line
@@ -64,3 +65,16 @@ def test_binary_and_non_utf8_bodies_are_base64_and_a_shadow_answer_has_its_versi
     assert data["shadowOutput"]["version"] == "1"
     assert base64.b64decode(data["shadowOutput"]["data"]) == b"\x93NUMPY!"
     assert parsed["eventMetadata"]["inferenceId"] == 'r-"2"'
+
+
+def _event_id() -> str:
+    record = Record("m", AT, "r-1", b"[1]", "application/json", b"[2]", "application/json")
+    return str(json.loads(encode_line(record))["eventMetadata"]["eventId"])
+
+
+def test_a_forked_process_draws_event_ids_of_its_own() -> None:
+    mine = _event_id()
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        theirs = pool.apply(_event_id)
+    assert uuid.UUID(theirs).version == 4 and theirs != mine
+    assert theirs[:24] != mine[:24]  # not the parent's ids counted on
