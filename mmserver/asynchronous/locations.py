@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from mmserver.errors import InputMissing, InvalidInput, MMServerError, ServiceUnavailable
 from mmserver.store import split_object_url
-from mmserver.store.objects import LocationError, Objects, is_object
+from mmserver.store.objects import LocationError, Objects, failures, is_object, write_whole
 from mmserver.store.objects import local_path as _local_path
 
 #: Folders whose resolution :meth:`Locations.join` keeps.
@@ -133,6 +133,34 @@ class Locations:
         """Write ``body`` at ``location`` whole: readers see all of it or nothing."""
         with _writing(location):
             self.objects.write(location, body, content_type)
+
+    @staticmethod
+    def is_local(location: str) -> bool:
+        """Whether ``location`` is a local file (not an object)."""
+        return not is_object(location)
+
+    def write_local(self, location: str, body: bytes, folders: set[Path]) -> None:
+        """Write ``body`` at the local file ``location`` whole, as :meth:`write` does, but
+        add its folder to ``folders`` instead of syncing it: the caller syncs it, once for
+        every answer renamed into it meanwhile."""
+        with _writing(location), failures(location):
+            write_whole(local_path(location), body, folders)
+
+    @staticmethod
+    def read_small(location: str, most: int) -> bytes | None:
+        """The body of the local file ``location`` if it has at most ``most`` bytes; ``None``
+        for a larger one, an object, or one that cannot be read (:meth:`read` then says
+        why)."""
+        if is_object(location):
+            return None
+        try:
+            with open(local_path(location), "rb") as file:
+                if os.fstat(file.fileno()).st_size > most:
+                    return None
+                body = file.read(most + 1)
+        except (OSError, InvalidInput):
+            return None
+        return body if len(body) <= most else None  # grown meanwhile
 
     def exists(self, location: str) -> bool:
         """Whether something is written at ``location``."""

@@ -207,9 +207,10 @@ class Objects:
                         yield f"s3://{bucket}/{key}", int(item["Size"])
 
 
-def write_whole(path: Path, body: bytes) -> None:
+def write_whole(path: Path, body: bytes, folders: set[Path] | None = None) -> None:
     """Write the file ``path`` whole: a temporary file beside it (created with the mode the
-    umask gives a new file), synced, renamed into place, the folder synced."""
+    umask gives a new file), synced, renamed into place, the folder synced; or, with
+    ``folders``, the folder added to it for the caller to sync (once for many renames)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = staging_beside(path)
     try:
@@ -221,7 +222,10 @@ def write_whole(path: Path, body: bytes) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    sync_folder(path.parent)
+    if folders is None:
+        sync_folder(path.parent)
+    else:
+        folders.add(path.parent)
 
 
 def staging_beside(path: Path) -> Path:
