@@ -43,6 +43,9 @@ class Locations:
 
     def __init__(self, input_roots: Sequence[Path], client: Any = None) -> None:
         self.input_roots = tuple(Path(r).resolve() for r in input_roots)
+        #: The roots as strings, themselves and as folders (ending in a separator).
+        self._root_paths = frozenset(str(r) for r in self.input_roots)
+        self._root_folders = tuple(os.path.join(str(r), "") for r in self.input_roots)
         self.objects = Objects(client)
         #: The file URLs of the folders answers go to, by how the configuration names them.
         self._folders: dict[str, str] = {}
@@ -73,14 +76,17 @@ class Locations:
         path = local_path(location)
         if "\x00" in str(path) or not path.is_absolute():
             raise InvalidInput(f"input location {location[:200]!r} is not an absolute path")
-        resolved = path.resolve()
-        if not any(resolved.is_relative_to(root) for root in self.input_roots):
+        # One resolution, on strings: this runs for every request accepted.
+        resolved = os.path.realpath(path)
+        if not any(resolved.startswith(folder) for folder in self._root_folders) and (
+            resolved not in self._root_paths
+        ):
             allowed = ", ".join(str(r) for r in self.input_roots) or "none"
             raise InvalidInput(
                 f"input location {location[:200]!r} is outside the folders inputs may be read "
                 f"from ({allowed}); add its folder to async_input_roots"
             )
-        return file_url(resolved)
+        return Path(resolved).as_uri()
 
     def join(self, base: str, name: str) -> str:
         """The location of ``name`` (a relative path) in the folder or prefix ``base``."""

@@ -105,7 +105,8 @@ class JournalThread:
             start = not self._writing
             self._writing = True
         if start:
-            loop.run_in_executor(self._thread, self._write, loop)
+            # Not run_in_executor: its end would wake the event loop once more for nothing.
+            self._thread.submit(self._write, loop)
         result: R = await future
         return result
 
@@ -118,7 +119,11 @@ class JournalThread:
                 if not batch:
                     self._writing = False
                     return
-            results = self._batch(batch)
+            try:
+                results = self._batch(batch)
+            except Exception as exc:  # a fault of its own: its steps hear of it, others run
+                log.exception("the asynchronous journal's thread failed")
+                results = [exc] * len(batch)
             try:
                 loop.call_soon_threadsafe(_settle, batch, results)
             except RuntimeError:  # the event loop is closed: nobody waits any more

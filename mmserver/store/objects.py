@@ -211,10 +211,14 @@ def write_whole(path: Path, body: bytes, folders: set[Path] | None = None) -> No
     """Write the file ``path`` whole: a temporary file beside it (created with the mode the
     umask gives a new file), synced, renamed into place, the folder synced; or, with
     ``folders``, the folder added to it for the caller to sync (once for many renames)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = staging_beside(path)
     try:
-        with open(temporary, "xb") as out:
+        try:
+            out = open(temporary, "xb")
+        except FileNotFoundError:  # the folder is made when missing, not looked at each time
+            path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(temporary, "xb")
+        with out:
             out.write(body)
             out.flush()
             os.fsync(out.fileno())
