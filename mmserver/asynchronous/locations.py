@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -155,18 +156,26 @@ class Locations:
     @staticmethod
     def read_small(location: str, most: int) -> bytes | None:
         """The body of the local file ``location`` if it has at most ``most`` bytes; ``None``
-        for a larger one, an object, or one that cannot be read (:meth:`read` then says
-        why)."""
+        for a larger one, an object, anything but a plain file, or one that cannot be read
+        (:meth:`read` then says why)."""
         if is_object(location):
             return None
         try:
-            with open(local_path(location), "rb") as file:
-                if os.fstat(file.fileno()).st_size > most:
-                    return None
-                body = file.read(most + 1)
+            # Not held by a pipe's opening (O_NONBLOCK does nothing to a file's reads).
+            fd = os.open(local_path(location), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except (OSError, InvalidInput):
             return None
-        return body if len(body) <= most else None  # grown meanwhile
+        try:  # the system calls alone: a buffered file object makes as many again
+            found = os.fstat(fd)
+            size = found.st_size
+            if not stat.S_ISREG(found.st_mode) or size > most:
+                return None
+            body = os.read(fd, size + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return body if len(body) == size else None  # changed meanwhile: read it whole later
 
     def exists(self, location: str) -> bool:
         """Whether something is written at ``location``."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,9 @@ from urllib.parse import unquote, urlsplit
 
 from mmserver.errors import MMServerError
 from mmserver.store.urls import split_object_url
+
+#: How :func:`write_whole` creates its temporary file (as ``open(path, "xb")`` does).
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 #: The S3 error codes that say nothing is at a location.
 NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound", "NoSuchBucket"})
@@ -213,15 +217,20 @@ def write_whole(path: Path, body: bytes, folders: set[Path] | None = None) -> No
     ``folders``, the folder added to it for the caller to sync (once for many renames)."""
     temporary = staging_beside(path)
     try:
+        # The system calls alone (no buffered file object: its own calls cost as much as the
+        # writing of a small answer).
         try:
-            out = open(temporary, "xb")
+            fd = os.open(temporary, _NEW_FILE, 0o666)
         except FileNotFoundError:  # the folder is made when missing, not looked at each time
             path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(temporary, "xb")
-        with out:
-            out.write(body)
-            out.flush()
-            os.fsync(out.fileno())
+            fd = os.open(temporary, _NEW_FILE, 0o666)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -233,8 +242,9 @@ def write_whole(path: Path, body: bytes, folders: set[Path] | None = None) -> No
 
 
 def staging_beside(path: Path) -> Path:
-    """A name for a temporary file in the folder of ``path`` (hidden, unique)."""
-    return path.with_name(f".{path.name}.{os.urandom(6).hex()}.part")
+    """A name for a temporary file in the folder of ``path`` (hidden, unique: created with
+    ``O_EXCL``, it is never another's)."""
+    return path.with_name(f".{path.name}.{random.getrandbits(48):012x}.part")
 
 
 def sync_folder(folder: Path) -> None:
