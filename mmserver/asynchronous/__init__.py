@@ -6,7 +6,7 @@ an output location (DESIGN §17).
 - :mod:`mmserver.asynchronous.locations` — inputs read from, and answers written to, ``s3://``
   objects and local files;
 - :mod:`mmserver.asynchronous.requests` — what a call asks for, and the checks of its headers;
-- :mod:`mmserver.asynchronous.writer` — the journal's thread, with group commit;
+- :mod:`mmserver.asynchronous.writer` — the journal's thread: local file work and group commit;
 - :mod:`mmserver.asynchronous.admission` — real time first: when asynchronous work may run;
 - :mod:`mmserver.asynchronous.computing` — an answer computed through the WorkLoadManager;
 - :mod:`mmserver.asynchronous.pieces` — large line-based inputs in pieces, answers joined;

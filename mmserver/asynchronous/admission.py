@@ -42,10 +42,13 @@ class Turns:
         """Wait for a turn; the caller gives it back with :meth:`give_back`, whatever
         happens."""
         while not room_for_async(self._real_time_queued(), self.active, self.limit):
-            if self._real_time_queued():
-                self._yielded()
             self._ended.clear()
-            try:
+            if not self._real_time_queued():
+                # Only a turn given back makes room: no looking again meanwhile.
+                await self._ended.wait()
+                continue
+            self._yielded()
+            try:  # real-time requests leave the queue untold: look again soon
                 async with asyncio.timeout(YIELD_S):
                     await self._ended.wait()
             except TimeoutError:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 #: The most bytes of one piece of a large input: its answer, a few times its size as JSON, is
 #: what the frontend holds at a time.
 PIECE_BYTES = 1 << 20
+#: The most bytes of a local input read in the hand-off that starts its request (the journal's
+#: thread, :mod:`mmserver.asynchronous.writer`), rather than in a thread of its own afterwards.
+SMALL_INPUT_BYTES = 64 << 10
 
 
 class Computer:
@@ -41,18 +44,25 @@ class Computer:
         self.turns = turns
         self.max_request_size = config.max_request_size
         self.staging = state_dir / "answers"
+        #: The largest input read whole with the request's start (:meth:`compute`'s
+        #: ``body``): one that is never cut in pieces.
+        self.small_input = min(SMALL_INPUT_BYTES, self.max_request_size or SMALL_INPUT_BYTES)
 
-    async def compute(self, invocation: Invocation, deadline: float) -> tuple[bytes | Path, str]:
+    async def compute(
+        self, invocation: Invocation, deadline: float, body: bytes | None = None
+    ) -> tuple[bytes | Path, str]:
         """The answer to ``invocation`` and its content type: its body, or for an input cut
-        in pieces the file the pieces' answers were joined in. ``deadline`` is on the event
-        loop's clock."""
-        limit = self.max_request_size
-        if limit and splittable(invocation.content_type):
-            size = await asyncio.to_thread(self.locations.size, invocation.input)
-            if size > limit:
-                piece = min(limit, PIECE_BYTES)
-                return await self._in_pieces(invocation, deadline, piece)
-        body = await asyncio.to_thread(self.locations.read, invocation.input)
+        in pieces the file the pieces' answers were joined in. ``body``: its input when it was
+        read already (at most :attr:`small_input` bytes). ``deadline`` is on the event loop's
+        clock."""
+        if body is None:
+            limit = self.max_request_size
+            if limit and splittable(invocation.content_type):
+                size = await asyncio.to_thread(self.locations.size, invocation.input)
+                if size > limit:
+                    piece = min(limit, PIECE_BYTES)
+                    return await self._in_pieces(invocation, deadline, piece)
+            body = await asyncio.to_thread(self.locations.read, invocation.input)
         job = make_request(body, invocation.content_type, invocation.accept)
         del body
         return _answer(await self._predict(invocation, job, deadline), job)

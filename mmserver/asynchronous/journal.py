@@ -21,6 +21,7 @@ or ended meanwhile. Alone, each write is a transaction of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -181,10 +182,16 @@ class Journal:
                 State.QUEUED.value,
             ),
         )
-        added = cursor.rowcount == 1
-        row = self.get(invocation.id)
-        assert row is not None
-        return row, added
+        if cursor.rowcount == 1:
+            seq = cursor.lastrowid
+            assert seq is not None
+            added = dataclasses.replace(
+                invocation, state=State.QUEUED, error=None, ended_at=None, seq=seq
+            )
+            return added, True
+        found = self.get(invocation.id)
+        assert found is not None
+        return found, False
 
     def get(self, invocation_id: str) -> Invocation | None:
         found = self._db.execute(

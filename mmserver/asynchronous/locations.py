@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from urllib.parse import quote
 
 from mmserver.errors import InputMissing, InvalidInput, MMServerError, ServiceUnavailable
 from mmserver.store import split_object_url
-from mmserver.store.objects import LocationError, Objects, is_object
+from mmserver.store.objects import LocationError, Objects, failures, is_object, write_whole
 from mmserver.store.objects import local_path as _local_path
 
 #: Folders whose resolution :meth:`Locations.join` keeps.
@@ -43,6 +44,9 @@ class Locations:
 
     def __init__(self, input_roots: Sequence[Path], client: Any = None) -> None:
         self.input_roots = tuple(Path(r).resolve() for r in input_roots)
+        #: The roots as strings, themselves and as folders (ending in a separator).
+        self._root_paths = frozenset(str(r) for r in self.input_roots)
+        self._root_folders = tuple(os.path.join(str(r), "") for r in self.input_roots)
         self.objects = Objects(client)
         #: The file URLs of the folders answers go to, by how the configuration names them.
         self._folders: dict[str, str] = {}
@@ -73,14 +77,17 @@ class Locations:
         path = local_path(location)
         if "\x00" in str(path) or not path.is_absolute():
             raise InvalidInput(f"input location {location[:200]!r} is not an absolute path")
-        resolved = path.resolve()
-        if not any(resolved.is_relative_to(root) for root in self.input_roots):
+        # One resolution, on strings: this runs for every request accepted.
+        resolved = os.path.realpath(path)
+        if not any(resolved.startswith(folder) for folder in self._root_folders) and (
+            resolved not in self._root_paths
+        ):
             allowed = ", ".join(str(r) for r in self.input_roots) or "none"
             raise InvalidInput(
                 f"input location {location[:200]!r} is outside the folders inputs may be read "
                 f"from ({allowed}); add its folder to async_input_roots"
             )
-        return file_url(resolved)
+        return Path(resolved).as_uri()
 
     def join(self, base: str, name: str) -> str:
         """The location of ``name`` (a relative path) in the folder or prefix ``base``."""
@@ -133,6 +140,42 @@ class Locations:
         """Write ``body`` at ``location`` whole: readers see all of it or nothing."""
         with _writing(location):
             self.objects.write(location, body, content_type)
+
+    @staticmethod
+    def is_local(location: str) -> bool:
+        """Whether ``location`` is a local file (not an object)."""
+        return not is_object(location)
+
+    def write_local(self, location: str, body: bytes, folders: set[Path]) -> None:
+        """Write ``body`` at the local file ``location`` whole, as :meth:`write` does, but
+        add its folder to ``folders`` instead of syncing it: the caller syncs it, once for
+        every answer renamed into it meanwhile."""
+        with _writing(location), failures(location):
+            write_whole(local_path(location), body, folders)
+
+    @staticmethod
+    def read_small(location: str, most: int) -> bytes | None:
+        """The body of the local file ``location`` if it has at most ``most`` bytes; ``None``
+        for a larger one, an object, anything but a plain file, or one that cannot be read
+        (:meth:`read` then says why)."""
+        if is_object(location):
+            return None
+        try:
+            # Not held by a pipe's opening (O_NONBLOCK does nothing to a file's reads).
+            fd = os.open(local_path(location), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except (OSError, InvalidInput):
+            return None
+        try:  # the system calls alone: a buffered file object makes as many again
+            found = os.fstat(fd)
+            size = found.st_size
+            if not stat.S_ISREG(found.st_mode) or size > most:
+                return None
+            body = os.read(fd, size + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return body if len(body) == size else None  # changed meanwhile: read it whole later
 
     def exists(self, location: str) -> bool:
         """Whether something is written at ``location``."""

@@ -32,8 +32,11 @@ started; running requests get ``drain_timeout`` to end; those still running then
 and go back to the queue (an answer being written is written first); the queued ones stay for
 the next start.
 
-The journal's calls run in one thread of the runner's own; reading inputs and writing answers in
-the default executor's threads. Everything else runs on the event loop.
+The journal's calls run in one thread of the runner's own (:mod:`mmserver.asynchronous.writer`),
+batched with the local file work each needs first: a request's start with the read of its small
+local input, its end with the writing of its answer (or failure) to a local folder, one hand-off
+and one commit for all that comes meanwhile. Objects in S3, and large inputs, are read and
+written in the default executor's threads. Everything else runs on the event loop.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
 from mmserver.asynchronous.locations import Locations, file_url, local_path
 from mmserver.asynchronous.notify import Notifier, notification
 from mmserver.asynchronous.requests import AsyncRequest
-from mmserver.asynchronous.writer import JournalThread
+from mmserver.asynchronous.writer import Folders, JournalThread
 from mmserver.codecs import make_request
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
@@ -188,7 +191,10 @@ class AsyncInference:
         for written, state in ((invocation.output, State.DONE), (invocation.failure, State.FAILED)):
             if await asyncio.to_thread(self.locations.exists, written):
                 error = None if state is State.DONE else "see the failure object"
-                await self._writer.call(journal.finish, invocation.id, state, error, self.clock())
+                finish = functools.partial(
+                    journal.finish, invocation.id, state, error, self.clock()
+                )
+                await self._end(invocation, finish)
                 self._ended(invocation, state, error=error)
                 return True
         await self._writer.call(journal.move, invocation.id, State.QUEUED)
@@ -281,19 +287,21 @@ class AsyncInference:
         journal = self._writer.current()
         locations = self.locations
 
-        def write() -> tuple[Invocation, bool, str]:
+        def save(folders: Folders) -> str:
             # In the journal's thread: resolving a path may take a system call per folder.
             if inline is None:
-                source = locations.check_input(location)  # refused before anything is written
-            else:
-                source = file_url(inline)
-                _write_synced(inline, body)
+                return locations.check_input(location)  # refused before anything is written
+            _write_synced(inline, body)
+            folders.add(inline.parent)
+            return file_url(inline)
+
+        def record(source: str) -> tuple[Invocation, bool, str]:
             row, added = journal.add(dataclasses.replace(invocation, input=source))
             if not added and inline is not None:
                 inline.unlink(missing_ok=True)
             return row, added, source
 
-        row, added, source = await self._writer.call(write)
+        row, added, source = await self._writer.run(save, record)
         if not added:
             if row.model != invocation.model or (inline is None and row.input != source):
                 raise errors.InvalidInput(
@@ -433,13 +441,19 @@ class AsyncInference:
         if invocation.expires_at <= self.clock():
             await self._settled(self._expire(invocation))
             return
-        if not await self._writer.call(journal.move, invocation.id, State.RUNNING):
+        # A small local input is read in the same hand-off as the request's start.
+        most = self._computer.small_input
+        started, body = await self._writer.run(
+            lambda _: Locations.read_small(invocation.input, most),
+            lambda small: (journal.move(invocation.id, State.RUNNING), small),
+        )
+        if not started:
             return  # ended already
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(invocation.timeout_s):
                 answer, content_type = await self._computer.compute(
-                    invocation, loop.time() + invocation.timeout_s
+                    invocation, loop.time() + invocation.timeout_s, body
                 )
         except TimeoutError:
             error: errors.MMServerError = errors.PredictTimeout(
@@ -478,26 +492,56 @@ class AsyncInference:
     async def _succeed(
         self, invocation: Invocation, answer: bytes | Path, content_type: str
     ) -> None:
-        try:
-            if isinstance(answer, Path):
-                await asyncio.to_thread(
-                    self.locations.put_file, invocation.output, answer, content_type
-                )
-            else:
-                await asyncio.to_thread(
-                    self.locations.write, invocation.output, answer, content_type
-                )
-        except errors.MMServerError as exc:
-            await self._fail(invocation, State.FAILED, exc)
-            return
-        except OSError as exc:
-            error = errors.MMServerError(f"the answer could not be written: {exc.strerror}")
-            await self._fail(invocation, State.FAILED, error)
-            return
-        if await self._writer.call(
+        """Write the answer at the output location whole, then end the request done."""
+        finish = functools.partial(
             self._writer.current().finish, invocation.id, State.DONE, None, self.clock()
-        ):
+        )
+        unwritten: Exception | None = None
+        if isinstance(answer, bytes) and self.locations.is_local(invocation.output):
+            # Written, synced and recorded in one hand-off to the journal's thread.
+            write = functools.partial(self.locations.write_local, invocation.output, answer)
+            ended, unwritten = await self._end(invocation, finish, write)
+        else:
+            try:
+                if isinstance(answer, Path):
+                    await asyncio.to_thread(
+                        self.locations.put_file, invocation.output, answer, content_type
+                    )
+                else:
+                    await asyncio.to_thread(
+                        self.locations.write, invocation.output, answer, content_type
+                    )
+            except (errors.MMServerError, OSError) as exc:
+                unwritten = exc
+            else:
+                ended, _ = await self._end(invocation, finish)
+        if unwritten is not None:
+            await self._fail(invocation, State.FAILED, _not_written(unwritten))
+        elif ended:
             self._ended(invocation, State.DONE, content_type=content_type)
+
+    async def _end(
+        self,
+        invocation: Invocation,
+        change: Callable[[], bool],
+        write: Callable[[Folders], None] | None = None,
+    ) -> tuple[bool, Exception | None]:
+        """Record the end of ``invocation`` (``change``: a use of the journal, whether it
+        ended the request) and then delete its saved inline body; with ``write`` (the local
+        file work of its answer or failure) first, in the same hand-off. Whether it ended,
+        and what ``write`` raised (then nothing is recorded)."""
+
+        def record(unwritten: Exception | None) -> tuple[bool, Exception | None]:
+            return (False, unwritten) if unwritten is not None else (change(), None)
+
+        saved = invocation.input.startswith(self._inline_prefix)
+
+        def drop(recorded: tuple[bool, Exception | None]) -> None:
+            if recorded[0] and saved:
+                local_path(invocation.input).unlink(missing_ok=True)
+
+        files = None if write is None else _caught(write)
+        return await self._writer.run(files, record, drop)
 
     async def _expire(self, invocation: Invocation) -> None:
         error = errors.PredictTimeout(
@@ -513,25 +557,34 @@ class AsyncInference:
         message = self.without_paths(error.message)
         fields = {k: message if v == error.message else v for k, v in error.to_dict().items()}
         body = json.dumps({**fields, "inferenceId": invocation.id}).encode()
-        try:
-            await asyncio.to_thread(
-                self.locations.write, invocation.failure, body, "application/json"
-            )
-        except (errors.MMServerError, OSError) as exc:
+        journal = self._writer.current()
+        now = self.clock()
+        change: Callable[[], bool]
+        if state is State.EXPIRED:
+            change = functools.partial(journal.move, invocation.id, state, error=message, at=now)
+        else:
+            change = functools.partial(journal.finish, invocation.id, state, message, now)
+        unwritten: Exception | None = None
+        if self.locations.is_local(invocation.failure):
+            write = functools.partial(self.locations.write_local, invocation.failure, body)
+            ended, unwritten = await self._end(invocation, change, write)
+            if unwritten is not None:  # the end is recorded all the same
+                ended, _ = await self._end(invocation, change)
+        else:
+            try:
+                await asyncio.to_thread(
+                    self.locations.write, invocation.failure, body, "application/json"
+                )
+            except (errors.MMServerError, OSError) as exc:
+                unwritten = exc
+            ended, _ = await self._end(invocation, change)
+        if unwritten is not None:
             log.error(
                 "asynchronous request %s: its failure could not be written to %s: %s",
                 invocation.id,
                 invocation.failure,
-                exc,
+                unwritten,
             )
-        journal = self._writer.current()
-        now = self.clock()
-        if state is State.EXPIRED:
-            ended = await self._writer.call(
-                journal.move, invocation.id, state, error=message, at=now
-            )
-        else:
-            ended = await self._writer.call(journal.finish, invocation.id, state, message, now)
         if ended:
             self._ended(invocation, state, error=message)
 
@@ -543,13 +596,11 @@ class AsyncInference:
         content_type: str | None = None,
         error: str | None = None,
     ) -> None:
-        """Count a request that has ended (once), notify of it, and drop its saved body."""
+        """Count a request that has ended (once) and notify of it."""
         assert state in ENDED
         self.metrics.async_requests.labels(state.value).inc()
         if self.notifier is not None:
             self.notifier.send(notification(invocation, state, self.clock(), content_type, error))
-        if invocation.input.startswith(self._inline_prefix):  # an inline body saved here
-            local_path(invocation.input).unlink(missing_ok=True)
         self._wake.set()
 
     # Metrics ----------------------------------------------------------------------------------
@@ -570,6 +621,27 @@ class AsyncInference:
             if model not in seen:
                 backlog.remove(model)
         self.metrics.async_oldest_seconds.set(0.0 if oldest is None else max(0.0, now - oldest))
+
+
+def _caught(write: Callable[[Folders], None]) -> Callable[[Folders], Exception | None]:
+    """``write`` returning what it raised (an answer that could not be written), if
+    anything."""
+
+    def caught(folders: Folders) -> Exception | None:
+        try:
+            write(folders)
+        except (errors.MMServerError, OSError) as exc:
+            return exc
+        return None
+
+    return caught
+
+
+def _not_written(exc: Exception) -> errors.MMServerError:
+    if isinstance(exc, errors.MMServerError):
+        return exc
+    strerror = exc.strerror if isinstance(exc, OSError) else str(exc)
+    return errors.MMServerError(f"the answer could not be written: {strerror}")
 
 
 def _write_synced(path: Path, body: bytes) -> None:

@@ -21,7 +21,11 @@ import aiohttp
 import pytest
 
 from mmserver.asynchronous.journal import Journal, State
-from tests.behaviour_models import make_gated_recording_dir, make_slow_load_dir
+from tests.behaviour_models import (
+    make_gated_recording_dir,
+    make_recording_dir,
+    make_slow_load_dir,
+)
 from tests.e2e.server_process import ServerProcess, descendants, until, wait_gone
 from tests.models import make_linear_archive
 
@@ -29,6 +33,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 GATED = 12
 FAST = 4
+#: Requests of each of two models sent at once (accepted and ended in shared commits).
+TOGETHER = 40
 
 
 class Setup:
@@ -166,6 +172,56 @@ async def test_sigkill_then_restart_finishes_every_accepted_request_once(setup: 
     for name, mtime in written.items():
         assert (setup.outputs / name).stat().st_mtime_ns == mtime
     assert not list((setup.state / "inputs").iterdir())
+
+
+async def test_requests_accepted_together_survive_sigkill_after_their_202s(setup: Setup) -> None:
+    make_recording_dir(setup.store / "recording", setup.tmp / "recorded.log", batch_size=1)
+    async with aiohttp.ClientSession() as session:
+        async with setup.server() as server:
+            # Sent at once: accepted in shared commits; the recording model's answers are
+            # written and ended in shared commits too while the kill comes.
+            accepted = await asyncio.gather(
+                *(
+                    accept(session, server.url, model, i)
+                    for i in range(TOGETHER)
+                    for model in ("recording", "gated")
+                )
+            )
+            # Killed once answers come (the gated model holds the backend process then).
+            await until_status(session, server.url, accepted[0], "done")
+            family = descendants(server.pid) | {server.pid}
+            for pid in family:
+                os.kill(pid, signal.SIGKILL)
+            await server.wait(10)
+            await wait_gone(family)
+        # Every request answered 202 is in the journal.
+        journal = states(setup)
+        assert sorted(journal) == sorted(accepted)
+        assert set(journal.values()) <= {State.QUEUED, State.RUNNING, State.DONE}
+        assert setup.computed() == collections.Counter()  # nothing passed the gate
+        written = {p.name: p.stat().st_mtime_ns for p in _outputs(setup)}
+
+        setup.gate.touch()
+        async with setup.server() as server:
+            for inference_id in accepted:
+                await until_status(session, server.url, inference_id, "done")
+    # One output each, with its answer; those written before the kill not written again.
+    assert sorted(p.name for p in _outputs(setup)) == sorted(f"{i}.out" for i in accepted)
+    for model in ("recording", "gated"):
+        for i in range(TOGETHER):
+            answer = json.loads((setup.outputs / f"{model}-{i}.out").read_bytes())
+            assert answer == {"predictions": [2.0 * i]}
+    for name, mtime in written.items():
+        assert (setup.outputs / name).stat().st_mtime_ns == mtime
+    assert setup.computed() == collections.Counter({float(i): 1 for i in range(TOGETHER)})
+    assert not list((setup.state / "inputs").iterdir())
+
+
+def _outputs(setup: Setup) -> list[Path]:
+    """The answers in the output folder (a write a kill cut short leaves a hidden part)."""
+    if not setup.outputs.exists():
+        return []
+    return [p for p in setup.outputs.iterdir() if p.name.endswith(".out")]
 
 
 async def test_sigterm_lets_running_requests_end_and_keeps_the_queued_ones(
