@@ -178,17 +178,23 @@ async def test_requests_accepted_together_survive_sigkill_after_their_202s(setup
     make_recording_dir(setup.store / "recording", setup.tmp / "recorded.log", batch_size=1)
     async with aiohttp.ClientSession() as session:
         async with setup.server() as server:
-            # Sent at once: accepted in shared commits; the recording model's answers are
-            # written and ended in shared commits too while the kill comes.
-            accepted = await asyncio.gather(
-                *(
-                    accept(session, server.url, model, i)
-                    for i in range(TOGETHER)
-                    for model in ("recording", "gated")
-                )
+            # Sent at once, model by model: accepted in shared commits. The recording model's
+            # first request runs before any gated one is queued, so an answer comes; once the
+            # gated model holds the backend process, the others wait there.
+            recording = await asyncio.gather(
+                *(accept(session, server.url, "recording", i) for i in range(TOGETHER))
             )
-            # Killed once answers come (the gated model holds the backend process then).
-            await until_status(session, server.url, accepted[0], "done")
+            gated = await asyncio.gather(
+                *(accept(session, server.url, "gated", i) for i in range(TOGETHER))
+            )
+            accepted = recording + gated
+
+            async def answered() -> bool:
+                found = [await status(session, server.url, i) for i in recording]
+                return any(s["Status"] == "done" for s in found)
+
+            # Killed once an answer has come.
+            await until(answered, 60, "a recording request done")
             family = descendants(server.pid) | {server.pid}
             for pid in family:
                 os.kill(pid, signal.SIGKILL)
