@@ -73,115 +73,61 @@ class Record(NamedTuple):
 
 def encode_line(record: Record) -> str:
     """The JSON line of ``record`` (with its newline), in SageMaker's data capture format: the
-    parts of each body's object that follow from its content type made once per type, its text
-    escaped by the C encoder ``json.dumps`` uses, the whole joined once (a dictionary given to
-    ``json.dumps`` costs several times more; this is every captured request's cost on the event
-    loop)."""
-    if record.shadow is None:
-        request_head, request_tail = _heads(record.request_type, "INPUT")
-        answer_head, answer_tail = _heads(record.answer_type, "OUTPUT")
-        if request_tail is not None and answer_tail is not None:
-            try:
-                request = record.request.decode()
-                answer = record.answer.decode()
-            except UnicodeDecodeError:
-                pass  # not text after all: base64, below
-            else:
-                return "".join(
-                    (
-                        '{"captureData":{"endpointInput":',
-                        request_head,
-                        _string(request),
-                        request_tail,
-                        ',"endpointOutput":',
-                        answer_head,
-                        _string(answer),
-                        answer_tail,
-                        _METADATA,
-                        _event_id(),
-                        '","inferenceId":',
-                        _string(record.inference_id),
-                        ',"inferenceTime":"',
-                        _moment(record.at),
-                        '"},"eventVersion":"0"}\n',
-                    )
-                )
+    parts of each body's object that follow from its content type made once per type
+    (:func:`_heads`), its text escaped by the C encoder ``json.dumps`` uses, the whole joined
+    once (a dictionary given to ``json.dumps`` costs several times more; this is every captured
+    request's cost on the event loop)."""
     shadow = ""
     if record.shadow is not None and record.shadow_key is not None:
         version = _string(str(split_version(record.shadow_key)[1]))
-        shadow = ',"shadowOutput":' + _data("OUTPUT", record.shadow, record.answer_type)
-        shadow = shadow[:-1] + ',"version":' + version + "}"
-    return (
-        '{"captureData":{"endpointInput":'
-        + _data("INPUT", record.request, record.request_type)
-        + ',"endpointOutput":'
-        + _data("OUTPUT", record.answer, record.answer_type)
-        + shadow
-        + _METADATA
-        + _event_id()
-        + '","inferenceId":'
-        + _string(record.inference_id)
-        + ',"inferenceTime":"'
-        + _moment(record.at)
-        + '"},"eventVersion":"0"}\n'
+        head, text, tail = _data("OUTPUT", record.shadow, record.answer_type)
+        shadow = ',"shadowOutput":' + head + text + tail[:-1] + ',"version":' + version + "}"
+    return "".join(
+        (
+            '{"captureData":{"endpointInput":',
+            *_data("INPUT", record.request, record.request_type),
+            ',"endpointOutput":',
+            *_data("OUTPUT", record.answer, record.answer_type),
+            shadow,
+            '},"eventMetadata":{"eventId":"',
+            _event_id(),
+            '","inferenceId":',
+            _string(record.inference_id),
+            ',"inferenceTime":"',
+            _moment(record.at),
+            '"},"eventVersion":"0"}\n',
+        )
     )
 
 
-_METADATA = '},"eventMetadata":{"eventId":"'
+def _data(mode: str, body: bytes, content_type: str) -> tuple[str, str, str]:
+    """The JSON object of one body, in three parts to be joined with the line's: text for JSON
+    and CSV, base64 for anything else (or for text that is not UTF-8)."""
+    head, tail = _heads(content_type, mode)
+    if tail is not None:
+        try:
+            return head, _string(body.decode()), tail
+        except UnicodeDecodeError:
+            pass
+    return head, _string(base64.b64encode(body).decode("ascii")), ',"encoding":"BASE64"}'
 
 
 def _heads(content_type: str, mode: str) -> tuple[str, str | None]:
     """What comes before and after the text of a body of ``content_type`` in its object; the
-    tail is ``None`` for a type sent as base64. Made once per type seen (a few)."""
+    tail is ``None`` for a type sent as base64 (``JSON`` and ``CSV`` go as text). Made once per
+    type seen (a few)."""
     key = (content_type, mode)
     found = _HEADS.get(key)
     if found is None:
-        encoding = _encoding(content_type)
+        kind = media_type(content_type)
+        encoding = "JSON" if kind in _JSON_TYPES else "CSV" if kind == "text/csv" else None
         head = '{"observedContentType":' + _string(content_type) + ',"mode":"' + mode + '","data":'
-        found = (head, None if encoding == "BASE64" else ',"encoding":"' + encoding + '"}')
+        found = (head, None if encoding is None else ',"encoding":"' + encoding + '"}')
         if len(_HEADS) < 256:
             _HEADS[key] = found
     return found
 
 
-def _encoding(content_type: str) -> str:
-    """How a body of ``content_type`` is written: ``JSON`` or ``CSV`` as text, else ``BASE64``."""
-    encoding = _ENCODINGS.get(content_type)
-    if encoding is None:
-        kind = media_type(content_type)
-        encoding = "JSON" if kind in _JSON_TYPES else "CSV" if kind == "text/csv" else "BASE64"
-        if len(_ENCODINGS) < 256:
-            _ENCODINGS[content_type] = encoding
-    return encoding
-
-
-def _data(mode: str, body: bytes, content_type: str) -> str:
-    """The JSON object of one body: text for JSON and CSV, base64 for anything else (or for
-    text that is not UTF-8)."""
-    encoding = _encoding(content_type)
-    text = None
-    if encoding != "BASE64":
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            encoding = "BASE64"
-    if text is None:
-        text = base64.b64encode(body).decode("ascii")
-    return (
-        '{"observedContentType":'
-        + _string(content_type)
-        + ',"mode":"'
-        + mode
-        + '","data":'
-        + _string(text)
-        + ',"encoding":"'
-        + encoding
-        + '"}'
-    )
-
-
-#: The encoding of a body of each content type seen (a few).
-_ENCODINGS: dict[str, str] = {}
 #: The parts of a body's object around its text, by content type and mode (see :func:`_heads`).
 _HEADS: dict[tuple[str, str], tuple[str, str | None]] = {}
 #: A JSON string of a Python one, by the C encoder ``json.dumps`` uses.
