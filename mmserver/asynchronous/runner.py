@@ -47,7 +47,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -72,6 +71,7 @@ from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.scaling import background_share
 from mmserver.store import normalize_name
+from mmserver.store.objects import write_synced
 
 if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager
@@ -291,7 +291,7 @@ class AsyncInference:
             # In the journal's thread: resolving a path may take a system call per folder.
             if inline is None:
                 return locations.check_input(location)  # refused before anything is written
-            _write_synced(inline, body)
+            write_synced(inline, body)
             folders.add(inline.parent)
             return file_url(inline)
 
@@ -642,10 +642,3 @@ def _not_written(exc: Exception) -> errors.MMServerError:
         return exc
     strerror = exc.strerror if isinstance(exc, OSError) else str(exc)
     return errors.MMServerError(f"the answer could not be written: {strerror}")
-
-
-def _write_synced(path: Path, body: bytes) -> None:
-    with open(path, "wb") as out:
-        out.write(body)
-        out.flush()
-        os.fsync(out.fileno())

@@ -217,20 +217,12 @@ def write_whole(path: Path, body: bytes, folders: set[Path] | None = None) -> No
     ``folders``, the folder added to it for the caller to sync (once for many renames)."""
     temporary = staging_beside(path)
     try:
-        # The system calls alone (no buffered file object: its own calls cost as much as the
-        # writing of a small answer).
         try:
             fd = os.open(temporary, _NEW_FILE, 0o666)
         except FileNotFoundError:  # the folder is made when missing, not looked at each time
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(temporary, _NEW_FILE, 0o666)
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_synced(fd, body)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -239,6 +231,25 @@ def write_whole(path: Path, body: bytes, folders: set[Path] | None = None) -> No
         sync_folder(path.parent)
     else:
         folders.add(path.parent)
+
+
+def write_synced(path: Path, body: bytes) -> None:
+    """Write the new file ``path`` (or over the one there) and sync it; its folder is the
+    caller's to sync. For a file under a name nobody reads until it is recorded; one read
+    meanwhile goes by :func:`write_whole`."""
+    _write_synced(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666), body)
+
+
+def _write_synced(fd: int, body: bytes) -> None:
+    """Write ``body`` to the open file ``fd``, sync it and close it: the system calls alone (no
+    buffered file object: its own calls cost as much as the writing of a small answer)."""
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def staging_beside(path: Path) -> Path:
