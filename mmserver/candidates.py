@@ -229,24 +229,25 @@ def forest_walk(est: Any) -> tuple[str, Fn, None] | None:
             node = child[2 * node + (x[base + feature[node]] > threshold[node])]
         return values[node]  # type: ignore[no-any-return]
 
+    def summed(found: np.ndarray) -> np.ndarray:
+        """The forest's answer from its trees' leaves: summed tree after tree, as it sums
+        them, then divided by their number."""
+        return np.cumsum(found, axis=1)[:, -1] / count
+
     def walk(batch: np.ndarray) -> np.ndarray:
         if batch.ndim != 2 or batch.shape[1] != width:
             raise ValueError(
                 f"X has shape {batch.shape}; the forest expects rows of {width} features"
             )
-        grouped = len(batch) >= WALK_GROUPED_FROM
-        step = WALK_ROWS if grouped else WALK_GROUPED_FROM
+        if len(batch) < WALK_GROUPED_FROM:
+            return summed(leaves(batch, 0, count))
         outputs = []
-        for first in range(0, len(batch) or 1, step):
-            rows = batch[first : first + step]
-            if grouped:
-                found = np.empty((len(rows), count, *values.shape[1:]), dtype=values.dtype)
-                for tree in range(0, count, WALK_TREES):
-                    found[:, tree : tree + WALK_TREES] = leaves(rows, tree, tree + WALK_TREES)
-            else:
-                found = leaves(rows, 0, count)
-            # Summed tree after tree, as the forest sums them.
-            outputs.append(np.cumsum(found, axis=1)[:, -1] / count)
+        for first in range(0, len(batch), WALK_ROWS):
+            rows = batch[first : first + WALK_ROWS]
+            found = np.empty((len(rows), count, *values.shape[1:]), dtype=values.dtype)
+            for tree in range(0, count, WALK_TREES):
+                found[:, tree : tree + WALK_TREES] = leaves(rows, tree, tree + WALK_TREES)
+            outputs.append(summed(found))
         return outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
 
     return "value", walk, None
