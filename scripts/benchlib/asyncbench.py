@@ -1,17 +1,19 @@
 """The async section (``--only async``): asynchronous requests beside the reference real-time
-load, on a server of its own (with a ``state_dir``).
+load, on a server of its own (with a ``state_dir``), once with inputs and outputs in local
+folders and once on the S3 test server (moto in server mode, a process of its own on loopback).
 
 The real-time load is the neighbour section's light one: wrk, one thread, 8 connections spread
 evenly over ``sklearn-0`` … ``sklearn-99``. It runs twice per run: alone, and while
-``--async-requests`` asynchronous requests (inputs in a local folder, one small JSON body per
-model) are sent over the same 100 models by :data:`SENDERS` threads and answered into the
-output folder. Measured: the asynchronous requests accepted per second (the 202s), answered per
-second (from the first accept to the last output), the time from each one's 202 to its output
-file (p50, p99), and the real-time p99 alone and beside them; then a fifth as many asynchronous
-requests alone, for the CPU the frontend and the backends spend per request. Then one CSV input of
-``--async-large-mb`` MiB through one model: its time and the growth of the frontend's resident
-set meanwhile. Targets: the real-time p99 beside the asynchronous load at most 1.5 x alone, and
-at most 20 ms; the frontend's growth with the large input at most 64 MiB.
+``--async-requests`` asynchronous requests (one small JSON input per model) are sent over the
+same 100 models by :data:`SENDERS` threads and answered into the output location. Measured: the
+asynchronous requests accepted per second (the 202s), answered per second (from the first send
+to the last end), the time from each one's acceptance to its end as the server's state call
+tells them (p50, p99), and the real-time p99 alone and beside them; then a fifth as many
+asynchronous requests alone, for the CPU the frontend and the backends (and the S3 server)
+spend per request. Then, in local folders, one CSV input of ``--async-large-mb`` MiB through
+one model: its time and the growth of the frontend's resident set meanwhile. Targets: the
+real-time p99 beside the asynchronous load at most 1.5 x alone, and at most 20 ms; the
+frontend's growth with the large input at most 64 MiB.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
 from mmserver.loadtest import cpu, wrk
 from mmserver.loadtest.client import Client
+from tests.integration.s3server import S3Server, s3_server
 
 MODELS = 100
 CONNECTIONS = 8
@@ -48,13 +54,68 @@ def _light(server: servers.Server, settings: Settings, run: int) -> wrk.Load:
     )
 
 
+#: The bucket of the S3 variant's inputs and outputs.
+BUCKET = "bench-async"
+
+
+@dataclass
+class _Place:
+    """Where one variant's inputs come from and its answers go."""
+
+    name: str
+    #: The input location of a model's request.
+    input_of: Callable[[str], str]
+    #: The server's options that say where inputs may come from and answers go.
+    server_args: list[str]
+    env: dict[str, str] | None = None
+    #: The S3 server's process (its CPU is counted), if any.
+    s3: S3Server | None = None
+    #: The local folder inputs may come from, if any.
+    folder: Path | None = None
+
+
+def _local(tmp: Path) -> _Place:
+    inputs = tmp / "async-inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    for i in range(MODELS):
+        (inputs / f"sklearn-{i}.json").write_text(_body(i))
+    return _Place(
+        "local folder",
+        lambda model: (inputs / f"{model}.json").as_uri(),
+        ["--async-output-path", str(tmp / "async-outputs"), "--async-input-roots", str(inputs)],
+        folder=inputs,
+    )
+
+
+@contextmanager
+def _on_s3(tmp: Path) -> Iterator[_Place]:
+    home = tmp / "aws-home"
+    home.mkdir(parents=True, exist_ok=True)
+    with s3_server(nice=19) as s3:
+        client = s3.client()
+        client.create_bucket(Bucket=BUCKET)
+        for i in range(MODELS):
+            client.put_object(Bucket=BUCKET, Key=f"in/sklearn-{i}.json", Body=_body(i).encode())
+        yield _Place(
+            "S3 test server",
+            lambda model: f"s3://{BUCKET}/in/{model}.json",
+            ["--async-output-path", f"s3://{BUCKET}/out"],
+            s3.environment(str(home)),
+            s3,
+        )
+
+
+def _body(model: int) -> str:
+    return json.dumps([[0.5 + model / 100]])
+
+
 class _Sender:
     """Sends ``count`` asynchronous requests from :data:`SENDERS` threads; each one's id and
     the time its 202 came back."""
 
-    def __init__(self, server: servers.Server, inputs: Path, count: int, prefix: str) -> None:
+    def __init__(self, server: servers.Server, place: _Place, count: int, prefix: str) -> None:
         self.server = server
-        self.inputs = inputs
+        self.place = place
         self.count = count
         self.prefix = prefix
         self.accepted: dict[str, float] = {}
@@ -87,7 +148,7 @@ class _Sender:
                     f"/endpoints/{model}/async-invocations",
                     None,
                     {
-                        "X-Amzn-SageMaker-InputLocation": (self.inputs / f"{model}.json").as_uri(),
+                        "X-Amzn-SageMaker-InputLocation": self.place.input_of(model),
                         "X-Amzn-SageMaker-Content-Type": "application/json",
                         "X-Amzn-SageMaker-Inference-Id": inference_id,
                     },
@@ -101,27 +162,56 @@ class _Sender:
             client.close()
 
 
-def _alone(
-    server: servers.Server, inputs: Path, outputs: Path, count: int, prefix: str
-) -> dict[str, Any]:
+def _alone(server: servers.Server, place: _Place, count: int, prefix: str) -> dict[str, Any]:
     """``count`` asynchronous requests with no real-time load: the CPU the frontend process
-    and the backend processes spent per answered request, from the first send to the last
-    answer (what an asynchronous request costs the real-time requests it runs beside)."""
+    and the backend processes (and the S3 server) spent per answered request, from the first
+    send to the last answer (what an asynchronous request costs the real-time requests it runs
+    beside)."""
     done_before = _done(server)
     before = cpu.tree_cpu(server.pid)
-    sender = _Sender(server, inputs, count, prefix).start()
+    s3_before = cpu.tree_cpu(place.s3.pid) if place.s3 else {}
+    sender = _Sender(server, place, count, prefix).start()
     sender.join()
-    give_up = time.time() + ANSWER_LIMIT_S
-    while _done(server) - done_before < len(sender.accepted) and time.time() < give_up:
-        time.sleep(0.05)
+    _wait_ended(server, done_before, len(sender.accepted), 0.05)
     after = cpu.tree_cpu(server.pid)
-    answered = sum(1 for i in sender.accepted if (outputs / f"{i}.out").exists())
+    s3_after = cpu.tree_cpu(place.s3.pid) if place.s3 else {}
+    answered = sum(1 for state in _ends(server, sender.accepted).values() if state[0] == "done")
     used = cpu.cpu_percent(server.pid, before, after, 1.0)
-    return {
+    result = {
         "alone_answered": answered,
         "alone_frontend_us": 1e4 * used["main"] / max(1, answered),
         "alone_backends_us": 1e4 * used["children"] / max(1, answered),
     }
+    if place.s3:
+        s3_used = sum(s3_after.values()) - sum(s3_before.values())
+        result["alone_s3_us"] = 1e6 * s3_used / max(1, answered)
+    return result
+
+
+def _wait_ended(server: servers.Server, done_before: float, count: int, poll_s: float) -> None:
+    give_up = time.time() + ANSWER_LIMIT_S
+    while _done(server) - done_before < count and time.time() < give_up:
+        time.sleep(poll_s)
+
+
+def _ends(server: servers.Server, ids: Iterable[str]) -> dict[str, tuple[str, float, float]]:
+    """Each request's state, and its acceptance and end times, as the server's state call
+    tells them."""
+    client = Client(server.port)
+    found = {}
+    try:
+        for inference_id in ids:
+            status, body, _ = client.request("GET", f"/async-invocations/{inference_id}")
+            if status == 200:
+                described = json.loads(body)
+                found[inference_id] = (
+                    described["Status"],
+                    float(described["AcceptedAt"]),
+                    float(described.get("EndedAt") or 0.0),
+                )
+    finally:
+        client.close()
+    return found
 
 
 def _done(server: servers.Server) -> float:
@@ -228,31 +318,62 @@ def run(
     large_mb: int,
     log: Log,
 ) -> dict[str, Any]:
-    inputs = tmp / "async-inputs"
-    inputs.mkdir(parents=True, exist_ok=True)
-    for i in range(MODELS):
-        (inputs / f"sklearn-{i}.json").write_text(json.dumps([[0.5 + i / 100]]))
-    outputs = tmp / "async-outputs"
-    server = servers.mmserver(
+    raw = _variant(
+        model_store, tmp / "local", out, extra, exe, settings, requests, None, large_mb, log
+    )
+    with _on_s3(tmp / "s3") as place:
+        raw["s3"] = _variant(
+            model_store, tmp / "s3", out, extra, exe, settings, requests, place, 0, log
+        )
+    return raw
+
+
+def _server(
+    model_store: Path,
+    tmp: Path,
+    out: Path,
+    extra: list[str],
+    exe: Path | None,
+    place: _Place,
+    requests: int,
+) -> servers.Server:
+    tag = "s3" if place.s3 else "local"
+    return servers.mmserver(
         model_store,
         tmp / "async-cache",
-        out / "async-server.log",
+        out / f"async-server-{tag}.log",
         [
             *extra,
             "--state-dir",
             str(tmp / "async-state"),
-            "--async-output-path",
-            str(outputs),
-            "--async-input-roots",
-            str(inputs),
             "--async-max-queued",
             str(requests + 1000),
+            *place.server_args,
         ],
         exe,
+        env=place.env,
     )
+
+
+def _variant(
+    model_store: Path,
+    tmp: Path,
+    out: Path,
+    extra: list[str],
+    exe: Path | None,
+    settings: Settings,
+    requests: int,
+    s3: _Place | None,
+    large_mb: int,
+    log: Log,
+) -> dict[str, Any]:
+    """The runs of one place (local folders unless ``s3``): the real-time load alone and
+    beside ``requests`` asynchronous requests, then a fifth as many alone; then the large
+    input (``large_mb`` MiB; 0: none)."""
+    place = s3 or _local(tmp)
     runs: list[dict[str, Any]] = []
-    with server:
-        log(f"async section: mmserver pid {server.pid} on {server.url}")
+    with _server(model_store, tmp, out, extra, exe, place, requests) as server:
+        log(f"async section ({place.name}): mmserver pid {server.pid} on {server.url}")
         client = Client(server.port)
         try:
             for i in range(MODELS):
@@ -264,24 +385,18 @@ def run(
             alone = wrk.run(load, server.pid, settings.quiet_wait_s)
             log(describe_run(f"async run {r + 1}: real time alone", load, alone))
             done_before = _done(server)
-            sender = _Sender(server, inputs, requests, f"run{r}")
+            sender = _Sender(server, place, requests, f"run{r}")
             proc = wrk.start(load)
             sender.start()
             beside = wrk.finish(proc, load)
             sender.join()
             log(describe_run(f"async run {r + 1}: real time beside async", load, beside))
-            give_up = time.time() + ANSWER_LIMIT_S
-            while _done(server) - done_before < len(sender.accepted) and time.time() < give_up:
-                time.sleep(0.2)
-            latencies = []
-            last = sender.started
-            for inference_id, accepted in sender.accepted.items():
-                path = outputs / f"{inference_id}.out"
-                if path.exists():
-                    written = path.stat().st_mtime
-                    latencies.append(written - accepted)
-                    last = max(last, written)
+            _wait_ended(server, done_before, len(sender.accepted), 0.2)
+            ends = [e for e in _ends(server, sender.accepted).values() if e[0] == "done"]
+            latencies = [ended - accepted for _, accepted, ended in ends]
+            last = max((ended for _, _, ended in ends), default=sender.started)
             result = {
+                "place": place.name,
                 "alone": alone.to_json(),
                 "beside": beside.to_json(),
                 "sent": requests,
@@ -293,15 +408,17 @@ def run(
                 "p50_s": _quantile(latencies, 0.50),
                 "p99_s": _quantile(latencies, 0.99),
             }
-            result.update(_alone(server, inputs, outputs, max(100, requests // 5), f"alone{r}"))
+            result.update(_alone(server, place, max(100, requests // 5), f"alone{r}"))
             runs.append(result)
             log(
-                f"async run {r + 1}: {result['accepted']} accepted at "
+                f"async run {r + 1} ({place.name}): {result['accepted']} accepted at "
                 f"{result['accept_rps']:.0f}/s, {result['answered']} answered at "
                 f"{result['answer_rps']:.0f}/s; accept to output p50 "
                 f"{result['p50_s'] or 0:.2f} s, p99 {result['p99_s'] or 0:.2f} s"
             )
-        large = large_input(server, inputs, large_mb, log) if large_mb else None
+        large = None
+        if large_mb and place.folder is not None:
+            large = large_input(server, place.folder, large_mb, log)
     return {"runs": runs, "large": large}
 
 
@@ -311,8 +428,25 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def summary_lines(raw: dict[str, Any]) -> list[str]:
-    """The section's lines of the table (medians over the runs) and its two targets."""
-    runs = raw["runs"]
+    """The section's lines of the table (medians over the runs) and its targets, for each
+    place."""
+    lines = _place_lines(raw["runs"], "local folders")
+    large = raw.get("large")
+    if large:
+        lines.append(
+            f"  one {large['input_mb']} MiB CSV input: {large['status']} in "
+            f"{large['seconds']:.1f} s, frontend RSS +{large['growth_mb']:.0f} MiB"
+        )
+        lines.append(
+            f"  {'PASS' if large['growth_mb'] <= 64 else 'MISS'}  frontend growth with the "
+            "large input <= 64 MiB"
+        )
+    if raw.get("s3"):
+        lines += _place_lines(raw["s3"]["runs"], "the S3 test server")
+    return lines
+
+
+def _place_lines(runs: list[dict[str, Any]], place: str) -> list[str]:
     alone = _median([r["alone"]["p99_ms"] for r in runs])
     beside = _median([r["beside"]["p99_ms"] for r in runs])
 
@@ -321,7 +455,7 @@ def summary_lines(raw: dict[str, Any]) -> list[str]:
 
     lines = [
         "",
-        f"async (local folder; {runs[0]['sent'] if runs else 0} requests over {MODELS} models "
+        f"async ({place}; {runs[0]['sent'] if runs else 0} requests over {MODELS} models "
         f"beside wrk -t1 -c{CONNECTIONS} real time over the same models)",
         f"  accepted/s {fmt(_median([r['accept_rps'] for r in runs]), '.0f')}   "
         f"answered/s {fmt(_median([r['answer_rps'] for r in runs]), '.0f')}   "
@@ -333,20 +467,15 @@ def summary_lines(raw: dict[str, Any]) -> list[str]:
         f"beside {fmt(_median([r['beside']['rps'] for r in runs]), '.0f')}",
     ]
     if runs and "alone_frontend_us" in runs[0]:
+        s3 = (
+            f", S3 server {fmt(_median([r['alone_s3_us'] for r in runs]), '.0f')} us"
+            if "alone_s3_us" in runs[0]
+            else ""
+        )
         lines.append(
             f"  alone ({runs[0]['alone_answered']} requests, no real-time load): CPU per "
             f"request, frontend {fmt(_median([r['alone_frontend_us'] for r in runs]), '.0f')} us, "
-            f"backends {fmt(_median([r['alone_backends_us'] for r in runs]), '.0f')} us"
-        )
-    large = raw.get("large")
-    if large:
-        lines.append(
-            f"  one {large['input_mb']} MiB CSV input: {large['status']} in "
-            f"{large['seconds']:.1f} s, frontend RSS +{large['growth_mb']:.0f} MiB"
-        )
-        lines.append(
-            f"  {'PASS' if large['growth_mb'] <= 64 else 'MISS'}  frontend growth with the "
-            "large input <= 64 MiB"
+            f"backends {fmt(_median([r['alone_backends_us'] for r in runs]), '.0f')} us{s3}"
         )
     if alone is not None and beside is not None:
         ratio = beside / alone if alone else float("inf")

@@ -7,6 +7,7 @@ any descendant still alive after that (mmserver's fork server and backend proces
 from __future__ import annotations
 
 import http.client
+import os
 import signal
 import subprocess
 import sys
@@ -50,8 +51,11 @@ class Server:
         health: str = "/ping",
         api: str | None = None,
         grpc_port: int = 0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
+        #: Variables set for the process besides this one's environment.
+        self.env = env
         self.argv = argv
         self.cwd = cwd
         self.health = health
@@ -82,6 +86,7 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=self.cwd,
+            env={**os.environ, **self.env} if self.env else None,
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -129,8 +134,10 @@ def mmserver(
     extra: list[str],
     exe: Path | None = None,
     grpc: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Server:
-    """mmserver on the store (started by the caller); with ``grpc``, serving gRPC too."""
+    """mmserver on the store (started by the caller); with ``grpc``, serving gRPC too; ``env``:
+    variables set for it besides the bench's own."""
     port = free_port()
     grpc_port = free_port() if grpc else 0
     exe = exe or Path(sys.executable).with_name("mmserver")
@@ -150,7 +157,9 @@ def mmserver(
     ]
     # Run outside any checkout: the backend processes import the package the executable was
     # installed with, not a source tree that happens to be the working directory.
-    return Server("mmserver", argv, port, log, cwd=cache.resolve().parent, grpc_port=grpc_port)
+    return Server(
+        "mmserver", argv, port, log, cwd=cache.resolve().parent, grpc_port=grpc_port, env=env
+    )
 
 
 def floor(log: Path, kind: str = "aiohttp") -> Server:

@@ -1,6 +1,7 @@
-"""A real S3-compatible server on loopback for the object-store tests: moto's server, run in a
-child process (it has its own interpreter, so its request handling does not compete with the
-server under test for the GIL), on a free port it picks itself.
+"""A real S3-compatible server on loopback for the object-store tests and the benchmark's async
+section: moto's server, run in a child process (it has its own interpreter, so its request
+handling does not compete with the server under test for the GIL), on a free port it picks
+itself.
 
 The child reads its standard input until end of file: it stops when :meth:`S3Server.stop` closes
 the pipe, and also when the test process dies.
@@ -19,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import pytest
 
 _CHILD = """\
-import logging, sys
+import logging, os, sys
+os.nice(int(sys.argv[1]))
 from moto.server import ThreadedMotoServer
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -54,11 +55,12 @@ AWS_VARIABLES = (
 
 
 class S3Server:
-    """One moto server process on ``127.0.0.1``."""
+    """One moto server process on ``127.0.0.1``, run at ``nice`` (added to this process's
+    niceness: a higher one leaves the CPU to the processes measured beside it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD],
+            [sys.executable, "-c", _CHILD, str(nice)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -71,6 +73,11 @@ class S3Server:
             raise RuntimeError("the moto server did not start")
         self.port = int(line)
         self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """The server's process."""
+        return self._process.pid
 
     def environment(self, home: str) -> dict[str, str]:
         """The AWS variables that point boto3 at this server with dummy credentials
@@ -124,8 +131,8 @@ class S3Server:
 
 
 @contextmanager
-def s3_server() -> Iterator[S3Server]:
-    server = S3Server()
+def s3_server(nice: int = 0) -> Iterator[S3Server]:
+    server = S3Server(nice)
     try:
         yield server
     finally:
@@ -136,6 +143,8 @@ def s3_server() -> Iterator[S3Server]:
 def s3_environment(home: Path, bucket: str) -> Iterator[S3Server]:
     """An S3 server holding an empty ``bucket``, with boto3's environment pointing at it (its
     credentials and configuration files under ``home``) until the end."""
+    import pytest  # the tests' own: the benchmark uses the server alone
+
     with s3_server() as server, pytest.MonkeyPatch.context() as env:
         for name in AWS_VARIABLES:
             env.delenv(name, raising=False)
