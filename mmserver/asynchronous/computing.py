@@ -13,6 +13,7 @@ from mmserver.answers import answer_body
 from mmserver.asynchronous.admission import Turns
 from mmserver.asynchronous.journal import Invocation
 from mmserver.asynchronous.locations import Locations
+from mmserver.asynchronous.objectcalls import ObjectCalls
 from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
 from mmserver.codecs import Request, make_request
 from mmserver.config import ServerConfig
@@ -35,12 +36,14 @@ class Computer:
         self,
         wlm: WorkLoadManager,
         locations: Locations,
+        objects: ObjectCalls,
         turns: Turns,
         config: ServerConfig,
         state_dir: Path,
     ) -> None:
         self.wlm = wlm
         self.locations = locations
+        self.objects = objects
         self.turns = turns
         self.max_request_size = config.max_request_size
         self.staging = state_dir / "answers"
@@ -57,12 +60,16 @@ class Computer:
         clock."""
         if body is None:
             limit = self.max_request_size
-            if limit and splittable(invocation.content_type):
-                size = await asyncio.to_thread(self.locations.size, invocation.input)
-                if size > limit:
-                    piece = min(limit, PIECE_BYTES)
-                    return await self._in_pieces(invocation, deadline, piece)
-            body = await asyncio.to_thread(self.locations.read, invocation.input)
+            most = limit if limit and splittable(invocation.content_type) else 0
+            if self.locations.is_local(invocation.input):
+                found: bytes | int = await asyncio.to_thread(
+                    self.locations.read_unless_larger, invocation.input, most
+                )
+            else:  # one call (its size, then the body if not larger) in an object process
+                found = await self.objects.read_input(invocation.input, most)
+            if isinstance(found, int):
+                return await self._in_pieces(invocation, deadline, min(limit, PIECE_BYTES))
+            body = found
         job = make_request(body, invocation.content_type, invocation.accept)
         del body
         return _answer(await self._predict(invocation, job, deadline), job)

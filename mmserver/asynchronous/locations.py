@@ -108,6 +108,15 @@ class Locations:
         with _reading(location):
             return self.objects.read(location)
 
+    def read_unless_larger(self, location: str, most: int) -> bytes | int:
+        """The whole body at ``location`` (:meth:`read`), or its size when it is larger than
+        ``most`` bytes (0: read it whatever its size)."""
+        if most:
+            size = self.size(location)
+            if size > most:
+                return size
+        return self.read(location)
+
     def size(self, location: str) -> int:
         """The size in bytes of the input at ``location`` (:class:`InputMissing` if none)."""
         with _reading(location):

@@ -35,8 +35,9 @@ the next start.
 The journal's calls run in one thread of the runner's own (:mod:`mmserver.asynchronous.writer`),
 batched with the local file work each needs first: a request's start with the read of its small
 local input, its end with the writing of its answer (or failure) to a local folder, one hand-off
-and one commit for all that comes meanwhile. Objects in S3, and large inputs, are read and
-written in the default executor's threads. Everything else runs on the event loop.
+and one commit for all that comes meanwhile. Objects in S3 are read and written in processes
+of their own at a lower CPU priority (:mod:`mmserver.asynchronous.objectcalls`), large inputs
+and answers in the default executor's threads. Everything else runs on the event loop.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from mmserver.asynchronous.computing import Computer
 from mmserver.asynchronous.journal import ENDED, Invocation, Journal, State
 from mmserver.asynchronous.locations import Locations, file_url, local_path
 from mmserver.asynchronous.notify import Notifier, notification
+from mmserver.asynchronous.objectcalls import ObjectCalls
 from mmserver.asynchronous.requests import AsyncRequest
 from mmserver.asynchronous.writer import Folders, JournalThread
 from mmserver.codecs import make_request
@@ -142,7 +144,11 @@ class AsyncInference:
         )
         #: ... and this many run at once (reading inputs and writing answers besides).
         self.max_running = IO_PER_PREDICTION * self._turns.limit
-        self._computer = Computer(wlm, self.locations, self._turns, config, self.state_dir)
+        #: The object store's calls with small bodies, made in processes of their own.
+        self._objects = ObjectCalls(self.locations.input_roots)
+        self._computer = Computer(
+            wlm, self.locations, self._objects, self._turns, config, self.state_dir
+        )
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -228,6 +234,7 @@ class AsyncInference:
                     requeued,
                 )
         await self._writer.close()
+        await asyncio.to_thread(self._objects.close)
         if self.notifier is not None:
             await self.notifier.close()
 
@@ -508,9 +515,7 @@ class AsyncInference:
                         self.locations.put_file, invocation.output, answer, content_type
                     )
                 else:
-                    await asyncio.to_thread(
-                        self.locations.write, invocation.output, answer, content_type
-                    )
+                    await self._objects.write(invocation.output, answer, content_type)
             except (errors.MMServerError, OSError) as exc:
                 unwritten = exc
             else:
@@ -572,9 +577,7 @@ class AsyncInference:
                 ended, _ = await self._end(invocation, change)
         else:
             try:
-                await asyncio.to_thread(
-                    self.locations.write, invocation.failure, body, "application/json"
-                )
+                await self._objects.write(invocation.failure, body, "application/json")
             except (errors.MMServerError, OSError) as exc:
                 unwritten = exc
             ended, _ = await self._end(invocation, change)

@@ -1,0 +1,74 @@
+"""The object store's calls of asynchronous requests, made in processes of their own at a lower
+CPU priority (:mod:`mmserver.asynchronous.objectcalls`): their answers and errors as the
+frontend's own calls give them, and a process killed meanwhile replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mmserver.asynchronous.objectcalls import NICE, PROCESSES, ObjectCalls
+from mmserver.errors import InputMissing
+
+
+@pytest.fixture
+async def calls(tmp_path: Path) -> AsyncIterator[ObjectCalls]:
+    made = ObjectCalls((tmp_path,))
+    try:
+        yield made
+    finally:
+        await asyncio.to_thread(made.close)
+
+
+def _callers() -> list[psutil.Process]:
+    """This process's children that run at the calls' niceness."""
+    mine = psutil.Process().nice()
+    return [p for p in psutil.Process().children() if p.nice() == mine + NICE]
+
+
+async def test_inputs_are_read_whole_or_sized_and_answers_written_whole(
+    calls: ObjectCalls, tmp_path: Path
+) -> None:
+    source = tmp_path / "input.csv"
+    source.write_bytes(b"1,2\n3,4\n")
+    assert await calls.read_input(source.as_uri(), 0) == b"1,2\n3,4\n"
+    assert await calls.read_input(source.as_uri(), 8) == b"1,2\n3,4\n"
+    assert await calls.read_input(source.as_uri(), 7) == 8  # larger: its size
+    answer = tmp_path / "out" / "id.out"
+    await calls.write(answer.as_uri(), b"[1.0, 2.0]", "application/json")
+    assert answer.read_bytes() == b"[1.0, 2.0]"
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["id.out"]  # no staging left
+    # Made by processes of their own, at the lower priority.
+    callers = _callers()
+    assert 1 <= len(callers) <= PROCESSES
+    assert all(p.pid != os.getpid() for p in callers)
+
+
+async def test_an_error_is_raised_as_the_frontend_would_raise_it(
+    calls: ObjectCalls, tmp_path: Path
+) -> None:
+    missing = (tmp_path / "nowhere.json").as_uri()
+    with pytest.raises(InputMissing) as caught:
+        await calls.read_input(missing, 0)
+    assert caught.value.message == f"the input {missing} does not exist"
+    assert caught.value.status_code == InputMissing.status_code
+
+
+async def test_a_killed_process_is_replaced_and_the_call_made_again(
+    calls: ObjectCalls, tmp_path: Path
+) -> None:
+    source = tmp_path / "input.json"
+    source.write_bytes(b"[[0.5]]")
+    assert await calls.read_input(source.as_uri(), 0) == b"[[0.5]]"
+    killed = _callers()
+    for process in killed:
+        os.kill(process.pid, signal.SIGKILL)
+    psutil.wait_procs(killed, timeout=10)
+    assert await calls.read_input(source.as_uri(), 0) == b"[[0.5]]"
+    assert {p.pid for p in _callers()}.isdisjoint(p.pid for p in killed)
