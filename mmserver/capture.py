@@ -7,11 +7,12 @@ request path draws the sample and puts the record (the request's and the answer'
 they are) in a bounded buffer (``capture_buffer`` records): when it is full the record is
 dropped and counted (``mmserver_capture_dropped_total``), never an answer slowed. The records'
 JSON lines are made on the event loop, :data:`ENCODE_BATCH` records at a time, when that many
-are waiting (a template and the C JSON encoder: a few microseconds a line). Made one at a time
-after each answer, a line cost several times more (the making ran cold between the requests'
-own work: a 100 % capture served 18 % fewer requests a second); made in the writer's thread, it
-cost more still (a thread that computes holds the interpreter's lock, and the event loop then
-waits for it after each of its system calls: 30 % fewer requests a second and a p99 of 355 ms).
+are waiting (a form per pair of content types and the C JSON encoder: a few microseconds a
+line). Made one at a time after each answer, a line cost the event loop about 9 us in the hot
+pattern against about 5.5 us made in a batch, measured in the server (and a 100 % capture
+served 18 % fewer requests a second); made in the writer's thread, it cost more still (a thread
+that computes holds the interpreter's lock, and the event loop then waits for it after each of
+its system calls: 30 % fewer requests a second and a p99 of 355 ms).
 One thread (:class:`Capture`, started and stopped with the application) takes the lines at
 most :data:`FLUSH_S` seconds after the first of them came and writes them; it makes the lines of
 the records short of a batch itself (fewer than :data:`ENCODE_BATCH`: well under a
