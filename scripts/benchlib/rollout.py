@@ -11,9 +11,12 @@ loop, ``--concurrency`` connections) runs per run, in an order that rotates from
 - ``shadow``: every ``sklearn-0`` request also runs on version 1 after its answer
   (``set-shadow?percent=100``);
 
-then, on a second server with ``--capture-path`` (a local folder) and
-``option.capture_percent=100`` for ``sklearn-0``, ``capture``: every ``sklearn-0`` request and
-answer captured. Targets: the canary costs at most 5 % of the base's throughput, the capture
+- ``capture``: on a second server running beside the first, with ``--capture-path`` (a local
+  folder) and ``option.capture_percent=100`` for ``sklearn-0``, every ``sklearn-0`` request and
+  answer captured (in the same rotation as the other cases, so a machine that grows busier or
+  quieter during the section does not pass for the capture's cost).
+
+Targets: the canary costs at most 5 % of the base's throughput, the capture
 at most 10 %, and the primary's p99 with the shadow at most 1.5 x the base's.
 
 Then, with no load, the time from a ``set-default`` call to the first request answered by the
@@ -35,7 +38,7 @@ from mmserver.loadtest import wrk
 from mmserver.loadtest.client import JSON_HEADERS, Client
 
 HOT = "sklearn-0"
-CASES = ("base", "canary", "shadow")
+CASES = ("base", "canary", "shadow", "capture")
 V2_BODY = json.dumps(
     {"inputs": [{"name": "input-0", "shape": [1, 1], "datatype": "FP64", "data": [0.5]}]}
 ).encode()
@@ -146,19 +149,32 @@ def run(
     server = servers.mmserver(
         model_store, tmp / "rollout-cache", out / "rollout-server.log", extra, exe
     )
-    with server:
+    captured = tmp / "rollout-captured"
+    capturing = servers.mmserver(
+        model_store,
+        tmp / "rollout-capture-cache",
+        out / "rollout-capture-server.log",
+        [*extra, "--capture-path", str(captured)],
+        exe,
+    )
+    with server, capturing:
         log(f"rollout section: mmserver pid {server.pid} on {server.url}")
+        log(f"rollout section: capturing mmserver pid {capturing.pid} on {capturing.url}")
         client = Client(server.port)
+        capture_client = Client(capturing.port)
         try:
             _warm(client)
+            _warm(capture_client)
             for r in range(settings.runs):
                 result: dict[str, Any] = {}
                 for i in range(len(CASES)):
                     case = CASES[(i + r) % len(CASES)]
-                    _set_case(client, case)
-                    load = _hot(server, settings, r)
+                    target = capturing if case == "capture" else server
+                    if case != "capture":
+                        _set_case(client, case)
+                    load = _hot(target, settings, r)
                     before = _comparisons(client)
-                    measured = wrk.run(load, server.pid, settings.quiet_wait_s)
+                    measured = wrk.run(load, target.pid, settings.quiet_wait_s)
                     log(describe_run(f"rollout run {r + 1}: {case}", load, measured))
                     result[case] = measured.to_json()
                     if case == "shadow":
@@ -171,31 +187,13 @@ def run(
             _set_case(client, "base")
         finally:
             client.close()
+            capture_client.close()
         switches = switch_times(server)
         log(
             "rollout switch: warm {:.1f} ms, cold {:.1f} ms to the first answer".format(
                 switches["warm"]["first_answer_s"] * 1000, switches["cold"]["first_answer_s"] * 1000
             )
         )
-    captured = tmp / "rollout-captured"
-    server = servers.mmserver(
-        model_store,
-        tmp / "rollout-capture-cache",
-        out / "rollout-capture-server.log",
-        [*extra, "--capture-path", str(captured)],
-        exe,
-    )
-    with server:
-        client = Client(server.port)
-        try:
-            _warm(client)
-        finally:
-            client.close()
-        for r in range(settings.runs):
-            load = _hot(server, settings, r)
-            measured = wrk.run(load, server.pid, settings.quiet_wait_s)
-            log(describe_run(f"rollout run {r + 1}: capture", load, measured))
-            runs[r]["capture"] = measured.to_json()
     lines = sum(1 for path in captured.rglob("*.jsonl") for _ in path.open())
     return {"runs": runs, "switch": switches, "captured_records": lines}
 
@@ -205,10 +203,16 @@ def _median(values: list[float]) -> float | None:
     return ordered[len(ordered) // 2] if ordered else None
 
 
+def _frontend_us(measured: dict[str, Any]) -> float:
+    """Microseconds of the server's main process's CPU per answered request in a run."""
+    rps = float(measured["rps"])
+    return float(measured["cpu"].get("server", 0.0)) / 100 / rps * 1e6 if rps else 0.0
+
+
 def summary_lines(raw: dict[str, Any]) -> list[str]:
     """The section's lines of the table (medians over the runs) and its three targets."""
     runs = raw["runs"]
-    cases = (*CASES, "capture")
+    cases = CASES
     rps = {c: _median([r[c]["rps"] for r in runs if c in r]) for c in cases}
     p99 = {c: _median([r[c]["p99_ms"] for r in runs if c in r]) for c in cases}
     lines = ["", f"rollout (hot pattern, {HOT} with 3 versions; medians of {len(runs)} run(s))"]
@@ -225,6 +229,12 @@ def summary_lines(raw: dict[str, Any]) -> list[str]:
                 lines.append(
                     f"  {verdict}  {case} costs <= {limit:.0%} of the base's req/s ({cost:+.1%})"
                 )
+        spent = {c: _median([_frontend_us(r[c]) for r in runs if c in r]) for c in cases}
+        if spent["base"] is not None and spent["capture"] is not None:
+            lines.append(
+                f"  the frontend's CPU a request: capture {spent['capture']:.1f} us, "
+                f"base {spent['base']:.1f} us"
+            )
         shadow = p99["shadow"]
         if shadow is not None:
             ratio = shadow / base_p99

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mmserver.api import STATE
-from mmserver.capture import Capture, Record, hour_folder
+from mmserver.capture import ENCODE_BATCH, Capture, Record, hour_folder
 from mmserver.metrics import Metrics
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.s3server import s3_environment
@@ -111,6 +111,75 @@ def test_a_full_buffer_drops_and_counts(tmp_path: Path) -> None:
     written = lines_under(tmp_path / "capture" / "m" / "1")
     assert [r["eventMetadata"]["inferenceId"] for r in written] == ["r-0", "r-1", "r-2"]
     assert capture.written == 3
+
+
+def record_of(model: str, at: float, rid: str) -> Record:
+    return Record(model, at, rid, b"[[1]]", "application/json", b"[2]", "application/json")
+
+
+def test_lines_of_several_models_and_hours_are_written_in_order(tmp_path: Path) -> None:
+    """Records of two models (one with versions) and two hours, more than two batches of
+    lines made on the way and the rest made by the writer at close: each file holds its
+    records in the order offered, and none is lost."""
+    metrics = Metrics()
+    capture = Capture(str(tmp_path / "capture"), 10_000, metrics)
+    hours = (1_796_115_600.0, 1_796_119_200.0)  # 2026-12-01 09:00 and 10:00 UTC
+    models = ("a", "b/2")
+    count = 2 * ENCODE_BATCH + 7
+    offered: dict[str, list[str]] = {}
+    for i in range(count):
+        model, at = models[i % 2], hours[(i // 3) % 2] + i
+        offered.setdefault(hour_folder(model, at), []).append(f"r-{i}")
+        capture.offer(record_of(model, at, f"r-{i}"))
+    capture.start()
+    capture.close()
+    assert sorted(offered) == [
+        "a/1/2026/12/01/09",
+        "a/1/2026/12/01/10",
+        "b/2/2026/12/01/09",
+        "b/2/2026/12/01/10",
+    ]
+    for folder, ids in offered.items():
+        [path] = (tmp_path / "capture" / folder).glob("*.jsonl")
+        written = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["eventMetadata"]["inferenceId"] for r in written] == ids
+        assert all(set(r) == SAGEMAKER_KEYS for r in written)
+    assert capture.written == count
+    assert metrics.capture_dropped.labels().value == 0
+
+
+def test_the_buffer_bound_counts_records_in_batches_and_not(tmp_path: Path) -> None:
+    """The bound holds whether a waiting record's line is made (a batch) or not yet: past it,
+    records are dropped and counted, and the ones kept are written in order."""
+    metrics = Metrics()
+    bound = ENCODE_BATCH + 10
+    capture = Capture(str(tmp_path / "capture"), bound, metrics)
+    for i in range(bound + 5):
+        capture.offer(record_of("m", 1_796_115_600.0 + i, f"r-{i}"))
+    assert metrics.capture_dropped.labels().value == 5
+    capture.start()
+    capture.close()
+    written = lines_under(tmp_path / "capture" / "m" / "1")
+    assert [r["eventMetadata"]["inferenceId"] for r in written] == [f"r-{i}" for i in range(bound)]
+    assert capture.written == bound
+    assert metrics.capture_dropped.labels().value == 5
+
+
+def test_a_failed_write_drops_and_counts_its_records(tmp_path: Path) -> None:
+    """A folder that cannot be made (a file stands in its place): those records are counted
+    as dropped, and the other folders' are written."""
+    metrics = Metrics()
+    root = tmp_path / "capture"
+    root.mkdir()
+    (root / "blocked").write_text("not a folder")
+    capture = Capture(str(root), 10_000, metrics)
+    for i in range(ENCODE_BATCH + 3):
+        capture.offer(record_of("blocked" if i % 2 else "open", 1_796_115_600.0, f"r-{i}"))
+    capture.start()
+    capture.close()
+    assert len(lines_under(root / "open")) == ENCODE_BATCH // 2 + 2
+    assert metrics.capture_dropped.labels().value == ENCODE_BATCH // 2 + 1
+    assert capture.written == ENCODE_BATCH // 2 + 2
 
 
 async def test_a_shadow_that_answers_differently_is_captured_with_both_answers(

@@ -67,6 +67,39 @@ def test_binary_and_non_utf8_bodies_are_base64_and_a_shadow_answer_has_its_versi
     assert parsed["eventMetadata"]["inferenceId"] == 'r-"2"'
 
 
+def test_text_bodies_fill_their_types_form_and_fall_back_to_base64_when_not_utf8() -> None:
+    """Content types with ``%`` and quotes in them are written as they came; a JSON body that
+    is not UTF-8 goes as base64 (the text's form is not used for it)."""
+    kind = 'application/json; note="100%s"'
+    texts = Record("m", AT, 'r-"%s"', b'{"a": "%d \xc3\xa9"}', kind, b"1,%s\n", "text/csv")
+    binary = texts._replace(request=b"\xff%s")
+    for _ in range(2):  # the form made, then the form reused
+        first, second = json.loads(encode_line(texts)), json.loads(encode_line(binary))
+        assert first["captureData"] == {
+            "endpointInput": {
+                "observedContentType": kind,
+                "mode": "INPUT",
+                "data": '{"a": "%d \u00e9"}',
+                "encoding": "JSON",
+            },
+            "endpointOutput": {
+                "observedContentType": "text/csv",
+                "mode": "OUTPUT",
+                "data": "1,%s\n",
+                "encoding": "CSV",
+            },
+        }
+        assert first["eventMetadata"]["inferenceId"] == 'r-"%s"'
+        assert first["eventMetadata"]["inferenceTime"] == "2026-12-01T09:30:00.250Z"
+        assert second["captureData"]["endpointInput"] == {
+            "observedContentType": kind,
+            "mode": "INPUT",
+            "data": base64.b64encode(b"\xff%s").decode(),
+            "encoding": "BASE64",
+        }
+        assert second["captureData"]["endpointOutput"] == first["captureData"]["endpointOutput"]
+
+
 def _event_id() -> str:
     record = Record("m", AT, "r-1", b"[1]", "application/json", b"[2]", "application/json")
     return str(json.loads(encode_line(record))["eventMetadata"]["eventId"])
