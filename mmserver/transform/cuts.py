@@ -31,8 +31,8 @@ from mmserver.transform.records import (
 
 @dataclass
 class Cut:
-    """A file's ``count`` records and its payloads. ``records`` is ``None`` when the payloads
-    are slices of ``data``."""
+    """A file's ``count`` records and its payloads: slices of ``data`` when ``records`` is
+    ``None``; else runs of ``records`` (and ``data`` is not kept)."""
 
     data: bytes
     records: list[bytes] | None
@@ -69,7 +69,8 @@ def cut(data: bytes, options: TransformOptions, framing: Framing, limit: int) ->
     records = split_records(data, options.split_type)
     if not records:
         raise FileFailed("the file holds no record")
-    return Cut(data, records, pack(records, framing, limit, single), len(records), framing)
+    payloads = pack(records, framing, limit, single)
+    return Cut(b"", records, payloads, len(records), framing)  # the records hold the bytes
 
 
 def slices(data: bytes, limit: int) -> list[Payload]:
