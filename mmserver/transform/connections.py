@@ -131,6 +131,7 @@ class _Connection(asyncio.Protocol):
 
     async def exchange(self, head: bytes, body: bytes) -> Answer:
         assert self.transport is not None and not self.closed
+        self._headers_done = False  # nothing of this answer yet (the last one's state aside)
         self._answer = asyncio.get_running_loop().create_future()
         self.transport.writelines((head, body))
         try:
