@@ -22,30 +22,82 @@ The modules, one part each:
 - :mod:`~mmserver.store.index`: :class:`StoreIndex`, the store's names in memory, for listing;
 - :mod:`~mmserver.store.urls`: ``s3://`` store URLs and the model URLs of the management API;
 - :mod:`~mmserver.store.opening`: :func:`open_store`, the store the configuration names.
+
+The names below are imported from their module when first used: importing one part of the
+store (``mmserver transform`` needs only :mod:`~mmserver.store.objects`) does not import the
+others (the archive's tarfile, the unpacking processes' multiprocessing, the properties'
+parser), ~0.1 s of a command's start-up.
 """
 
-from mmserver.store.archive import MAX_HEADER_BYTES, MAX_MEMBERS, model_root, unpack_archive
-from mmserver.store.index import IndexSource, StoreIndex, suffix_of
-from mmserver.store.local import ModelStore, tree_size
-from mmserver.store.names import (
-    ARCHIVE_SUFFIXES,
-    MODEL_NAME_RE,
-    archive_name,
-    is_model_name,
-    normalize_name,
-    normalize_target,
-    split_version,
-    version_key,
-)
-from mmserver.store.opening import open_store
-from mmserver.store.source import ModelSource, StoreEntry, Unpacker
-from mmserver.store.unpacking import UnpackProcesses
-from mmserver.store.urls import (
-    check_location,
-    name_from_url,
-    resolve_model_url,
-    split_object_url,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mmserver.store.archive import MAX_HEADER_BYTES, MAX_MEMBERS, model_root, unpack_archive
+    from mmserver.store.index import IndexSource, StoreIndex, suffix_of
+    from mmserver.store.local import ModelStore, tree_size
+    from mmserver.store.names import (
+        ARCHIVE_SUFFIXES,
+        MODEL_NAME_RE,
+        archive_name,
+        is_model_name,
+        normalize_name,
+        normalize_target,
+        split_version,
+        version_key,
+    )
+    from mmserver.store.opening import open_store
+    from mmserver.store.source import ModelSource, StoreEntry, Unpacker
+    from mmserver.store.unpacking import UnpackProcesses
+    from mmserver.store.urls import (
+        check_location,
+        name_from_url,
+        resolve_model_url,
+        split_object_url,
+    )
+
+#: Where each name is defined: imported on first use, so that a part of the store (say
+#: :mod:`~mmserver.store.objects`) is imported without the rest.
+_WHERE = {
+    "ARCHIVE_SUFFIXES": "mmserver.store.names",
+    "IndexSource": "mmserver.store.index",
+    "MAX_HEADER_BYTES": "mmserver.store.archive",
+    "MAX_MEMBERS": "mmserver.store.archive",
+    "MODEL_NAME_RE": "mmserver.store.names",
+    "ModelSource": "mmserver.store.source",
+    "ModelStore": "mmserver.store.local",
+    "StoreEntry": "mmserver.store.source",
+    "StoreIndex": "mmserver.store.index",
+    "UnpackProcesses": "mmserver.store.unpacking",
+    "Unpacker": "mmserver.store.source",
+    "archive_name": "mmserver.store.names",
+    "check_location": "mmserver.store.urls",
+    "is_model_name": "mmserver.store.names",
+    "model_root": "mmserver.store.archive",
+    "name_from_url": "mmserver.store.urls",
+    "normalize_name": "mmserver.store.names",
+    "normalize_target": "mmserver.store.names",
+    "open_store": "mmserver.store.opening",
+    "resolve_model_url": "mmserver.store.urls",
+    "split_object_url": "mmserver.store.urls",
+    "split_version": "mmserver.store.names",
+    "suffix_of": "mmserver.store.index",
+    "tree_size": "mmserver.store.local",
+    "unpack_archive": "mmserver.store.archive",
+    "version_key": "mmserver.store.names",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ARCHIVE_SUFFIXES",

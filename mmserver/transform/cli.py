@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from mmserver.model_config import cpu_count
+from mmserver.capacity import cpus
 from mmserver.transform.failures import TransformError
 from mmserver.transform.job import Job
 from mmserver.transform.journal import Journal
-from mmserver.transform.local import LocalServer
 from mmserver.transform.options import PROG, TransformOptions, default_journal, parse
 from mmserver.transform.places import Places
 from mmserver.transform.progress import Display, Tally
@@ -60,8 +59,10 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
         # The clock starts once a server answers: the job's rate is its own, not a start-up's.
         if options.url:
             url = options.url
-            concurrency = options.max_concurrent_transforms or cpu_count()
+            concurrency = options.max_concurrent_transforms or cpus().value
         else:
+            from mmserver.transform.local import LocalServer  # its imports: only for it
+
             server = LocalServer(
                 options.model_store,
                 options.backend_processes,
@@ -70,7 +71,7 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
             )
             url = (await stack.enter_async_context(server)).url
             concurrency = options.max_concurrent_transforms or (
-                options.backend_processes or cpu_count()
+                options.backend_processes or cpus().value
             )
         sender = await stack.enter_async_context(
             Sender(url, options.model, options.request_accept, concurrency, options.timeout)

@@ -19,6 +19,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from mmserver.transform import records as rec
+from mmserver.transform.cuts import Cut, cut
 from mmserver.transform.failures import FileFailed, TransformError
 from mmserver.transform.journal import Journal
 from mmserver.transform.options import TransformOptions
@@ -32,7 +33,7 @@ class _File:
     """One input file being transformed."""
 
     file: InputFile
-    records: list[bytes]
+    cut: Cut
     payloads: list[rec.Payload]
     outputs: dict[int, bytes]
     remaining: int
@@ -105,19 +106,12 @@ class Job:
     def _open(self, file: InputFile) -> _File:
         """Read and split ``file``, and take its answered payloads from the journal."""
         data = self.places.read(file)
-        records = rec.split_records(data, self.options.split_type)
-        if not records:
-            raise FileFailed("the file holds no record")
-        payloads = rec.pack(
-            records,
-            self.framing,
-            self.options.max_payload_bytes,
-            self.options.batch_strategy == "SingleRecord",
-        )
-        header = {"size": len(data), "records": len(records), "payloads": len(payloads)}
+        pieces = cut(data, self.options, self.framing, self.options.max_payload_bytes)
+        payloads = pieces.payloads
+        header = {"size": len(data), "records": pieces.count, "payloads": len(payloads)}
         outputs = self.journal.parts(file.name, header)
         sizes = [p.size for p in payloads]
-        state = _File(file, records, payloads, outputs, len(payloads) - len(outputs), sizes=sizes)
+        state = _File(file, pieces, payloads, outputs, len(payloads) - len(outputs), sizes=sizes)
         resumed = sum(payloads[i].end - payloads[i].start for i in outputs if i < len(payloads))
         self.tally.records += resumed
         self.tally.records_resumed += resumed
@@ -141,22 +135,21 @@ class Job:
                 await self._finish(state)
 
     async def _send(self, state: _File, payload: rec.Payload) -> None:
-        records = state.records[payload.start : payload.end]
-        body = self.framing.body(records)
+        body = state.cut.body(payload)
         async with self._slots:
             answer, kind = await self.sender.send(body, self.framing.content_type)
-        output = await asyncio.to_thread(self._record, state, payload, records, answer, kind)
+        output = await asyncio.to_thread(self._record, state, payload, answer, kind)
         state.outputs[payload.index] = output
-        self.tally.records += len(records)
+        self.tally.records += payload.end - payload.start
         self.tally.bytes_done += state.sizes[payload.index]
 
-    def _record(
-        self, state: _File, payload: rec.Payload, records: list[bytes], answer: bytes, kind: str
-    ) -> bytes:
+    def _record(self, state: _File, payload: rec.Payload, answer: bytes, kind: str) -> bytes:
         """The output of an answered payload, recorded in the journal (in a thread) unless it
         is its file's last: the output itself is written next."""
         try:
-            output = rec.part(records, answer, kind, self.options)
+            count = payload.end - payload.start
+            records = state.cut.records_of(payload)
+            output = rec.part_of(count, records, answer, kind, self.options)
         except (ValueError, UnicodeDecodeError) as exc:
             raise FileFailed(f"the answer cannot be used: {exc}") from None
         if state.remaining > 1:
@@ -166,10 +159,11 @@ class Job:
     async def _finish(self, state: _File) -> None:
         name = state.file.name
         if state.failed:
-            await self._failed(state.file, state.failed, len(state.records))
+            await self._failed(state.file, state.failed, state.cut.count)
+            state.cut.release()
             return
         output = b"".join(state.outputs[p.index] for p in state.payloads)
-        state.records.clear()
+        state.cut.release()
         await asyncio.to_thread(self._write, name, output)
         self.tally.files_done += 1
 

@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-import aiohttp
-
 from mmserver.cluster.procfs import HOST, free_port
+from mmserver.transform.connections import Connections, Unreachable
 from mmserver.transform.failures import TransformError
 
 START_TIMEOUT_S = 120.0
@@ -95,18 +94,20 @@ class LocalServer:
     async def _wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + START_TIMEOUT_S
-        async with aiohttp.ClientSession() as session:
+        connections = Connections(self.url, 1, START_TIMEOUT_S)
+        try:
             while loop.time() < give_up:
                 assert self._process is not None
                 if self._process.returncode is not None:
                     raise TransformError(
                         f"the server over {self.store} did not start:\n{self._log_tail()}"
                     )
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(f"{self.url}/ping") as response:
-                        if response.status == 200:
-                            return
+                with contextlib.suppress(Unreachable):
+                    if (await connections.request("GET", "/ping", b"", {})).status == 200:
+                        return
                 await asyncio.sleep(0.1)
+        finally:
+            await connections.close()
         raise TransformError(f"the server over {self.store} was not ready in {START_TIMEOUT_S} s")
 
     def _log_tail(self) -> str:

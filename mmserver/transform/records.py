@@ -29,12 +29,15 @@ from mmserver.transform.options import CSV, JSON, JSON_LINES, TransformOptions
 @dataclass(frozen=True)
 class Payload:
     """Records ``start`` to ``end`` (excluded) of a file: its ``index``-th request; ``size``:
-    their bytes with a separator each."""
+    their bytes with a separator each; ``first`` to ``last``: their bytes in the file, when
+    the payload is a slice of it (:mod:`~mmserver.transform.cuts`)."""
 
     index: int
     start: int
     end: int
     size: int = 0
+    first: int = 0
+    last: int = 0
 
 
 #: A line that is empty or blank, or a carriage return: what the plain split cannot take.
@@ -47,9 +50,11 @@ def split_records(data: bytes, split_type: str) -> list[bytes]:
     """The records of a file's content."""
     if split_type == "None":
         return [data] if data.strip() else []
-    body = data[:-1] if data.endswith(b"\n") else data
-    if body and _regular(body):  # every line a record, the common case
-        return body.split(b"\n")
+    if regular_lines(data):  # every line a record, the common case
+        records = data.split(b"\n")
+        if data.endswith(b"\n"):
+            records.pop()
+        return records
     records = []
     for line in data.split(b"\n"):
         line = line.rstrip(b"\r")
@@ -58,14 +63,19 @@ def split_records(data: bytes, split_type: str) -> list[bytes]:
     return records
 
 
-def _regular(body: bytes) -> bool:
-    """Whether every line of ``body`` (its last newline taken off) is a record: no empty or
-    blank line, no carriage return. Looked for byte by byte in C (a file of numbers holds none
-    of these bytes); the regular expression, ~60 ms for 50,000 lines, only for a body holding
-    blanks."""
-    if b"\r" in body or b"\n\n" in body or body[:1] == b"\n" or body[-1:] == b"\n":
+def regular_lines(data: bytes) -> bool:
+    """Whether every line of ``data`` (its last newline aside) is a record: no empty or blank
+    line, no carriage return. Looked for byte by byte in C, in place (a file of numbers holds
+    none of these bytes); the regular expression, ~60 ms for 50,000 lines, only for a file
+    holding blanks."""
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    if end <= 0 or data[:1] == b"\n" or data[end - 1 : end] == b"\n":
         return False
-    return not any(blank in body for blank in _BLANKS) or _IRREGULAR.search(body) is None
+    if data.find(b"\r", 0, end) >= 0 or data.find(b"\n\n", 0, end) >= 0:
+        return False
+    if all(data.find(blank, 0, end) < 0 for blank in _BLANKS):
+        return True
+    return _IRREGULAR.search(data, 0, end) is None
 
 
 class Framing:
@@ -101,10 +111,7 @@ def pack(records: Sequence[bytes], framing: Framing, limit: int, single: bool) -
     room = limit - framing.base()
     if max(costs) > room:
         number = next(i for i, cost in enumerate(costs) if cost > room)
-        raise FileFailed(
-            f"record {number + 1} is {len(records[number]):,} bytes, more than the payload "
-            f"limit of {limit:,} bytes (--max-payload-mb); raise the limit or split the record"
-        )
+        raise too_large(number, len(records[number]), limit)
     if single:
         return [Payload(i, i, i + 1, c) for i, c in enumerate(costs)]
     totals = list(accumulate(costs))
@@ -115,6 +122,15 @@ def pack(records: Sequence[bytes], framing: Framing, limit: int, single: bool) -
         payloads.append(Payload(len(payloads), start, end, totals[end - 1] - before))
         start, before = end, totals[end - 1]
     return payloads
+
+
+def too_large(number: int, size: int, limit: int) -> FileFailed:
+    """The failure of a file whose record ``number`` (from 0), of ``size`` bytes, does not fit
+    in a payload of ``limit`` bytes on its own."""
+    return FileFailed(
+        f"record {number + 1} is {size:,} bytes, more than the payload limit of {limit:,} "
+        "bytes (--max-payload-mb); raise the limit or split the record"
+    )
 
 
 def answers(body: bytes, response_type: str) -> list[Any]:
@@ -150,6 +166,11 @@ def _csv_line(value: Any) -> bytes:
     return buffer.getvalue().encode()
 
 
+def _plain_line(value: Any, options: TransformOptions) -> bytes:
+    """A record's output line without its input: the answer's value in the accepted form."""
+    return _csv_line(value) if options.answer_type == CSV else _compact(_json_value(value))
+
+
 def _json_value(value: Any) -> Any:
     if isinstance(value, bytes):  # a CSV line answered where JSON was asked for
         text = value.decode()
@@ -165,14 +186,13 @@ def output_lines(
 ) -> list[bytes]:
     """The output line of each record (its answer value, joined to it with
     ``--join-source Input``)."""
-    csv_out = options.answer_type == CSV
     if options.join_source != "Input" and _plain_numbers(values):
         return [repr(v).encode() for v in values]  # CSV's and JSON's form alike
+    if options.join_source != "Input":
+        return [_plain_line(value, options) for value in values]
     lines = []
     for record, value in zip(records, values, strict=True):
-        if options.join_source != "Input":
-            lines.append(_csv_line(value) if csv_out else _compact(_json_value(value)))
-        elif options.content_type == JSON_LINES:
+        if options.content_type == JSON_LINES:
             lines.append(_join_json(record, _json_value(value)))
         else:
             lines.append(record + b"," + _csv_line(value))
@@ -184,6 +204,8 @@ _LIST_OF_NUMBERS = b"0123456789+-.eE, \t\r\n"
 #: The whitespace JSON allows between values.
 _JSON_SPACE = b" \t\r\n"
 _PREDICTIONS = b'{"predictions":'
+#: A comma or a closing bracket becomes a newline.
+_LINE_ENDS = bytes.maketrans(b",]", b"\n\n")
 
 
 def _number_lines(body: bytes) -> tuple[bytes, int] | None:
@@ -206,10 +228,11 @@ def _number_lines(body: bytes) -> tuple[bytes, int] | None:
         return None
     if inner[-1:] != b"]" or inner[:-1].translate(None, _LIST_OF_NUMBERS):
         return None
-    values = inner[:-1].translate(None, _JSON_SPACE)
-    if not values or b",," in values or values[:1] == b"," or values[-1:] == b",":
+    # One pass: the white space goes, each comma and the closing bracket end a line.
+    lines = inner.translate(_LINE_ENDS, _JSON_SPACE)
+    if lines[:1] == b"\n" or b"\n\n" in lines:  # no value, or an empty one (",,", "[,1", "1,]")
         return None
-    return values.replace(b",", b"\n") + b"\n", values.count(b",") + 1
+    return lines, lines.count(b"\n")
 
 
 def _plain_numbers(values: Sequence[Any]) -> bool:
@@ -229,30 +252,45 @@ def part(
 ) -> bytes:
     """What one payload's answer adds to its file's output. Raises :class:`ValueError` when the
     answer does not hold one value per record."""
+    return part_of(len(records), records, body, response_type, options)
+
+
+def part_of(
+    count: int,
+    records: Sequence[bytes] | None,
+    body: bytes,
+    response_type: str,
+    options: TransformOptions,
+) -> bytes:
+    """:func:`part` for ``count`` records, which are needed (not ``None``) only with
+    ``--join-source Input``: a payload cut from a file's bytes is never split into them."""
     if options.assemble_with == "None":
         return body
     csv_answer = response_type.partition(";")[0].strip().lower() == CSV
     if csv_answer and options.answer_type == CSV and options.join_source != "Input":
         # The answer's lines are the output lines: counted, not taken apart.
         text = body.replace(b"\r\n", b"\n").rstrip(b"\n")
-        count = text.count(b"\n") + 1 if text else 0
-        if options.split_type == "Line" and count != len(records):
-            raise ValueError(f"the model answered {count} values for {len(records)} records")
+        lines = text.count(b"\n") + 1 if text else 0
+        if options.split_type == "Line" and lines != count:
+            raise ValueError(f"the model answered {lines} values for {count} records")
         return text + b"\n" if text else b""
     numbers = None if csv_answer or options.join_source == "Input" else _number_lines(body)
     if numbers is not None and options.split_type == "Line":
-        lines, count = numbers
-        if count != len(records):
-            raise ValueError(f"the model answered {count} values for {len(records)} records")
-        return lines
+        text, values_count = numbers
+        if values_count != count:
+            raise ValueError(f"the model answered {values_count} values for {count} records")
+        return text
     values = answers(body, response_type)
     if options.split_type == "None":
         return b"".join(
             (_csv_line(v) if options.answer_type == CSV else _compact(_json_value(v))) + b"\n"
             for v in values
         )
-    if len(values) != len(records):
-        raise ValueError(f"the model answered {len(values)} values for {len(records)} records")
+    if len(values) != count:
+        raise ValueError(f"the model answered {len(values)} values for {count} records")
     if options.join_source != "Input" and _plain_numbers(values):
         return ("\n".join(map(repr, values)) + "\n").encode()
+    if options.join_source != "Input":
+        return b"".join(_plain_line(v, options) + b"\n" for v in values)
+    assert records is not None, "--join-source Input needs the records"
     return b"".join(line + b"\n" for line in output_lines(records, values, options))

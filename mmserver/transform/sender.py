@@ -1,4 +1,5 @@
-"""Requests of a job to a server or a cluster's balancer, over one aiohttp client session.
+"""Requests of a job to a server or a cluster's balancer
+(:mod:`~mmserver.transform.connections`).
 
 A payload goes to DJL's path, ``POST /predictions/NAME[/VERSION]``. A busy server (503, 429)
 or a connection that fails is tried again, up to :data:`ATTEMPTS` times, after the
@@ -14,8 +15,7 @@ import json
 from types import TracebackType
 from urllib.parse import quote
 
-import aiohttp
-
+from mmserver.transform.connections import Exchanges, Unreachable, open_exchanges
 from mmserver.transform.failures import FileFailed, TransformError
 
 #: Tries of one payload while the server is busy or cannot be reached.
@@ -41,22 +41,20 @@ def _message(status: int, body: bytes) -> str:
 
 class Sender:
     """Sends payloads to ``url``; at most ``concurrency`` connections. An async context
-    manager: the session is closed on exit."""
+    manager: the connections are closed on exit."""
 
     def __init__(self, url: str, model: str, accept: str, concurrency: int, timeout: float):
-        self.url = url.rstrip("/") + model_path(model)
         self.base = url.rstrip("/")
+        self.path = model_path(model)
+        self.url = self.base + self.path
         self.model = model
         self.accept = accept
         self._concurrency = concurrency
         self._timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._exchanges: Exchanges | None = None
 
     async def __aenter__(self) -> Sender:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self._concurrency),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self._timeout),
-        )
+        self._exchanges = open_exchanges(self.base, self._concurrency, self._timeout)
         return self
 
     async def __aexit__(
@@ -65,38 +63,38 @@ class Sender:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._exchanges is not None:
+            await self._exchanges.close()
 
     async def send(self, body: bytes, content_type: str) -> tuple[bytes, str]:
         """The answer to ``body``: its bytes and its ``Content-Type``. Raises
         :class:`FileFailed` for a refused payload, :class:`TransformError` when the job cannot
         go on (unknown model, server unreachable or busy after every attempt)."""
-        assert self._session is not None, "used outside its async with"
+        assert self._exchanges is not None, "used outside its async with"
         headers = {"Content-Type": content_type, "Accept": self.accept}
         pause = 0.1
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                async with self._session.post(self.url, data=body, headers=headers) as response:
-                    answer = await response.read()
-                    if response.status == 200:
-                        return answer, response.headers.get("Content-Type", "")
-                    if response.status == 404:
-                        raise TransformError(
-                            f"model {self.model!r} at {self.base}: {_message(404, answer)}"
-                        )
-                    if response.status not in _RETRIED or attempt == ATTEMPTS:
-                        raise FileFailed(
-                            f"the server answered {response.status}: "
-                            f"{_message(response.status, answer)}"
-                        )
-                    wait = _retry_after(response.headers.get("Retry-After"), pause)
+                answer = await self._exchanges.request("POST", self.path, body, headers)
             except TimeoutError:
                 raise FileFailed(f"no answer from {self.base} in {self._timeout:g} s") from None
-            except aiohttp.ClientError as exc:
+            except Unreachable as exc:
                 if attempt == ATTEMPTS:
                     raise TransformError(f"{self.base} cannot be reached: {exc}") from None
                 wait = pause
+            else:
+                if answer.status == 200:
+                    return answer.body, answer.headers.get("content-type", "")
+                if answer.status == 404:
+                    raise TransformError(
+                        f"model {self.model!r} at {self.base}: {_message(404, answer.body)}"
+                    )
+                if answer.status not in _RETRIED or attempt == ATTEMPTS:
+                    raise FileFailed(
+                        f"the server answered {answer.status}: "
+                        f"{_message(answer.status, answer.body)}"
+                    )
+                wait = _retry_after(answer.headers.get("retry-after"), pause)
             await asyncio.sleep(wait)
             pause = min(pause * 2, 5.0)
         raise AssertionError("unreachable")

@@ -69,6 +69,20 @@ def ensure(store: Path) -> None:
     stamp.write_text(want)
 
 
+def compile_package(log: Log) -> None:
+    """Write the bytecode of the mmserver package the command runs, as installing it does (pip
+    compiles a package's modules): a checkout installed in editable mode and run with
+    ``PYTHONDONTWRITEBYTECODE`` would compile every module it imports at every start (~80 ms of
+    the command's start-up here), which no installed command does."""
+    import compileall
+
+    import mmserver
+
+    folder = Path(mmserver.__file__).parent
+    compileall.compile_dir(folder, quiet=1)
+    log(f"compiled the bytecode of {folder}, as an installed package has it")
+
+
 def write_inputs(folder: Path, rows: int, features: int) -> list[Path]:
     """``rows`` CSV rows of ``features`` values in :data:`FILES` files."""
     import numpy as np
@@ -241,6 +255,7 @@ def run(
 ) -> dict[str, Any]:
     """The section's figures, per model."""
     ensure(model_store)
+    compile_package(log)
     exe = server_exe or Path(sys.executable).with_name("mmserver")
     concurrency = concurrency or (os.cpu_count() or 1)
     server = servers.mmserver(
