@@ -16,7 +16,7 @@ group cancels the rest); what was recorded stays in the journal for the next run
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mmserver.transform import records as rec
 from mmserver.transform.cuts import Cut, cut
@@ -34,11 +34,9 @@ class _File:
 
     file: InputFile
     cut: Cut
-    payloads: list[rec.Payload]
     outputs: dict[int, bytes]
     remaining: int
     failed: str = ""
-    sizes: list[int] = field(default_factory=list)
 
 
 class Job:
@@ -97,7 +95,7 @@ class Job:
             if state.remaining == 0:
                 await self._finish(state)
                 continue
-            for payload in state.payloads:
+            for payload in state.cut.payloads:
                 if payload.index not in state.outputs:
                     await queue.put((state, payload))
         for _ in range(self.senders):
@@ -110,12 +108,12 @@ class Job:
         payloads = pieces.payloads
         header = {"size": len(data), "records": pieces.count, "payloads": len(payloads)}
         outputs = self.journal.parts(file.name, header)
-        sizes = [p.size for p in payloads]
-        state = _File(file, pieces, payloads, outputs, len(payloads) - len(outputs), sizes=sizes)
-        resumed = sum(payloads[i].end - payloads[i].start for i in outputs if i < len(payloads))
+        state = _File(file, pieces, outputs, len(payloads) - len(outputs))
+        answered = [payloads[i] for i in outputs if i < len(payloads)]
+        resumed = sum(p.end - p.start for p in answered)
         self.tally.records += resumed
         self.tally.records_resumed += resumed
-        self.tally.bytes_done += sum(sizes[i] for i in outputs if i < len(sizes))
+        self.tally.bytes_done += sum(p.size for p in answered)
         return state
 
     async def _sender(self, queue: asyncio.Queue[tuple[_File, rec.Payload] | None]) -> None:
@@ -141,7 +139,7 @@ class Job:
         output = await asyncio.to_thread(self._record, state, payload, answer, kind)
         state.outputs[payload.index] = output
         self.tally.records += payload.end - payload.start
-        self.tally.bytes_done += state.sizes[payload.index]
+        self.tally.bytes_done += payload.size
 
     def _record(self, state: _File, payload: rec.Payload, answer: bytes, kind: str) -> bytes:
         """The output of an answered payload, recorded in the journal (in a thread) unless it
@@ -149,7 +147,7 @@ class Job:
         try:
             count = payload.end - payload.start
             records = state.cut.records_of(payload)
-            output = rec.part_of(count, records, answer, kind, self.options)
+            output = rec.part(count, records, answer, kind, self.options)
         except (ValueError, UnicodeDecodeError) as exc:
             raise FileFailed(f"the answer cannot be used: {exc}") from None
         if state.remaining > 1:
@@ -162,7 +160,7 @@ class Job:
             await self._failed(state.file, state.failed, state.cut.count)
             state.cut.release()
             return
-        output = b"".join(state.outputs[p.index] for p in state.payloads)
+        output = b"".join(state.outputs[p.index] for p in state.cut.payloads)
         state.cut.release()
         await asyncio.to_thread(self._write, name, output)
         self.tally.files_done += 1

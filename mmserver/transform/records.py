@@ -182,14 +182,15 @@ def _json_value(value: Any) -> Any:
 
 
 def output_lines(
-    records: Sequence[bytes], values: Sequence[Any], options: TransformOptions
+    records: Sequence[bytes] | None, values: Sequence[Any], options: TransformOptions
 ) -> list[bytes]:
     """The output line of each record (its answer value, joined to it with
-    ``--join-source Input``)."""
+    ``--join-source Input``: only then are the ``records`` needed)."""
     if options.join_source != "Input" and _plain_numbers(values):
         return [repr(v).encode() for v in values]  # CSV's and JSON's form alike
     if options.join_source != "Input":
         return [_plain_line(value, options) for value in values]
+    assert records is not None, "--join-source Input needs the records"
     lines = []
     for record, value in zip(records, values, strict=True):
         if options.content_type == JSON_LINES:
@@ -248,22 +249,16 @@ def _join_json(record: bytes, value: Any) -> bytes:
 
 
 def part(
-    records: Sequence[bytes], body: bytes, response_type: str, options: TransformOptions
-) -> bytes:
-    """What one payload's answer adds to its file's output. Raises :class:`ValueError` when the
-    answer does not hold one value per record."""
-    return part_of(len(records), records, body, response_type, options)
-
-
-def part_of(
     count: int,
     records: Sequence[bytes] | None,
     body: bytes,
     response_type: str,
     options: TransformOptions,
 ) -> bytes:
-    """:func:`part` for ``count`` records, which are needed (not ``None``) only with
-    ``--join-source Input``: a payload cut from a file's bytes is never split into them."""
+    """What the answer of a payload of ``count`` records adds to its file's output. The
+    records are needed (not ``None``) only with ``--join-source Input``: a payload cut from a
+    file's bytes is never split into them. Raises :class:`ValueError` when the answer does not
+    hold one value per record."""
     if options.assemble_with == "None":
         return body
     csv_answer = response_type.partition(";")[0].strip().lower() == CSV
@@ -282,15 +277,9 @@ def part_of(
         return text
     values = answers(body, response_type)
     if options.split_type == "None":
-        return b"".join(
-            (_csv_line(v) if options.answer_type == CSV else _compact(_json_value(v))) + b"\n"
-            for v in values
-        )
+        return b"".join(_plain_line(v, options) + b"\n" for v in values)
     if len(values) != count:
         raise ValueError(f"the model answered {len(values)} values for {count} records")
     if options.join_source != "Input" and _plain_numbers(values):
         return ("\n".join(map(repr, values)) + "\n").encode()
-    if options.join_source != "Input":
-        return b"".join(_plain_line(v, options) + b"\n" for v in values)
-    assert records is not None, "--join-source Input needs the records"
     return b"".join(line + b"\n" for line in output_lines(records, values, options))

@@ -46,7 +46,6 @@ class Sender:
     def __init__(self, url: str, model: str, accept: str, concurrency: int, timeout: float):
         self.base = url.rstrip("/")
         self.path = model_path(model)
-        self.url = self.base + self.path
         self.model = model
         self.accept = accept
         self._concurrency = concurrency

@@ -28,6 +28,13 @@ from mmserver.transform.records import (
 BASE = ("--model", "m", "--input", "in", "--output", "out")
 
 
+def _part(
+    records: list[bytes], body: bytes, response_type: str, options: TransformOptions
+) -> bytes:
+    """:func:`part` of a payload of ``records``."""
+    return part(len(records), records, body, response_type, options)
+
+
 def _options(*extra: str) -> TransformOptions:
     return parse([*BASE, *extra])
 
@@ -76,19 +83,19 @@ def test_json_lines_go_as_one_array() -> None:
 def test_answers_become_one_line_a_record_joined_as_sagemaker_joins() -> None:
     records = [b"1.5,2", b"3,4"]
     csv = _options("--join-source", "Input")
-    assert part(records, b"7.0\n9.5\n", "text/csv; charset=utf-8", csv) == b"1.5,2,7.0\n3,4,9.5\n"
+    assert _part(records, b"7.0\n9.5\n", "text/csv; charset=utf-8", csv) == b"1.5,2,7.0\n3,4,9.5\n"
     answer = json.dumps({"predictions": [[0.25, 0.75], [1.0, 0.0]]}).encode()
-    assert part(records, answer, "application/json", csv) == b"1.5,2,0.25,0.75\n3,4,1.0,0.0\n"
+    assert _part(records, answer, "application/json", csv) == b"1.5,2,0.25,0.75\n3,4,1.0,0.0\n"
     jsonl = _options("--content-type", "application/jsonlines", "--join-source", "Input")
-    joined = part([b'{"id":7,"x":1}', b"[2]"], b'{"predictions":[3,5]}', "application/json", jsonl)
+    joined = _part([b'{"id":7,"x":1}', b"[2]"], b'{"predictions":[3,5]}', "application/json", jsonl)
     assert joined == (
         b'{"id":7,"x":1,"SageMakerOutput":3}\n{"SageMakerInput":[2],"SageMakerOutput":5}\n'
     )
-    assert part(records, answer, "application/json", _options()) == b"0.25,0.75\n1.0,0.0\n"
+    assert _part(records, answer, "application/json", _options()) == b"0.25,0.75\n1.0,0.0\n"
     raw = _options("--assemble-with", "None")
-    assert part(records, answer, "application/json", raw) == answer
+    assert _part(records, answer, "application/json", raw) == answer
     with pytest.raises(ValueError, match="the model answered 1 values for 2 records"):
-        part(records, b"7.0\n", "text/csv", _options())
+        _part(records, b"7.0\n", "text/csv", _options())
 
 
 def _split_line_by_line(data: bytes) -> list[bytes]:
@@ -142,9 +149,9 @@ def test_number_answers_become_lines_as_written_and_others_as_parsed(
         # What the answer's values, parsed, are written as (a number: its repr, the text
         # json.dumps wrote).
         want = b"".join(line + b"\n" for line in output_lines(records, values, options))
-        assert part(records, body, "application/json", options) == want
+        assert _part(records, body, "application/json", options) == want
     with pytest.raises(ValueError, match=f"answered {len(values)} values for 1 records"):
-        part([b"0"], body, "application/json", _options())
+        _part([b"0"], body, "application/json", _options())
 
 
 @pytest.mark.parametrize(
@@ -152,7 +159,7 @@ def test_number_answers_become_lines_as_written_and_others_as_parsed(
 )
 def test_an_answer_that_is_not_json_fails_its_payload(body: bytes) -> None:
     with pytest.raises(ValueError):
-        part([b"0", b"0"], body, "application/json", _options())
+        _part([b"0", b"0"], body, "application/json", _options())
 
 
 @pytest.mark.parametrize(

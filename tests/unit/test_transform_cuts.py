@@ -9,7 +9,7 @@ import pytest
 from mmserver.transform.cuts import cut
 from mmserver.transform.failures import FileFailed
 from mmserver.transform.options import TransformOptions, parse
-from mmserver.transform.records import Framing, pack, part, part_of, split_records
+from mmserver.transform.records import Framing, pack, part, split_records
 
 BASE = ("--model", "m", "--input", "in", "--output", "out")
 
@@ -125,13 +125,13 @@ def test_an_answer_to_a_slice_is_counted_against_its_records() -> None:
     assert pieces.records_of(payload) is None
     body = b'{"predictions": [0.5, 1.5, 2.5]}'
     records = [b"1", b"2", b"3"]
-    assert part_of(3, None, body, "application/json", _options()) == b"0.5\n1.5\n2.5\n"
-    assert part_of(3, None, body, "application/json", _options()) == part(
-        records, body, "application/json", _options()
+    assert part(3, None, body, "application/json", _options()) == b"0.5\n1.5\n2.5\n"
+    assert part(3, None, body, "application/json", _options()) == part(
+        3, records, body, "application/json", _options()
     )
     words = b'{"predictions": ["a", "b", "c"]}'
-    assert part_of(3, None, words, "application/json", _options()) == b"a\nb\nc\n"
+    assert part(3, None, words, "application/json", _options()) == b"a\nb\nc\n"
     jsonl = _options("--accept", "application/jsonlines")
-    assert part_of(3, None, words, "application/json", jsonl) == b'"a"\n"b"\n"c"\n'
+    assert part(3, None, words, "application/json", jsonl) == b'"a"\n"b"\n"c"\n'
     with pytest.raises(ValueError, match="the model answered 3 values for 2 records"):
-        part_of(2, None, body, "application/json", _options())
+        part(2, None, body, "application/json", _options())
