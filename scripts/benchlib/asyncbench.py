@@ -318,108 +318,96 @@ def run(
     large_mb: int,
     log: Log,
 ) -> dict[str, Any]:
-    raw = _variant(
-        model_store, tmp / "local", out, extra, exe, settings, requests, None, large_mb, log
-    )
+    section = _Section(model_store, out, extra, exe, settings, requests, log)
+    raw = section.variant(tmp / "local", _local(tmp / "local"), large_mb)
     with _on_s3(tmp / "s3") as place:
-        raw["s3"] = _variant(
-            model_store, tmp / "s3", out, extra, exe, settings, requests, place, 0, log
-        )
+        raw["s3"] = section.variant(tmp / "s3", place, 0)
     return raw
 
 
-def _server(
-    model_store: Path,
-    tmp: Path,
-    out: Path,
-    extra: list[str],
-    exe: Path | None,
-    place: _Place,
-    requests: int,
-) -> servers.Server:
-    tag = "s3" if place.s3 else "local"
-    return servers.mmserver(
-        model_store,
-        tmp / "async-cache",
-        out / f"async-server-{tag}.log",
-        [
-            *extra,
-            "--state-dir",
-            str(tmp / "async-state"),
-            "--async-max-queued",
-            str(requests + 1000),
-            *place.server_args,
-        ],
-        exe,
-        env=place.env,
-    )
+@dataclass
+class _Section:
+    """What every place's runs share: the store, the server's options, the settings."""
 
+    model_store: Path
+    out: Path
+    extra: list[str]
+    exe: Path | None
+    settings: Settings
+    requests: int
+    log: Log
 
-def _variant(
-    model_store: Path,
-    tmp: Path,
-    out: Path,
-    extra: list[str],
-    exe: Path | None,
-    settings: Settings,
-    requests: int,
-    s3: _Place | None,
-    large_mb: int,
-    log: Log,
-) -> dict[str, Any]:
-    """The runs of one place (local folders unless ``s3``): the real-time load alone and
-    beside ``requests`` asynchronous requests, then a fifth as many alone; then the large
-    input (``large_mb`` MiB; 0: none)."""
-    place = s3 or _local(tmp)
-    runs: list[dict[str, Any]] = []
-    with _server(model_store, tmp, out, extra, exe, place, requests) as server:
-        log(f"async section ({place.name}): mmserver pid {server.pid} on {server.url}")
-        client = Client(server.port)
-        try:
-            for i in range(MODELS):
-                client.predict(f"sklearn-{i}")
-        finally:
-            client.close()
-        for r in range(settings.runs):
-            load = _light(server, settings, r)
-            alone = wrk.run(load, server.pid, settings.quiet_wait_s)
-            log(describe_run(f"async run {r + 1}: real time alone", load, alone))
-            done_before = _done(server)
-            sender = _Sender(server, place, requests, f"run{r}")
-            proc = wrk.start(load)
-            sender.start()
-            beside = wrk.finish(proc, load)
-            sender.join()
-            log(describe_run(f"async run {r + 1}: real time beside async", load, beside))
-            _wait_ended(server, done_before, len(sender.accepted), 0.2)
-            ends = [e for e in _ends(server, sender.accepted).values() if e[0] == "done"]
-            latencies = [ended - accepted for _, accepted, ended in ends]
-            last = max((ended for _, _, ended in ends), default=sender.started)
-            result = {
-                "place": place.name,
-                "alone": alone.to_json(),
-                "beside": beside.to_json(),
-                "sent": requests,
-                "accepted": len(sender.accepted),
-                "refused": sender.refused,
-                "answered": len(latencies),
-                "accept_rps": len(sender.accepted) / max(1e-9, sender.ended - sender.started),
-                "answer_rps": len(latencies) / max(1e-9, last - sender.started),
-                "p50_s": _quantile(latencies, 0.50),
-                "p99_s": _quantile(latencies, 0.99),
-            }
-            result.update(_alone(server, place, max(100, requests // 5), f"alone{r}"))
-            runs.append(result)
-            log(
-                f"async run {r + 1} ({place.name}): {result['accepted']} accepted at "
-                f"{result['accept_rps']:.0f}/s, {result['answered']} answered at "
-                f"{result['answer_rps']:.0f}/s; accept to output p50 "
-                f"{result['p50_s'] or 0:.2f} s, p99 {result['p99_s'] or 0:.2f} s"
-            )
-        large = None
-        if large_mb and place.folder is not None:
-            large = large_input(server, place.folder, large_mb, log)
-    return {"runs": runs, "large": large}
+    def server(self, tmp: Path, place: _Place) -> servers.Server:
+        tag = "s3" if place.s3 else "local"
+        return servers.mmserver(
+            self.model_store,
+            tmp / "async-cache",
+            self.out / f"async-server-{tag}.log",
+            [
+                *self.extra,
+                "--state-dir",
+                str(tmp / "async-state"),
+                "--async-max-queued",
+                str(self.requests + 1000),
+                *place.server_args,
+            ],
+            self.exe,
+            env=place.env,
+        )
+
+    def variant(self, tmp: Path, place: _Place, large_mb: int) -> dict[str, Any]:
+        """The runs of one place: the real-time load alone and beside the asynchronous
+        requests, then a fifth as many alone; then the large input (``large_mb`` MiB; 0:
+        none, or a place without a local folder)."""
+        runs: list[dict[str, Any]] = []
+        with self.server(tmp, place) as server:
+            self.log(f"async section ({place.name}): mmserver pid {server.pid} on {server.url}")
+            client = Client(server.port)
+            try:
+                for i in range(MODELS):
+                    client.predict(f"sklearn-{i}")
+            finally:
+                client.close()
+            for r in range(self.settings.runs):
+                load = _light(server, self.settings, r)
+                alone = wrk.run(load, server.pid, self.settings.quiet_wait_s)
+                self.log(describe_run(f"async run {r + 1}: real time alone", load, alone))
+                done_before = _done(server)
+                sender = _Sender(server, place, self.requests, f"run{r}")
+                proc = wrk.start(load)
+                sender.start()
+                beside = wrk.finish(proc, load)
+                sender.join()
+                self.log(describe_run(f"async run {r + 1}: real time beside async", load, beside))
+                _wait_ended(server, done_before, len(sender.accepted), 0.2)
+                ends = [e for e in _ends(server, sender.accepted).values() if e[0] == "done"]
+                latencies = [ended - accepted for _, accepted, ended in ends]
+                last = max((ended for _, _, ended in ends), default=sender.started)
+                result = {
+                    "place": place.name,
+                    "alone": alone.to_json(),
+                    "beside": beside.to_json(),
+                    "sent": self.requests,
+                    "accepted": len(sender.accepted),
+                    "refused": sender.refused,
+                    "answered": len(latencies),
+                    "accept_rps": len(sender.accepted) / max(1e-9, sender.ended - sender.started),
+                    "answer_rps": len(latencies) / max(1e-9, last - sender.started),
+                    "p50_s": _quantile(latencies, 0.50),
+                    "p99_s": _quantile(latencies, 0.99),
+                }
+                result.update(_alone(server, place, max(100, self.requests // 5), f"alone{r}"))
+                runs.append(result)
+                self.log(
+                    f"async run {r + 1} ({place.name}): {result['accepted']} accepted at "
+                    f"{result['accept_rps']:.0f}/s, {result['answered']} answered at "
+                    f"{result['answer_rps']:.0f}/s; accept to output p50 "
+                    f"{result['p50_s'] or 0:.2f} s, p99 {result['p99_s'] or 0:.2f} s"
+                )
+            large = None
+            if large_mb and place.folder is not None:
+                large = large_input(server, place.folder, large_mb, self.log)
+        return {"runs": runs, "large": large}
 
 
 def _median(values: list[float | None]) -> float | None:
