@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,19 +86,29 @@ def error_code(exc: Any) -> str:
 def failures(location: str) -> Iterator[None]:
     """Reading or writing ``location``: boto3's and the file system's errors as
     :class:`LocationError`."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
         yield
-    except ClientError as exc:
+    except Exception as exc:
+        error = _location_error(location, exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _location_error(location: str, exc: Exception) -> LocationError | None:
+    # botocore is looked at only once something imported it: none of its errors is raised
+    # before, and a job on local files does not pay its import (~8 ms of its start-up).
+    boto = sys.modules.get("botocore.exceptions")
+    if boto is not None and isinstance(exc, boto.ClientError):
         missing = error_code(exc) in NOT_FOUND
-        raise LocationError(location, str(exc), missing=missing, remote=not missing) from None
-    except BotoCoreError as exc:
-        raise LocationError(location, str(exc), remote=True) from None
-    except FileNotFoundError:
-        raise LocationError(location, "no such file", missing=True) from None
-    except OSError as exc:
-        raise LocationError(location, exc.strerror or str(exc)) from None
+        return LocationError(location, str(exc), missing=missing, remote=not missing)
+    if boto is not None and isinstance(exc, boto.BotoCoreError):
+        return LocationError(location, str(exc), remote=True)
+    if isinstance(exc, FileNotFoundError):
+        return LocationError(location, "no such file", missing=True)
+    if isinstance(exc, OSError):
+        return LocationError(location, exc.strerror or str(exc))
+    return None
 
 
 class Objects:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,25 @@ def test_urls_and_paths() -> None:
     assert bucket_key("s3://bucket/a/b/") == ("bucket", "a/b/")
     with pytest.raises(LocationError):
         bucket_key("s3://")
+
+
+def test_local_locations_fail_clearly_without_importing_botocore(tmp_path: Path) -> None:
+    # A batch transform over local files reads through these calls: its start-up must not
+    # pay for botocore, which only S3 locations need.
+    code = (
+        "import sys\n"
+        "from mmserver.store.objects import LocationError, Objects\n"
+        "objects = Objects()\n"
+        f"print(objects.read({str(tmp_path / 'in.csv')!r}))\n"
+        "try:\n"
+        f"    objects.read({str(tmp_path / 'nothing.csv')!r})\n"
+        "except LocationError as exc:\n"
+        "    print(exc.missing, exc.remote)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('botocore')))\n"
+    )
+    (tmp_path / "in.csv").write_bytes(b"1,2\n")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["b'1,2\\n'", "True False", "[]"]
