@@ -17,17 +17,8 @@ from aiohttp import web
 from mmserver.api import STATE, read_body
 from mmserver.api.middleware import Handler, answers_errors
 from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
-from mmserver.asynchronous.requests import (
-    EXTENSION_HEADER,
-    FILENAME_HEADER,
-    TIMEOUT_HEADER,
-    TTL_HEADER,
-)
+from mmserver.asynchronous.requests import FAILURE_LOCATION, OUTPUT_LOCATION
 from mmserver.errors import NotFound
-
-_PREFIX = "X-Amzn-SageMaker-"
-OUTPUT_LOCATION = _PREFIX + "OutputLocation"
-FAILURE_LOCATION = _PREFIX + "FailureLocation"
 
 
 def _runner(request: web.Request) -> AsyncInference:
@@ -46,18 +37,7 @@ async def invoke_async(request: web.Request) -> web.Response:
     headers = request.headers
     config = request.app[STATE].config
     body = await read_body(request, config.max_request_size, config.body_timeout)
-    asked = AsyncRequest(
-        model=request.match_info["endpoint"],
-        input_location=headers.get(_PREFIX + "InputLocation"),
-        content_type=headers.get(_PREFIX + "Content-Type"),
-        accept=headers.get(_PREFIX + "Accept"),
-        custom_attributes=headers.get(_PREFIX + "Custom-Attributes"),
-        inference_id=headers.get(_PREFIX + "Inference-Id"),
-        ttl=headers.get(TTL_HEADER),
-        timeout=headers.get(TIMEOUT_HEADER),
-        output_extension=headers.get(EXTENSION_HEADER),
-        filename=headers.get(FILENAME_HEADER),
-    )
+    asked = AsyncRequest.from_headers(request.match_info["endpoint"], headers.get)
     invocation, _ = await runner.accept(asked, body)
     return web.json_response(
         {"InferenceId": invocation.id},

@@ -17,9 +17,10 @@ not answer itself hands the connection to aiohttp (:mod:`mmserver.api.connection
 request's first byte, once the answers before it are written. The lean path's own rules, each
 one about what it takes (not about what is valid HTTP):
 
-- ``POST`` over ``HTTP/1.1`` on an inference path of :func:`~mmserver.api.protocols.match_inference`
-  spelled in unreserved characters (no query, percent-encoding or dot segment: aiohttp normalizes
-  those first);
+- ``POST`` over ``HTTP/1.1`` on a path of :func:`~mmserver.api.protocols.match_lean` (an
+  inference path, or ``InvokeEndpointAsync``'s: :mod:`mmserver.api.leanasync`) spelled in
+  unreserved characters (no query, percent-encoding or dot segment: aiohttp normalizes those
+  first);
 - a ``Host`` and a ``Content-Length`` within ``max_request_size``, no header repeated (aiohttp
   refuses some repeats and joins others), every value plain ASCII;
 - no ``Transfer-Encoding``, ``Content-Encoding``, ``Expect``, ``Upgrade`` or ``Connection`` other
@@ -57,8 +58,9 @@ import httptools
 
 from mmserver.api import ApiState
 from mmserver.api.leananswer import LeanExchange
+from mmserver.api.leanasync import LeanAsyncExchange
 from mmserver.api.leanflow import LeanFlow
-from mmserver.api.protocols import ROUTING_KEY, Route, match_inference
+from mmserver.api.protocols import INVOKE_ASYNC, ROUTING_KEY, Route, match_lean
 
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
@@ -115,7 +117,7 @@ class LeanConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.flow: LeanFlow | None = None
         self._parser = httptools.HttpRequestParser(self)
-        self._answers: collections.deque[LeanExchange] = collections.deque()
+        self._answers: collections.deque[LeanExchange | LeanAsyncExchange] = collections.deque()
         #: Bytes kept for aiohttp while the answers before them are written (None: serving).
         self._held: bytes | None = None
         self._closing = False  # write the answers owed, then close
@@ -279,6 +281,9 @@ class LeanConnection(asyncio.Protocol):
         fields = self._fields
         route = self._route
         assert route is not None
+        if route[0].operation == INVOKE_ASYNC:
+            self._serve_async(route[1]["endpoint"], data[body_start:body_end], fields)
+            return body_end
         self._serve(
             *route,
             fields.get(b"x-amzn-sagemaker-target-model"),
@@ -368,6 +373,22 @@ class LeanConnection(asyncio.Protocol):
             self.flush()
             return
         answer.add_done_callback(exchange)
+
+    def _serve_async(self, endpoint: str, body: bytes, fields: dict[bytes, bytes]) -> None:
+        front = self.front
+        front.taken += 1
+        rid = fields.get(b"x-request-id")
+        exchange = LeanAsyncExchange(
+            self, self._url, self.state.request_ids.next() if rid is None else _text(rid)
+        )
+        self._answers.append(exchange)
+        runner = self.state.asynchronous
+        assert runner is not None  # the route is taken only then (LeanFront.route)
+        try:
+            exchange.accept(runner, endpoint, body, fields)
+        except Exception as exc:
+            exchange.fail(exc)
+            self.flush()
 
     # -- answers ----------------------------------------------------------------------------
 
@@ -484,6 +505,8 @@ class LeanFront:
         self.keepalive_timeout = config.keepalive_timeout
         self.send_timeout = config.send_timeout
         self.access_log = state.access_log
+        #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.leanasync`).
+        self.takes_async = state.asynchronous is not None and state.access_log is None
         self.connections: set[LeanConnection] = set()
         #: Connections handed to aiohttp so far.
         self.handed_over = 0
@@ -503,7 +526,13 @@ class LeanFront:
             pass
         matched = None
         if url[:1] == b"/" and not url.translate(None, _PATH_CHARS) and b"/." not in url:
-            matched = match_inference(url.decode())
+            matched = match_lean(url.decode())
+            if (
+                matched is not None
+                and matched[0].operation == INVOKE_ASYNC
+                and not self.takes_async
+            ):
+                matched = None
         if len(routes) >= _ROUTES_KEPT:
             routes.clear()
         routes[url] = matched

@@ -30,7 +30,7 @@ _OK = (
 )
 
 
-def _answer(status: int, headers: dict[str, str], body: bytes | memoryview) -> bytes:
+def lean_answer(status: int, headers: dict[str, str], body: bytes | memoryview) -> bytes:
     """A whole answer: status line, headers, ``Content-Length``, ``Date``, ``Server``, body."""
     try:
         reason = HTTPStatus(status).phrase
@@ -96,7 +96,7 @@ class LeanExchange(Exchange):
             )
         else:
             headers = {_CONTENT_TYPE: content_type, **extra, REQUEST_ID: self.rid}
-            self.data = _answer(200, headers, body)
+            self.data = lean_answer(200, headers, body)
         if self.conn.front.access_log:
             self._logged(200, len(body))
 
@@ -105,7 +105,7 @@ class LeanExchange(Exchange):
         shown = self.failed(error, "POST", self.path.decode())
         body, headers = render_error(self.state, shown, self.rid, self.protocol)
         headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
-        self.data = _answer(shown.status_code, headers, body)
+        self.data = lean_answer(shown.status_code, headers, body)
         if self.conn.front.access_log:
             self._logged(shown.status_code, len(body))
 

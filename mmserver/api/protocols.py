@@ -6,8 +6,8 @@ becomes the body and headers sent back, and what shape its errors take. :data:`R
 every path the server answers, with its method, protocol and operation; the doors read it:
 
 - aiohttp's application (:mod:`mmserver.app`) adds one route per entry, in this order;
-- the lean path (:mod:`mmserver.api.lean`) takes the inference routes marked ``lean``
-  (:func:`match_inference`);
+- the lean path (:mod:`mmserver.api.lean`) takes the routes marked ``lean`` (:func:`match_lean`):
+  the inference routes and ``InvokeEndpointAsync``;
 - error answers take their shape from the route's protocol (:func:`protocol_of`), and the 404
   answer lists the paths (:func:`known_paths`);
 - V2 over gRPC (:mod:`mmserver.api.grpc`) makes its jobs and reads its answers with :data:`V2`.
@@ -90,6 +90,8 @@ V2 = Protocol("v2", _v2_job, _v2_answer, v2_errors=True)
 
 #: The operation of the inference routes (the data plane's); the others name their handler.
 INFER = "infer"
+#: The operation of ``InvokeEndpointAsync``, the one route besides inference the lean path takes.
+INVOKE_ASYNC = "invoke_async"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -98,7 +100,7 @@ class Route:
     path: str
     protocol: Protocol
     operation: str
-    #: The lean path takes it (inference routes only).
+    #: The lean path takes it (the inference routes and :data:`INVOKE_ASYNC`).
     lean: bool = False
     segments: tuple[str, ...] = field(init=False)
 
@@ -154,7 +156,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", _V2_MODEL + "/infer", V2, INFER, lean=True),
     Route("POST", _V2_VERSION + "/infer", V2, INFER),
     # Asynchronous inference (SageMaker Runtime's InvokeEndpointAsync) and its requests' state.
-    Route("POST", "/endpoints/{endpoint}/async-invocations", SAGEMAKER, "invoke_async"),
+    Route("POST", "/endpoints/{endpoint}/async-invocations", SAGEMAKER, INVOKE_ASYNC, lean=True),
     Route("GET", "/async-invocations/{inference_id}", SAGEMAKER, "async_status"),
     # Health.
     Route("GET", "/ping", DJL, "ping"),
@@ -188,16 +190,16 @@ _BY_PATH: dict[str, Route] = {}
 for _route in ROUTES:
     _BY_PATH.setdefault(_route.path, _route)
 
-#: The lean inference routes by their number of path segments.
+#: The lean routes by their number of path segments.
 _LEAN: dict[int, tuple[Route, ...]] = {}
 for _route in ROUTES:
     if _route.lean:
         _LEAN[len(_route.segments)] = (*_LEAN.get(len(_route.segments), ()), _route)
 
 
-def match_inference(path: str) -> tuple[Route, dict[str, str]] | None:
-    """The lean inference route ``path`` (already checked to hold no query, percent-encoding or
-    dot segment) matches, with the values of its placeholders; ``None`` for any other path."""
+def match_lean(path: str) -> tuple[Route, dict[str, str]] | None:
+    """The lean route ``path`` (already checked to hold no query, percent-encoding or dot
+    segment) matches, with the values of its placeholders; ``None`` for any other path."""
     parts = path.split("/")
     del parts[0]
     for route in _LEAN.get(len(parts), ()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mmserver import errors
@@ -21,6 +22,9 @@ TTL_HEADER = _PREFIX + "RequestTTLSeconds"
 TIMEOUT_HEADER = _PREFIX + "InvocationTimeoutSeconds"
 EXTENSION_HEADER = _PREFIX + "S3OutputPathExtension"
 FILENAME_HEADER = _PREFIX + "Filename"
+#: The 202's headers: where the answer, or the failure, will be written.
+OUTPUT_LOCATION = _PREFIX + "OutputLocation"
+FAILURE_LOCATION = _PREFIX + "FailureLocation"
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 _PART = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
@@ -64,6 +68,23 @@ class AsyncRequest:
     def checked_filename(self) -> str | None:
         """The name it asks its answer be given, if any."""
         return _part(self.filename, FILENAME_HEADER)
+
+    @classmethod
+    def from_headers(cls, model: str, header: Callable[[str], str | None]) -> AsyncRequest:
+        """The request for ``model`` whose headers ``header`` gives by name (``None``: not
+        sent), as boto3's ``invoke_endpoint_async`` names them."""
+        return cls(
+            model=model,
+            input_location=header(_PREFIX + "InputLocation"),
+            content_type=header(_PREFIX + "Content-Type"),
+            accept=header(_PREFIX + "Accept"),
+            custom_attributes=header(_PREFIX + "Custom-Attributes"),
+            inference_id=header(_PREFIX + "Inference-Id"),
+            ttl=header(TTL_HEADER),
+            timeout=header(TIMEOUT_HEADER),
+            output_extension=header(EXTENSION_HEADER),
+            filename=header(FILENAME_HEADER),
+        )
 
     def check_attributes(self) -> None:
         if self.custom_attributes is not None and len(self.custom_attributes) > 1024:
