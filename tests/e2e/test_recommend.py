@@ -216,7 +216,7 @@ async def test_a_running_server_gets_its_settings_back(tmp_path: Path) -> None:
 def test_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
     store, payload = slow_store(tmp_path)
     argv = [sys.executable, "-m", "mmserver", "recommend", "slow", "--model-store", str(store)]
-    argv += ["--p99-ms", "50", "--payload", str(payload), "--max-minutes", "0.3", "--steps", "1"]
+    argv += ["--p99-ms", "50", "--payload", str(payload), "--max-minutes", "0.2", "--steps", "1"]
     argv += ["--batch-sizes", "1", "--workers", "1", "--load-generator", "python"]
     argv += ["--out", str(tmp_path / "out")]
     with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=ROOT) as proc:

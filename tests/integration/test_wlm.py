@@ -178,8 +178,7 @@ async def test_batching_merges_concurrent_requests_into_one_call(
     log = tmp_path / "calls"
     make_recording_dir(store / "batched", log, batch_size=8, max_batch_delay=10000)
     async with running(store, backend_processes=0) as wlm:
-        await wlm.infer("batched", X)  # loads; a batch of one after the delay
-        log.unlink()
+        await wlm.load("batched")  # its worker idle, no request waiting for a batch
         inputs = [[[float(i)], [float(i) + 0.5]] for i in range(4)] + [
             [[float(10 + i)]] for i in range(4)
         ]
