@@ -126,15 +126,13 @@ def test_invalid_names_are_refused_before_the_file_system(tmp_path: Path) -> Non
 # ------------------------------------------------------------------------------------------------
 
 
-def test_lists_the_reference_store_fast_without_loading(tmp_path: Path) -> None:
+def test_lists_the_reference_store_without_loading(tmp_path: Path) -> None:
     root = make_store(tmp_path / "store", 1000)
     # A broken archive is still listed: listing never opens an archive or a model.
     (root / "broken.tar.gz").write_bytes(b"not a gzip file")
     store = ModelStore(root, root / ".mmserver-cache", MiB)
 
-    start = time.perf_counter()
     entries = store.list()
-    elapsed = time.perf_counter() - start
 
     names = [e.name for e in entries]
     assert len(entries) == 1000 + len(EXAMPLE_NAMES) + 1
@@ -149,8 +147,7 @@ def test_lists_the_reference_store_fast_without_loading(tmp_path: Path) -> None:
     assert by_name["iris-classifier"].size_bytes == sum(
         p.stat().st_size for p in (root / "iris-classifier").iterdir()
     )
-    assert elapsed < 1.0, f"listing 1,005 entries took {elapsed:.2f} s"
-    assert not (root / ".mmserver-cache").exists()
+    assert not (root / ".mmserver-cache").exists()  # nothing unpacked (its speed: scripts/bench)
 
 
 def test_listing_rules(layout: tuple[Path, Path, ModelStore]) -> None:
@@ -464,7 +461,8 @@ def test_a_large_bomb_is_refused_before_it_is_inflated(
     layout: tuple[Path, Path, ModelStore],
 ) -> None:
     # 1 GiB declared in one header, followed by only 1 MiB of data: the archive is cut short,
-    # but the size check must fire on the header, before any of it is inflated or written.
+    # so inflating it would end in a truncated-archive error; the size check must fire on the
+    # header instead, before any of it is inflated or written.
     root, cache, store = layout
 
     path = root / "bomb.tar.gz"
@@ -473,10 +471,8 @@ def test_a_large_bomb_is_refused_before_it_is_inflated(
     with gzip.open(path, "wb", compresslevel=1) as gz:
         gz.write(info.tobuf(format=tarfile.GNU_FORMAT))
         gz.write(bytes(MiB))
-    start = time.perf_counter()
     with pytest.raises(UnsafeArchive, match="exceeds the limit"):
         store.prepare(store.entry_for_path(path, "bomb"))
-    assert time.perf_counter() - start < 5
     assert list(cache.iterdir()) == []
 
 
