@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import socket
 import time
 from collections.abc import Callable
@@ -97,6 +98,12 @@ def _text(value: bytes) -> str:
     """A header's value as aiohttp reads it (without the white space llhttp leaves at its end;
     ASCII: the lean path takes no other)."""
     return value.rstrip(b" \t").decode("ascii")
+
+
+@functools.cache
+def _field_name(name: str) -> bytes:
+    """A header's name as the fields hold it (lower case), made once per name."""
+    return name.lower().encode()
 
 
 def _may_start_lean(start: bytes) -> bool:
@@ -384,8 +391,13 @@ class LeanConnection(asyncio.Protocol):
         self._answers.append(exchange)
         runner = self.state.asynchronous
         assert runner is not None  # the route is taken only then (LeanFront.route)
+
+        def header(name: str) -> str | None:
+            value = fields.get(_field_name(name))
+            return None if value is None else _text(value)
+
         try:
-            exchange.accept(runner, endpoint, body, fields)
+            exchange.accept(runner, endpoint, body, header)
         except Exception as exc:
             exchange.fail(exc)
             self.flush()

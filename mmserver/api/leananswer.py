@@ -19,7 +19,9 @@ from mmserver.api.middleware import render_error
 from mmserver.api.protocols import JSON, Protocol
 
 if TYPE_CHECKING:
+    from mmserver.api import ApiState
     from mmserver.api.lean import LeanConnection
+    from mmserver.errors import MMServerError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,16 @@ def lean_answer(status: int, headers: dict[str, str], body: bytes | memoryview) 
     lines.append(f"Content-Length: {len(body)}\r\n")
     head = "\r\n".join(lines).encode()
     return b"%sDate: %s\r\nServer: mmserver\r\n\r\n%s" % (head, _date(), body)
+
+
+def error_answer(
+    state: ApiState, shown: MMServerError, rid: str, protocol: Protocol
+) -> tuple[bytes, int]:
+    """The whole answer for ``shown`` to request ``rid``, as aiohttp's handler writes it, and
+    the size of its body."""
+    body, headers = render_error(state, shown, rid, protocol)
+    headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
+    return lean_answer(shown.status_code, headers, body), len(body)
 
 
 def _date() -> bytes:
@@ -103,11 +115,9 @@ class LeanExchange(Exchange):
     def fail(self, error: BaseException) -> None:
         """Make the error answer, log a 500 and count the failure, as the aiohttp handler does."""
         shown = self.failed(error, "POST", self.path.decode())
-        body, headers = render_error(self.state, shown, self.rid, self.protocol)
-        headers[_CONTENT_TYPE] = JSON  # after the others, as aiohttp writes them
-        self.data = lean_answer(shown.status_code, headers, body)
+        self.data, size = error_answer(self.state, shown, self.rid, self.protocol)
         if self.conn.front.access_log:
-            self._logged(shown.status_code, len(body))
+            self._logged(shown.status_code, size)
 
     def _logged(self, status: int, size: int) -> None:
         access = self.conn.front.access_log

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mmserver.api import REQUEST_ID
 from mmserver.api.dataplane import shown_error
-from mmserver.api.leananswer import lean_answer
-from mmserver.api.middleware import render_error
-from mmserver.api.protocols import JSON, SAGEMAKER
+from mmserver.api.leananswer import error_answer, lean_answer
+from mmserver.api.protocols import SAGEMAKER
 from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
 from mmserver.asynchronous.requests import FAILURE_LOCATION, OUTPUT_LOCATION
 
@@ -50,15 +50,14 @@ class LeanAsyncExchange:
         self.data: bytes | None = None
 
     def accept(
-        self, runner: AsyncInference, endpoint: str, body: bytes, fields: dict[bytes, bytes]
+        self,
+        runner: AsyncInference,
+        endpoint: str,
+        body: bytes,
+        header: Callable[[str], str | None],
     ) -> None:
-        """Accept the request (its headers are ``fields``, lower-case names): its answer is
+        """Accept the request (``header`` gives its headers' values by name): its answer is
         made once the journal holds it, or refused it."""
-
-        def header(name: str) -> str | None:
-            value = fields.get(name.lower().encode())
-            return None if value is None else value.rstrip(b" \t").decode("ascii")
-
         asked = AsyncRequest.from_headers(endpoint, header)
         task = asyncio.get_running_loop().create_task(runner.accept(asked, body))
         task.add_done_callback(self._accepted)
@@ -92,6 +91,4 @@ class LeanAsyncExchange:
     def fail(self, error: BaseException) -> None:
         """Make the error answer (a 500 logged), as aiohttp's handler does."""
         shown = shown_error(error, "POST", self.path.decode(), self.rid)
-        body, headers = render_error(self.conn.state, shown, self.rid, SAGEMAKER)
-        headers["Content-Type"] = JSON  # after the others, as aiohttp writes them
-        self.data = lean_answer(shown.status_code, headers, body)
+        self.data, _ = error_answer(self.conn.state, shown, self.rid, SAGEMAKER)
