@@ -67,6 +67,6 @@ async def test_a_killed_process_is_replaced_and_the_call_made_again(
     assert killed  # the call was made in one of them
     for process in killed:
         os.kill(process.pid, signal.SIGKILL)
-    psutil.wait_procs(killed, timeout=10)
+    await asyncio.to_thread(psutil.wait_procs, killed, timeout=10)  # off the event loop
     assert await calls.read_input(source.as_uri(), 0) == b"[[0.5]]"
     assert {p.pid for p in _callers()}.isdisjoint(p.pid for p in killed)
