@@ -110,12 +110,9 @@ class Locations:
 
     def read_unless_larger(self, location: str, most: int) -> bytes | int:
         """The whole body at ``location`` (:meth:`read`), or its size when it is larger than
-        ``most`` bytes (0: read it whatever its size)."""
-        if most:
-            size = self.size(location)
-            if size > most:
-                return size
-        return self.read(location)
+        ``most`` bytes (0: read it whatever its size): one call to the object store."""
+        with _reading(location):
+            return self.objects.read_unless_larger(location, most)
 
     def size(self, location: str) -> int:
         """The size in bytes of the input at ``location`` (:class:`InputMissing` if none)."""

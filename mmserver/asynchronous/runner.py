@@ -234,7 +234,7 @@ class AsyncInference:
                     requeued,
                 )
         await self._writer.close()
-        await asyncio.to_thread(self._objects.close)
+        await self._objects.close()
         if self.notifier is not None:
             await self.notifier.close()
 

@@ -136,6 +136,28 @@ class Objects:
                 return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
             return local_path(location).read_bytes()
 
+    def read_unless_larger(self, location: str, most: int) -> bytes | int:
+        """The whole body at ``location``, or its size when it is larger than ``most`` bytes
+        (0: read it whatever its size). One call for an object: the body is not read when the
+        answer's length is too large (its connection is dropped instead)."""
+        with failures(location):
+            if is_object(location):
+                bucket, key = bucket_key(location)
+                found = self.client.get_object(Bucket=bucket, Key=key)
+                stream = found["Body"]
+                try:
+                    size = int(found["ContentLength"])
+                    if most and size > most:
+                        return size
+                    return bytes(stream.read())
+                finally:
+                    stream.close()
+            with open(local_path(location), "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                if most and size > most:
+                    return size
+                return file.read()
+
     def open(self, location: str) -> Any:
         """A stream of the body at ``location`` (``read(n)``, ``close()``; the caller closes
         it)."""

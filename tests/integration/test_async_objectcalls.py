@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ async def calls(tmp_path: Path) -> AsyncIterator[ObjectCalls]:
     try:
         yield made
     finally:
-        await asyncio.to_thread(made.close)
+        await made.close()
 
 
 def _callers() -> list[psutil.Process]:
@@ -46,6 +47,26 @@ async def test_inputs_are_read_whole_or_sized_and_answers_written_whole(
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["id.out"]  # no staging left
     # Made by processes of their own, at the lower priority.
     assert 1 <= len(_callers()) <= PROCESSES
+
+
+async def test_calls_are_asked_and_answered_on_the_event_loop_without_a_thread(
+    calls: ObjectCalls, tmp_path: Path
+) -> None:
+    before = {thread.ident for thread in threading.enumerate()}
+    source = tmp_path / "input.json"
+    source.write_bytes(b"[[0.5]]")
+    answers = await asyncio.gather(*(calls.read_input(source.as_uri(), 0) for _ in range(20)))
+    await asyncio.gather(
+        *(calls.write((tmp_path / f"{i}.out").as_uri(), b"[1]", "text/csv") for i in range(20))
+    )
+    assert answers == [b"[[0.5]]"] * 20
+    written = sorted(os.listdir(tmp_path))
+    assert written == sorted(["input.json", *(f"{i}.out" for i in range(20))])
+    assert sorted(calls.pids()) == sorted(p.pid for p in _callers())
+    # The only threads the calls started are the event loop's default executor's, which
+    # started the processes: none hands calls over.
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert [name for name in started if not name.startswith(("asyncio_", "uvloop_"))] == []
 
 
 async def test_an_error_is_raised_as_the_frontend_would_raise_it(
