@@ -63,13 +63,14 @@ class Job:
 class Tally:
     """The jobs queued in many queues together (the server's, for its metrics), kept as they
     come and go, so that reading it costs nothing however many queues there are; ``background``
-    of them are background jobs."""
+    of them are background jobs. ``arrived`` counts the real-time jobs ever queued."""
 
-    __slots__ = ("background", "jobs")
+    __slots__ = ("arrived", "background", "jobs")
 
     def __init__(self) -> None:
         self.jobs = 0
         self.background = 0
+        self.arrived = 0
 
 
 class JobQueue:
@@ -97,9 +98,12 @@ class JobQueue:
                 f"the model's queue is full ({self.maxsize} jobs waiting); retry later"
             )
         self._items.append(job)
-        self.tally.jobs += 1
+        tally = self.tally
+        tally.jobs += 1
         if job.background:
             self._count_background(1)
+        else:
+            tally.arrived += 1
 
     def _count_background(self, change: int) -> None:
         self.background += change

@@ -505,6 +505,11 @@ class Metrics:
             "Times queued asynchronous requests were held back because real-time requests "
             "were queued.",
         )
+        self.async_paced = CounterFamily(
+            "mmserver_async_paced",
+            "Asynchronous calls whose acceptance waited its turn because real-time requests "
+            "kept the event loop busy.",
+        )
         self.shadow_comparisons = CounterFamily(
             "mmserver_shadow_comparisons",
             "Requests also run on their model's shadow version, by how its answer compared: "

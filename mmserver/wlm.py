@@ -123,6 +123,11 @@ class WorkLoadManager:
         return self._catalog.index
 
     @property
+    def real_time_arrived(self) -> int:
+        """Real-time jobs ever queued, over every model."""
+        return self._room.queued.arrived
+
+    @property
     def real_time_queued(self) -> int:
         """Real-time jobs waiting in every model's queue now (background jobs not counted)."""
         queued = self._room.queued

@@ -58,6 +58,7 @@ from mmserver import errors
 from mmserver.asynchronous.admission import (
     IO_PER_PREDICTION,
     YIELD_S,
+    Intake,
     Turns,
     room_for_async,
 )
@@ -144,6 +145,8 @@ class AsyncInference:
         )
         #: ... and this many run at once (reading inputs and writing answers besides).
         self.max_running = IO_PER_PREDICTION * self._turns.limit
+        #: When calls are accepted while real-time requests keep the event loop busy.
+        self.intake = Intake(lambda: self.wlm.real_time_arrived, metrics.async_paced.inc)
         #: The object store's calls with small bodies, made in processes of their own.
         self._objects = ObjectCalls(self.locations.input_roots)
         self._computer = Computer(
@@ -249,19 +252,16 @@ class AsyncInference:
         """Journal one request and queue it: its row, and whether it is new (``False``: a
         request with its inference id was accepted before; it is not queued again). Raises what
         refuses it before anything is written."""
-        if not self._accepting:
-            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
-        if self.open_requests >= self.config.async_max_queued:
-            raise errors.TooManyRequests(
-                f"the server holds {self.config.async_max_queued} asynchronous requests "
-                "(async_max_queued); retry later"
-            )
+        self._check_room()
         model = normalize_name(request.model)
         make_request(b"", request.content_type, request.accept)  # 415 now, not in the failure
         ttl, timeout = request.ttl_s(), request.timeout_s()
         inference_id = request.checked_id()
         request.check_attributes()
         extension, filename = request.extension(), request.checked_filename()
+        if self.intake.busy():  # real time first: the call waits its turn
+            await self.intake.take()
+            self._check_room()  # again: the server may have filled up or begun to stop
         output_base, failure_base = self._places(model)
         if extension is not None:
             output_base = self.locations.join(output_base, extension)
@@ -319,6 +319,15 @@ class AsyncInference:
         self._enqueue(row)
         self.metrics.async_requests.labels("accepted").inc()
         return row, True
+
+    def _check_room(self) -> None:
+        if not self._accepting:
+            raise errors.ShuttingDown("the server is shutting down; retry on another instance")
+        if self.open_requests >= self.config.async_max_queued:
+            raise errors.TooManyRequests(
+                f"the server holds {self.config.async_max_queued} asynchronous requests "
+                "(async_max_queued); retry later"
+            )
 
     def _places(self, model: str) -> tuple[str, str]:
         """Where the answers and failures of ``model`` go: its own settings when the server

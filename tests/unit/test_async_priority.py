@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from mmserver.asynchronous.admission import room_for_async
+from mmserver.asynchronous.admission import BUSY, LOOK_S, Intake, room_for_async
 from mmserver.jobs import Job, JobQueue, Tally
 from mmserver.scaling import (
     PoolSnapshot,
@@ -73,3 +73,85 @@ async def test_background_jobs_are_counted_apart_and_not_in_the_scaling_snapshot
     assert (queue.background, tally.background) == (1, 1)
     queue.drain()
     assert (len(queue), queue.background, tally.jobs, tally.background) == (0, 0, 0, 0)
+
+
+class _Meter:
+    """What an :class:`Intake` reads: the clock, the loop thread's CPU time, the real-time
+    arrivals, set by the test; and the calls it paced."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.cpu = 10.0
+        self.arrived = 0
+        self.paced = 0
+
+    def intake(self) -> Intake:
+        return Intake(lambda: self.arrived, self._pace, lambda: self.now, lambda: self.cpu)
+
+    def _pace(self) -> None:
+        self.paced += 1
+
+    def look(self, cpu_share: float, arrivals: int) -> None:
+        """A look's time (and a half) passes, with the loop on the CPU for ``cpu_share`` of it."""
+        self.now += 1.5 * LOOK_S
+        self.cpu += cpu_share * 1.5 * LOOK_S
+        self.arrived += arrivals
+
+
+@pytest.mark.parametrize(
+    ("cpu_share", "arrivals", "busy"),
+    [
+        (0.9, 10, True),  # real-time requests keep the loop busy: calls are paced
+        (BUSY + 0.1, 1, True),
+        (BUSY - 0.1, 10, False),  # real-time requests leave the loop room
+        (0.9, 0, False),  # busy with no real-time request: the calls themselves, say
+    ],
+)
+def test_intake_paces_calls_only_while_real_time_keeps_the_loop_busy(
+    cpu_share: float, arrivals: int, busy: bool
+) -> None:
+    meter = _Meter()
+    intake = meter.intake()
+    assert not intake.busy()
+    meter.look(cpu_share, arrivals)
+    assert intake.busy() is busy
+    meter.look(0.0, 0)  # the next look: quiet again
+    assert not intake.busy()
+
+
+async def test_paced_calls_are_accepted_one_at_a_time_in_their_order() -> None:
+    meter = _Meter()
+    intake = meter.intake()
+    meter.look(0.9, 5)
+    assert intake.busy()
+    await intake.take()  # the first goes at once
+    accepted: list[int] = []
+
+    async def call(number: int) -> None:
+        await intake.take()
+        accepted.append(number)
+
+    calls = [asyncio.create_task(call(n)) for n in range(3)]
+    await calls[0]
+    assert accepted == [0]  # one turn: the others still wait theirs
+    assert meter.paced == 3
+    await calls[1]
+    assert accepted == [0, 1]
+    meter.look(0.1, 0)  # quiet again: what waits goes at once, what comes is not held
+    await calls[2]
+    await intake.take()
+    assert (accepted, meter.paced) == ([0, 1, 2], 3)
+
+
+async def test_a_call_that_leaves_while_it_waits_gives_its_turn_to_the_next() -> None:
+    meter = _Meter()
+    intake = meter.intake()
+    meter.look(0.9, 5)
+    await intake.take()
+    leaving = asyncio.create_task(intake.take())
+    staying = asyncio.create_task(intake.take())
+    await asyncio.sleep(0)  # both wait their turns
+    leaving.cancel()
+    await staying
+    assert leaving.cancelled()
+    assert meter.paced == 2

@@ -102,6 +102,7 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_async_requests",
         "mmserver_async_backlog",
         "mmserver_async_yields",
+        "mmserver_async_paced",
         "mmserver_async_oldest_queued_seconds",
         "mmserver_shadow_comparisons",
         "mmserver_capture_dropped",
