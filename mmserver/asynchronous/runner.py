@@ -147,7 +147,7 @@ class AsyncInference:
         self.max_running = IO_PER_PREDICTION * self._turns.limit
         #: When calls are accepted while real-time requests keep the event loop busy.
         self.intake = Intake(lambda: self.wlm.real_time_arrived, metrics.async_paced.inc)
-        #: The object store's calls with small bodies, made in processes of their own.
+        #: The object store's calls with small bodies, made in a process of its own.
         self._objects = ObjectCalls(self.locations.input_roots)
         self._computer = Computer(
             wlm, self.locations, self._objects, self._turns, config, self.state_dir
