@@ -102,22 +102,13 @@ class Locations:
             folder = self._folders[base] = file_url(local_path(base))
         return folder.rstrip("/") + "/" + quote(name)
 
-    def read(self, location: str) -> bytes:
-        """The whole body at ``location``. Raises :class:`InputMissing` when there is none, and
-        :class:`ServiceUnavailable` when the object store cannot be reached."""
-        with _reading(location):
-            return self.objects.read(location)
-
     def read_unless_larger(self, location: str, most: int) -> bytes | int:
-        """The whole body at ``location`` (:meth:`read`), or its size when it is larger than
-        ``most`` bytes (0: read it whatever its size): one call to the object store."""
+        """The whole body at ``location``, or its size when it is larger than ``most`` bytes (0:
+        read it whatever its size): one call to the object store. Raises :class:`InputMissing`
+        when there is none, and :class:`ServiceUnavailable` when the object store cannot be
+        reached."""
         with _reading(location):
             return self.objects.read_unless_larger(location, most)
-
-    def size(self, location: str) -> int:
-        """The size in bytes of the input at ``location`` (:class:`InputMissing` if none)."""
-        with _reading(location):
-            return self.objects.size(location)
 
     def open(self, location: str) -> Any:
         """A stream of the input at ``location`` (``read(n)``, ``close()``)."""
@@ -163,7 +154,7 @@ class Locations:
     def read_small(location: str, most: int) -> bytes | None:
         """The body of the local file ``location`` if it has at most ``most`` bytes; ``None``
         for a larger one, an object, anything but a plain file, or one that cannot be read
-        (:meth:`read` then says why)."""
+        (:meth:`read_unless_larger` then says why)."""
         if is_object(location):
             return None
         try:

@@ -167,14 +167,6 @@ class Objects:
                 return self.client.get_object(Bucket=bucket, Key=key)["Body"]
             return open(local_path(location), "rb")
 
-    def size(self, location: str) -> int:
-        """The size in bytes of the body at ``location``."""
-        with failures(location):
-            if is_object(location):
-                bucket, key = bucket_key(location)
-                return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-            return local_path(location).stat().st_size
-
     def exists(self, location: str) -> bool:
         """Whether a body is at ``location``."""
         try:
