@@ -24,8 +24,9 @@ slowly while real-time traffic lasts, as they should be.
 from __future__ import annotations
 
 import multiprocessing
-from multiprocessing.context import BaseContext
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mmserver import errors
 from mmserver.asynchronous.locations import Locations
@@ -73,31 +74,26 @@ class ObjectCalls:
     are raised here as they were there. A call whose process died is made again, once, in a
     new one."""
 
-    def __init__(self, input_roots: tuple[Path, ...], context: BaseContext | None = None) -> None:
+    def __init__(self, input_roots: tuple[Path, ...]) -> None:
         self._roots = tuple(str(root) for root in input_roots)
-        self._processes = SideProcesses(
-            PROCESSES, context or multiprocessing.get_context("spawn"), KIND
-        )
+        self._processes = SideProcesses(PROCESSES, multiprocessing.get_context("spawn"), KIND)
 
     async def read_input(self, location: str, most: int) -> bytes | int:
         """:meth:`Locations.read_unless_larger`."""
-        what = f"reading {location}"
-        try:
-            found: bytes | int = await self._processes.run(
-                location, what, _input, self._roots, location, most
-            )
-        except CallLost:
-            found = await self._processes.run(location, what, _input, self._roots, location, most)
+        found: bytes | int = await self._call(f"reading {location}", _input, location, most)
         return found
 
     async def write(self, location: str, body: bytes, content_type: str) -> None:
         """:meth:`Locations.write`."""
-        what = f"writing {location}"
-        args = (self._roots, location, body, content_type)
+        await self._call(f"writing {location}", _write, location, body, content_type)
+
+    async def _call(self, what: str, work: Callable[..., Any], location: str, *args: Any) -> Any:
+        """``work(roots, location, *args)`` in the process, made again once in a new one if
+        the process died meanwhile."""
         try:
-            await self._processes.run(location, what, _write, *args)
+            return await self._processes.run(location, what, work, self._roots, location, *args)
         except CallLost:
-            await self._processes.run(location, what, _write, *args)
+            return await self._processes.run(location, what, work, self._roots, location, *args)
 
     def pids(self) -> list[int]:
         """The processes making the calls (started, not found dead)."""
