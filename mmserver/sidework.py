@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 Failure = Callable[[str, str], Exception]
 
 
+def _stopping(name: str) -> ShuttingDown:
+    return ShuttingDown(f"{name}: the server is stopping")
+
+
 @dataclass(frozen=True)
 class Kind:
     """What the processes are: how the operator's tools show them, their niceness above the
@@ -59,7 +63,7 @@ class Kind:
     comm: str
     failure: Failure
     nice: int = 0
-    stopping: Callable[[str], ShuttingDown] | None = None
+    stopping: Callable[[str], ShuttingDown] = _stopping
 
 
 def _serve(conn: Connection, kind: Kind) -> None:
@@ -217,9 +221,7 @@ class SideProcesses:
 
     def _refuse_if_closed(self, name: str) -> None:
         if self._closed:
-            if self.kind.stopping is not None:
-                raise self.kind.stopping(name)
-            raise ShuttingDown(f"{name}: the server is stopping")
+            raise self.kind.stopping(name)
 
     async def _take(self) -> _Process | None:
         if self._idle:
