@@ -502,8 +502,8 @@ class Metrics:
         )
         self.async_yields = CounterFamily(
             "mmserver_async_yields",
-            "Times queued asynchronous requests were held back because real-time requests "
-            "were queued.",
+            "Times queued asynchronous requests were held back for real-time requests "
+            "(queued, or keeping the event loop busy).",
         )
         self.async_paced = CounterFamily(
             "mmserver_async_paced",

@@ -11,7 +11,8 @@ by :data:`NICE`, with a client of its own, asked and answered on the event loop
 takes part (a :class:`~concurrent.futures.ProcessPoolExecutor` woke its manager and feeder
 threads for each call, each taking the interpreter lock from the event loop). Streams (a large
 input read in pieces, a large answer uploaded from its file) stay in the frontend's threads:
-they are few and long. The process starts at the first call.
+they are few and long. The process starts at the first call, or as the server starts when its
+answers go to S3 (:meth:`ObjectCalls.prepare`).
 
 One process, not more: on a server busy with real-time requests a niced process still takes
 its share of the CPU, and the event loop waits for the CPU meanwhile. Measured with the bench's
@@ -69,6 +70,10 @@ def _write(roots: tuple[str, ...], location: str, body: bytes, content_type: str
     _locations(roots).write(location, body, content_type)
 
 
+def _prepare(roots: tuple[str, ...], location: str) -> None:
+    _locations(roots).objects.client  # noqa: B018 (made on first use: boto3's imports)
+
+
 class ObjectCalls:
     """Makes calls of :class:`Locations` in the processes (the module docstring); their errors
     are raised here as they were there. A call whose process died is made again, once, in a
@@ -86,6 +91,12 @@ class ObjectCalls:
     async def write(self, location: str, body: bytes, content_type: str) -> None:
         """:meth:`Locations.write`."""
         await self._call(f"writing {location}", _write, location, body, content_type)
+
+    async def prepare(self, location: str) -> None:
+        """Start the process and make its S3 client, for ``location`` (an ``s3://`` URL the
+        calls will be for): its start costs about a second of CPU (boto3's imports), better
+        spent before the first request than beside it."""
+        await self._call(f"preparing the calls of {location}", _prepare, location)
 
     async def _call(self, what: str, work: Callable[..., Any], location: str, *args: Any) -> Any:
         """``work(roots, location, *args)`` in the process, made again once in a new one if

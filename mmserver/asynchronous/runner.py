@@ -9,7 +9,9 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
    the 202 is sent for a request no crash can lose;
 2. the dispatcher starts it when its model may run one more asynchronous request
    (``option.async_max_workers``) and real-time requests leave room (:func:`room_for_async`:
-   none is queued); a request not started within its TTL expires instead;
+   none is queued; while they keep the event loop busy, one start every
+   :data:`~mmserver.asynchronous.admission.START_PACE_S`); a request not started within its
+   TTL expires instead;
 3. it runs: the input is read (``s3://`` or a local file), the body submitted through
    :meth:`WorkLoadManager.submit <mmserver.wlm.WorkLoadManager.submit>` as a SageMaker request,
    all within its invocation timeout, as a *background* job: it does not count toward its
@@ -74,7 +76,7 @@ from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.scaling import background_share
 from mmserver.store import normalize_name
-from mmserver.store.objects import write_synced
+from mmserver.store.objects import is_object, write_synced
 
 if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager
@@ -134,6 +136,8 @@ class AsyncInference:
         self._last_sweep = 0.0
         self._last_prune = 0.0
         self._pruning: asyncio.Task[None] | None = None
+        #: The object-call process's start, begun with the server's when answers go to S3.
+        self._preparing: asyncio.Task[None] | None = None
         url = config.async_notify_url.strip()
         #: Tells ``async_notify_url`` of each request that ends.
         self.notifier = Notifier(url) if url else None
@@ -174,9 +178,23 @@ class AsyncInference:
         if recovered:
             log.info("asynchronous inference: %d request(s) from the journal queued", recovered)
         self._accepting = True
-        self._dispatcher = asyncio.get_running_loop().create_task(
+        loop = asyncio.get_running_loop()
+        self._dispatcher = loop.create_task(
             self._dispatch_forever(), name="mmserver-async-dispatcher"
         )
+        to_s3 = [
+            p for p in (self.config.async_outputs, self.config.async_failure_path) if is_object(p)
+        ]
+        if to_s3:
+            self._preparing = loop.create_task(
+                self._prepare_objects(to_s3[0]), name="mmserver-async-objects"
+            )
+
+    async def _prepare_objects(self, location: str) -> None:
+        try:
+            await self._objects.prepare(location)
+        except Exception as exc:  # the first request's call tries again, and says why
+            log.warning("asynchronous inference: the object calls could not start: %s", exc)
 
     async def _prune(self) -> None:
         self._last_prune = self.clock()
@@ -237,6 +255,8 @@ class AsyncInference:
                     requeued,
                 )
         await self._writer.close()
+        if self._preparing is not None:  # a process starting is stopped once it has
+            await asyncio.gather(self._preparing, return_exceptions=True)
         await self._objects.close()
         if self.notifier is not None:
             await self.notifier.close()
@@ -399,6 +419,11 @@ class AsyncInference:
             limit = pool.config.async_max_workers if pool else self.config.async_max_workers
             if self._per_model[model] >= limit:
                 continue
+            pause = self.intake.start_pause()
+            if pause:  # real time keeps the event loop busy: one start at a time
+                self.metrics.async_yields.inc()
+                wait = pause if wait is None else min(wait, pause)
+                break
             invocation = queue.popleft()
             self._queued_count -= 1
             if not queue:

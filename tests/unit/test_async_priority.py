@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from mmserver.asynchronous.admission import BUSY, LOOK_S, Intake, room_for_async
+from mmserver.asynchronous.admission import BUSY, LOOK_S, START_PACE_S, Intake, room_for_async
 from mmserver.jobs import Job, JobQueue, Tally
 from mmserver.scaling import (
     PoolSnapshot,
@@ -155,3 +155,20 @@ async def test_a_call_that_leaves_while_it_waits_gives_its_turn_to_the_next() ->
     await staying
     assert leaving.cancelled()
     assert meter.paced == 2
+
+
+def test_requests_start_one_at_a_time_while_real_time_keeps_the_loop_busy() -> None:
+    meter = _Meter()
+    intake = meter.intake()
+    assert [intake.start_pause() for _ in range(3)] == [0.0, 0.0, 0.0]  # quiet: all at once
+    meter.look(0.9, 5)
+    assert intake.start_pause() == 0.0  # busy: the first starts, and takes the turn
+    assert intake.start_pause() == pytest.approx(START_PACE_S)
+    meter.look(0.9, 5)
+    assert intake.start_pause() == pytest.approx(START_PACE_S - 1.5 * LOOK_S)
+    meter.look(0.9, 5)
+    assert intake.start_pause() == 0.0  # its turn came
+    assert intake.start_pause() == pytest.approx(START_PACE_S)
+    meter.look(0.1, 0)  # quiet again: the rest start at once
+    assert [intake.start_pause() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert meter.paced == 0  # what counts the calls paced at acceptance
