@@ -193,6 +193,8 @@ class AsyncInference:
     async def _prepare_objects(self, location: str) -> None:
         try:
             await self._objects.prepare(location)
+        except errors.ShuttingDown:
+            pass  # stopped as it started
         except Exception as exc:  # the first request's call tries again, and says why
             log.warning("asynchronous inference: the object calls could not start: %s", exc)
 
