@@ -182,12 +182,11 @@ class AsyncInference:
         self._dispatcher = loop.create_task(
             self._dispatch_forever(), name="mmserver-async-dispatcher"
         )
-        to_s3 = [
-            p for p in (self.config.async_outputs, self.config.async_failure_path) if is_object(p)
-        ]
-        if to_s3:
+        places = (self.config.async_outputs, self.config.async_failures)
+        to_s3 = next((place for place in places if is_object(place)), None)
+        if to_s3 is not None:
             self._preparing = loop.create_task(
-                self._prepare_objects(to_s3[0]), name="mmserver-async-objects"
+                self._prepare_objects(to_s3), name="mmserver-async-objects"
             )
 
     async def _prepare_objects(self, location: str) -> None:
