@@ -59,7 +59,15 @@ class Server:
         # Asked from the store's threads: status() only reads a dict and an attribute.
         return self.wlm.status(name) in _HOLDING_FILES
 
+    def claim(self) -> None:
+        """Hold the folders this server must have alone (its ``state_dir``); raises
+        :class:`~mmserver.errors.ConfigError` if another process holds one."""
+        runner = self.app[STATE].asynchronous
+        if runner is not None:
+            runner.claim()
+
     async def start(self) -> None:
+        self.claim()  # before anything starts (nothing if :func:`_serve` did already)
         await self.wlm.start()
         runner = self.app[STATE].asynchronous
         if runner is not None:
@@ -141,6 +149,7 @@ async def _serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    server.claim()  # a folder in use ends the start here, with nothing to stop
     try:
         await server.start()
         # Loads and requests no longer stall behind full collections (mmserver.heap).
@@ -175,6 +184,9 @@ def run(config: ServerConfig, early: Sequence[logging.LogRecord] = ()) -> int:
 
     try:
         uvloop.run(_serve(config))
+    except errors.ConfigError as exc:
+        log.error("%s", exc.message)
+        return 2
     except OSError as exc:
         log.error("cannot serve on %s:%d: %s", config.host, config.port, exc)
         return 1

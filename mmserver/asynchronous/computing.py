@@ -51,6 +51,17 @@ class Computer:
         #: ``body``): one that is never cut in pieces.
         self.small_input = min(SMALL_INPUT_BYTES, self.max_request_size or SMALL_INPUT_BYTES)
 
+    def clear_staging(self) -> None:
+        """Remove what a server killed while preparing answers left in :attr:`staging` (at
+        start, before anything is prepared there)."""
+        try:
+            entries = list(self.staging.iterdir())
+        except FileNotFoundError:
+            return
+        for path in entries:
+            if path.is_file():
+                path.unlink(missing_ok=True)
+
     async def compute(
         self, invocation: Invocation, deadline: float, body: bytes | None = None
     ) -> tuple[bytes | Path, str]:

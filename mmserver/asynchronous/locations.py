@@ -20,7 +20,15 @@ from urllib.parse import quote
 
 from mmserver.errors import InputMissing, InvalidInput, MMServerError, ServiceUnavailable
 from mmserver.store import split_object_url
-from mmserver.store.objects import LocationError, Objects, failures, is_object, write_whole
+from mmserver.store.objects import (
+    LocationError,
+    Objects,
+    failures,
+    is_object,
+    remove_staged,
+    staging_beside,
+    write_whole,
+)
 from mmserver.store.objects import local_path as _local_path
 
 #: Folders whose resolution :meth:`Locations.join` keeps.
@@ -119,13 +127,22 @@ class Locations:
     def staging(location: str, folder: Path) -> Path:
         """Where to prepare the answer that goes to ``location``: beside it for a local file
         (so that it is renamed into place), in ``folder`` for an object."""
-        name = f".{os.urandom(8).hex()}.part"
         if is_object(location):
             folder.mkdir(parents=True, exist_ok=True)
-            return folder / name
+            return folder / f".{os.urandom(8).hex()}.part"
         path = local_path(location)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return path.parent / name
+        return staging_beside(path)
+
+    @staticmethod
+    def remove_staged(location: str) -> int:
+        """Remove what a server killed while writing the local file ``location`` left beside
+        it (see :meth:`staging`); how many files. Nothing for an object: an upload that did
+        not end leaves none."""
+        if is_object(location):
+            return 0
+        with _writing(location), failures(location):
+            return remove_staged(local_path(location))
 
     def put_file(self, location: str, staged: Path, content_type: str) -> None:
         """Move the answer prepared at ``staged`` (:meth:`staging`) to ``location`` whole: a

@@ -73,6 +73,7 @@ from mmserver.asynchronous.requests import AsyncRequest
 from mmserver.asynchronous.writer import Folders, JournalThread
 from mmserver.codecs import make_request
 from mmserver.config import ServerConfig
+from mmserver.folderlock import FolderInUse, FolderLock
 from mmserver.metrics import Metrics
 from mmserver.scaling import background_share
 from mmserver.store import normalize_name
@@ -117,6 +118,8 @@ class AsyncInference:
         self.clock = clock
         self.state_dir = config.state_path
         self.inputs_dir = self.state_dir / "inputs"
+        #: Held from the start to the end of :meth:`stop`: one server per state folder.
+        self._lock = FolderLock(self.state_dir)
         #: Every use of the journal goes through its thread, batched.
         self._writer = JournalThread()
         #: Queued requests per model, in the order they were accepted; the models in the
@@ -159,9 +162,29 @@ class AsyncInference:
 
     # Lifecycle --------------------------------------------------------------------------------
 
+    def claim(self) -> None:
+        """Hold ``state_dir`` for this server alone (:mod:`mmserver.folderlock`): a second
+        server on the same journal would run its requests again. Raises :class:`ConfigError`
+        when another process holds it or it cannot be used."""
+        try:
+            self._lock.take()
+        except FolderInUse as exc:
+            holder = f"another mmserver (pid {exc.pid})" if exc.pid else "another mmserver"
+            raise errors.ConfigError(
+                f"option state_dir={self.state_dir}: {holder} is using it; give each server "
+                "its own state_dir (two servers on one journal would run its requests twice)"
+            ) from None
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"option state_dir={self.state_dir} cannot be used: {exc.strerror or exc}"
+            ) from None
+
     async def start(self) -> None:
-        """Open the journal and take up what it holds: requests a crash left running end as
-        their written answers say, or run again; queued ones keep their order."""
+        """Hold the state folder (:meth:`claim`), open the journal and take up what it holds:
+        requests a crash left running end as their written answers say, or run again; queued
+        ones keep their order."""
+        self.claim()
+        await asyncio.to_thread(self._computer.clear_staging)
         await self._writer.open(functools.partial(Journal, self.state_dir))
         await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
         self._inline_prefix = await asyncio.to_thread(lambda: file_url(self.inputs_dir) + "/")
@@ -225,8 +248,25 @@ class AsyncInference:
                 await self._end(invocation, finish)
                 self._ended(invocation, state, error=error)
                 return True
+        await asyncio.to_thread(self._remove_staged, invocation)
         await self._writer.call(journal.move, invocation.id, State.QUEUED)
         return False
+
+    def _remove_staged(self, invocation: Invocation) -> None:
+        """Remove what the killed run of ``invocation`` left half-written beside its answer or
+        failure: no one else writes those (its id is this state folder's alone)."""
+        for location in (invocation.output, invocation.failure):
+            try:
+                removed = self.locations.remove_staged(location)
+            except errors.MMServerError as exc:
+                log.warning("asynchronous inference: %s", exc.message)
+                continue
+            if removed:
+                log.info(
+                    "asynchronous inference: %s: removed %d file(s) an interrupted write left",
+                    location,
+                    removed,
+                )
 
     def close(self) -> None:
         """Accept and start nothing more (the first step of stopping)."""
@@ -261,6 +301,7 @@ class AsyncInference:
         await self._objects.close()
         if self.notifier is not None:
             await self.notifier.close()
+        self._lock.release()
 
     # Accepting --------------------------------------------------------------------------------
 

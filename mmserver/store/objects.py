@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -281,6 +282,37 @@ def staging_beside(path: Path) -> Path:
     """A name for a temporary file in the folder of ``path`` (hidden, unique: created with
     ``O_EXCL``, it is never another's)."""
     return path.with_name(f".{path.name}.{random.getrandbits(48):012x}.part")
+
+
+def remove_staged(path: Path) -> int:
+    """Remove the temporary files :func:`staging_beside` named for ``path`` that a process
+    killed while writing it left behind; how many. Only for a path nobody writes meanwhile."""
+    return _remove_matching(path.parent, re.compile(rf"\.{re.escape(path.name)}{_STAGED}"))
+
+
+def remove_staged_under(folder: Path) -> int:
+    """Remove every temporary file :func:`staging_beside` named in ``folder`` and the folders
+    under it (a killed writer's leftovers); how many. Only where nobody writes meanwhile."""
+    pattern = re.compile(rf"\..+{_STAGED}")
+    return sum(_remove_matching(Path(here), pattern) for here, _, _ in os.walk(folder))
+
+
+#: The end of the names :func:`staging_beside` gives.
+_STAGED = r"\.[0-9a-f]{12}\.part"
+
+
+def _remove_matching(folder: Path, pattern: re.Pattern[str]) -> int:
+    removed = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        removed += 1
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return removed
 
 
 def sync_folder(folder: Path) -> None:

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import TextIO
 
 from mmserver.capacity import cpus
+from mmserver.folderlock import FolderInUse, FolderLock
+from mmserver.store.objects import is_object, remove_staged_under
 from mmserver.transform.failures import TransformError
 from mmserver.transform.job import Job
 from mmserver.transform.journal import Journal
 from mmserver.transform.options import PROG, TransformOptions, default_journal, parse
-from mmserver.transform.places import Places
+from mmserver.transform.places import InputFile, Places
 from mmserver.transform.progress import Display, Tally
 from mmserver.transform.sender import Sender
 
@@ -46,12 +48,48 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
     places = Places(options)
     files = await asyncio.to_thread(places.list_inputs)
     journal_dir = Path(default_journal(options))
-    journal = await asyncio.to_thread(
-        Journal,
-        journal_dir,
-        options.fingerprint(),
-        {"model": options.model, "input": options.input, "output": options.output},
-    )
+    lock = FolderLock(journal_dir)
+    await asyncio.to_thread(_hold, lock)
+    try:
+        journal = await asyncio.to_thread(
+            Journal,
+            journal_dir,
+            options.fingerprint(),
+            {"model": options.model, "input": options.input, "output": options.output},
+        )
+        if journal.resumed:  # what the stopped run was writing when it was killed
+            await asyncio.to_thread(remove_staged_under, journal_dir)
+            if not is_object(places.output):
+                await asyncio.to_thread(remove_staged_under, Path(places.output))
+        return await _run(options, stream, places, files, journal)
+    finally:
+        lock.release()
+
+
+def _hold(lock: FolderLock) -> None:
+    """Hold the job's journal folder: two runs of one job would send its payloads twice."""
+    try:
+        lock.take()
+    except FolderInUse as exc:
+        holder = f" (pid {exc.pid})" if exc.pid else ""
+        raise TransformError(
+            f"another run of this job{holder} is using its journal {lock.folder}: let it end "
+            "(or stop it), then run the command again to continue"
+        ) from None
+    except OSError as exc:
+        raise TransformError(
+            f"the journal {lock.folder} cannot be used: {exc.strerror or exc}"
+        ) from None
+
+
+async def _run(
+    options: TransformOptions,
+    stream: TextIO,
+    places: Places,
+    files: list[InputFile],
+    journal: Journal,
+) -> int:
+    journal_dir = journal.folder
     loop = asyncio.get_running_loop()
     tally = Tally(loop.time(), len(files), sum(f.size for f in files))
     display = Display(tally, stream, options.progress)

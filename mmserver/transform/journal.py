@@ -39,7 +39,9 @@ class Journal:
         try:
             (self.folder / "parts").mkdir(parents=True, exist_ok=True)
             job = self.folder / "job.json"
-            if job.exists():
+            #: Whether an earlier run of the job left this journal (this run continues it).
+            self.resumed = job.exists()
+            if self.resumed:
                 recorded = json.loads(job.read_text())
                 if recorded.get("fingerprint") != fingerprint:
                     raise TransformError(

@@ -1,7 +1,8 @@
 """Asynchronous requests survive the real server's death: ``mmserver serve`` killed with SIGKILL
 while requests are queued and running, started again on the same ``state_dir``, finishes every
-accepted request exactly once; SIGTERM lets running requests end within ``drain_timeout`` and
-leaves the queued ones for the next start.
+accepted request exactly once (a second server on that ``state_dir`` meanwhile is refused);
+SIGTERM lets running requests end within ``drain_timeout`` and leaves the queued ones for the
+next start.
 
 The model waits at a gate file before it computes and records each row it computes, so the test
 holds requests running for as long as it likes and counts what was computed.
@@ -14,6 +15,7 @@ import collections
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,14 @@ from tests.behaviour_models import (
     make_recording_dir,
     make_slow_load_dir,
 )
-from tests.e2e.server_process import ServerProcess, descendants, until, wait_gone
+from tests.e2e.server_process import (
+    ROOT,
+    ServerProcess,
+    descendants,
+    free_port,
+    until,
+    wait_gone,
+)
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -133,6 +142,25 @@ def states(setup: Setup) -> dict[str, State]:
         journal.close()
 
 
+async def second_server(setup: Setup) -> tuple[int, str]:
+    """``mmserver serve`` on ``setup``'s state_dir, run to its end: its exit code and output."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mmserver", "serve", "--model-store", str(setup.store),
+        "--host", "127.0.0.1", "--port", str(free_port()), "--backend-processes", "1",
+        "--state-dir", str(setup.state),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        printed, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode or 0, printed.decode(errors="replace")
+
+
 async def test_sigkill_then_restart_finishes_every_accepted_request_once(setup: Setup) -> None:
     async with aiohttp.ClientSession() as session:
         async with setup.server() as server:
@@ -145,6 +173,13 @@ async def test_sigkill_then_restart_finishes_every_accepted_request_once(setup: 
             # One runs (held at the gate in the backend process), the others are queued.
             await until_status(session, server.url, gated[0], "running")
             assert (await status(session, server.url, gated[1]))["Status"] == "queued"
+            # A second server on the same state_dir does not start, and names the first.
+            code, printed = await second_server(setup)
+            assert code == 2, printed
+            assert (
+                f"option state_dir={setup.state.resolve()}: another mmserver (pid {server.pid}) "
+                "is using it; give each server its own state_dir"
+            ) in printed
             family = descendants(server.pid) | {server.pid}
             for pid in family:
                 os.kill(pid, signal.SIGKILL)

@@ -1,5 +1,6 @@
 """A transform job killed mid-run (SIGKILL, nothing to clean up) and run again finishes with the
-outputs of an uninterrupted run, no line twice, and leaves no server of its own behind."""
+outputs of an uninterrupted run, no line twice, and leaves no server of its own behind; the
+same job run twice at once is refused."""
 
 from __future__ import annotations
 
@@ -45,6 +46,13 @@ async def test_a_killed_job_run_again_finishes_as_an_uninterrupted_run(tmp_path:
         await until(_journal_has_files(journal, 3), 120, "three files done, a fourth begun")
         family = descendants(job.pid)
         assert family, "the job's own server"
+        # The same command again while the job runs is refused, and starts nothing.
+        code, text = await run_transform(*args, "--output", str(out), timeout=60)
+        assert code == 2, text
+        assert text.strip() == (
+            f"mmserver transform: another run of this job (pid {job.pid}) is using its journal "
+            f"{journal}: let it end (or stop it), then run the command again to continue"
+        )
         job.send_signal(signal.SIGKILL)
         await asyncio.wait_for(job.wait(), 30)
     finally:
@@ -58,6 +66,8 @@ async def test_a_killed_job_run_again_finishes_as_an_uninterrupted_run(tmp_path:
     written = {name for name in outputs(out) if name.endswith(".out")}
     assert len(written) >= killed_at
     assert list((journal / "parts").iterdir()), "the file in progress has payloads recorded"
+    # What a kill in the middle of writing an output leaves beside it: the rerun removes it.
+    (out / ".part-19.csv.out.0123456789ab.part").write_bytes(b"0.5\n")
 
     code, text = await run_transform(*args, "--output", str(out), timeout=180)
     assert code == 0, text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,12 +21,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from botocore.exceptions import ClientError
 
+from mmserver import errors
 from mmserver.api import STATE
+from mmserver.asynchronous import AsyncInference
 from mmserver.asynchronous.admission import LOOK_S, Intake
 from mmserver.asynchronous.journal import Invocation, Journal
 from mmserver.asynchronous.journal import State as JournalState
 from mmserver.asynchronous.objectcalls import NICE
 from mmserver.codecs import make_request
+from mmserver.metrics import Metrics
 from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.s3server import S3Server, s3_environment
@@ -440,16 +444,54 @@ async def test_requests_a_crash_left_running_end_once_at_the_next_start(
     orphan = folders["state"] / "inputs" / "orphan.in"
     orphan.parent.mkdir()
     orphan.write_bytes(b"[[9.0]]")
+    # What the killed writes left: y's answer and failure half-written beside their places, an
+    # answer for an object store being prepared in the state folder. Another request's is
+    # left alone: it may be another server's, writing to the same folder.
+    torn = [outputs / ".y.out.0123456789ab.part", outputs / ".y-error.out.fedcba987654.part"]
+    staged = folders["state"] / "answers" / ".00112233445566778899.part"
+    staged.parent.mkdir()
+    others = outputs / ".z.out.0123456789ab.part"
+    for path in (*torn, staged, others):
+        path.write_bytes(b"half an answer")
 
     harness = await serve_async(serve, folders)
     assert (await state(harness, "x"))["Status"] == "done"  # at once: it is not run again
     assert (outputs / "x.out").read_bytes() == b"written before the crash"
     assert not orphan.exists()
+    assert [p.exists() for p in (*torn, staged, others)] == [False, False, False, True]
     assert (await ended(harness, "y"))["Status"] == "done"
     assert json.loads((outputs / "y.out").read_bytes()) == {
         "predictions": [pytest.approx(3.0, abs=0.05)]
     }
     assert harness.metrics.async_requests.labels("done").value == 2
+
+
+async def test_a_second_server_on_the_same_state_dir_is_refused(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    harness = await serve_async(serve, folders)
+    first = harness.client.app[STATE].asynchronous
+    assert first is not None
+    second = AsyncInference(harness.config, harness.wlm, Metrics())
+    with pytest.raises(errors.ConfigError) as refused:
+        second.claim()
+    assert refused.value.message == (
+        f"option state_dir={folders['state'].resolve()}: another mmserver (pid {os.getpid()}) "
+        "is using it; give each server its own state_dir (two servers on one journal would "
+        "run its requests twice)"
+    )
+    # The first goes on, and once it has stopped the folder is free.
+    source = folders["inputs"] / "row.json"
+    source.write_bytes(b"[[1.0]]")
+    client = runtime_client(harness)
+    await invoke_async(
+        client, EndpointName="sklearn-3", InputLocation=source.as_uri(), InferenceId="a"
+    )
+    assert (await ended(harness, "a"))["Status"] == "done"
+    first.close()
+    await first.stop(2.0)
+    second.claim()
+    await second.stop(0)
 
 
 # Real time first ---------------------------------------------------------------------------------
