@@ -10,7 +10,8 @@ the server on the same machine.
 
 Both raise :class:`Unreachable` when a connection cannot be made or is lost before the whole
 answer came, and :class:`TimeoutError` when the answer did not come whole within ``timeout``
-seconds of the request.
+seconds of the request; over ``https://``, :class:`Untrusted` when the server's certificate
+cannot be verified.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ CONNECT_TIMEOUT_S = 10.0
 
 class Unreachable(Exception):
     """The server could not be connected to, or the connection was lost before the answer."""
+
+
+class Untrusted(Exception):
+    """The server's TLS certificate could not be verified (why: the message). Not tried
+    again: the next attempt would meet the same certificate."""
 
 
 @dataclass(frozen=True)
@@ -206,8 +212,13 @@ class _Session:
     async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> Answer:
         aiohttp = self._aiohttp
         if self._session is None:
+            import ssl
+
+            # The certificates trusted are the system's, or those SSL_CERT_FILE and
+            # SSL_CERT_DIR name as the job starts (aiohttp's own context read them at import).
+            context = ssl.create_default_context()
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit),
+                connector=aiohttp.TCPConnector(limit=self._limit, ssl=context),
                 timeout=aiohttp.ClientTimeout(total=self._timeout, sock_connect=CONNECT_TIMEOUT_S),
             )
         try:
@@ -217,6 +228,9 @@ class _Session:
                 data = await response.read()
                 found = {name.lower(): value for name, value in response.headers.items()}
                 return Answer(response.status, found, data)
+        except aiohttp.ClientConnectorCertificateError as exc:
+            error = exc.certificate_error
+            raise Untrusted(getattr(error, "verify_message", None) or str(error)) from None
         except aiohttp.ClientError as exc:
             raise Unreachable(str(exc) or type(exc).__name__) from None
 

@@ -3,9 +3,9 @@
 
 A payload goes to DJL's path, ``POST /predictions/NAME[/VERSION]``. A busy server (503, 429)
 or a connection that fails is tried again, up to :data:`ATTEMPTS` times, after the
-``Retry-After`` it gave or a growing pause; an unknown model (404) stops the job; any other
-refusal (a record the model cannot read, the model's own error, a timeout) fails the payload's
-file with the server's message.
+``Retry-After`` it gave or a growing pause; an unknown model (404) or a TLS certificate that
+cannot be verified stops the job; any other refusal (a record the model cannot read, the
+model's own error, a timeout) fails the payload's file with the server's message.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 from types import TracebackType
 from urllib.parse import quote
 
-from mmserver.transform.connections import Exchanges, Unreachable, open_exchanges
+from mmserver.transform.connections import Exchanges, Unreachable, Untrusted, open_exchanges
 from mmserver.transform.failures import FileFailed, TransformError
 
 #: Tries of one payload while the server is busy or cannot be reached.
@@ -77,6 +77,11 @@ class Sender:
                 answer = await self._exchanges.request("POST", self.path, body, headers)
             except TimeoutError:
                 raise FileFailed(f"no answer from {self.base} in {self._timeout:g} s") from None
+            except Untrusted as exc:
+                raise TransformError(
+                    f"{self.base}: its TLS certificate cannot be verified ({exc}); if a private "
+                    "CA signed it, name a file with that CA's certificate in SSL_CERT_FILE"
+                ) from None
             except Unreachable as exc:
                 if attempt == ATTEMPTS:
                     raise TransformError(f"{self.base} cannot be reached: {exc}") from None

@@ -1,17 +1,26 @@
 """The job's own HTTP/1.1 client (:mod:`mmserver.transform.connections`) and the sender's
 retries over it, against a real HTTP peer on a loopback port that answers as each test scripts
 it: busy (503, 429) with ``Retry-After``, a connection dropped before the answer, an answer in
-chunks or ended by the close, kept-alive connections reused, a timeout. (The e2e tests send
+chunks or ended by the close, kept-alive connections reused, a timeout; over TLS, with a
+certificate the job trusts and with one it does not. (The e2e tests send
 jobs to the real server and cluster with it.)"""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from mmserver.transform.connections import Connections, Unreachable
 from mmserver.transform.failures import FileFailed, TransformError
@@ -66,10 +75,11 @@ class Peer:
 
 
 @asynccontextmanager
-async def peer(*script: bytes) -> AsyncIterator[Peer]:
+async def peer(*script: bytes, tls: ssl.SSLContext | None = None) -> AsyncIterator[Peer]:
     found = Peer(list(script))
-    server = await asyncio.start_server(found.handle, "127.0.0.1", 0)
-    found.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server = await asyncio.start_server(found.handle, "127.0.0.1", 0, ssl=tls)
+    scheme = "https" if tls else "http"
+    found.url = f"{scheme}://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
         async with server:
             yield found
@@ -180,3 +190,80 @@ async def test_an_answer_later_than_the_timeout_fails_the_file() -> None:
             # The timed-out connection is not used again.
             assert await sender.send(b"1\n", "text/csv") == (b"1", "")
     assert server.connections == 2
+
+
+def self_signed(folder: Path) -> tuple[ssl.SSLContext, Path]:
+    """A TLS context serving a self-signed certificate for 127.0.0.1, and that certificate's
+    file (what a client given it in SSL_CERT_FILE trusts)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mmserver test")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(IPv4Address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    return context, cert_file
+
+
+async def test_a_server_over_tls_whose_certificate_is_trusted_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tls, cert_file = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
+    async with peer(
+        answer(503, b'{"message": "busy"}', "Retry-After: 0"),
+        answer(200, b'{"predictions": [1]}', "Content-Type: application/json"),
+        answer(200, b"2\n", "Content-Type: text/csv"),
+        tls=tls,
+    ) as server:
+        async with Sender(server.url, "m", "application/json", 1, 30.0) as sender:
+            assert await sender.send(b"1\n", "text/csv") == (
+                b'{"predictions": [1]}',
+                "application/json",
+            )
+            assert await sender.send(b"2\n", "text/csv") == (b"2\n", "text/csv")
+    assert server.connections == 1  # kept alive over TLS too
+    assert [head.split(b"\r\n")[0] for head, _ in server.requests] == [
+        b"POST /predictions/m HTTP/1.1"
+    ] * 3
+    assert all(body in (b"1\n", b"2\n") for _, body in server.requests)
+
+
+async def test_a_certificate_that_cannot_be_verified_stops_the_job_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tls, _ = self_signed(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    _, other_cert = self_signed(other)
+    monkeypatch.setenv("SSL_CERT_FILE", str(other_cert))  # trusts another certificate only
+    async with peer(answer(200, b"1"), tls=tls) as server:
+        async with Sender(server.url, "m", "text/csv", 1, 30.0) as sender:
+            with pytest.raises(TransformError) as stopped:
+                await sender.send(b"1\n", "text/csv")
+    assert stopped.value.message == (
+        f"{server.url}: its TLS certificate cannot be verified (self-signed certificate); if a "
+        "private CA signed it, name a file with that CA's certificate in SSL_CERT_FILE"
+    )
+    assert server.requests == []  # no attempt past the handshake, and no second one
