@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -129,20 +130,19 @@ class Locations:
         (so that it is renamed into place), in ``folder`` for an object."""
         if is_object(location):
             folder.mkdir(parents=True, exist_ok=True)
-            return folder / f".{os.urandom(8).hex()}.part"
+            return folder / f".{os.urandom(8).hex()}.part"  # as STAGED_ANSWER matches
         path = local_path(location)
         path.parent.mkdir(parents=True, exist_ok=True)
         return staging_beside(path)
 
     @staticmethod
-    def remove_staged(location: str) -> int:
-        """Remove what a server killed while writing the local file ``location`` left beside
-        it (see :meth:`staging`); how many files. Nothing for an object: an upload that did
-        not end leaves none."""
-        if is_object(location):
-            return 0
-        with _writing(location), failures(location):
-            return remove_staged(local_path(location))
+    def remove_staged(locations: Iterable[str], before: float) -> int:
+        """Remove what writes to the local files among ``locations`` left beside them (see
+        :meth:`staging`) when they were killed: files last written before ``before`` (a
+        :func:`time.time`). How many. Objects have none: an upload that did not end leaves
+        nothing. Raises ``OSError``."""
+        paths = [local_path(location) for location in locations if not is_object(location)]
+        return remove_staged(paths, before) if paths else 0
 
     def put_file(self, location: str, staged: Path, content_type: str) -> None:
         """Move the answer prepared at ``staged`` (:meth:`staging`) to ``location`` whole: a
@@ -197,6 +197,10 @@ class Locations:
             return self.objects.exists(location)
         except LocationError as exc:
             raise ServiceUnavailable(f"{location} cannot be read: {exc.reason}") from None
+
+
+#: The names :meth:`Locations.staging` gives an answer prepared for an object.
+STAGED_ANSWER = re.compile(r"\.[0-9a-f]{16}\.part")
 
 
 @contextlib.contextmanager

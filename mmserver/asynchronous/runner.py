@@ -118,8 +118,10 @@ class AsyncInference:
         self.clock = clock
         self.state_dir = config.state_path
         self.inputs_dir = self.state_dir / "inputs"
-        #: Held from the start to the end of :meth:`stop`: one server per state folder.
+        #: Held from the start to the end of :meth:`stop`: one server per state folder...
         self._lock = FolderLock(self.state_dir)
+        #: ... since then (a :func:`time.time`).
+        self._claimed_at = 0.0
         #: Every use of the journal goes through its thread, batched.
         self._writer = JournalThread()
         #: Queued requests per model, in the order they were accepted; the models in the
@@ -166,8 +168,11 @@ class AsyncInference:
         """Hold ``state_dir`` for this server alone (:mod:`mmserver.folderlock`): a second
         server on the same journal would run its requests again. Raises :class:`ConfigError`
         when another process holds it or it cannot be used."""
+        if self._lock.held:
+            return
         try:
             self._lock.take()
+            self._claimed_at = time.time()
         except FolderInUse as exc:
             holder = f"another mmserver (pid {exc.pid})" if exc.pid else "another mmserver"
             raise errors.ConfigError(
@@ -175,8 +180,9 @@ class AsyncInference:
                 "its own state_dir (two servers on one journal would run its requests twice)"
             ) from None
         except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
             raise errors.ConfigError(
-                f"option state_dir={self.state_dir} cannot be used: {exc.strerror or exc}"
+                f"option state_dir={self.state_dir} cannot be used: {exc.strerror or exc}{where}"
             ) from None
 
     async def start(self) -> None:
@@ -184,22 +190,12 @@ class AsyncInference:
         requests a crash left running end as their written answers say, or run again; queued
         ones keep their order."""
         self.claim()
-        await asyncio.to_thread(self._computer.clear_staging)
-        await self._writer.open(functools.partial(Journal, self.state_dir))
-        await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
-        self._inline_prefix = await asyncio.to_thread(lambda: file_url(self.inputs_dir) + "/")
-        await self._prune()
-        recovered = 0
-        found = await self._writer.call(self._writer.current().open)
-        await asyncio.to_thread(self._drop_unjournaled_inputs, {i.input for i in found})
-        for invocation in found:
-            if invocation.state is State.RUNNING:
-                if await self._recover(invocation):
-                    continue
-            self._enqueue(invocation)
-            recovered += 1
-        if recovered:
-            log.info("asynchronous inference: %d request(s) from the journal queued", recovered)
+        try:
+            await self._take_up()
+        except BaseException:
+            await self._writer.close()
+            self._lock.release()
+            raise
         self._accepting = True
         loop = asyncio.get_running_loop()
         self._dispatcher = loop.create_task(
@@ -211,6 +207,26 @@ class AsyncInference:
             self._preparing = loop.create_task(
                 self._prepare_objects(to_s3), name="mmserver-async-objects"
             )
+
+    async def _take_up(self) -> None:
+        """Open the journal and queue what it holds (:meth:`start`)."""
+        await asyncio.to_thread(self._computer.clear_staging)
+        await self._writer.open(functools.partial(Journal, self.state_dir))
+        await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
+        self._inline_prefix = await asyncio.to_thread(lambda: file_url(self.inputs_dir) + "/")
+        await self._prune()
+        recovered = 0
+        found = await self._writer.call(self._writer.current().open)
+        await asyncio.to_thread(self._drop_unjournaled_inputs, {i.input for i in found})
+        await asyncio.to_thread(self._remove_staged, [i for i in found if i.state is State.RUNNING])
+        for invocation in found:
+            if invocation.state is State.RUNNING:
+                if await self._recover(invocation):
+                    continue
+            self._enqueue(invocation)
+            recovered += 1
+        if recovered:
+            log.info("asynchronous inference: %d request(s) from the journal queued", recovered)
 
     async def _prepare_objects(self, location: str) -> None:
         try:
@@ -248,25 +264,24 @@ class AsyncInference:
                 await self._end(invocation, finish)
                 self._ended(invocation, state, error=error)
                 return True
-        await asyncio.to_thread(self._remove_staged, invocation)
         await self._writer.call(journal.move, invocation.id, State.QUEUED)
         return False
 
-    def _remove_staged(self, invocation: Invocation) -> None:
-        """Remove what the killed run of ``invocation`` left half-written beside its answer or
-        failure: no one else writes those (its id is this state folder's alone)."""
-        for location in (invocation.output, invocation.failure):
-            try:
-                removed = self.locations.remove_staged(location)
-            except errors.MMServerError as exc:
-                log.warning("asynchronous inference: %s", exc.message)
-                continue
-            if removed:
-                log.info(
-                    "asynchronous inference: %s: removed %d file(s) an interrupted write left",
-                    location,
-                    removed,
-                )
+    def _remove_staged(self, interrupted: list[Invocation]) -> None:
+        """Remove what the killed runs of the ``interrupted`` requests left half-written beside
+        their answers and failures: the files named for them and last written before this
+        server took its state folder (a live write by another server sharing the output
+        folder, under the same name a client gave both, is left alone)."""
+        places = [place for i in interrupted for place in (i.output, i.failure)]
+        try:
+            removed = self.locations.remove_staged(places, self._claimed_at)
+        except OSError as exc:
+            log.warning("asynchronous inference: interrupted writes not cleaned up: %s", exc)
+            return
+        if removed:
+            log.info(
+                "asynchronous inference: removed %d file(s) that interrupted writes left", removed
+            )
 
     def close(self) -> None:
         """Accept and start nothing more (the first step of stopping)."""
@@ -298,10 +313,12 @@ class AsyncInference:
         await self._writer.close()
         if self._preparing is not None:  # a process starting is stopped once it has
             await asyncio.gather(self._preparing, return_exceptions=True)
-        await self._objects.close()
-        if self.notifier is not None:
-            await self.notifier.close()
-        self._lock.release()
+        try:
+            await self._objects.close()
+            if self.notifier is not None:
+                await self.notifier.close()
+        finally:
+            self._lock.release()
 
     # Accepting --------------------------------------------------------------------------------
 

@@ -153,7 +153,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--instances >= 1 and --backend-processes >= 0 are required")
         if args.hash_balance_factor and args.hash_balance_factor <= 100:
             parser.error("--hash-balance-factor is a percentage above 100 (or 0: unbounded)")
+        if _state_dir_given(args.server_arg):
+            parser.error(
+                "the instances cannot share a state_dir (--server-arg=--state-dir or "
+                "MMSERVER_STATE_DIR): asynchronous inference keeps its journal on one server; "
+                "serve it with mmserver serve"
+            )
     return args
+
+
+def _state_dir_given(server_args: list[str]) -> bool:
+    """Whether the instances would be given a ``state_dir``: by a server argument, or by the
+    environment they inherit (an empty one turns asynchronous inference off)."""
+    value = os.environ.get("MMSERVER_STATE_DIR", "")
+    for i, arg in enumerate(server_args):
+        if arg == "--state-dir":
+            value = server_args[i + 1] if i + 1 < len(server_args) else ""
+        elif arg.startswith("--state-dir="):
+            value = arg.partition("=")[2]
+    return bool(value.strip())
 
 
 def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:

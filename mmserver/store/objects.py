@@ -20,9 +20,10 @@ import contextlib
 import os
 import random
 import re
+import stat
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -280,39 +281,47 @@ def _write_synced(fd: int, body: bytes) -> None:
 
 def staging_beside(path: Path) -> Path:
     """A name for a temporary file in the folder of ``path`` (hidden, unique: created with
-    ``O_EXCL``, it is never another's)."""
-    return path.with_name(f".{path.name}.{random.getrandbits(48):012x}.part")
+    ``O_EXCL``, it is never another's): ``.<name>.<12 hex digits>.part``, the name cut to
+    :data:`_STEM_BYTES` so that the whole stays within a file system's 255 bytes."""
+    return path.with_name(f".{_stem(path.name)}.{random.getrandbits(48):012x}.part")
 
 
-def remove_staged(path: Path) -> int:
-    """Remove the temporary files :func:`staging_beside` named for ``path`` that a process
-    killed while writing it left behind; how many. Only for a path nobody writes meanwhile."""
-    return _remove_matching(path.parent, re.compile(rf"\.{re.escape(path.name)}{_STAGED}"))
-
-
-def remove_staged_under(folder: Path) -> int:
-    """Remove every temporary file :func:`staging_beside` named in ``folder`` and the folders
-    under it (a killed writer's leftovers); how many. Only where nobody writes meanwhile."""
-    pattern = re.compile(rf"\..+{_STAGED}")
-    return sum(_remove_matching(Path(here), pattern) for here, _, _ in os.walk(folder))
-
-
-#: The end of the names :func:`staging_beside` gives.
-_STAGED = r"\.[0-9a-f]{12}\.part"
-
-
-def _remove_matching(folder: Path, pattern: re.Pattern[str]) -> int:
+def remove_staged(paths: Iterable[Path], before: float) -> int:
+    """Remove the temporary files :func:`staging_beside` named for any of ``paths`` and last
+    written before ``before`` (a :func:`time.time`): what a process killed while writing them
+    left behind. How many; one listing per folder."""
+    stems: dict[Path, set[str]] = {}
+    for path in paths:
+        stems.setdefault(path.parent, set()).add(_stem(path.name))
     removed = 0
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+    for folder, wanted in stems.items():
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    found = _STAGED.fullmatch(entry.name)
+                    if found is None or found["stem"] not in wanted:
+                        continue
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                        removed += 1
-    except (FileNotFoundError, NotADirectoryError):
-        pass
+                        info = entry.stat(follow_symlinks=False)
+                        if stat.S_ISREG(info.st_mode) and info.st_mtime < before:
+                            os.unlink(entry.path)
+                            removed += 1
+        except (FileNotFoundError, NotADirectoryError):
+            continue
     return removed
+
+
+#: The longest part of a file's name that its staging file's name keeps, in bytes.
+_STEM_BYTES = 200
+#: The names :func:`staging_beside` gives.
+_STAGED = re.compile(r"\.(?P<stem>.+)\.[0-9a-f]{12}\.part", re.DOTALL)
+
+
+def _stem(name: str) -> str:
+    encoded = name.encode(errors="surrogateescape")
+    if len(encoded) <= _STEM_BYTES:
+        return name
+    return encoded[:_STEM_BYTES].decode(errors="ignore")
 
 
 def sync_folder(folder: Path) -> None:

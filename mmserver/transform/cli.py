@@ -11,18 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 from mmserver.capacity import cpus
 from mmserver.folderlock import FolderInUse, FolderLock
-from mmserver.store.objects import is_object, remove_staged_under
+from mmserver.store.objects import is_object, remove_staged
 from mmserver.transform.failures import TransformError
 from mmserver.transform.job import Job
-from mmserver.transform.journal import Journal
+from mmserver.transform.journal import JOB_FILE, Journal
 from mmserver.transform.options import PROG, TransformOptions, default_journal, parse
-from mmserver.transform.places import InputFile, Places
+from mmserver.transform.places import ERROR_SUFFIX, OUT_SUFFIX, InputFile, Places
 from mmserver.transform.progress import Display, Tally
 from mmserver.transform.sender import Sender
 
@@ -50,6 +51,7 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
     journal_dir = Path(default_journal(options))
     lock = FolderLock(journal_dir)
     await asyncio.to_thread(_hold, lock)
+    held_since = time.time()
     try:
         journal = await asyncio.to_thread(
             Journal,
@@ -58,12 +60,20 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
             {"model": options.model, "input": options.input, "output": options.output},
         )
         if journal.resumed:  # what the stopped run was writing when it was killed
-            await asyncio.to_thread(remove_staged_under, journal_dir)
-            if not is_object(places.output):
-                await asyncio.to_thread(remove_staged_under, Path(places.output))
+            await asyncio.to_thread(remove_staged, _written(places, files, journal), held_since)
         return await _run(options, stream, places, files, journal)
     finally:
         lock.release()
+
+
+def _written(places: Places, files: list[InputFile], journal: Journal) -> list[Path]:
+    """The local files the job writes: its outputs and errors, and its journal's own."""
+    paths = [journal.folder / JOB_FILE]
+    if not is_object(places.output):
+        for file in files:
+            for suffix in (OUT_SUFFIX, ERROR_SUFFIX):
+                paths.append(Path(places.output_location(file.name, suffix)))
+    return paths
 
 
 def _hold(lock: FolderLock) -> None:
@@ -77,8 +87,9 @@ def _hold(lock: FolderLock) -> None:
             "(or stop it), then run the command again to continue"
         ) from None
     except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
         raise TransformError(
-            f"the journal {lock.folder} cannot be used: {exc.strerror or exc}"
+            f"the journal {lock.folder} cannot be used: {exc.strerror or exc}{where}"
         ) from None
 
 

@@ -33,7 +33,18 @@ class Unreachable(Exception):
 
 class Untrusted(Exception):
     """The server's TLS certificate could not be verified (why: the message). Not tried
-    again: the next attempt would meet the same certificate."""
+    again: the next attempt would meet the same certificate. ``unknown_issuer``: the
+    certificate is self-signed, or signed by a CA not trusted here (rather than expired, or
+    for another name)."""
+
+    def __init__(self, reason: str, unknown_issuer: bool) -> None:
+        super().__init__(reason)
+        self.unknown_issuer = unknown_issuer
+
+
+#: OpenSSL's verify results for a certificate whose issuer is not trusted: unable to get the
+#: issuer's certificate (2, 20), self-signed (18, 19), unable to verify the first (21).
+_UNKNOWN_ISSUER = frozenset({2, 18, 19, 20, 21})
 
 
 @dataclass(frozen=True)
@@ -230,7 +241,10 @@ class _Session:
                 return Answer(response.status, found, data)
         except aiohttp.ClientConnectorCertificateError as exc:
             error = exc.certificate_error
-            raise Untrusted(getattr(error, "verify_message", None) or str(error)) from None
+            raise Untrusted(
+                getattr(error, "verify_message", None) or str(error),
+                getattr(error, "verify_code", None) in _UNKNOWN_ISSUER,
+            ) from None
         except aiohttp.ClientError as exc:
             raise Unreachable(str(exc) or type(exc).__name__) from None
 

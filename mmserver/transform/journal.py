@@ -28,6 +28,9 @@ from typing import Any
 from mmserver.store.objects import write_whole
 from mmserver.transform.failures import TransformError
 
+#: The job's fingerprint and arguments, in the journal folder.
+JOB_FILE = "job.json"
+
 
 class Journal:
     """The progress of one job in ``folder``; methods block (the job calls them in threads)
@@ -38,7 +41,7 @@ class Journal:
         self._lock = threading.Lock()
         try:
             (self.folder / "parts").mkdir(parents=True, exist_ok=True)
-            job = self.folder / "job.json"
+            job = self.folder / JOB_FILE
             #: Whether an earlier run of the job left this journal (this run continues it).
             self.resumed = job.exists()
             if self.resumed:

@@ -72,6 +72,9 @@ class LocalServer:
             # Larger than the largest payload: the framing of a payload may add a few bytes.
             "--max-request-size",
             str(max(self.max_request_bytes + 1024, 6 * 1024 * 1024)),
+            # No asynchronous inference, whatever MMSERVER_STATE_DIR says: that journal is
+            # another server's.
+            "--state-dir=",
         ]
         if self.backend_processes:
             args += ["--backend-processes", str(self.backend_processes)]

@@ -78,9 +78,14 @@ class Sender:
             except TimeoutError:
                 raise FileFailed(f"no answer from {self.base} in {self._timeout:g} s") from None
             except Untrusted as exc:
+                hint = (
+                    "; if a private CA signed it, name a file with that CA's certificate in "
+                    "SSL_CERT_FILE"
+                    if exc.unknown_issuer
+                    else ""
+                )
                 raise TransformError(
-                    f"{self.base}: its TLS certificate cannot be verified ({exc}); if a private "
-                    "CA signed it, name a file with that CA's certificate in SSL_CERT_FILE"
+                    f"{self.base}: its TLS certificate cannot be verified ({exc}){hint}"
                 ) from None
             except Unreachable as exc:
                 if attempt == ATTEMPTS:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from mmserver.folderlock import FolderLock
 from mmserver.transform.options import TransformOptions
 from tests.e2e.server_process import ServerProcess
 from tests.e2e.transform_process import (
@@ -140,21 +141,29 @@ async def test_json_lines_on_a_server_the_command_starts(tmp_path: Path) -> None
     expected = classifier.predict_proba(rows)
     assert np.allclose([j["SageMakerOutput"] for j in joined], expected, rtol=1e-12, atol=0)
 
-    # A whole file a request, the answers as the server sent them.
-    code, text = await run_transform(
-        *common,
-        "--input",
-        str(data / "part-1.jsonl"),
-        "--output",
-        str(tmp_path / "whole"),
-        "--content-type",
-        "application/jsonlines",
-        "--split-type",
-        "None",
-        "--assemble-with",
-        "None",
-    )
+    # A whole file a request, the answers as the server sent them. The job's own server takes
+    # no journal from the environment: this one is held as a user's server would hold it.
+    users = FolderLock(tmp_path / "user-state")
+    users.take()
+    try:
+        code, text = await run_transform(
+            *common,
+            "--input",
+            str(data / "part-1.jsonl"),
+            "--output",
+            str(tmp_path / "whole"),
+            "--content-type",
+            "application/jsonlines",
+            "--split-type",
+            "None",
+            "--assemble-with",
+            "None",
+            env={"MMSERVER_STATE_DIR": str(users.folder)},
+        )
+    finally:
+        users.release()
     assert code == 0, text
+    assert [p.name for p in users.folder.iterdir()] == ["mmserver.lock"]
     answer = json.loads((tmp_path / "whole" / "part-1.jsonl.out").read_bytes())
     assert np.allclose(answer["predictions"], expected, rtol=1e-12, atol=0)
 

@@ -448,17 +448,17 @@ async def test_requests_a_crash_left_running_end_once_at_the_next_start(
     # answer for an object store being prepared in the state folder. Another request's is
     # left alone: it may be another server's, writing to the same folder.
     torn = [outputs / ".y.out.0123456789ab.part", outputs / ".y-error.out.fedcba987654.part"]
-    staged = folders["state"] / "answers" / ".00112233445566778899.part"
+    staged = folders["state"] / "answers" / ".0011223344556677.part"
     staged.parent.mkdir()
-    others = outputs / ".z.out.0123456789ab.part"
-    for path in (*torn, staged, others):
+    others = [outputs / ".z.out.0123456789ab.part", staged.parent / "kept.out"]
+    for path in (*torn, staged, *others):
         path.write_bytes(b"half an answer")
 
     harness = await serve_async(serve, folders)
     assert (await state(harness, "x"))["Status"] == "done"  # at once: it is not run again
     assert (outputs / "x.out").read_bytes() == b"written before the crash"
     assert not orphan.exists()
-    assert [p.exists() for p in (*torn, staged, others)] == [False, False, False, True]
+    assert [p.exists() for p in (*torn, staged, *others)] == [False, False, False, True, True]
     assert (await ended(harness, "y"))["Status"] == "done"
     assert json.loads((outputs / "y.out").read_bytes()) == {
         "predictions": [pytest.approx(3.0, abs=0.05)]

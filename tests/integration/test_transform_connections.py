@@ -192,8 +192,8 @@ async def test_an_answer_later_than_the_timeout_fails_the_file() -> None:
     assert server.connections == 2
 
 
-def self_signed(folder: Path) -> tuple[ssl.SSLContext, Path]:
-    """A TLS context serving a self-signed certificate for 127.0.0.1, and that certificate's
+def self_signed(folder: Path, address: str = "127.0.0.1") -> tuple[ssl.SSLContext, Path]:
+    """A TLS context serving a self-signed certificate for ``address``, and that certificate's
     file (what a client given it in SSL_CERT_FILE trusts)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mmserver test")])
@@ -206,9 +206,7 @@ def self_signed(folder: Path) -> tuple[ssl.SSLContext, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(IPv4Address("127.0.0.1"))]), False
-        )
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(IPv4Address(address))]), False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
@@ -250,20 +248,39 @@ async def test_a_server_over_tls_whose_certificate_is_trusted_answers(
     assert all(body in (b"1\n", b"2\n") for _, body in server.requests)
 
 
+def counting_handshakes(context: ssl.SSLContext) -> list[None]:
+    """A list that gets an item at each TLS handshake ``context`` begins."""
+    hellos: list[None] = []
+    context.sni_callback = lambda *_: hellos.append(None)  # type: ignore[func-returns-value]
+    return hellos
+
+
+@pytest.mark.parametrize(
+    ("address", "trusted", "why"),
+    [
+        (
+            "127.0.0.1",
+            False,
+            "(self-signed certificate); if a private CA signed it, name a file with that CA's "
+            "certificate in SSL_CERT_FILE",
+        ),
+        ("127.0.0.2", True, "(IP address mismatch, certificate is not valid for '127.0.0.1'.)"),
+    ],
+)
 async def test_a_certificate_that_cannot_be_verified_stops_the_job_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, address: str, trusted: bool, why: str
 ) -> None:
-    tls, _ = self_signed(tmp_path)
-    other = tmp_path / "other"
-    other.mkdir()
-    _, other_cert = self_signed(other)
-    monkeypatch.setenv("SSL_CERT_FILE", str(other_cert))  # trusts another certificate only
+    tls, cert_file = self_signed(tmp_path, address)
+    hellos = counting_handshakes(tls)
+    if not trusted:
+        other = tmp_path / "other"
+        other.mkdir()
+        cert_file = self_signed(other)[1]  # another certificate is trusted, not the server's
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
     async with peer(answer(200, b"1"), tls=tls) as server:
         async with Sender(server.url, "m", "text/csv", 1, 30.0) as sender:
             with pytest.raises(TransformError) as stopped:
                 await sender.send(b"1\n", "text/csv")
-    assert stopped.value.message == (
-        f"{server.url}: its TLS certificate cannot be verified (self-signed certificate); if a "
-        "private CA signed it, name a file with that CA's certificate in SSL_CERT_FILE"
-    )
-    assert server.requests == []  # no attempt past the handshake, and no second one
+    assert stopped.value.message == f"{server.url}: its TLS certificate cannot be verified {why}"
+    assert len(hellos) == 1  # one attempt, not tried again
+    assert server.requests == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -203,3 +204,36 @@ def test_a_store_that_cannot_serve_exits_2_with_the_reason(
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith(f"mmserver: the model store {store} ")
     assert expected in err
+
+
+@pytest.mark.parametrize(
+    ("server_args", "env"),
+    [
+        (["--server-arg=--state-dir=/var/lib/mmserver"], {}),
+        (["--server-arg=--state-dir", "--server-arg=/var/lib/mmserver"], {}),
+        ([], {"MMSERVER_STATE_DIR": "/var/lib/mmserver"}),
+    ],
+)
+def test_a_cluster_refuses_a_state_dir_for_its_instances(
+    server_args: list[str], env: dict[str, str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mmserver", "cluster", "start", "--model-store", ".", *server_args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        "the instances cannot share a state_dir (--server-arg=--state-dir or MMSERVER_STATE_DIR): "
+        "asynchronous inference keeps its journal on one server; serve it with mmserver serve"
+    ) in done.stderr
+
+
+def test_a_cluster_takes_an_empty_state_dir() -> None:
+    from mmserver.cluster.cli import _state_dir_given
+
+    assert not _state_dir_given(["--state-dir="])
+    assert not _state_dir_given(["--max-workers=2"])

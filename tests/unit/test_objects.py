@@ -8,11 +8,20 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from mmserver.store.objects import LocationError, Objects, bucket_key, local_path, write_whole
+from mmserver.store.objects import (
+    LocationError,
+    Objects,
+    bucket_key,
+    local_path,
+    remove_staged,
+    staging_beside,
+    write_whole,
+)
 
 
 def test_a_body_is_written_whole_with_the_mode_the_umask_gives(tmp_path: Path) -> None:
@@ -81,3 +90,36 @@ def test_local_locations_fail_clearly_without_importing_botocore(tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["b'1,2\\n'", "True False", "[]"]
+
+
+def test_what_killed_writes_left_is_removed_for_the_names_given(tmp_path: Path) -> None:
+    out, nested = tmp_path / "out", tmp_path / "out" / "day 1"
+    nested.mkdir(parents=True)
+    long_name = "é" * 150 + ".csv.out"  # 308 bytes: its staging name is cut to fit
+    targets = [out / "a.out", out / "a[1].out", nested / "b.out", out / long_name]
+    left = [staging_beside(path) for path in targets] + [staging_beside(targets[0])]
+    for path in left:
+        path.write_bytes(b"half")
+    assert all(len(path.name.encode()) <= 255 for path in left)
+    others = [
+        out / "a.out",  # a whole output
+        staging_beside(out / "c.out"),  # another name's
+        out / ".a.out.0123456789ab.part.keep",
+        out / ".a.out.tmp.part",
+    ]
+    for path in others:
+        path.write_bytes(b"keep")
+    later = staging_beside(out / "a.out")  # written after the cut-off: a live writer's
+    later.write_bytes(b"live")
+    os.utime(later, (time.time() + 60, time.time() + 60))
+
+    removed = remove_staged([*targets, tmp_path / "missing" / "x.out"], time.time() + 30)
+    assert removed == len(left)
+    assert not any(path.exists() for path in left)
+    assert all(path.exists() for path in others) and later.exists()
+
+
+def test_a_whole_write_under_a_long_name_stages_beside_it(tmp_path: Path) -> None:
+    target = tmp_path / ("n" * 250 + ".out")
+    write_whole(target, b"1")
+    assert target.read_bytes() == b"1" and [p.name for p in tmp_path.iterdir()] == [target.name]
