@@ -153,25 +153,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--instances >= 1 and --backend-processes >= 0 are required")
         if args.hash_balance_factor and args.hash_balance_factor <= 100:
             parser.error("--hash-balance-factor is a percentage above 100 (or 0: unbounded)")
-        if _state_dir_given(args.server_arg):
+        if _instance_option(args.server_arg, "state_dir") not in ("", None):
             parser.error(
                 "the instances cannot share a state_dir (--server-arg=--state-dir or "
                 "MMSERVER_STATE_DIR): asynchronous inference keeps its journal on one server; "
                 "serve it with mmserver serve"
             )
+        if _instance_option(args.server_arg, "grpc_port") not in ("", "0", None):
+            parser.error(
+                "the instances cannot share a grpc_port (--server-arg=--grpc-port or "
+                "MMSERVER_GRPC_PORT): only the first would listen on it, and the balancer "
+                "carries HTTP only; serve gRPC with mmserver serve"
+            )
     return args
 
 
-def _state_dir_given(server_args: list[str]) -> bool:
-    """Whether the instances would be given a ``state_dir``: by a server argument, or by the
-    environment they inherit (an empty one turns asynchronous inference off)."""
-    value = os.environ.get("MMSERVER_STATE_DIR", "")
+def _instance_option(server_args: list[str], name: str) -> str | None:
+    """The value every instance would get for the server option ``name``: from a server
+    argument, or else from the environment they inherit; None when neither gives one."""
+    flag = "--" + name.replace("_", "-")
+    value = os.environ.get("MMSERVER_" + name.upper())
     for i, arg in enumerate(server_args):
-        if arg == "--state-dir":
+        if arg == flag:
             value = server_args[i + 1] if i + 1 < len(server_args) else ""
-        elif arg.startswith("--state-dir="):
+        elif arg.startswith(flag + "="):
             value = arg.partition("=")[2]
-    return bool(value.strip())
+    return None if value is None else value.strip()
 
 
 def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:

@@ -72,9 +72,10 @@ class LocalServer:
             # Larger than the largest payload: the framing of a payload may add a few bytes.
             "--max-request-size",
             str(max(self.max_request_bytes + 1024, 6 * 1024 * 1024)),
-            # No asynchronous inference, whatever MMSERVER_STATE_DIR says: that journal is
-            # another server's.
+            # No asynchronous inference nor gRPC, whatever MMSERVER_STATE_DIR and
+            # MMSERVER_GRPC_PORT say: that journal and that port are another server's.
             "--state-dir=",
+            "--grpc-port=0",
         ]
         if self.backend_processes:
             args += ["--backend-processes", str(self.backend_processes)]

@@ -9,6 +9,7 @@ starts start their own."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,9 +143,11 @@ async def test_json_lines_on_a_server_the_command_starts(tmp_path: Path) -> None
     assert np.allclose([j["SageMakerOutput"] for j in joined], expected, rtol=1e-12, atol=0)
 
     # A whole file a request, the answers as the server sent them. The job's own server takes
-    # no journal from the environment: this one is held as a user's server would hold it.
+    # neither a journal nor a gRPC port from the environment: these are held as a user's
+    # server would hold them.
     users = FolderLock(tmp_path / "user-state")
     users.take()
+    grpc = socket.create_server(("127.0.0.1", 0))
     try:
         code, text = await run_transform(
             *common,
@@ -158,10 +161,14 @@ async def test_json_lines_on_a_server_the_command_starts(tmp_path: Path) -> None
             "None",
             "--assemble-with",
             "None",
-            env={"MMSERVER_STATE_DIR": str(users.folder)},
+            env={
+                "MMSERVER_STATE_DIR": str(users.folder),
+                "MMSERVER_GRPC_PORT": str(grpc.getsockname()[1]),
+            },
         )
     finally:
         users.release()
+        grpc.close()
     assert code == 0, text
     assert [p.name for p in users.folder.iterdir()] == ["mmserver.lock"]
     answer = json.loads((tmp_path / "whole" / "part-1.jsonl.out").read_bytes())

@@ -232,8 +232,30 @@ def test_a_cluster_refuses_a_state_dir_for_its_instances(
     ) in done.stderr
 
 
-def test_a_cluster_takes_an_empty_state_dir() -> None:
-    from mmserver.cluster.cli import _state_dir_given
+def test_a_cluster_refuses_a_grpc_port_for_its_instances() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mmserver", "cluster", "start", "--model-store", "."],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "MMSERVER_GRPC_PORT": "8081"},
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        "the instances cannot share a grpc_port (--server-arg=--grpc-port or "
+        "MMSERVER_GRPC_PORT): only the first would listen on it, and the balancer carries "
+        "HTTP only; serve gRPC with mmserver serve"
+    ) in done.stderr
 
-    assert not _state_dir_given(["--state-dir="])
-    assert not _state_dir_given(["--max-workers=2"])
+
+def test_what_a_cluster_reads_of_its_instances_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmserver.cluster.cli import _instance_option
+
+    monkeypatch.delenv("MMSERVER_STATE_DIR", raising=False)
+    monkeypatch.setenv("MMSERVER_GRPC_PORT", "8081")
+    assert _instance_option(["--max-workers=2"], "state_dir") is None
+    assert _instance_option(["--state-dir="], "state_dir") == ""
+    assert _instance_option(["--state-dir", "/x"], "state_dir") == "/x"
+    assert _instance_option([], "grpc_port") == "8081"
+    assert _instance_option(["--grpc-port=0"], "grpc_port") == "0"  # the argument wins
