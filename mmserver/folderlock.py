@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 #: The lock file's name in the folder it guards.
@@ -38,6 +39,9 @@ class FolderLock:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
         self._fd: int | None = None
+        #: When the lock was taken (a :func:`time.time`; 0.0 while not held): what is older
+        #: in the folder was left by an earlier holder.
+        self.since = 0.0
 
     @property
     def held(self) -> bool:
@@ -62,10 +66,12 @@ class FolderLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        self.since = time.time()
 
     def release(self) -> None:
         """Let the folder go (nothing if not held)."""
         fd, self._fd = self._fd, None
+        self.since = 0.0
         if fd is not None:
             os.close(fd)  # closing the last descriptor of the open file drops the lock
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from mmserver.answers import answer_body
 from mmserver.asynchronous.admission import Turns
 from mmserver.asynchronous.journal import Invocation
-from mmserver.asynchronous.locations import STAGED_ANSWER, Locations
+from mmserver.asynchronous.locations import Locations
 from mmserver.asynchronous.objectcalls import ObjectCalls
 from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
 from mmserver.codecs import Request, make_request
@@ -50,18 +50,6 @@ class Computer:
         #: The largest input read whole with the request's start (:meth:`compute`'s
         #: ``body``): one that is never cut in pieces.
         self.small_input = min(SMALL_INPUT_BYTES, self.max_request_size or SMALL_INPUT_BYTES)
-
-    def clear_staging(self) -> None:
-        """Remove what a server killed while preparing answers left in :attr:`staging` (at
-        start, before anything is prepared there): the files named as
-        :meth:`Locations.staging` names them, nothing else."""
-        try:
-            entries = list(self.staging.iterdir())
-        except FileNotFoundError:
-            return
-        for path in entries:
-            if STAGED_ANSWER.fullmatch(path.name) and path.is_file():
-                path.unlink(missing_ok=True)
 
     async def compute(
         self, invocation: Invocation, deadline: float, body: bytes | None = None

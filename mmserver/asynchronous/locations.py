@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -128,21 +127,19 @@ class Locations:
     def staging(location: str, folder: Path) -> Path:
         """Where to prepare the answer that goes to ``location``: beside it for a local file
         (so that it is renamed into place), in ``folder`` for an object."""
-        if is_object(location):
-            folder.mkdir(parents=True, exist_ok=True)
-            return folder / f".{os.urandom(8).hex()}.part"  # as STAGED_ANSWER matches
-        path = local_path(location)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return staging_beside(path)
+        target = _staged_for(location, folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return staging_beside(target)
 
     @staticmethod
-    def remove_staged(locations: Iterable[str], before: float) -> int:
-        """Remove what writes to the local files among ``locations`` left beside them (see
-        :meth:`staging`) when they were killed: files last written before ``before`` (a
-        :func:`time.time`). How many. Objects have none: an upload that did not end leaves
-        nothing. Raises ``OSError``."""
-        paths = [local_path(location) for location in locations if not is_object(location)]
-        return remove_staged(paths, before) if paths else 0
+    def remove_staged(locations: Iterable[str], folder: Path, before: float) -> int:
+        """Remove what killed writes left where :meth:`staging` prepares answers, in files last
+        written before ``before`` (a :func:`time.time`): beside the local files of
+        ``locations``, and every answer for an object in ``folder`` (the server's own). How
+        many. Raises ``OSError``."""
+        targets = {_staged_for(location, folder) for location in locations}
+        targets.add(folder / _FOR_AN_OBJECT)
+        return remove_staged(targets, before)
 
     def put_file(self, location: str, staged: Path, content_type: str) -> None:
         """Move the answer prepared at ``staged`` (:meth:`staging`) to ``location`` whole: a
@@ -199,8 +196,14 @@ class Locations:
             raise ServiceUnavailable(f"{location} cannot be read: {exc.reason}") from None
 
 
-#: The names :meth:`Locations.staging` gives an answer prepared for an object.
-STAGED_ANSWER = re.compile(r"\.[0-9a-f]{16}\.part")
+#: The name answers for objects are prepared under in the staging folder (each in a file of
+#: its own: :func:`staging_beside`).
+_FOR_AN_OBJECT = "answer"
+
+
+def _staged_for(location: str, folder: Path) -> Path:
+    """What :meth:`Locations.staging` prepares the answer to ``location`` beside."""
+    return folder / _FOR_AN_OBJECT if is_object(location) else local_path(location)
 
 
 @contextlib.contextmanager

@@ -118,10 +118,8 @@ class AsyncInference:
         self.clock = clock
         self.state_dir = config.state_path
         self.inputs_dir = self.state_dir / "inputs"
-        #: Held from the start to the end of :meth:`stop`: one server per state folder...
+        #: Held from the start to the end of :meth:`stop`: one server per state folder.
         self._lock = FolderLock(self.state_dir)
-        #: ... since then (a :func:`time.time`).
-        self._claimed_at = 0.0
         #: Every use of the journal goes through its thread, batched.
         self._writer = JournalThread()
         #: Queued requests per model, in the order they were accepted; the models in the
@@ -168,11 +166,8 @@ class AsyncInference:
         """Hold ``state_dir`` for this server alone (:mod:`mmserver.folderlock`): a second
         server on the same journal would run its requests again. Raises :class:`ConfigError`
         when another process holds it or it cannot be used."""
-        if self._lock.held:
-            return
         try:
             self._lock.take()
-            self._claimed_at = time.time()
         except FolderInUse as exc:
             holder = f"another mmserver (pid {exc.pid})" if exc.pid else "another mmserver"
             raise errors.ConfigError(
@@ -210,7 +205,6 @@ class AsyncInference:
 
     async def _take_up(self) -> None:
         """Open the journal and queue what it holds (:meth:`start`)."""
-        await asyncio.to_thread(self._computer.clear_staging)
         await self._writer.open(functools.partial(Journal, self.state_dir))
         await asyncio.to_thread(self.inputs_dir.mkdir, parents=True, exist_ok=True)
         self._inline_prefix = await asyncio.to_thread(lambda: file_url(self.inputs_dir) + "/")
@@ -268,13 +262,14 @@ class AsyncInference:
         return False
 
     def _remove_staged(self, interrupted: list[Invocation]) -> None:
-        """Remove what the killed runs of the ``interrupted`` requests left half-written beside
-        their answers and failures: the files named for them and last written before this
-        server took its state folder (a live write by another server sharing the output
-        folder, under the same name a client gave both, is left alone)."""
+        """Remove what the killed runs of the ``interrupted`` requests left half-written: beside
+        their answers and failures, the files named for them, and the answers for objects
+        being prepared in the state folder; only files last written before this server took
+        that folder (a live write by another server sharing the output folder, under the same
+        name a client gave both, is left alone)."""
         places = [place for i in interrupted for place in (i.output, i.failure)]
         try:
-            removed = self.locations.remove_staged(places, self._claimed_at)
+            removed = self.locations.remove_staged(places, self._computer.staging, self._lock.since)
         except OSError as exc:
             log.warning("asynchronous inference: interrupted writes not cleaned up: %s", exc)
             return

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -51,7 +50,6 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
     journal_dir = Path(default_journal(options))
     lock = FolderLock(journal_dir)
     await asyncio.to_thread(_hold, lock)
-    held_since = time.time()
     try:
         journal = await asyncio.to_thread(
             Journal,
@@ -60,7 +58,7 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
             {"model": options.model, "input": options.input, "output": options.output},
         )
         if journal.resumed:  # what the stopped run was writing when it was killed
-            await asyncio.to_thread(remove_staged, _written(places, files, journal), held_since)
+            await asyncio.to_thread(remove_staged, _written(places, files, journal), lock.since)
         return await _run(options, stream, places, files, journal)
     finally:
         lock.release()

@@ -27,6 +27,7 @@ from mmserver.asynchronous import AsyncInference
 from mmserver.asynchronous.admission import LOOK_S, Intake
 from mmserver.asynchronous.journal import Invocation, Journal
 from mmserver.asynchronous.journal import State as JournalState
+from mmserver.asynchronous.locations import Locations
 from mmserver.asynchronous.objectcalls import NICE
 from mmserver.codecs import make_request
 from mmserver.metrics import Metrics
@@ -448,8 +449,7 @@ async def test_requests_a_crash_left_running_end_once_at_the_next_start(
     # answer for an object store being prepared in the state folder. Another request's is
     # left alone: it may be another server's, writing to the same folder.
     torn = [outputs / ".y.out.0123456789ab.part", outputs / ".y-error.out.fedcba987654.part"]
-    staged = folders["state"] / "answers" / ".0011223344556677.part"
-    staged.parent.mkdir()
+    staged = Locations.staging("s3://bucket/z.out", folders["state"] / "answers")
     others = [outputs / ".z.out.0123456789ab.part", staged.parent / "kept.out"]
     for path in (*torn, staged, *others):
         path.write_bytes(b"half an answer")
@@ -470,8 +470,7 @@ async def test_a_second_server_on_the_same_state_dir_is_refused(
     serve: Serve, folders: dict[str, Path]
 ) -> None:
     harness = await serve_async(serve, folders)
-    first = harness.client.app[STATE].asynchronous
-    assert first is not None
+    first = harness.asynchronous
     second = AsyncInference(harness.config, harness.wlm, Metrics())
     with pytest.raises(errors.ConfigError) as refused:
         second.claim()
@@ -558,8 +557,7 @@ async def test_requests_start_one_at_a_time_while_real_time_keeps_the_event_loop
     serve: Serve, folders: dict[str, Path]
 ) -> None:
     harness = await serve_async(serve, folders)
-    runner = harness.client.app[STATE].asynchronous
-    assert runner is not None
+    runner = harness.asynchronous
     # What the runner's intake reads, set here: its clock stands still while the event loop's
     # thread spent 90 % of a look on the CPU and real-time requests arrived.
     looked = {"now": 100.0, "cpu": 10.0, "arrived": 0}

@@ -26,7 +26,10 @@ def test_a_folder_is_held_by_one_lock_at_a_time(tmp_path: Path) -> None:
     first, second = FolderLock(folder), FolderLock(folder)
     first.take()
     assert first.held and (folder / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    since = first.since
+    assert since > 0
     first.take()  # held already: nothing
+    assert first.since == since
     with pytest.raises(FolderInUse) as refused:
         second.take()
     assert refused.value.pid == os.getpid()
@@ -34,6 +37,7 @@ def test_a_folder_is_held_by_one_lock_at_a_time(tmp_path: Path) -> None:
     assert not second.held
     first.release()
     first.release()  # not held: nothing
+    assert first.since == 0.0
     second.take()
     assert second.held
     second.release()
