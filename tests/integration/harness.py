@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app
+from mmserver.asynchronous import AsyncInference
 from mmserver.config import ServerConfig
 from mmserver.metrics import Metrics
 from mmserver.store import ModelStore
@@ -130,6 +131,13 @@ class Harness:
     @property
     def url(self) -> str:
         return str(self.client.make_url("")).rstrip("/")
+
+    @property
+    def asynchronous(self) -> AsyncInference:
+        """The server's asynchronous inference (the server has a ``state_dir``)."""
+        runner = self.client.app[STATE].asynchronous
+        assert runner is not None, "no state_dir: no asynchronous inference"
+        return runner
 
     async def post(
         self,

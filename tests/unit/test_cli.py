@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -206,47 +205,43 @@ def test_a_store_that_cannot_serve_exits_2_with_the_reason(
     assert expected in err
 
 
+_STATE_DIR_REFUSED = (
+    "the instances cannot share a state_dir (--server-arg=--state-dir or MMSERVER_STATE_DIR): "
+    "asynchronous inference keeps its journal on one server; serve it with mmserver serve"
+)
+_GRPC_PORT_REFUSED = (
+    "the instances cannot share a grpc_port (--server-arg=--grpc-port or "
+    "MMSERVER_GRPC_PORT): only the first would listen on it, and the balancer carries "
+    "HTTP only; serve gRPC with mmserver serve"
+)
+
+
 @pytest.mark.parametrize(
-    ("server_args", "env"),
+    ("server_args", "env", "refused"),
     [
-        (["--server-arg=--state-dir=/var/lib/mmserver"], {}),
-        (["--server-arg=--state-dir", "--server-arg=/var/lib/mmserver"], {}),
-        ([], {"MMSERVER_STATE_DIR": "/var/lib/mmserver"}),
+        (["--server-arg=--state-dir=/var/lib/mmserver"], {}, _STATE_DIR_REFUSED),
+        (["--server-arg=--state-dir", "--server-arg=/var/lib/mmserver"], {}, _STATE_DIR_REFUSED),
+        ([], {"MMSERVER_STATE_DIR": "/var/lib/mmserver"}, _STATE_DIR_REFUSED),
+        ([], {"MMSERVER_GRPC_PORT": "8081"}, _GRPC_PORT_REFUSED),
     ],
 )
-def test_a_cluster_refuses_a_state_dir_for_its_instances(
-    server_args: list[str], env: dict[str, str]
+def test_a_cluster_refuses_a_state_dir_or_a_grpc_port_for_its_instances(
+    server_args: list[str],
+    env: dict[str, str],
+    refused: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "mmserver", "cluster", "start", "--model-store", ".", *server_args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, **env},
-    )
-    assert done.returncode == 2, done.stderr
-    assert (
-        "the instances cannot share a state_dir (--server-arg=--state-dir or MMSERVER_STATE_DIR): "
-        "asynchronous inference keeps its journal on one server; serve it with mmserver serve"
-    ) in done.stderr
+    from mmserver.cluster.cli import parse_args
 
-
-def test_a_cluster_refuses_a_grpc_port_for_its_instances() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "mmserver", "cluster", "start", "--model-store", "."],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "MMSERVER_GRPC_PORT": "8081"},
-    )
-    assert done.returncode == 2, done.stderr
-    assert (
-        "the instances cannot share a grpc_port (--server-arg=--grpc-port or "
-        "MMSERVER_GRPC_PORT): only the first would listen on it, and the balancer carries "
-        "HTTP only; serve gRPC with mmserver serve"
-    ) in done.stderr
+    for name in ("MMSERVER_STATE_DIR", "MMSERVER_GRPC_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["start", "--model-store", ".", *server_args])
+    assert stopped.value.code == 2
+    assert refused in capsys.readouterr().err
 
 
 def test_what_a_cluster_reads_of_its_instances_options(monkeypatch: pytest.MonkeyPatch) -> None:
