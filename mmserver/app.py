@@ -20,9 +20,9 @@ from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, check_security, unmatched
 from mmserver.api.protocols import INFER, ROUTES
 from mmserver.asynchronous import AsyncInference
-from mmserver.capture import Capture
 from mmserver.config import ServerConfig
-from mmserver.metrics import Metrics
+from mmserver.ops.capture import Capture
+from mmserver.ops.metrics import Metrics
 
 if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager

@@ -27,7 +27,7 @@ from cachetools import LRUCache
 
 from mmserver import errors
 from mmserver.config import RESCALABLE, ModelConfig, ServerConfig
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import Failure, Measured, ModelRecord, ModelStatus
 from mmserver.scheduling import Cost

@@ -155,8 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if parsed.command == "example-store":
         return _example_store(Path(parsed.directory))
-    from mmserver import logs
     from mmserver.errors import ConfigError
+    from mmserver.ops import logs
     from mmserver.store.opening import check_store
 
     with logs.held() as early:  # written in the log's format, once the options say which

@@ -29,10 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmserver import capacity
-from mmserver.capacity import Limit
 from mmserver.errors import ConfigError
-from mmserver.metrics import MODEL_LABEL_CHOICES
 from mmserver.model_config import (
     MAX_BATCH_DELAY_MS,
     METHODS,
@@ -46,6 +43,9 @@ from mmserver.model_config import (
     model_config_from_properties,
     server_option,
 )
+from mmserver.ops import capacity
+from mmserver.ops.capacity import Limit
+from mmserver.ops.metrics import MODEL_LABEL_CHOICES
 from mmserver.properties import BOOLEANS, boolean, parse_properties, read_properties
 from mmserver.store import check_location, split_object_url
 

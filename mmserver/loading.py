@@ -22,7 +22,7 @@ from mmserver import errors, files
 from mmserver.backend import BackendPool
 from mmserver.catalog import Catalog
 from mmserver.config import ModelConfig
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.room import Room

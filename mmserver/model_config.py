@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmserver import capacity
-from mmserver.capacity import Limit
 from mmserver.errors import ConfigError, InvalidInput
+from mmserver.ops import capacity
+from mmserver.ops.capacity import Limit
 from mmserver.properties import boolean, read_properties
 
 # The configuration's logger: what serving.properties says is logged where the options' lines
@@ -35,7 +35,7 @@ PROPERTIES_FILE = "serving.properties"
 @functools.cache
 def default_cpus() -> Limit:
     """The CPUs the server is sized by when not told: the container's CPU quota, capped by the
-    affinity mask (:func:`mmserver.capacity.cpus`), read once."""
+    affinity mask (:func:`mmserver.ops.capacity.cpus`), read once."""
     return capacity.cpus()
 
 

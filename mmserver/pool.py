@@ -27,7 +27,7 @@ from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig
 from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
-from mmserver.metrics import CounterChild, Metrics, ModelRequests
+from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.record import Measured
 from mmserver.scaling import (
     PoolSnapshot,

@@ -33,7 +33,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mmserver import heap
 from mmserver.answers import encode_json, response_type, typed_answer
 from mmserver.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.config import METHODS, ModelConfig
@@ -48,6 +47,7 @@ from mmserver.families import (
     reason,
 )
 from mmserver.fastpath import own_plan, plan_paths
+from mmserver.ops import heap
 from mmserver.schema import (
     Column,
     Inputs,

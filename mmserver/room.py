@@ -16,14 +16,15 @@ import collections
 import logging
 import os
 
-from mmserver import capacity, errors
+from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
-from mmserver.capacity import Limit
 from mmserver.catalog import Catalog
 from mmserver.config import ServerConfig
 from mmserver.eviction import Candidate, choose_victims
 from mmserver.jobs import Tally
-from mmserver.metrics import Metrics
+from mmserver.ops import capacity
+from mmserver.ops.capacity import Limit
+from mmserver.ops.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 

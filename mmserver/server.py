@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING
 import prometheus_client
 from aiohttp import web
 
-from mmserver import errors, heap, logs
+from mmserver import errors
 from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config import ServerConfig
-from mmserver.metrics import Metrics
+from mmserver.ops import heap, logs
+from mmserver.ops.metrics import Metrics
 from mmserver.record import ModelStatus
 from mmserver.store import open_store
 from mmserver.wlm import WorkLoadManager
@@ -152,7 +153,7 @@ async def _serve(config: ServerConfig) -> None:
     server.claim()  # a folder in use ends the start here, with nothing to stop
     try:
         await server.start()
-        # Loads and requests no longer stall behind full collections (mmserver.heap).
+        # Loads and requests no longer stall behind full collections (mmserver.ops.heap).
         frozen = heap.tune_collector()
         log.info(
             "garbage collector: youngest generation every %d allocations, middle every %d of "
@@ -171,7 +172,7 @@ def run(config: ServerConfig, early: Sequence[logging.LogRecord] = ()) -> int:
     while the configuration was read, written now in the log's format."""
     logs.setup(config.log_level, config.log_format)
     logs.replay(early)
-    # Large freed blocks go back to the system, so churn does not raise the RSS (mmserver.heap).
+    # Large freed blocks go back to the system, so churn does not raise the RSS (mmserver.ops.heap).
     heap.fix_mmap_threshold()
     # The *_created series double a scrape's size and nobody graphs them.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]

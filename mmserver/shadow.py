@@ -29,9 +29,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from mmserver.capture import Capture, Record
 from mmserver.codecs import Request
-from mmserver.metrics import Metrics
+from mmserver.ops.capture import Capture, Record
+from mmserver.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

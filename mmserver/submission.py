@@ -19,7 +19,7 @@ from collections.abc import Callable
 from mmserver import errors
 from mmserver.codecs import Request
 from mmserver.loading import Loader
-from mmserver.metrics import ModelRequests
+from mmserver.ops.metrics import ModelRequests
 from mmserver.pool import ModelPool
 from mmserver.room import Room
 from mmserver.shadow import Shadows

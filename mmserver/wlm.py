@@ -29,14 +29,14 @@ from typing import Any
 
 from mmserver import errors
 from mmserver.backend import BackendPool
-from mmserver.capacity import Limit
-from mmserver.capture import Capture
 from mmserver.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.codecs import Request
 from mmserver.config import ModelConfig, ServerConfig
 from mmserver.files import UNPACK_PROCESSES, FileWork
 from mmserver.loading import Loader
-from mmserver.metrics import Metrics
+from mmserver.ops.capacity import Limit
+from mmserver.ops.capture import Capture
+from mmserver.ops.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.rollout import Rollout

@@ -26,7 +26,7 @@ import uvloop
 from mmserver.backend import BackendPool, LoadSpec
 from mmserver.codecs import make_request
 from mmserver.config import ModelConfig
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 
 IDENTITY = """\
 def load(model_dir, properties):

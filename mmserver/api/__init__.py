@@ -30,12 +30,12 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from mmserver.config import ServerConfig
 from mmserver.errors import ClientClosed, InvalidInput, RequestTimeout, RequestTooLarge
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 
 if TYPE_CHECKING:
     from mmserver.api.accesslog import AccessLog
     from mmserver.asynchronous import AsyncInference
-    from mmserver.capture import Capture
+    from mmserver.ops.capture import Capture
     from mmserver.wlm import WorkLoadManager
 
 

@@ -7,7 +7,7 @@ usual time, level and ``mmserver.access:``:
 ``POST /predictions/m 200 1.84 ms model=m bytes=31 4f2a9c1e-1b``; with ``--log-format json``
 each is a field of its own (``method``, ``path``, ``status``, ``latency_ms``, ``model``,
 ``request_id``, ``bytes``) beside ``time``, ``level``, ``logger`` and ``message``, as
-:class:`mmserver.logs.JsonFormatter` writes every other record.
+:class:`mmserver.ops.logs.JsonFormatter` writes every other record.
 
 The log is buffered, as nginx's ``access_log ... buffer= flush=`` is: a request's line costs a
 tuple when it is answered, and the lines kept are formatted together and written in one call

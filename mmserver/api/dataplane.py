@@ -27,9 +27,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mmserver.api.protocols import Protocol
-from mmserver.capture import Capture, Record
 from mmserver.codecs import Request
 from mmserver.errors import InvalidModelName, MMServerError, ModelNotFound, ShuttingDown
+from mmserver.ops.capture import Capture, Record
 from mmserver.store import normalize_name
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Exchange:
         self, capture: Capture, rendered: tuple[bytes | memoryview, str, dict[str, str] | None]
     ) -> None:
         """Hand the request and its answer to the data capture when the model's share draws
-        it (:mod:`mmserver.capture`)."""
+        it (:mod:`mmserver.ops.capture`)."""
         pool = self.submission.pool if self.submission is not None else None
         if pool is None or not pool.config.capture_percent or self.job is None:
             return

@@ -73,8 +73,8 @@ from mmserver.asynchronous.requests import AsyncRequest
 from mmserver.asynchronous.writer import Folders, JournalThread
 from mmserver.codecs import make_request
 from mmserver.config import ServerConfig
-from mmserver.folderlock import FolderInUse, FolderLock
-from mmserver.metrics import Metrics
+from mmserver.ops.folderlock import FolderInUse, FolderLock
+from mmserver.ops.metrics import Metrics
 from mmserver.scaling import background_share
 from mmserver.store import normalize_name
 from mmserver.store.objects import is_object, write_synced
@@ -163,7 +163,7 @@ class AsyncInference:
     # Lifecycle --------------------------------------------------------------------------------
 
     def claim(self) -> None:
-        """Hold ``state_dir`` for this server alone (:mod:`mmserver.folderlock`): a second
+        """Hold ``state_dir`` for this server alone (:mod:`mmserver.ops.folderlock`): a second
         server on the same journal would run its requests again. Raises :class:`ConfigError`
         when another process holds it or it cannot be used."""
         try:

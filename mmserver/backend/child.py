@@ -17,12 +17,13 @@ from typing import Any
 
 import setproctitle
 
-from mmserver import errors, heap
+from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
 from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 from mmserver.codecs import Request
 from mmserver.framing import FrameReader, frame, send_frame
+from mmserver.ops import heap
 from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ def child_main(
     import sklearn
 
     sklearn.set_config(assume_finite=True)
-    heap.tune_collector()  # no full collections of every model behind batches (mmserver.heap)
+    heap.tune_collector()  # no full collections of every model behind batches (mmserver.ops.heap)
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     conn.close()
     sock.setblocking(True)

@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Callable, Collection, Iterable
 
-from mmserver.capacity import affinity_mask
+from mmserver.ops.capacity import affinity_mask
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from multiprocessing.context import BaseContext
 from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.backend.thread_slot import ThreadSlot
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 from mmserver.scheduling import HEAVY, LIGHT, Lane
 
 #: A backend slot: one process, or a thread pool inside the frontend.

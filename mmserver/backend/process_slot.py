@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mmserver import capacity, errors
+from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.child import child_main
 from mmserver.backend.cpus import CpuReserve
@@ -23,7 +23,8 @@ from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
 from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs import Request
 from mmserver.framing import FrameProtocol, frame
-from mmserver.metrics import Metrics
+from mmserver.ops import capacity
+from mmserver.ops.metrics import Metrics
 from mmserver.scheduling import LIGHT, PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
 
 log = logging.getLogger(__name__)

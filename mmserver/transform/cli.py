@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from mmserver.capacity import cpus
-from mmserver.folderlock import FolderInUse, FolderLock
+from mmserver.ops.capacity import cpus
+from mmserver.ops.folderlock import FolderInUse, FolderLock
 from mmserver.store.objects import is_object, remove_staged
 from mmserver.transform.failures import TransformError
 from mmserver.transform.job import Job

@@ -1,5 +1,5 @@
 """The garbage collector of the real server's processes is set for a heap of long-lived models
-(:mod:`mmserver.heap`): the frontend says so at start, and a backend process answers from its
+(:mod:`mmserver.ops.heap`): the frontend says so at start, and a backend process answers from its
 own interpreter."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from mmserver import heap
+from mmserver.ops import heap
 from tests.behaviour_models import make_slow_load_dir
 from tests.e2e.server_process import ServerProcess, until
 

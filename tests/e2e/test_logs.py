@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from mmserver.logs import JsonFormatter
+from mmserver.ops.logs import JsonFormatter
 from tests.e2e.server_process import ServerProcess, one_model_store, predict_ok
 
 pytestmark = pytest.mark.e2e

@@ -30,7 +30,7 @@ from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app
 from mmserver.asynchronous import AsyncInference
 from mmserver.config import ServerConfig
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 from mmserver.store import ModelStore
 from mmserver.wlm import WorkLoadManager
 from tests.integration import gate as gate_module

@@ -30,7 +30,7 @@ from mmserver.asynchronous.journal import State as JournalState
 from mmserver.asynchronous.locations import Locations
 from mmserver.asynchronous.objectcalls import NICE
 from mmserver.codecs import make_request
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.s3server import S3Server, s3_environment

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from mmserver.api import STATE
-from mmserver.capture import ENCODE_BATCH, Capture, Record, hour_folder
-from mmserver.metrics import Metrics
+from mmserver.ops.capture import ENCODE_BATCH, Capture, Record, hour_folder
+from mmserver.ops.metrics import Metrics
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.s3server import s3_environment
 from tests.integration.test_versions import make_versioned_store, write_version

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mmserver.backend.process_slot import ProcessSlot
-from mmserver.capacity import affinity_mask
+from mmserver.ops.capacity import affinity_mask
 from mmserver.scheduling import PIPELINE_BUDGET_S
 from mmserver.worker import WorkerState
 from tests.behaviour_models import make_costly_load_dir, make_slow_load_dir, make_spinning_dir

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from mmserver import capacity
 from mmserver.backend import ProcessSlot
 from mmserver.config import ServerConfig
-from mmserver.metrics import Metrics
+from mmserver.ops import capacity
+from mmserver.ops.metrics import Metrics
 from mmserver.store import ModelStore
 from mmserver.wlm import WorkLoadManager
 from tests.integration.harness import wait_until

@@ -18,7 +18,7 @@ import pytest
 
 from mmserver import errors
 from mmserver.config import ServerConfig
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 from mmserver.record import ModelStatus
 from mmserver.store import ModelStore
 from mmserver.wlm import WorkLoadManager

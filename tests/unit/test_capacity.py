@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mmserver import capacity
 from mmserver.config import ServerConfig
+from mmserver.ops import capacity
 
 GiB = 2**30
 MiB = 2**20

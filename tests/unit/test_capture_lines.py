@@ -8,7 +8,7 @@ import json
 import multiprocessing
 import uuid
 
-from mmserver.capture import Record, encode_line
+from mmserver.ops.capture import Record, encode_line
 
 AT = 1_796_117_400.25  # 2026-12-01T09:30:00.250Z
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from mmserver.backend.cpus import CpuReserve, set_process_cpus
-from mmserver.capacity import affinity_mask
+from mmserver.ops.capacity import affinity_mask
 
 EVERY = affinity_mask()
 needs_two_cpus = pytest.mark.skipif(len(EVERY) < 2, reason="needs two CPUs to reserve one")

@@ -1,4 +1,4 @@
-"""One process at a time in a folder of state (:mod:`mmserver.folderlock`)."""
+"""One process at a time in a folder of state (:mod:`mmserver.ops.folderlock`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mmserver.folderlock import LOCK_FILE, FolderInUse, FolderLock
+from mmserver.ops.folderlock import LOCK_FILE, FolderInUse, FolderLock
 
 HOLDER = """
 import sys, time
-from mmserver.folderlock import FolderLock
+from mmserver.ops.folderlock import FolderLock
 FolderLock(sys.argv[1]).take()
 print("held", flush=True)
 sys.stdin.read()  # until the test closes it, or kills this process

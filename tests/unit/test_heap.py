@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from mmserver import heap
+from mmserver.ops import heap
 
 # Frees two blocks of 8 MiB, one after the other, and prints how much of them is still resident.
 # glibc maps the first on its own and, once it is freed, raises its threshold to 8 MiB: the

@@ -15,7 +15,7 @@ from mmserver.api import ApiState
 from mmserver.api.lean import LeanConnection, LeanFront
 from mmserver.api.leanflow import LeanFlow
 from mmserver.config import ServerConfig
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 
 
 class Transport:

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmserver.metrics import MODEL_LABEL_CHOICES, Metrics
+from mmserver.ops.metrics import MODEL_LABEL_CHOICES, Metrics
 
 
 def samples(text: str) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:

@@ -2,7 +2,7 @@
 
 Names and labels are fixed by the design (§10). Labels are ``model`` (plus ``code`` and
 ``direction`` where stated, and ``role`` and ``process`` on the ``process_*`` families of
-:mod:`mmserver.procmetrics`); never a request id. A model has series of its own only while it is
+:mod:`mmserver.ops.procmetrics`); never a request id. A model has series of its own only while it is
 loaded (or its failed load is remembered), and only in the families that the
 ``metrics_model_label`` option gives the label (:class:`Metrics`), so the series are bounded by
 the loaded models, not by the store; the other families count every model together, and each
@@ -35,7 +35,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from mmserver.procmetrics import ProcessMetrics
+from mmserver.ops.procmetrics import ProcessMetrics
 
 # Latency buckets from 0.5 ms to 60 s (an ad bidder's budget is 20 ms, SageMaker's limit 60 s),
 # few enough that a scrape of 1,000 models stays small: every bucket is a series per model.
@@ -529,7 +529,7 @@ class Metrics:
         ]
         self._per_model = [f for f in self._families if f.per_model and f.labelled]
         self.registry.register(_Collector(self._families))
-        #: ``process_*`` of the frontend and the backend processes (:mod:`mmserver.procmetrics`).
+        #: ``process_*`` of the frontend and the backends (:mod:`mmserver.ops.procmetrics`).
         self.processes = ProcessMetrics()
         self.registry.register(self.processes)
 

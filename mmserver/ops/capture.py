@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mmserver.codecs import media_type
-from mmserver.metrics import Metrics
+from mmserver.ops.metrics import Metrics
 from mmserver.store import split_object_url, split_version
 
 log = logging.getLogger(__name__)
