@@ -7,7 +7,7 @@ test server), most of it in Python: made in the frontend's threads, that CPU and
 would be taken from the real-time requests on the event loop. So the calls with small bodies
 (an input read whole, an answer or a failure written) run in :data:`PROCESSES` process niced
 by :data:`NICE`, with a client of its own, asked and answered on the event loop
-(:class:`~mmserver.sidework.SideProcesses`): a body crosses in a pipe, and no frontend thread
+(:class:`~mmserver.procs.sidework.SideProcesses`): a body crosses in a pipe, and no frontend thread
 takes part (a :class:`~concurrent.futures.ProcessPoolExecutor` woke its manager and feeder
 threads for each call, each taking the interpreter lock from the event loop). Streams (a large
 input read in pieces, a large answer uploaded from its file) stay in the frontend's threads:
@@ -31,7 +31,7 @@ from typing import Any
 
 from mmserver import errors
 from mmserver.asynchronous.locations import Locations
-from mmserver.sidework import Kind, SideProcesses
+from mmserver.procs.sidework import Kind, SideProcesses
 
 #: Processes making the calls.
 PROCESSES = 1

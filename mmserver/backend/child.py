@@ -22,8 +22,8 @@ from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
 from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 from mmserver.codecs import Request
-from mmserver.framing import FrameReader, frame, send_frame
 from mmserver.ops import heap
+from mmserver.procs.framing import FrameReader, frame, send_frame
 from mmserver.store import tree_size
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
 from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs import Request
-from mmserver.framing import FrameProtocol, frame
 from mmserver.ops import capacity
 from mmserver.ops.metrics import Metrics
+from mmserver.procs.framing import FrameProtocol, frame
 from mmserver.scheduling import LIGHT, PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """What crosses the pipe between the frontend and a backend process.
 
 Each process is connected by one ``AF_UNIX`` stream socket (``multiprocessing.Pipe``); a message
-is one frame (:mod:`mmserver.framing`) holding a pickle: ``(op, ...)`` from the frontend,
+is one frame (:mod:`mmserver.procs.framing`) holding a pickle: ``(op, ...)`` from the frontend,
 ``(OK, result)`` or ``(ERR, error class name, message, the model the message names or None)``
 back. A batch travels as its requests' bodies, undecoded, and comes back as one encoded answer
 per request. ``(MANY, [message, ...])`` holds the messages the frontend wrote in one turn of its

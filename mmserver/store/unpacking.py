@@ -5,7 +5,8 @@ Looking a model up, unpacking its archive (tar headers, gzip, the checks of
 work that holds the interpreter lock, and a blocking call that hands it back and forth: run in the
 frontend's threads, a stream of cold loads takes the lock from the event loop, and every hand-off
 between a thread and the loop costs more than the work itself. :class:`UnpackProcesses` runs that
-work in a few processes of the fork server instead (:class:`~mmserver.sidework.SideProcesses`):
+work in a few processes of the fork server instead
+(:class:`~mmserver.procs.sidework.SideProcesses`):
 the event loop asks them and reads their answers as it reads the backends' replies, and no
 frontend thread takes part. Threads that need an archive unpacked (an object store's downloads)
 hand it over the same way (:meth:`UnpackProcesses.unpack`).
@@ -25,7 +26,7 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 
 from mmserver.errors import ModelLoadError, ShuttingDown
-from mmserver.sidework import Kind, SideProcesses
+from mmserver.procs.sidework import Kind, SideProcesses
 from mmserver.store.archive import unpack_archive
 
 #: The unpacking processes' name (``/proc/PID/comm``), which tells them from the backend

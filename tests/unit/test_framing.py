@@ -1,4 +1,4 @@
-"""Frames on a process's pipe (:mod:`mmserver.framing`): the backend's reader takes the frames
+"""Frames on a process's pipe (:mod:`mmserver.procs.framing`): the backend's reader takes the frames
 one recv brought one at a time, and a frame split across reads whole."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 import socket
 
-from mmserver.framing import FrameReader, frame, send_frame
+from mmserver.procs.framing import FrameReader, frame, send_frame
 
 
 def test_the_reader_takes_frames_whole_across_reads() -> None:

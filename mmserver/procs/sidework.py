@@ -36,7 +36,7 @@ from typing import Any
 import setproctitle
 
 from mmserver.errors import ShuttingDown
-from mmserver.framing import FrameProtocol, frame
+from mmserver.procs.framing import FrameProtocol, frame
 
 log = logging.getLogger(__name__)
 
