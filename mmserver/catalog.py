@@ -80,7 +80,7 @@ class ModelView:
     paths: dict[str, Any] | None = None
     path_batches: dict[str, int] | None = None
     error: str | None = None
-    #: The named columns a loaded model takes (:mod:`mmserver.schema`); ``None`` for a model
+    #: The named columns a loaded model takes (:mod:`mmserver.codecs.schema`); ``None`` for a model
     #: that takes rows of numbers.
     inputs: list[dict[str, Any]] | None = None
     #: What the model's files or configuration may have wrong: warnings its load raised, keys

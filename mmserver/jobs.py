@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from mmserver import errors
 from mmserver.backend import Answer
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 
 
 class Job:

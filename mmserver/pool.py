@@ -24,7 +24,7 @@ from typing import Any, Protocol, cast
 
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 from mmserver.config import ModelConfig
 from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests

@@ -4,7 +4,8 @@ This runs inside the backend processes (or their threads): no asyncio, no HTTP. 
 
 - the default one loads ``model.joblib`` and calls the estimator method named by
   ``option.method`` (``predict`` unless told otherwise) on what the model takes
-  (:mod:`mmserver.schema`): a float64 matrix, or one DataFrame per batch for a model fitted on
+  (:mod:`mmserver.codecs.schema`): a float64 matrix, or one DataFrame per batch for a model fitted
+  on
   one;
 - a custom one imports the model's ``model.py`` (or ``option.entryPoint``), gets the model from its
   ``load(model_dir, properties)`` and predicts with its ``predict(model, batch)`` (or the function
@@ -33,8 +34,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mmserver.answers import encode_json, response_type, typed_answer
 from mmserver.candidates import NATIVE, NUMPY, TREELITE
+from mmserver.codecs.answers import encode_json, response_type, typed_answer
+from mmserver.codecs.schema import (
+    Column,
+    Inputs,
+    declared,
+    feature_names,
+    fitted_columns,
+    matrix_inputs,
+    probe_missing,
+)
+from mmserver.codecs.tabular import Table, row_table, to_frame
 from mmserver.config import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
 from mmserver.families import (
@@ -48,17 +59,7 @@ from mmserver.families import (
 )
 from mmserver.fastpath import own_plan, plan_paths
 from mmserver.ops import heap
-from mmserver.schema import (
-    Column,
-    Inputs,
-    declared,
-    feature_names,
-    fitted_columns,
-    matrix_inputs,
-    probe_missing,
-)
 from mmserver.tablepath import plan_table_paths
-from mmserver.tabular import Table, row_table, to_frame
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +394,7 @@ def find_inputs(
     model_dir: Path | None,
     sparse_missing: bool,
 ) -> Inputs:
-    """What the model takes (:mod:`mmserver.schema`): its declared or fitted columns, and
+    """What the model takes (:mod:`mmserver.codecs.schema`): its declared or fitted columns, and
     where it takes missing values (found by calling ``fn``, its method, unless configured)."""
     names = feature_names(model)
     columns = declared(model_dir, config.properties) if model_dir and config else None

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 from mmserver.ops.capture import Capture, Record
 from mmserver.ops.metrics import Metrics
 

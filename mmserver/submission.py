@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable
 
 from mmserver import errors
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 from mmserver.loading import Loader
 from mmserver.ops.metrics import ModelRequests
 from mmserver.pool import ModelPool

@@ -5,7 +5,7 @@ time in its own machinery, not in arithmetic: pandas indexing per transformer, a
 step, and its per-call checks cost ~5-20 ms whatever the rows, so a batch of one row costs what
 a batch of 32 does. When every transformer of its ColumnTransformer is one that is plain
 arithmetic once fitted, :func:`compile_head` computes the same matrix straight from a batch's
-columns (:class:`~mmserver.tabular.Table`):
+columns (:class:`~mmserver.codecs.tabular.Table`):
 
 - ``OneHotEncoder`` (string categories, no dropped or infrequent categories): a look-up of each
   value's position;
@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from mmserver.candidates import Fn, candidates, scaler_arithmetic, split_pipeline
+from mmserver.codecs.schema import BOOLEAN, NUMBER, Inputs
+from mmserver.codecs.tabular import Table
 from mmserver.families import reason
 from mmserver.fastpath import (
     COMPILED,
@@ -44,8 +46,6 @@ from mmserver.fastpath import (
     own_plan,
     timed_plan,
 )
-from mmserver.schema import BOOLEAN, NUMBER, Inputs
-from mmserver.tabular import Table
 
 _PROBE_ROWS = 64
 _TIMED_ROWS = 1024

@@ -30,7 +30,7 @@ from typing import Any
 from mmserver import errors
 from mmserver.backend import BackendPool
 from mmserver.catalog import Catalog, ModelListing, ModelView, WorkerView
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 from mmserver.config import ModelConfig, ServerConfig
 from mmserver.files import UNPACK_PROCESSES, FileWork
 from mmserver.loading import Loader
@@ -280,7 +280,7 @@ class WorkLoadManager:
         """Queue ``request`` for model ``name`` (any spelling), loading the model first if
         needed: every inference path comes in here. The answer's body is the result of the
         submission's future (its type follows from the request,
-        :func:`~mmserver.answers.response_type`).
+        :func:`~mmserver.codecs.answers.response_type`).
 
         A loaded model named exactly ``name`` gets the request queued at once, with no task of
         its own; otherwise a task finds (or loads) the model, then queues it. Raises

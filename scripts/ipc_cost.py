@@ -24,7 +24,7 @@ import numpy as np
 import uvloop
 
 from mmserver.backend import BackendPool, LoadSpec
-from mmserver.codecs import make_request
+from mmserver.codecs.requests import make_request
 from mmserver.config import ModelConfig
 from mmserver.ops.metrics import Metrics
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.answers import encode_as, response_type, wants_csv
-from mmserver.codecs import Request, decode_as, make_request
+from mmserver.codecs.answers import encode_as, response_type, wants_csv
+from mmserver.codecs.requests import Request, decode_as, make_request
 
 _SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mmserver.api.protocols import Protocol
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 from mmserver.errors import InvalidModelName, MMServerError, ModelNotFound, ShuttingDown
 from mmserver.ops.capture import Capture, Record
 from mmserver.store import normalize_name

@@ -49,8 +49,8 @@ from mmserver.api.v2 import (
     not_ready_reason,
     unload,
 )
+from mmserver.codecs.v2 import HEADER_LENGTH
 from mmserver.errors import InvalidInput, MMServerError
-from mmserver.v2codec import HEADER_LENGTH
 
 #: The service's name on the wire (Triton's and KServe's package ``inference``).
 SERVICE = "inference.GRPCInferenceService"

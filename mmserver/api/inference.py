@@ -19,7 +19,7 @@ from mmserver.api.accesslog import MODEL_KEY
 from mmserver.api.dataplane import Exchange
 from mmserver.api.middleware import Handler, render_error
 from mmserver.api.protocols import ROUTING_KEY, TARGET_MODEL, Route
-from mmserver.v2codec import HEADER_LENGTH
+from mmserver.codecs.v2 import HEADER_LENGTH
 
 _HEALTHY = b'{"status": "Healthy"}'
 _UNHEALTHY = (

@@ -30,7 +30,7 @@ from aiohttp import web
 from mmserver.api import STATE, read_body
 from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
-from mmserver.codecs import media_type
+from mmserver.codecs.requests import media_type
 from mmserver.config import boolean
 from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
 from mmserver.model_config import mistyped_keys

@@ -1,7 +1,8 @@
 """The protocols mmserver speaks and the one table of its routes.
 
 A :class:`Protocol` says how an inference request of that protocol becomes a job for the
-WorkLoadManager (:data:`~mmserver.codecs.Request`), how the answer its model's backend encoded
+WorkLoadManager (:data:`~mmserver.codecs.requests.Request`), how the answer its model's backend
+encoded
 becomes the body and headers sent back, and what shape its errors take. :data:`ROUTES` lists
 every path the server answers, with its method, protocol and operation; the doors read it:
 
@@ -22,11 +23,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from mmserver.answers import answer_body
-from mmserver.codecs import Request, make_request
+from mmserver.codecs.answers import answer_body
+from mmserver.codecs.requests import Request, make_request
+from mmserver.codecs.v2 import HEADER_LENGTH, split_answer, v2_request
 from mmserver.errors import InvalidInput, ModelNotFound
 from mmserver.store.names import VERSION_RE
-from mmserver.v2codec import HEADER_LENGTH, split_answer, v2_request
 
 JSON = "application/json"
 BINARY = "application/octet-stream"

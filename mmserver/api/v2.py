@@ -7,7 +7,7 @@
 - metadata: ``GET /v2`` (server) and ``GET /v2/models/{model}[/versions/{version}]`` (loads the
   model if needed: its inputs and outputs are what its backend found in the estimator);
 - inference: ``POST /v2/models/{model}[/versions/{version}]/infer``, JSON tensors or Triton's
-  binary tensor data extension (:mod:`mmserver.v2codec`), through the data plane like every
+  binary tensor data extension (:mod:`mmserver.codecs.v2`), through the data plane like every
   other inference route (:data:`mmserver.api.protocols.V2`): same queues, batching, scaling and
   metrics, the body decoded in the backend;
 - Triton's model repository extension: ``POST /v2/repository/index``,
@@ -31,14 +31,14 @@ from mmserver.api import REQUEST_ID, STATE, request_id
 from mmserver.api.management import bool_param, request_params
 from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
-from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
-from mmserver.record import ModelStatus
-from mmserver.store import normalize_name, split_version
-from mmserver.v2codec import (
+from mmserver.codecs.v2 import (
     VERSION,
     datatype_of,
     parameters_of,
 )
+from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
+from mmserver.record import ModelStatus
+from mmserver.store import normalize_name, split_version
 
 if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager
@@ -139,7 +139,7 @@ async def metadata_of(wlm: WorkLoadManager, name: str) -> dict[str, Any]:
     return metadata
 
 
-#: A column's kind (:mod:`mmserver.schema`) to the datatype of its V2 input.
+#: A column's kind (:mod:`mmserver.codecs.schema`) to the datatype of its V2 input.
 _COLUMN_DATATYPES = {"number": "FP64", "string": "BYTES", "boolean": "BOOL", "category": "BYTES"}
 
 

@@ -9,13 +9,13 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mmserver.answers import answer_body
 from mmserver.asynchronous.admission import Turns
 from mmserver.asynchronous.journal import Invocation
 from mmserver.asynchronous.locations import Locations
 from mmserver.asynchronous.objectcalls import ObjectCalls
 from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
-from mmserver.codecs import Request, make_request
+from mmserver.codecs.answers import answer_body
+from mmserver.codecs.requests import Request, make_request
 from mmserver.config import ServerConfig
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from mmserver.codecs import CSV, LIBSVM, X_LIBSVM, has_header, media_type
+from mmserver.codecs.requests import CSV, LIBSVM, X_LIBSVM, has_header, media_type
 from mmserver.errors import ModelError
 
 #: The content types whose bodies are rows, one a line: they may be cut at line ends.

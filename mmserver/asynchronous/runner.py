@@ -71,7 +71,7 @@ from mmserver.asynchronous.notify import Notifier, notification
 from mmserver.asynchronous.objectcalls import ObjectCalls
 from mmserver.asynchronous.requests import AsyncRequest
 from mmserver.asynchronous.writer import Folders, JournalThread
-from mmserver.codecs import make_request
+from mmserver.codecs.requests import make_request
 from mmserver.config import ServerConfig
 from mmserver.ops.folderlock import FolderInUse, FolderLock
 from mmserver.ops.metrics import Metrics

@@ -1,7 +1,8 @@
 """Answering a batch where the model runs: in a backend process, or a thread slot's thread.
 
 A batch's requests come as they came to the frontend (bodies, not arrays): :func:`answer_batch`
-decodes each body into what the model takes (:mod:`mmserver.schema`), makes one call to the model
+decodes each body into what the model takes (:mod:`mmserver.codecs.schema`), makes one call to the
+model
 for all the valid rows — one matrix, or one DataFrame for a model that takes one — and encodes
 one answer per request. A body that does not decode, or has the wrong number of features, gets
 its own error; the others in its batch are answered.
@@ -10,7 +11,7 @@ The common batch — every body a JSON list of rows of finite numbers, for a mod
 matrix — is decoded together (:func:`rows_together`): each body parsed alone (no body can change
 how another is read), their rows made one matrix and checked in one numpy call. Any other batch,
 or one where a body is otherwise, is decoded body by body, each body getting its own answer or
-error as :func:`~mmserver.codecs.decode_as` gives it.
+error as :func:`~mmserver.codecs.requests.decode_as` gives it.
 """
 
 from __future__ import annotations
@@ -22,11 +23,18 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmserver import errors
-from mmserver.answers import encode_as, encode_sagemaker_xgboost
-from mmserver.codecs import JSON, STRICT, Request, decode_as, media_type, sagemaker_container_kind
-from mmserver.schema import Inputs, matrix_inputs
-from mmserver.tabular import Table, merge_tables
-from mmserver.v2codec import decode_v2, encode_v2, is_v2
+from mmserver.codecs.answers import encode_as, encode_sagemaker_xgboost
+from mmserver.codecs.requests import (
+    JSON,
+    STRICT,
+    Request,
+    decode_as,
+    media_type,
+    sagemaker_container_kind,
+)
+from mmserver.codecs.schema import Inputs, matrix_inputs
+from mmserver.codecs.tabular import Table, merge_tables
+from mmserver.codecs.v2 import decode_v2, encode_v2, is_v2
 
 #: A batch's rows: a float64 matrix, or a table of typed columns.
 Rows = np.ndarray | Table
@@ -126,7 +134,8 @@ def rows_together(
     is the parse and a look at its rows' types, the checks of shape, kinds and values being one
     numpy call for the batch. A body with a JSON boolean, or not in ASCII (UTF-16, say), or a
     value that is not a finite number (strings, nulls, NaN and infinities, nesting) leaves the
-    batch to :func:`~mmserver.codecs.decode_as`, which reads or refuses each as it does alone."""
+    batch to :func:`~mmserver.codecs.requests.decode_as`, which reads or refuses each as it does
+    alone."""
     if not inputs.dense:
         return None
     loads = json.loads

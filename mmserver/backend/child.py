@@ -21,7 +21,7 @@ from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
 from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 from mmserver.ops import heap
 from mmserver.procs.framing import FrameReader, frame, send_frame
 from mmserver.store import tree_size
@@ -200,7 +200,7 @@ def child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Every request body is checked for infinities when it is decoded, and for NaN where the
-    # model does not take missing values (found at load, with the check on: mmserver.schema),
+    # model does not take missing values (found at load, with the check on: mmserver.codecs.schema),
     # so scikit-learn's own check (a fifth of a small predict's time) would only repeat it.
     import sklearn
 

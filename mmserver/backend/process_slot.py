@@ -21,7 +21,7 @@ from mmserver.backend.child import child_main
 from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
 from mmserver.backend.wire import LoadInfo, LoadSpec
-from mmserver.codecs import Request
+from mmserver.codecs.requests import Request
 from mmserver.ops import capacity
 from mmserver.ops.metrics import Metrics
 from mmserver.procs.framing import FrameProtocol, frame

@@ -47,7 +47,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mmserver.codecs import media_type
+from mmserver.codecs.requests import media_type
 from mmserver.ops.metrics import Metrics
 from mmserver.store import split_object_url, split_version
 

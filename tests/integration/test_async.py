@@ -29,7 +29,7 @@ from mmserver.asynchronous.journal import Invocation, Journal
 from mmserver.asynchronous.journal import State as JournalState
 from mmserver.asynchronous.locations import Locations
 from mmserver.asynchronous.objectcalls import NICE
-from mmserver.codecs import make_request
+from mmserver.codecs.requests import make_request
 from mmserver.ops.metrics import Metrics
 from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve, wait_until

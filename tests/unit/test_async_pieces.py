@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmserver.answers import answer_body, encode_as
 from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
+from mmserver.codecs.answers import answer_body, encode_as
 from mmserver.errors import ModelError
 
 

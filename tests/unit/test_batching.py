@@ -11,10 +11,10 @@ import pytest
 
 from mmserver import errors
 from mmserver.backend.batching import Answer, answer_batch, rows_together, split
-from mmserver.codecs import Request, make_request
+from mmserver.codecs.requests import Request, make_request
+from mmserver.codecs.schema import Inputs, matrix_inputs
+from mmserver.codecs.v2 import v2_request
 from mmserver.jobs import Job, JobQueue, partition_live
-from mmserver.schema import Inputs, matrix_inputs
-from mmserver.v2codec import v2_request
 from tests.models import outputs, rows
 
 

@@ -9,8 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmserver.answers import CSV_RESPONSE_TYPE, encode_as, encode_json, json_encoder, wants_csv
-from mmserver.codecs import media_type
+from mmserver.codecs.answers import (
+    CSV_RESPONSE_TYPE,
+    encode_as,
+    encode_json,
+    json_encoder,
+    wants_csv,
+)
+from mmserver.codecs.requests import media_type
 from mmserver.errors import InvalidInput, ModelError, UnsupportedMediaType
 from tests.models import decode, encode
 

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mmserver.answers import answer_body
 from mmserver.backend.batching import answer_batch
-from mmserver.codecs import make_request
+from mmserver.codecs.answers import answer_body
+from mmserver.codecs.requests import make_request
+from mmserver.codecs.v2 import V2
 from mmserver.config import ModelConfig
 from mmserver.predictor import EstimatorPredictor, Predictor, load_predictor
-from mmserver.v2codec import V2
 from tests.tabular_models import COLUMNS, ROWS_OF_CUSTOMERS, make_pipeline_model
 
 

@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmserver.errors import InvalidInput, ModelError
-from mmserver.v2codec import (
+from mmserver.codecs.v2 import (
     InferRequest,
     decode_v2,
     encode_v2,
@@ -18,6 +17,7 @@ from mmserver.v2codec import (
     split_answer,
     v2_request,
 )
+from mmserver.errors import InvalidInput, ModelError
 
 OUTPUTS = ("predict_proba", "predict")
 

@@ -1,10 +1,12 @@
 """Requests as columns: rows, records and named columns to a model's inputs, and batches to one
 DataFrame (runs where the model runs, a backend process).
 
-:func:`to_columns` takes what a request body held, in any of the forms :mod:`mmserver.codecs`
+:func:`to_columns` takes what a request body held, in any of the forms
+:mod:`mmserver.codecs.requests`
 reads — rows by position, with or without column names, records (one object per row), or one
 list per named column — and gives the model's columns in its order, each checked against its
-kind (:mod:`mmserver.schema`): numbers (booleans count as 1 and 0), strings, booleans, categories.
+kind (:mod:`mmserver.codecs.schema`): numbers (booleans count as 1 and 0), strings, booleans,
+categories.
 ``null`` (and NaN) is a missing value: NaN in a number column, ``None`` in the others, refused
 where the model does not take one. Every error names the column and the row.
 
@@ -20,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from mmserver.codecs.schema import BOOLEAN, CATEGORY, NUMBER, STRING, Column, Inputs
 from mmserver.errors import InvalidInput
-from mmserver.schema import BOOLEAN, CATEGORY, NUMBER, STRING, Column, Inputs
 
 #: A request's rows in one of three shapes: ``("rows", names or None, rows)``,
 #: ``("records", None, records)`` or ``("columns", names, one list per name)``.

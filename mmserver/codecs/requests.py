@@ -3,9 +3,10 @@
 A request travels to the model as a :data:`Request`, ``(body, content type, csv answer)``, made
 by :func:`make_request` on the event loop: only the headers are looked at there. The body is
 decoded where the model runs (a backend process): :func:`decode_as` turns it into what the model
-takes (:mod:`mmserver.schema`) — the 2-D float64 matrix of rows for a model fitted on arrays or on
-numbers only, a :class:`~mmserver.tabular.Table` of typed columns for a model fitted on a
-DataFrame with string, boolean or category columns — and :mod:`mmserver.answers` encodes the
+takes (:mod:`mmserver.codecs.schema`) — the 2-D float64 matrix of rows for a model fitted on arrays
+or on
+numbers only, a :class:`~mmserver.codecs.tabular.Table` of typed columns for a model fitted on a
+DataFrame with string, boolean or category columns — and :mod:`mmserver.codecs.answers` encodes the
 answers there too. The frontend is one process for every request of every model; the
 backends are as many as the cores, so parsing and formatting bodies there keeps the frontend's
 time per request small.
@@ -34,7 +35,7 @@ missing values, which a model takes unless it fails on them (found at load) or i
 :class:`~mmserver.errors.InvalidInput` with a message that says what was expected (naming the
 column and row); an unknown content type raises :class:`~mmserver.errors.UnsupportedMediaType`.
 
-Answers are made by :mod:`mmserver.answers`.
+Answers are made by :mod:`mmserver.codecs.answers`.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.answers import wants_csv
+from mmserver.codecs.answers import wants_csv
+from mmserver.codecs.schema import Inputs
+from mmserver.codecs.tabular import Form, Table, csv_cells, dense, json_kind, table, to_columns
 from mmserver.errors import InvalidInput, UnsupportedMediaType
-from mmserver.schema import Inputs
-from mmserver.tabular import Form, Table, csv_cells, dense, json_kind, table, to_columns
 
 JSON = "application/json"
 CSV = "text/csv"

@@ -1,6 +1,7 @@
 """Open Inference Protocol (KServe V2) request bodies to rows, and outputs to V2 answers.
 
-Like :mod:`mmserver.codecs`, this runs where the model runs (a backend process): the frontend
+Like :mod:`mmserver.codecs.requests`, this runs where the model runs (a backend process): the
+frontend
 only checks the ``Inference-Header-Content-Length`` header (:func:`v2_request`) and queues the
 body as it came. :func:`decode_v2` turns a body into an :class:`InferRequest` (the rows, the id,
 the outputs asked for), :func:`encode_v2` turns the model's outputs into the answer.
@@ -13,7 +14,7 @@ INT8..INT64, UINT8..UINT64, FP16, FP32, FP64) are read as the declared datatype,
 a JSON ``null`` is a missing value. A tensor of shape ``[n, k]`` is ``n`` rows of ``k``
 features, one of shape ``[n]`` (or ``[n, 1]``) is ``n`` rows of one feature; several inputs are
 placed side by side, in order, as columns of the same rows. For a model with named columns
-(:mod:`mmserver.schema`), inputs named after its columns are its columns, in any order, as
+(:mod:`mmserver.codecs.schema`), inputs named after its columns are its columns, in any order, as
 MLServer's pandas codec sends a DataFrame: one input per column, ``BYTES`` for strings.
 
 Outputs: the outputs a model has are named after the estimator's methods (``predict``,
@@ -41,13 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.answers import json_encoder
-from mmserver.codecs import STRICT, Request, check_finite, preview, short
+from mmserver.codecs.answers import json_encoder
+from mmserver.codecs.requests import STRICT, Request, check_finite, preview, short
+from mmserver.codecs.schema import Inputs
+from mmserver.codecs.tabular import Table, dense, json_kind, table, to_columns
 from mmserver.errors import InvalidInput, ModelError
-from mmserver.schema import Inputs
-from mmserver.tabular import Table, dense, json_kind, table, to_columns
 
-#: The kind (see :data:`mmserver.codecs.Request`) of a V2 request with a JSON body; with binary
+#: The kind (see :data:`mmserver.codecs.requests.Request`) of a V2 request with a JSON body; with
+#: binary
 #: data the kind is ``"v2:<length of the JSON header>"``.
 V2 = "v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -1,0 +1,5 @@
+"""What travels in a request and its answer, run where the model runs: request bodies to what
+the model takes (:mod:`~mmserver.codecs.requests`), predictions to answer bodies
+(:mod:`~mmserver.codecs.answers`), rows and named columns to a model's typed columns
+(:mod:`~mmserver.codecs.tabular`), what a model takes (:mod:`~mmserver.codecs.schema`) and the
+Open Inference Protocol's tensors (:mod:`~mmserver.codecs.v2`)."""
