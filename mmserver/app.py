@@ -20,7 +20,7 @@ from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, check_security, unmatched
 from mmserver.api.protocols import INFER, ROUTES
 from mmserver.asynchronous import AsyncInference
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
 

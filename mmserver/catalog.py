@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from cachetools import LRUCache
 
 from mmserver import errors
-from mmserver.config import RESCALABLE, ModelConfig, ServerConfig
+from mmserver.config.server import RESCALABLE, ModelConfig, ServerConfig
 from mmserver.ops.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import Failure, Measured, ModelRecord, ModelStatus

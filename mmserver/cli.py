@@ -1,8 +1,9 @@
 """The ``mmserver`` command.
 
-Every flag of ``mmserver serve`` derives from a field of :class:`~mmserver.config.ServerConfig`:
-``max_workers`` is ``--max-workers`` and ``MMSERVER_MAX_WORKERS``. Flags default to ``None`` so
-that an option not given on the command line keeps its value from the environment or the file.
+Every flag of ``mmserver serve`` derives from a field of
+:class:`~mmserver.config.server.ServerConfig`: ``max_workers`` is ``--max-workers`` and
+``MMSERVER_MAX_WORKERS``. Flags default to ``None`` so that an option not given on the command line
+keeps its value from the environment or the file.
 
 ``mmserver cluster ...`` hands its arguments to :mod:`mmserver.cluster.cli`, and
 ``mmserver transform ...`` to :mod:`mmserver.transform.cli` and ``mmserver recommend ...`` to
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from mmserver import __version__
 
 if TYPE_CHECKING:
-    from mmserver.config import ServerConfig
+    from mmserver.config.server import ServerConfig
 
 _METAVARS = {int: "INT", float: "NUMBER", str: "TEXT"}
 
@@ -41,7 +42,7 @@ def _default_text(value: object) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser: ``mmserver serve [options]``."""
-    from mmserver.config import ENV_PREFIX, ServerConfig
+    from mmserver.config.server import ENV_PREFIX, ServerConfig
 
     parser = argparse.ArgumentParser(
         prog="mmserver",
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build_config(argv: Sequence[str], env: Mapping[str, str]) -> ServerConfig:
     """The configuration for the command line ``argv`` (e.g. ``["serve", "--port", "9000"]``)
     and the environment ``env``. Raises :class:`ConfigError`; argparse exits on bad syntax."""
-    from mmserver.config import ServerConfig
+    from mmserver.config.server import ServerConfig
     from mmserver.errors import ConfigError
 
     args = build_parser().parse_args(list(argv))

@@ -31,7 +31,7 @@ from typing import Any
 import joblib
 import numpy as np
 
-from mmserver.config import ModelConfig
+from mmserver.config.server import ModelConfig
 from mmserver.errors import ModelLoadError
 
 log = logging.getLogger(__name__)

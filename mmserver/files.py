@@ -13,9 +13,9 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
-from mmserver.config import ModelConfig, load_model_config
+from mmserver.config.model import PROPERTIES_FILE, model_config_from_properties
+from mmserver.config.server import ModelConfig, load_model_config
 from mmserver.errors import ModelLoadError
-from mmserver.model_config import PROPERTIES_FILE, model_config_from_properties
 from mmserver.store import ModelSource, StoreEntry, UnpackProcesses, split_version
 
 #: Threads doing a load's file work where the unpacking processes do not: without backend

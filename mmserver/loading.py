@@ -21,7 +21,7 @@ from pathlib import Path
 from mmserver import errors, files
 from mmserver.backend import BackendPool
 from mmserver.catalog import Catalog
-from mmserver.config import ModelConfig
+from mmserver.config.server import ModelConfig
 from mmserver.ops.metrics import Metrics
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus

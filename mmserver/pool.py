@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.codecs.requests import Request
-from mmserver.config import ModelConfig
+from mmserver.config.server import ModelConfig
 from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.record import Measured

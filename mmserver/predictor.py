@@ -46,7 +46,7 @@ from mmserver.codecs.schema import (
     probe_missing,
 )
 from mmserver.codecs.tabular import Table, row_table, to_frame
-from mmserver.config import METHODS, ModelConfig
+from mmserver.config.server import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
 from mmserver.families import (
     LIGHTGBM,

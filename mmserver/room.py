@@ -19,7 +19,7 @@ import os
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.catalog import Catalog
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.eviction import Candidate, choose_victims
 from mmserver.jobs import Tally
 from mmserver.ops import capacity

@@ -30,7 +30,7 @@ from mmserver import errors
 from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops import heap, logs
 from mmserver.ops.metrics import Metrics
 from mmserver.record import ModelStatus

@@ -31,7 +31,7 @@ from mmserver import errors
 from mmserver.backend import BackendPool
 from mmserver.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.codecs.requests import Request
-from mmserver.config import ModelConfig, ServerConfig
+from mmserver.config.server import ModelConfig, ServerConfig
 from mmserver.files import UNPACK_PROCESSES, FileWork
 from mmserver.loading import Loader
 from mmserver.ops.capacity import Limit

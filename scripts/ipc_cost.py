@@ -25,7 +25,7 @@ import uvloop
 
 from mmserver.backend import BackendPool, LoadSpec
 from mmserver.codecs.requests import make_request
-from mmserver.config import ModelConfig
+from mmserver.config.server import ModelConfig
 from mmserver.ops.metrics import Metrics
 
 IDENTITY = """\

@@ -28,7 +28,7 @@ from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.errors import ClientClosed, InvalidInput, RequestTimeout, RequestTooLarge
 from mmserver.ops.metrics import Metrics
 

@@ -2,7 +2,7 @@
 server's shape.
 
 :class:`HttpRunner` is aiohttp's application runner with these rules, each an option
-(:class:`~mmserver.config.ServerConfig`):
+(:class:`~mmserver.config.server.ServerConfig`):
 
 - at most ``max_connections`` open connections: one past it is answered ``503`` (JSON, with
   ``Retry-After``) and closed before anything is read from it;
@@ -42,7 +42,7 @@ from aiohttp.web_request import BaseRequest
 
 from mmserver.api import REQUEST_ID, STATE, RequestIds, accesslog
 from mmserver.api.lean import LeanFront
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.errors import (
     InvalidInput,
     MMServerError,

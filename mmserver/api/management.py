@@ -31,9 +31,9 @@ from mmserver.api import STATE, read_body
 from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
 from mmserver.codecs.requests import media_type
-from mmserver.config import boolean
+from mmserver.config.model import mistyped_keys
+from mmserver.config.server import boolean
 from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
-from mmserver.model_config import mistyped_keys
 from mmserver.record import ModelStatus
 from mmserver.rollout import percent_of
 from mmserver.store import name_from_url, normalize_name

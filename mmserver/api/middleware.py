@@ -39,7 +39,7 @@ from aiohttp import hdrs, web
 from mmserver.api import REQUEST_ID, STATE, ApiState, request_id
 from mmserver.api.dataplane import log_server_error, shown_path, unexpected
 from mmserver.api.protocols import Protocol, known_paths, protocol_of
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.errors import (
     ConfigError,
     InvalidInput,

@@ -16,7 +16,7 @@ from mmserver.asynchronous.objectcalls import ObjectCalls
 from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
 from mmserver.codecs.answers import answer_body
 from mmserver.codecs.requests import Request, make_request
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 
 if TYPE_CHECKING:
     from mmserver.wlm import WorkLoadManager

@@ -72,7 +72,7 @@ from mmserver.asynchronous.objectcalls import ObjectCalls
 from mmserver.asynchronous.requests import AsyncRequest
 from mmserver.asynchronous.writer import Folders, JournalThread
 from mmserver.codecs.requests import make_request
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops.folderlock import FolderInUse, FolderLock
 from mmserver.ops.metrics import Metrics
 from mmserver.scaling import background_share

@@ -24,7 +24,7 @@ from mmserver.cluster import balancer, cluster
 from mmserver.cluster.instances import InstanceSpec
 from mmserver.cluster.procfs import HOST
 from mmserver.cluster.procs import ProcessId
-from mmserver.config import resolves_to_loopback
+from mmserver.config.server import resolves_to_loopback
 
 PROG = "mmserver cluster"
 DEFAULT_STATE_DIR = Path(".cache/cluster")

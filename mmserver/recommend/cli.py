@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from mmserver.config.model import MAX_BATCH_DELAY_MS, cpu_count
 from mmserver.loadtest import wrk
-from mmserver.model_config import MAX_BATCH_DELAY_MS, cpu_count
 from mmserver.recommend import plot
 from mmserver.recommend.advice import Advice
 from mmserver.recommend.payloads import PayloadError, read_payload

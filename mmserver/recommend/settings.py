@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmserver.model_config import PROPERTIES_FILE, ModelConfig
-from mmserver.properties import parse_properties
+from mmserver.config.model import PROPERTIES_FILE, ModelConfig
+from mmserver.store.properties import parse_properties
 
 #: Every spelling of the keys :meth:`Setting.properties` writes (``ModelConfig``'s ``keys``), so
 #: that the lines written replace the folder's own, whichever spelling it used.

@@ -17,8 +17,8 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from mmserver.cluster.instances import Instance, InstanceSpec, stop_instances
 from mmserver.cluster.procfs import HOST, free_port
+from mmserver.config.model import cpu_count
 from mmserver.loadtest.client import JSON_HEADERS, Client
-from mmserver.model_config import cpu_count
 from mmserver.recommend.settings import Setting
 
 READY_TIMEOUT_S = 120.0

@@ -19,7 +19,6 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 from mmserver.errors import Forbidden, InvalidInput, ModelLoadError, ModelNotFound
-from mmserver.properties import read_properties
 from mmserver.store.archive import model_root, unpack_archive
 from mmserver.store.names import (
     ARCHIVE_SUFFIXES,
@@ -31,6 +30,7 @@ from mmserver.store.names import (
     normalize_target,
     split_version,
 )
+from mmserver.store.properties import read_properties
 from mmserver.store.source import StoreEntry, Unpacker
 
 # A directory entry walk stops counting here: the size only feeds the memory estimate, and a

@@ -11,8 +11,8 @@ from mmserver.store.local import ModelStore
 from mmserver.store.source import ModelSource
 
 if TYPE_CHECKING:
-    # Only a type here: mmserver.config itself imports the store's URL helpers.
-    from mmserver.config import ServerConfig
+    # Only a type here: mmserver.config.server itself imports the store's URL helpers.
+    from mmserver.config.server import ServerConfig
 
 
 def open_store(config: ServerConfig, in_use: Callable[[str], bool] | None = None) -> ModelSource:

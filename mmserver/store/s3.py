@@ -48,7 +48,6 @@ from botocore.exceptions import (
 )
 
 from mmserver.errors import MMServerError, ModelLoadError, ModelNotFound, ServiceUnavailable
-from mmserver.properties import parse_properties
 from mmserver.store.archive import model_root, unpack_archive
 from mmserver.store.cache import CopyCache
 from mmserver.store.local import local_entry, prepare_local
@@ -61,6 +60,7 @@ from mmserver.store.names import (
     normalize_target,
 )
 from mmserver.store.objects import error_code
+from mmserver.store.properties import parse_properties
 from mmserver.store.source import StoreEntry, Unpacker
 from mmserver.store.urls import split_object_url
 

@@ -39,7 +39,7 @@ async def test_json_lines_with_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     assert lines[-1]["message"] == "mmserver stopped"
     early = [line for line in lines if "MMSERVER_OTHER_PROGRAM_SETTING" in line["message"]]
     assert [line["level"] for line in early] == ["WARNING"]
-    assert early[0]["logger"] == "mmserver.config"
+    assert early[0]["logger"] == "mmserver.config.server"
 
 
 def test_a_record_with_a_request_id_and_an_exception() -> None:

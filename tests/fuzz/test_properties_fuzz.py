@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mmserver.config import (
+from mmserver.config.server import (
     METHODS,
     ModelConfig,
     ServerConfig,

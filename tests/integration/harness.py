@@ -29,7 +29,7 @@ from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app
 from mmserver.asynchronous import AsyncInference
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops.metrics import Metrics
 from mmserver.store import ModelStore
 from mmserver.wlm import WorkLoadManager

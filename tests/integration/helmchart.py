@@ -26,7 +26,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "mmserver"

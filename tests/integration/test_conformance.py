@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mmserver import errors
-from mmserver.config import ModelConfig, load_model_config, parse_properties
+from mmserver.config.server import ModelConfig, load_model_config, parse_properties
 from mmserver.errors import ConfigError
 from mmserver.store import name_from_url
 from tests.integration.harness import Harness, Serve, describe, error_of

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from mmserver.config import ModelConfig, ServerConfig
+from mmserver.config.server import ModelConfig, ServerConfig
 from tests.e2e.server_process import ROOT, ServerProcess, free_port
 
 README = ROOT / "README.md"

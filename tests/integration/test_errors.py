@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from mmserver.api.middleware import answers_errors
-from mmserver.config import MAX_BATCH_DELAY_MS, ServerConfig
+from mmserver.config.server import MAX_BATCH_DELAY_MS, ServerConfig
 from mmserver.errors import ConfigError
 from tests.integration.gate import Gate
 from tests.integration.harness import Harness, Serve, error_of, hold_gate, wait_until

@@ -18,7 +18,7 @@ import pytest
 
 from mmserver.api.connections import HttpRunner
 from mmserver.api.middleware import check_security
-from mmserver.config import ServerConfig, resolves_to_loopback
+from mmserver.config.server import ServerConfig, resolves_to_loopback
 from mmserver.errors import ConfigError
 from tests.integration.harness import Harness, Serve, wait_until, watch_body_reads
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.errors import MAX_MESSAGE, ConfigError
 from mmserver.store import MAX_HEADER_BYTES
 from tests.integration.harness import Harness, Serve, error_of

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mmserver.backend import ProcessSlot
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops import capacity
 from mmserver.ops.metrics import Metrics
 from mmserver.store import ModelStore

@@ -28,7 +28,7 @@ from aiohttp.test_utils import TestClient
 from sklearn.linear_model import LinearRegression
 
 from mmserver import errors
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.server import Server
 from mmserver.store.s3 import ObjectStore
 from tests.e2e.server_process import unpacking_pids

@@ -185,7 +185,7 @@ def test_a_fast_path_that_differs_on_missing_values_is_kept_for_rows_without(
     too, and a batch with one goes where the answer is the model's own."""
     from sklearn.ensemble import RandomForestRegressor
 
-    from mmserver.config import ModelConfig
+    from mmserver.config.server import ModelConfig
     from mmserver.predictor import EstimatorPredictor, load_predictor
 
     rng = np.random.default_rng(0)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mmserver import files
-from mmserver.config import ModelConfig
+from mmserver.config.server import ModelConfig
 from mmserver.errors import Forbidden, ModelLoadError, ShuttingDown, UnsafeArchive
 from mmserver.store import ModelStore, unpack_archive
 from mmserver.store.unpacking import UnpackProcesses

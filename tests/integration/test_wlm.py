@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mmserver import errors
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops.metrics import Metrics
 from mmserver.record import ModelStatus
 from mmserver.store import ModelStore

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops import capacity
 
 GiB = 2**30

@@ -11,7 +11,7 @@ import pytest
 
 from mmserver import __version__
 from mmserver.cli import build_config, build_parser, main
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 
 
 def serve_help(capsys: pytest.CaptureFixture[str]) -> str:

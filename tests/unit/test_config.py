@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmserver.config import (
+from mmserver.config.server import (
     METHODS,
     ModelConfig,
     ServerConfig,
@@ -44,7 +44,7 @@ def test_defaults_when_nothing_is_given() -> None:
 
 def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     conf = write(
-        tmp_path / "mmserver.properties",
+        tmp_path / "mmserver.store.properties",
         "port=8001\nbatch_size=2\nmax_batch_delay=7\nhost=127.0.0.2\n",
     )
     env = {"MMSERVER_PORT": "8002", "MMSERVER_BATCH_SIZE": "3", "OTHER_PORT": "1"}
@@ -137,7 +137,7 @@ def test_unknown_options_warn_logs_and_ignores(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     conf = write(tmp_path / "c.properties", "port=8005\ncolour=red\nunknown_options=warn\n")
-    with caplog.at_level(logging.WARNING, logger="mmserver.config"):
+    with caplog.at_level(logging.WARNING, logger="mmserver.config.server"):
         config = ServerConfig.build(config_file=conf, env={"MMSERVER_BACH_SIZE": "4"})
     assert config.port == 8005
     messages = [r.getMessage() for r in caplog.records]
@@ -153,7 +153,7 @@ def test_an_environment_variable_close_to_an_option_is_refused(
     with pytest.raises(ConfigError, match="did you mean MMSERVER_BATCH_SIZE"):
         ServerConfig.build(env={"MMSERVER_BACH_SIZE": "4"})
     # A variable of another program, far from every option's name: logged, not refused.
-    with caplog.at_level(logging.WARNING, logger="mmserver.config"):
+    with caplog.at_level(logging.WARNING, logger="mmserver.config.server"):
         config = ServerConfig.build(env={"MMSERVER_FUZZ_SCALE": "3", "MMSERVER_PORT": "8006"})
     assert config.port == 8006
     assert any("MMSERVER_FUZZ_SCALE: not an option" in r.getMessage() for r in caplog.records)
@@ -273,7 +273,7 @@ def test_unknown_keys_are_kept_and_logged_once(
 ) -> None:
     where = str(tmp_path / "serving.properties")
     props = {"batch_size": "2", "option.my_threshold": "0.7"}
-    with caplog.at_level(logging.INFO, logger="mmserver.config"):
+    with caplog.at_level(logging.INFO, logger="mmserver.config.server"):
         first = model_config_from_properties(props, BASE, where)
         second = model_config_from_properties(props, BASE, where)
     assert first.properties["option.my_threshold"] == "0.7"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmserver.config import ModelConfig, model_config_from_properties
+from mmserver.config.server import ModelConfig, model_config_from_properties
 from mmserver.errors import ModelLoadError
 from mmserver.families import LIGHTGBM, SKLEARN, XGBOOST, find_model_file
 from mmserver.predictor import EstimatorPredictor, load_predictor

@@ -17,7 +17,7 @@ from mmserver.api.grpc_tensors import infer_body, infer_response, json_parameter
 from mmserver.api.proto import grpc_service_pb2 as pb
 from mmserver.cli import build_config
 from mmserver.codecs.v2 import decode_v2, encode_v2, split_answer, v2_request
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.errors import ConfigError, InvalidInput
 
 Code = grpc.StatusCode

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from mmserver.api import ApiState
 from mmserver.api.lean import LeanConnection, LeanFront
 from mmserver.api.leanflow import LeanFlow
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.ops.metrics import Metrics
 
 

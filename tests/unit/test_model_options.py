@@ -1,4 +1,4 @@
-"""Each model option is declared once (mmserver.model_config.option): what reads it follows."""
+"""Each model option is declared once (mmserver.config.model.option): what reads it follows."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 
-from mmserver.config import ServerConfig
-from mmserver.errors import ConfigError
-from mmserver.model_config import (
+from mmserver.config.model import (
     MODEL_KEYS,
     RESCALABLE,
     SERVER_DEFAULTS,
     ModelConfig,
     model_config_from_properties,
 )
+from mmserver.config.server import ServerConfig
+from mmserver.errors import ConfigError
 
 SERVER_FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
 MODEL_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}

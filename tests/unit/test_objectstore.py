@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmserver.config import ServerConfig
+from mmserver.config.server import ServerConfig
 from mmserver.errors import ConfigError
 from mmserver.store import ModelStore, open_store, split_object_url
 from mmserver.store.cache import CachedCopy, choose_cache_victims

@@ -12,7 +12,7 @@ import joblib
 import numpy as np
 import pytest
 
-from mmserver.config import ModelConfig, load_model_config, model_config_from_properties
+from mmserver.config.server import ModelConfig, load_model_config, model_config_from_properties
 from mmserver.errors import ModelError, ModelLoadError
 from mmserver.predictor import EstimatorPredictor, load_predictor, signature
 from tests.models import (

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmserver.model_config import ModelConfig, load_model_config
-from mmserver.properties import read_properties
+from mmserver.config.model import ModelConfig, load_model_config
 from mmserver.recommend.advice import Advice
 from mmserver.recommend.cli import main
 from mmserver.recommend.payloads import sample_body
@@ -21,6 +20,7 @@ from mmserver.recommend.progress import Progress
 from mmserver.recommend.search import Run, SettingResult, done, next_rate
 from mmserver.recommend.settings import Setting, grid, write_properties
 from mmserver.recommend.target import ModelFacts
+from mmserver.store.properties import read_properties
 from tests.models import make_linear_archive, make_linear_model
 
 

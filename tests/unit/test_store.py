@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmserver.config import ModelConfig
+from mmserver.config.server import ModelConfig
 from mmserver.errors import (
     Forbidden,
     InvalidInput,

@@ -1,7 +1,7 @@
 """Each model's settings (:class:`ModelConfig`), every option declared once, as a field with
 its metadata (:func:`option`): its ``serving.properties`` keys, its lower bound, whether a
 management call may change it on a loaded model, whether the server has a global default for it,
-and its help. The server's options (:class:`mmserver.config.ServerConfig`, and through it the
+and its help. The server's options (:class:`mmserver.config.server.ServerConfig`, and through it the
 command line, the environment and ``--config FILE``), the reading of ``serving.properties``
 (:func:`model_config_from_properties`) and the management API's overrides (:data:`RESCALABLE`)
 all read that one declaration.
@@ -23,11 +23,11 @@ from typing import Any
 from mmserver.errors import ConfigError, InvalidInput
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
-from mmserver.properties import boolean, read_properties
+from mmserver.store.properties import boolean, read_properties
 
 # The configuration's logger: what serving.properties says is logged where the options' lines
 # have always been (operators filter on it).
-log = logging.getLogger("mmserver.config")
+log = logging.getLogger("mmserver.config.server")
 
 PROPERTIES_FILE = "serving.properties"
 
@@ -328,7 +328,7 @@ SERVER_DEFAULTS = tuple(f.name for f in _OPTIONS if f.metadata["server_default"]
 
 
 def server_option(name: str) -> Any:
-    """The :class:`~mmserver.config.ServerConfig` field of model option ``name``: its default
+    """The :class:`~mmserver.config.server.ServerConfig` field of model option ``name``: its default
     and help are the model option's."""
     declared = next(f for f in _OPTIONS if f.name == name and f.metadata["server_default"])
     default, factory = declared.default, declared.default_factory

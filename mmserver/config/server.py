@@ -1,10 +1,10 @@
-"""Configuration: the server's global options, and (from :mod:`mmserver.model_config`) each
+"""Configuration: the server's global options, and (from :mod:`mmserver.config.model`) each
 model's settings.
 
 Every global option is declared once, as a field of :class:`ServerConfig` with its help text in
 the field's metadata; an option that is every model's default (``batch_size``...) is declared
 once as a :class:`ModelConfig` field, and its :class:`ServerConfig` field takes its default and
-help from there (:func:`~mmserver.model_config.server_option`). The command-line flags
+help from there (:func:`~mmserver.config.model.server_option`). The command-line flags
 (``--max-workers``), the environment variables (``MMSERVER_MAX_WORKERS``) and the properties-file
 keys (``max_workers``) all derive from the :class:`ServerConfig` fields. Precedence, lowest
 first: defaults < ``--config FILE`` < environment < flags.
@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmserver.errors import ConfigError
-from mmserver.model_config import (
+from mmserver.config.model import (
     MAX_BATCH_DELAY_MS,
     METHODS,
     PROPERTIES_FILE,
@@ -43,11 +42,12 @@ from mmserver.model_config import (
     model_config_from_properties,
     server_option,
 )
+from mmserver.errors import ConfigError
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
 from mmserver.ops.metrics import MODEL_LABEL_CHOICES
-from mmserver.properties import BOOLEANS, boolean, parse_properties, read_properties
 from mmserver.store import check_location, split_object_url
+from mmserver.store.properties import BOOLEANS, boolean, parse_properties, read_properties
 
 __all__ = [
     "BOOLEANS",
