@@ -28,9 +28,9 @@ from cachetools import LRUCache
 from mmserver import errors
 from mmserver.config.server import RESCALABLE, ModelConfig, ServerConfig
 from mmserver.ops.metrics import Metrics
+from mmserver.policy.scheduling import Cost
 from mmserver.pool import ModelPool
 from mmserver.record import Failure, Measured, ModelRecord, ModelStatus
-from mmserver.scheduling import Cost
 from mmserver.store import (
     ModelSource,
     StoreEntry,

@@ -4,8 +4,8 @@ The model is loaded into a slot when one of its workers is bound there, and only
 unloaded from a slot when the last of its workers there stops. Workers of one model go to
 different slots of the model's lane while there are any, least-loaded first
 (:meth:`BackendPool.pick`). The pool keeps the model's measured cost; when the cost calls for the
-other lane (:mod:`mmserver.scheduling`), the model's workers move there: new ones start in the new
-lane and the old ones leave as soon as they are not running a batch.
+other lane (:mod:`mmserver.policy.scheduling`), the model's workers move there: new ones start in
+the new lane and the old ones leave as soon as they are not running a batch.
 
 Concurrency contract: every method runs on the event loop; :meth:`submit` is synchronous, so the
 scaling check after an enqueue cannot interleave with another request's.
@@ -28,15 +28,15 @@ from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
 from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
-from mmserver.record import Measured
-from mmserver.scaling import (
+from mmserver.policy.scaling import (
     PoolSnapshot,
     should_add_background_worker,
     should_add_worker,
     should_retire,
     workers_to_start,
 )
-from mmserver.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
+from mmserver.policy.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
+from mmserver.record import Measured
 from mmserver.worker import Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class ModelPool:
         arrival, before a load it waited for; by default now). A job still queued at its
         deadline is answered 504 then, not when a batch would have taken it. A ``background``
         job (an asynchronous request's) scales the model by its own rule
-        (:func:`~mmserver.scaling.should_add_background_worker`), not the real-time one."""
+        (:func:`~mmserver.policy.scaling.should_add_background_worker`), not the real-time one."""
         loop = self._loop
         now = loop.time()
         if deadline is None:

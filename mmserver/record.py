@@ -68,7 +68,7 @@ class Measured:
     #: Bytes of one loaded copy (0: not measured yet).
     copy_bytes: int = 0
     #: Seconds a one-row batch of the model held a backend, which chose its lane
-    #: (:attr:`~mmserver.scheduling.Cost.single`; ``None``: no batch ran yet).
+    #: (:attr:`~mmserver.policy.scheduling.Cost.single`; ``None``: no batch ran yet).
     hold: float | None = None
 
 

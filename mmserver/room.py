@@ -3,7 +3,7 @@
 The room owns the loaded models' pools in their LRU order, the counts kept as they change (how
 many are loaded, the memory counted for them, the models in each lane, the jobs queued), the
 memory budget, the room reserved by loads under way, and the memory watch. It makes room for a
-load by unloading least recently used idle models (the choice is :func:`~mmserver.eviction.
+load by unloading least recently used idle models (the choice is :func:`~mmserver.policy.eviction.
 choose_victims`, a pure function: a new eviction policy goes there), and unloads a model
 (READY → UNLOADING → UNLOADED). It hears of each pool's changes through
 :class:`~mmserver.pool.PoolEvents`, which it implements.
@@ -20,11 +20,11 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.catalog import Catalog
 from mmserver.config.server import ServerConfig
-from mmserver.eviction import Candidate, choose_victims
 from mmserver.jobs import Tally
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
 from mmserver.ops.metrics import Metrics
+from mmserver.policy.eviction import Candidate, choose_victims
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 

@@ -5,7 +5,7 @@ The shadow run never delays nor fails the answer: it begins once the answer's fu
 (the door's own callbacks, which send the answer, were registered on it before or run first),
 only for an answer that succeeded, and only in spare capacity: when no real-time request is
 queued for any model and fewer than ``limit`` shadow runs are under way (all the backend
-processes but one, as for asynchronous requests, :func:`~mmserver.scaling.background_share`);
+processes but one, as for asynchronous requests, :func:`~mmserver.policy.scaling.background_share`);
 otherwise it is skipped (counted ``skipped``), never queued. Its job is a
 *background* job of the shadow version, which does not count toward the version's real-time
 scale-up. At most :data:`MAX_WAITING` requests wait for their answer with a shadow run to

@@ -4,9 +4,9 @@ A model folder of the store may hold numbered versions (``NAME/1/``, ``NAME/2.ta
 Each version is a model of its own to the rest of the server, under its key ``NAME/2``: it has
 its own record, loads, scales and is evicted on its own, and its series carry
 ``model="NAME/2"``. This module keeps what is per model rather than per version, one
-:class:`~mmserver.rollout.Rollout` each (its default version, canary and shadow: see
-:mod:`mmserver.rollout`), made from the versions the store holds (read when the model is first
-asked for, when a request names a version not known yet, and when it is described), the model
+:class:`~mmserver.policy.rollout.Rollout` each (its default version, canary and shadow: see
+:mod:`mmserver.policy.rollout`), made from the versions the store holds (read when the model is
+first asked for, when a request names a version not known yet, and when it is described), the model
 folder's ``serving.properties`` and what the management API set.
 
 A request naming a version goes to it; V2's version ``1`` of a model without versions is the
@@ -34,8 +34,8 @@ from typing import Any
 
 from mmserver import errors
 from mmserver.catalog import Catalog, ModelListing
+from mmserver.policy.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
 from mmserver.pool import ModelPool
-from mmserver.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
 from mmserver.store import normalize_target, split_version
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ that do its jobs, each the one owner of its state:
   :class:`~mmserver.record.ModelRecord` each), registrations, remembered failures and
   measurements, lookups in the store, listing and describe;
 - :mod:`mmserver.room` — the loaded models in LRU order, the memory budget, eviction (the
-  policy is :func:`mmserver.eviction.choose_victims`), unloading, and the memory watch;
+  policy is :func:`mmserver.policy.eviction.choose_victims`), unloading, and the memory watch;
 - :mod:`mmserver.files` — a load's file work, in threads and unpacking processes;
 - :mod:`mmserver.loading` — loading on demand, one load however many requests wait for it;
 - :mod:`mmserver.versions` — the versions of a model with versions, and which of them a request
@@ -37,11 +37,11 @@ from mmserver.loading import Loader
 from mmserver.ops.capacity import Limit
 from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
+from mmserver.policy.rollout import Rollout
+from mmserver.policy.scaling import background_share
 from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
-from mmserver.rollout import Rollout
 from mmserver.room import Room
-from mmserver.scaling import background_share
 from mmserver.shadow import Shadows
 from mmserver.store import (
     ModelSource,
@@ -287,7 +287,7 @@ class WorkLoadManager:
         :class:`errors.ShuttingDown` at once; every other error is the future's.
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout.
         A ``background`` request (an asynchronous one) does not count toward the model's
-        real-time scale-up (:mod:`mmserver.scaling`). ``routing``, a routing key, picks the
+        real-time scale-up (:mod:`mmserver.policy.scaling`). ``routing``, a routing key, picks the
         version of a canary rollout (:mod:`mmserver.versions`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()

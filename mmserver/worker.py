@@ -3,10 +3,10 @@
 A worker is bound to one backend slot. It first makes sure its model is loaded in that slot (an
 asyncio task, once); from then on it is driven by callbacks. When it is idle and its model has
 jobs queued, its pool makes it *ready* (:meth:`Worker.request_turn`): it waits in its slot's run
-queue until the slot admits it (:mod:`mmserver.scheduling` decides the order), and only then takes
-its batch from the queue and sends it (:meth:`Worker.begin`), so a batch holds every job queued
-until it can run, and a model's jobs go to whichever of its workers gets a turn first. When the
-answers come back it settles the batch's jobs and tells its pool it is idle again. No task wakes
+queue until the slot admits it (:mod:`mmserver.policy.scheduling` decides the order), and only then
+takes its batch from the queue and sends it (:meth:`Worker.begin`), so a batch holds every job
+queued until it can run, and a model's jobs go to whichever of its workers gets a turn first. When
+the answers come back it settles the batch's jobs and tells its pool it is idle again. No task wakes
 up per batch: on a server answering tens of thousands of requests a second from one event loop, a
 task's wake-ups per batch cost more than the batch's own bookkeeping.
 
@@ -25,7 +25,7 @@ from typing import Protocol
 from mmserver import errors
 from mmserver.backend import Answer, BatchResult, Slot
 from mmserver.jobs import Job, partition_live
-from mmserver.scheduling import Cost
+from mmserver.policy.scheduling import Cost
 
 log = logging.getLogger(__name__)
 

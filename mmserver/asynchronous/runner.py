@@ -15,9 +15,9 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
 3. it runs: the input is read (``s3://`` or a local file), the body submitted through
    :meth:`WorkLoadManager.submit <mmserver.wlm.WorkLoadManager.submit>` as a SageMaker request,
    all within its invocation timeout, as a *background* job: it does not count toward its
-   model's real-time scale-up (:mod:`mmserver.scaling`). It is submitted only while no
+   model's real-time scale-up (:mod:`mmserver.policy.scaling`). It is submitted only while no
    real-time request is queued, and at most all the backend processes but one have
-   asynchronous requests submitted at once (:func:`~mmserver.scaling.background_share`);
+   asynchronous requests submitted at once (:func:`~mmserver.policy.scaling.background_share`);
    reading inputs and writing answers overlap (:data:`IO_PER_PREDICTION`);
 4. it ends: the answer is written to its output location whole, or an error body to its failure
    location, then its row is ended (:meth:`Journal.finish <mmserver.asynchronous.journal.
@@ -75,7 +75,7 @@ from mmserver.codecs.requests import make_request
 from mmserver.config.server import ServerConfig
 from mmserver.ops.folderlock import FolderInUse, FolderLock
 from mmserver.ops.metrics import Metrics
-from mmserver.scaling import background_share
+from mmserver.policy.scaling import background_share
 from mmserver.store import normalize_name
 from mmserver.store.objects import is_object, write_synced
 

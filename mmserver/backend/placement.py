@@ -11,7 +11,7 @@ from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.backend.thread_slot import ThreadSlot
 from mmserver.ops.metrics import Metrics
-from mmserver.scheduling import HEAVY, LIGHT, Lane
+from mmserver.policy.scheduling import HEAVY, LIGHT, Lane
 
 #: A backend slot: one process, or a thread pool inside the frontend.
 Slot = ProcessSlot | ThreadSlot
@@ -44,7 +44,7 @@ class BackendPool:
     at ``heavy_nice`` (or, with ``heavy_sched_idle``, under ``SCHED_IDLE``), make the heavy lane
     and start when a model first needs one. A model whose
     batches take more than ``heavy_batch_ms`` of CPU belongs in the heavy lane
-    (:mod:`mmserver.scheduling`). While the light lane has work, the heavy lane's processes
+    (:mod:`mmserver.policy.scheduling`). While the light lane has work, the heavy lane's processes
     keep off ``heavy_reserved_cpus`` of the CPUs (:class:`~mmserver.backend.cpus.CpuReserve`).
     With ``processes = 0`` there is one thread slot and one lane.
     """
@@ -66,7 +66,7 @@ class BackendPool:
         #: The fork server's context the processes come from (None: thread slots).
         self.context: BaseContext | None = None
         #: Above this many seconds a batch, a model moves to the heavy lane (0: no heavy lane;
-        #: see :func:`~mmserver.scheduling.lane_bounds`).
+        #: see :func:`~mmserver.policy.scheduling.lane_bounds`).
         self.heavy_batch_s = 0.0
         #: Keeps CPUs free of the heavy lane while the light lane has work (None: no heavy lane).
         self.reserve: CpuReserve | None = None

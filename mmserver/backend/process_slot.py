@@ -24,8 +24,8 @@ from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs.requests import Request
 from mmserver.ops import capacity
 from mmserver.ops.metrics import Metrics
+from mmserver.policy.scheduling import LIGHT, PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
 from mmserver.procs.framing import FrameProtocol, frame
-from mmserver.scheduling import LIGHT, PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class ProcessSlot:
 
     Batches are scheduled here, on the frontend: a worker with a batch to run waits in the
     slot's run queue (:meth:`ready`), and the slot admits the next one in fair order whenever
-    its pipe holds little enough estimated work (:func:`~mmserver.scheduling.admits`).
+    its pipe holds little enough estimated work (:func:`~mmserver.policy.scheduling.admits`).
     """
 
     def __init__(

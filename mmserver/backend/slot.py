@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from mmserver import errors
-from mmserver.scheduling import Cost
+from mmserver.policy.scheduling import Cost
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ BatchCallback = Callable[[Any, BaseException | None], None]
 
 class Runnable(Protocol):
     """What a slot's run queue holds: a worker whose model has jobs queued (see
-    :mod:`mmserver.scheduling`)."""
+    :mod:`mmserver.policy.scheduling`)."""
 
     @property
     def cost(self) -> Cost: ...

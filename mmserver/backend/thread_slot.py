@@ -16,7 +16,7 @@ from mmserver.backend.child import Models
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
 from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 from mmserver.codecs.requests import Request
-from mmserver.scheduling import Lane
+from mmserver.policy.scheduling import Lane
 
 
 class ThreadSlot:

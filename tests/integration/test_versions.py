@@ -18,7 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from mmserver.api.protocols import ROUTING_KEY
-from mmserver.rollout import canary_bucket, shadow_bucket
+from mmserver.policy.rollout import canary_bucket, shadow_bucket
 from tests.integration.harness import Harness, Serve, ServerLikeTestServer, error_of, wait_until
 from tests.integration.s3server import s3_environment
 from tests.integration.test_objectstore import serving, tar_gz

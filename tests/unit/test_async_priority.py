@@ -9,7 +9,7 @@ import pytest
 
 from mmserver.asynchronous.admission import BUSY, LOOK_S, START_PACE_S, Intake, room_for_async
 from mmserver.jobs import Job, JobQueue, Tally
-from mmserver.scaling import (
+from mmserver.policy.scaling import (
     PoolSnapshot,
     background_share,
     should_add_background_worker,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mmserver.eviction import Candidate, choose_victims
+from mmserver.policy.eviction import Candidate, choose_victims
 
 MB = 2**20
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mmserver import errors
-from mmserver.rollout import (
+from mmserver.policy.rollout import (
     FROM_CONFIG,
     FROM_MANAGEMENT,
     FROM_STORE,

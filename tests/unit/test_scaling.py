@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmserver.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
+from mmserver.policy.scaling import PoolSnapshot, should_add_worker, should_retire, workers_to_start
 
 
 @pytest.mark.parametrize(

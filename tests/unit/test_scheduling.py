@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mmserver.scheduling import (
+from mmserver.policy.scheduling import (
     HEAVY,
     LANE_DWELL_S,
     LIGHT,
