@@ -357,8 +357,9 @@ class WorkLoadManager:
         return failure.error.message if failure is not None else None
 
     def signature(self, name: str) -> dict[str, Any] | None:
-        """What the load of model ``name`` told of it (:func:`mmserver.predictor.signature`);
-        ``None`` while it is not loaded into a backend (a model with ``minWorkers=0`` is
+        """What the load of model ``name`` told of it
+        (:func:`mmserver.execution.predictor.signature`); ``None`` while it is not loaded into a
+        backend (a model with ``minWorkers=0`` is
         loaded there on its first request)."""
         record = self._catalog.get(name)
         return record.signature if record is not None else None

@@ -144,7 +144,8 @@ _COLUMN_DATATYPES = {"number": "FP64", "string": "BYTES", "boolean": "BOOL", "ca
 
 
 def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
-    """V2 model metadata from a model's :func:`~mmserver.predictor.signature` (``None``: not
+    """V2 model metadata from a model's :func:`~mmserver.execution.predictor.signature` (``None``:
+    not
     known yet, the model has not been loaded into a backend; no inputs nor outputs then)."""
     metadata: dict[str, Any] = {"name": name, "versions": [VERSION], "platform": ""}
     inputs: list[dict[str, Any]] = []

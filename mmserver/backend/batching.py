@@ -46,7 +46,7 @@ Answer = bytes | tuple[str, str]
 
 class Predict(Protocol):
     """The model of a batch: ``predict(rows)`` answers one output per row; with ``output``,
-    one of the outputs the model names (:attr:`mmserver.predictor.Predictor.outputs`)."""
+    one of the outputs the model names (:attr:`mmserver.execution.predictor.Predictor.outputs`)."""
 
     def __call__(self, batch: Rows, output: str | None = None, /) -> Any: ...
 

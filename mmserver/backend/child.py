@@ -75,8 +75,8 @@ class Models:
         self._long: set[str] = set()  # models whose last batch was long
 
     def load(self, spec: LoadSpec) -> LoadInfo:
-        from mmserver.families import collecting_warnings  # imported where they run
-        from mmserver.predictor import load_predictor, signature
+        from mmserver.execution.families import collecting_warnings  # imported where they run
+        from mmserver.execution.predictor import load_predictor, signature
 
         existing = self.predictors.get(spec.key)
         if existing is not None:
@@ -114,7 +114,7 @@ class Models:
     def _probe(self, predictor: Any) -> float | None:
         """CPU seconds of predicting one row of zeros (the second of two calls: the first pays
         for warming up), so that the frontend knows the model's cost before its first batch."""
-        from mmserver.predictor import EstimatorPredictor
+        from mmserver.execution.predictor import EstimatorPredictor
 
         width = getattr(predictor, "n_features", None)
         if not isinstance(predictor, EstimatorPredictor) or not width:

@@ -3,7 +3,7 @@
 A library whose native part cannot load (LightGBM without the system's OpenMP runtime,
 ``libgomp.so.1``) would otherwise end the fork server, and with it every backend process. It is
 left out here; a model that needs it fails its own load with the reason
-(:func:`mmserver.families.load_model`), and the other models are served.
+(:func:`mmserver.execution.families.load_model`), and the other models are served.
 """
 
 from __future__ import annotations

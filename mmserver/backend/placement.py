@@ -22,7 +22,7 @@ Slot = ProcessSlot | ThreadSlot
 #: that cannot be imported is skipped).
 PRELOAD = (
     "mmserver.backend",
-    "mmserver.predictor",
+    "mmserver.execution.predictor",
     "joblib",
     "sklearn",
     "sklearn.linear_model",

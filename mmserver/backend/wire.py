@@ -36,7 +36,8 @@ class LoadInfo:
     """What loading a model in a slot reported: the memory one copy of it takes there (0 when
     it was loaded already), the CPU seconds of one prediction of a probe row (``None`` when
     the model could not be probed: a custom handler, or a model that does not say its width),
-    and the model's :func:`~mmserver.predictor.signature` (``None`` when loaded already)."""
+    and the model's :func:`~mmserver.execution.predictor.signature` (``None`` when loaded
+    already)."""
 
     memory_bytes: int
     probe_seconds: float | None = None

@@ -186,7 +186,7 @@ def test_a_fast_path_that_differs_on_missing_values_is_kept_for_rows_without(
     from sklearn.ensemble import RandomForestRegressor
 
     from mmserver.config.server import ModelConfig
-    from mmserver.predictor import EstimatorPredictor, load_predictor
+    from mmserver.execution.predictor import EstimatorPredictor, load_predictor
 
     rng = np.random.default_rng(0)
     x = rng.normal(0, 1, (300, 3))

@@ -10,8 +10,8 @@ import pytest
 
 from mmserver.config.server import ModelConfig, model_config_from_properties
 from mmserver.errors import ModelLoadError
-from mmserver.families import LIGHTGBM, SKLEARN, XGBOOST, find_model_file
-from mmserver.predictor import EstimatorPredictor, load_predictor
+from mmserver.execution.families import LIGHTGBM, SKLEARN, XGBOOST, find_model_file
+from mmserver.execution.predictor import EstimatorPredictor, load_predictor
 from tests.models import make_linear_model, tree_models
 
 xgboost = pytest.importorskip("xgboost")
@@ -116,7 +116,7 @@ def test_a_missing_package_names_what_to_install(
 def test_a_pickled_wrapper_predicts_on_one_thread(tmp_path: Path) -> None:
     import json
 
-    from mmserver.families import wrap_booster
+    from mmserver.execution.families import wrap_booster
 
     X, y, _ = tree_models.data(200)
     wrapper = xgboost.XGBRegressor(n_estimators=5).fit(X, y)  # nthread 0: every core
@@ -128,8 +128,8 @@ def test_a_pickled_wrapper_predicts_on_one_thread(tmp_path: Path) -> None:
 
 
 def test_a_boosters_signature_is_what_it_answers() -> None:
-    from mmserver.families import XGBoostBooster
-    from mmserver.predictor import signature
+    from mmserver.execution.families import XGBoostBooster
+    from mmserver.execution.predictor import signature
 
     booster = XGBoostBooster(tree_models.xgboost_booster(objective="multi:softprob"))
     predictor = EstimatorPredictor(booster, "predict", "m", family=XGBOOST)

@@ -14,7 +14,7 @@ import pytest
 
 from mmserver.config.server import ModelConfig, load_model_config, model_config_from_properties
 from mmserver.errors import ModelError, ModelLoadError
-from mmserver.predictor import EstimatorPredictor, load_predictor, signature
+from mmserver.execution.predictor import EstimatorPredictor, load_predictor, signature
 from tests.models import (
     make_classifier_dir,
     make_custom_handler_dir,
@@ -157,7 +157,7 @@ def test_load_warnings_are_logged_not_raised(
     folder = tmp_path / "warns"
     folder.mkdir()
     joblib.dump(WarnsOnLoad(), folder / "model.joblib")
-    with caplog.at_level(logging.WARNING, logger="mmserver.predictor"):
+    with caplog.at_level(logging.WARNING, logger="mmserver.execution.predictor"):
         predictor = load_predictor(folder, DEFAULTS)  # warnings are errors in this suite
     assert predictor.n_features is None
     assert np.asarray(predictor.predict(np.zeros((2, 5)))).tolist() == [0.0, 0.0]
@@ -504,7 +504,7 @@ def _forest_cases() -> list[tuple[str, Any, str]]:
 
 @pytest.mark.parametrize("case", _forest_cases(), ids=lambda c: c[0])
 def test_the_forest_walk_answers_bit_for_bit_as_the_forest(case: tuple[str, Any, str]) -> None:
-    from mmserver.candidates import WALK_GROUPED_FROM, WALK_ROWS, forest_walk
+    from mmserver.execution.candidates import WALK_GROUPED_FROM, WALK_ROWS, forest_walk
 
     _, model, method = case
     built = forest_walk(model)
@@ -539,7 +539,7 @@ def test_the_forest_walk_answers_bit_for_bit_as_the_forest(case: tuple[str, Any,
 def test_the_forest_walk_refuses_what_it_does_not_compute() -> None:
     from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
 
-    from mmserver.candidates import forest_walk
+    from mmserver.execution.candidates import forest_walk
 
     X = np.random.default_rng(2).normal(size=(60, 3))
     two_outputs = RandomForestRegressor(5, random_state=0).fit(X, X[:, :2])
@@ -572,7 +572,7 @@ def test_a_classifier_on_a_fast_path_keeps_its_other_outputs() -> None:
 
 
 def test_batches_past_the_measured_sizes_go_to_the_path_cheapest_along_its_last_two() -> None:
-    from mmserver.fastpath import LARGE_ROWS, Candidate, Plan, routes
+    from mmserver.execution.fastpath import LARGE_ROWS, Candidate, Plan, routes
 
     def fn(batch: np.ndarray) -> np.ndarray:
         return batch[:, 0]

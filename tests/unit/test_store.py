@@ -23,7 +23,7 @@ from mmserver.errors import (
     ModelNotFound,
     UnsafeArchive,
 )
-from mmserver.predictor import load_predictor
+from mmserver.execution.predictor import load_predictor
 from mmserver.store import (
     MAX_MEMBERS,
     ModelStore,

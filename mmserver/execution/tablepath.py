@@ -15,11 +15,11 @@ columns (:class:`~mmserver.codecs.tabular.Table`):
 - a ``Pipeline`` of these.
 
 The last step then runs on that matrix: its own method, or one of its candidate paths
-(:mod:`mmserver.candidates`). :func:`plan_table_paths` verifies each against the pipeline's own
-predict on probe rows of the model's columns (known categories, values it does not know where it
-takes them, missing values where it takes them) exactly as :mod:`mmserver.fastpath` does for
-matrices, times them, and keeps the fastest verified one per batch size; any doubt leaves the
-pipeline's own predict.
+(:mod:`mmserver.execution.candidates`). :func:`plan_table_paths` verifies each against the
+pipeline's own predict on probe rows of the model's columns (known categories, values it does not
+know where it takes them, missing values where it takes them) exactly as
+:mod:`mmserver.execution.fastpath` does for matrices, times them, and keeps the fastest verified one
+per batch size; any doubt leaves the pipeline's own predict.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.candidates import Fn, candidates, scaler_arithmetic, split_pipeline
 from mmserver.codecs.schema import BOOLEAN, NUMBER, Inputs
 from mmserver.codecs.tabular import Table
-from mmserver.families import reason
-from mmserver.fastpath import (
+from mmserver.execution.candidates import Fn, candidates, scaler_arithmetic, split_pipeline
+from mmserver.execution.families import reason
+from mmserver.execution.fastpath import (
     COMPILED,
     LARGE_ROWS,
     OWN,

@@ -1,7 +1,7 @@
 """The candidate predict paths of a model's method (runs inside the backend processes).
 
 Each builder returns a function of a batch, or nothing when the model is not one it knows;
-:mod:`mmserver.fastpath` verifies them against the model's own method before any is used:
+:mod:`mmserver.execution.fastpath` verifies them against the model's own method before any is used:
 
 - :func:`linear_product`: ``X @ coef_ + intercept_`` for scikit-learn's linear regressors;
 - the ``treelite`` path: the model converted by treelite (scikit-learn's forests, extra-trees,
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.families import LightGBMBooster, XGBoostBooster, reason
+from mmserver.execution.families import LightGBMBooster, XGBoostBooster, reason
 
 LINEAR, TREELITE, NATIVE, NUMPY = "linear", "treelite", "native", "numpy"
 

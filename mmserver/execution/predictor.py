@@ -34,7 +34,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mmserver.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.codecs.answers import encode_json, response_type, typed_answer
 from mmserver.codecs.schema import (
     Column,
@@ -48,7 +47,8 @@ from mmserver.codecs.schema import (
 from mmserver.codecs.tabular import Table, row_table, to_frame
 from mmserver.config.server import METHODS, ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
-from mmserver.families import (
+from mmserver.execution.candidates import NATIVE, NUMPY, TREELITE
+from mmserver.execution.families import (
     LIGHTGBM,
     SKLEARN,
     XGBOOST,
@@ -57,9 +57,9 @@ from mmserver.families import (
     load_model,
     reason,
 )
-from mmserver.fastpath import own_plan, plan_paths
+from mmserver.execution.fastpath import own_plan, plan_paths
+from mmserver.execution.tablepath import plan_table_paths
 from mmserver.ops import heap
-from mmserver.tablepath import plan_table_paths
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,8 @@ def _check_rows(out: Any, batch: Any) -> np.ndarray | list[Any]:
 
 class EstimatorPredictor:
     """The default handler: a model object (an estimator, a pipeline, a booster) and one of its
-    methods, run by the fastest verified path for each batch size (:mod:`mmserver.fastpath`).
+    methods, run by the fastest verified path for each batch size
+    (:mod:`mmserver.execution.fastpath`).
 
     ``last_path`` names the path the last batch took (for the per-path batch counts). Once the
     paths are chosen, the model object itself is kept only if a chosen path calls it."""
@@ -476,7 +477,7 @@ def _facts(estimator: Any, method: str) -> dict[str, Any]:
 
 def _is_booster(estimator: Any) -> bool:
     """An XGBoost or LightGBM model, bare or in its scikit-learn wrapper."""
-    from mmserver.families import LightGBMBooster, XGBoostBooster
+    from mmserver.execution.families import LightGBMBooster, XGBoostBooster
 
     return isinstance(estimator, XGBoostBooster | LightGBMBooster) or (
         type(estimator).__module__.split(".")[0] in ("xgboost", "lightgbm")

@@ -12,7 +12,7 @@ candidate paths of a model's method are built:
   isolation forest; XGBoost and LightGBM boosters), never compiled with a C toolchain;
 - ``native``: an XGBoost or LightGBM booster's own predict, without its wrapper's checks;
 - ``numpy``: a scikit-learn random forest's or extra-trees' node tables walked by NumPy for all
-  trees and rows at once (:func:`mmserver.candidates.forest_walk`).
+  trees and rows at once (:func:`mmserver.execution.candidates.forest_walk`).
 
 For a pipeline whose last step has candidates, the steps before it transform the batch first.
 A candidate is kept only if it gives the own method's answers on probe rows (rows that straddle
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.candidates import (
+from mmserver.execution.candidates import (
     LINEAR,
     NATIVE,
     NUMPY,
@@ -50,10 +50,10 @@ from mmserver.candidates import (
     candidates,
     split_pipeline,
 )
-from mmserver.families import reason
+from mmserver.execution.families import reason
 
 OWN = "own"
-#: A pipeline's last step on its compiled first steps (:mod:`mmserver.tablepath`).
+#: A pipeline's last step on its compiled first steps (:mod:`mmserver.execution.tablepath`).
 COMPILED = "compiled"
 #: Every path's name, in the order of preference among equals.
 PATHS = (LINEAR, NATIVE, NUMPY, TREELITE, COMPILED, OWN)
