@@ -29,8 +29,8 @@ from mmserver import errors
 from mmserver.config.server import RESCALABLE, ModelConfig, ServerConfig
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.scheduling import Cost
-from mmserver.pool import ModelPool
 from mmserver.record import Failure, Measured, ModelRecord, ModelStatus
+from mmserver.serving.pool import ModelPool
 from mmserver.store import (
     ModelSource,
     StoreEntry,

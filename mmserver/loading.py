@@ -23,9 +23,9 @@ from mmserver.backend import BackendPool
 from mmserver.catalog import Catalog
 from mmserver.config.server import ModelConfig
 from mmserver.ops.metrics import Metrics
-from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.room import Room
+from mmserver.serving.pool import ModelPool
 from mmserver.store import StoreEntry, normalize_target
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mmserver import errors
 
 if TYPE_CHECKING:
-    from mmserver.pool import ModelPool
+    from mmserver.serving.pool import ModelPool
     from mmserver.store import StoreEntry
 
 

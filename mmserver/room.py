@@ -6,7 +6,7 @@ memory budget, the room reserved by loads under way, and the memory watch. It ma
 load by unloading least recently used idle models (the choice is :func:`~mmserver.policy.eviction.
 choose_victims`, a pure function: a new eviction policy goes there), and unloads a model
 (READY → UNLOADING → UNLOADED). It hears of each pool's changes through
-:class:`~mmserver.pool.PoolEvents`, which it implements.
+:class:`~mmserver.serving.pool.PoolEvents`, which it implements.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.catalog import Catalog
 from mmserver.config.server import ServerConfig
-from mmserver.jobs import Tally
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.eviction import Candidate, choose_victims
-from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
+from mmserver.serving.jobs import Tally
+from mmserver.serving.pool import ModelPool
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ MEMORY_WATCH_S = 1.0
 
 
 class Room:
-    """The loaded models and their memory budget. Implements :class:`~mmserver.pool.PoolEvents`.
+    """The loaded models and their memory budget. Implements
+    :class:`~mmserver.serving.pool.PoolEvents`.
     Only the event loop changes it."""
 
     def __init__(

@@ -20,8 +20,8 @@ from mmserver import errors
 from mmserver.codecs.requests import Request
 from mmserver.loading import Loader
 from mmserver.ops.metrics import ModelRequests
-from mmserver.pool import ModelPool
 from mmserver.room import Room
+from mmserver.serving.pool import ModelPool
 from mmserver.shadow import Shadows
 from mmserver.store import normalize_target
 from mmserver.versions import Versions

@@ -35,7 +35,7 @@ from typing import Any
 from mmserver import errors
 from mmserver.catalog import Catalog, ModelListing
 from mmserver.policy.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
-from mmserver.pool import ModelPool
+from mmserver.serving.pool import ModelPool
 from mmserver.store import normalize_target, split_version
 
 log = logging.getLogger(__name__)

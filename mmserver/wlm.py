@@ -39,9 +39,9 @@ from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.rollout import Rollout
 from mmserver.policy.scaling import background_share
-from mmserver.pool import ModelPool
 from mmserver.record import ModelRecord, ModelStatus
 from mmserver.room import Room
+from mmserver.serving.pool import ModelPool
 from mmserver.shadow import Shadows
 from mmserver.store import (
     ModelSource,

@@ -20,7 +20,7 @@ import pytest
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.ops.capacity import affinity_mask
 from mmserver.policy.scheduling import PIPELINE_BUDGET_S
-from mmserver.worker import WorkerState
+from mmserver.serving.worker import WorkerState
 from tests.behaviour_models import make_costly_load_dir, make_slow_load_dir, make_spinning_dir
 from tests.integration.harness import Harness, Serve, describe, wait_until
 from tests.models import make_linked_store

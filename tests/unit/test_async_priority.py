@@ -8,13 +8,13 @@ import asyncio
 import pytest
 
 from mmserver.asynchronous.admission import BUSY, LOOK_S, START_PACE_S, Intake, room_for_async
-from mmserver.jobs import Job, JobQueue, Tally
 from mmserver.policy.scaling import (
     PoolSnapshot,
     background_share,
     should_add_background_worker,
     should_add_worker,
 )
+from mmserver.serving.jobs import Job, JobQueue, Tally
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mmserver.jobs import Cut, batch_length, cut_batch
+from mmserver.serving.jobs import Cut, batch_length, cut_batch
 
 
 @pytest.mark.parametrize(

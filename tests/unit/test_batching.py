@@ -14,7 +14,7 @@ from mmserver.backend.batching import Answer, answer_batch, rows_together, split
 from mmserver.codecs.requests import Request, make_request
 from mmserver.codecs.schema import Inputs, matrix_inputs
 from mmserver.codecs.v2 import v2_request
-from mmserver.jobs import Job, JobQueue, partition_live
+from mmserver.serving.jobs import Job, JobQueue, partition_live
 from tests.models import outputs, rows
 
 

@@ -24,8 +24,8 @@ from typing import Protocol
 
 from mmserver import errors
 from mmserver.backend import Answer, BatchResult, Slot
-from mmserver.jobs import Job, partition_live
 from mmserver.policy.scheduling import Cost
+from mmserver.serving.jobs import Job, partition_live
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
-from mmserver.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.policy.scaling import (
     PoolSnapshot,
@@ -37,7 +36,8 @@ from mmserver.policy.scaling import (
 )
 from mmserver.policy.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
 from mmserver.record import Measured
-from mmserver.worker import Worker, WorkerState
+from mmserver.serving.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
+from mmserver.serving.worker import Worker, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class ModelPool:
     def _dispatch(self) -> None:
         """Make idle workers ready for what is queued: one per ``batch_size`` jobs not yet
         covered by a ready worker, and any whose slot is free while jobs wait, as long as
-        :func:`~mmserver.jobs.cut_batch` lets a batch go (otherwise try again when it says).
+        :func:`~mmserver.serving.jobs.cut_batch` lets a batch go (otherwise try again when it says).
         A worker whose slot is free goes first; otherwise the one idle most recently."""
         self._dispatch_handle = None
         queue, idle = self.queue, self._idle
