@@ -31,9 +31,9 @@ from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config.server import ServerConfig
+from mmserver.lifecycle.record import ModelStatus
 from mmserver.ops import heap, logs
 from mmserver.ops.metrics import Metrics
-from mmserver.record import ModelStatus
 from mmserver.store import open_store
 from mmserver.wlm import WorkLoadManager
 

@@ -1,13 +1,13 @@
 """Submission: a request queued for its model, every protocol's one way in.
 
 A request to a loaded model is queued at once, with no coroutine of its own: the loaded pools
-are looked up by name (:attr:`Room.loaded <mmserver.room.Room.loaded>`), the model is marked
-most recently used, and the pool queues the job. A request to a model with versions whose
+are looked up by name (:attr:`Room.loaded <mmserver.lifecycle.room.Room.loaded>`), the model is
+marked most recently used, and the pool queues the job. A request to a model with versions whose
 rollout is known goes the same way to the loaded version it routes to
-(:meth:`Versions.route <mmserver.versions.Versions.route>`). Any other request waits in a task
-of its own for the version it goes to (:meth:`Versions.resolve
-<mmserver.versions.Versions.resolve>`) and the model's load (:meth:`Loader.get_pool
-<mmserver.loading.Loader.get_pool>`), then is queued. A per-model admission rule (a rate
+(:meth:`Versions.route <mmserver.lifecycle.versions.Versions.route>`). Any other request waits in a
+task of its own for the version it goes to (:meth:`Versions.resolve
+<mmserver.lifecycle.versions.Versions.resolve>`) and the model's load (:meth:`Loader.get_pool
+<mmserver.lifecycle.loading.Loader.get_pool>`), then is queued. A per-model admission rule (a rate
 limit, say) goes in :meth:`Submitter.submit`, before the pool's queue.
 """
 
@@ -18,13 +18,13 @@ from collections.abc import Callable
 
 from mmserver import errors
 from mmserver.codecs.requests import Request
-from mmserver.loading import Loader
+from mmserver.lifecycle.loading import Loader
+from mmserver.lifecycle.room import Room
+from mmserver.lifecycle.shadow import Shadows
+from mmserver.lifecycle.versions import Versions
 from mmserver.ops.metrics import ModelRequests
-from mmserver.room import Room
 from mmserver.serving.pool import ModelPool
-from mmserver.shadow import Shadows
 from mmserver.store import normalize_target
-from mmserver.versions import Versions
 
 
 class Submission:

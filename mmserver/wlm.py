@@ -1,14 +1,15 @@
 """The WorkLoadManager: the frontend's one entry point to the models, a façade over the parts
 that do its jobs, each the one owner of its state:
 
-- :mod:`mmserver.catalog` — the models the server knows of (one
-  :class:`~mmserver.record.ModelRecord` each), registrations, remembered failures and
+- :mod:`mmserver.lifecycle.catalog` — the models the server knows of (one
+  :class:`~mmserver.lifecycle.record.ModelRecord` each), registrations, remembered failures and
   measurements, lookups in the store, listing and describe;
-- :mod:`mmserver.room` — the loaded models in LRU order, the memory budget, eviction (the
+- :mod:`mmserver.lifecycle.room` — the loaded models in LRU order, the memory budget, eviction (the
   policy is :func:`mmserver.policy.eviction.choose_victims`), unloading, and the memory watch;
-- :mod:`mmserver.files` — a load's file work, in threads and unpacking processes;
-- :mod:`mmserver.loading` — loading on demand, one load however many requests wait for it;
-- :mod:`mmserver.versions` — the versions of a model with versions, and which of them a request
+- :mod:`mmserver.lifecycle.files` — a load's file work, in threads and unpacking processes;
+- :mod:`mmserver.lifecycle.loading` — loading on demand, one load however many requests wait for it;
+- :mod:`mmserver.lifecycle.versions` — the versions of a model with versions, and which of them a
+request
   goes to;
 - :mod:`mmserver.submission` — a request queued for its model: every protocol's handler calls
   :meth:`WorkLoadManager.submit`.
@@ -29,20 +30,21 @@ from typing import Any
 
 from mmserver import errors
 from mmserver.backend import BackendPool
-from mmserver.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig, ServerConfig
-from mmserver.files import UNPACK_PROCESSES, FileWork
-from mmserver.loading import Loader
+from mmserver.lifecycle.catalog import Catalog, ModelListing, ModelView, WorkerView
+from mmserver.lifecycle.files import UNPACK_PROCESSES, FileWork
+from mmserver.lifecycle.loading import Loader
+from mmserver.lifecycle.record import ModelRecord, ModelStatus
+from mmserver.lifecycle.room import Room
+from mmserver.lifecycle.shadow import Shadows
+from mmserver.lifecycle.versions import Versions
 from mmserver.ops.capacity import Limit
 from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.rollout import Rollout
 from mmserver.policy.scaling import background_share
-from mmserver.record import ModelRecord, ModelStatus
-from mmserver.room import Room
 from mmserver.serving.pool import ModelPool
-from mmserver.shadow import Shadows
 from mmserver.store import (
     ModelSource,
     StoreIndex,
@@ -51,7 +53,6 @@ from mmserver.store import (
     resolve_model_url,
 )
 from mmserver.submission import Submission, Submitter
-from mmserver.versions import Versions
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
 
@@ -145,7 +146,7 @@ class WorkLoadManager:
     @property
     def shadow_runs(self) -> int:
         """Shadow runs offered and not ended: waiting for their request's answer, or running
-        (:mod:`mmserver.shadow`)."""
+        (:mod:`mmserver.lifecycle.shadow`)."""
         return self._shadows.pending + self._shadows.running
 
     @property
@@ -219,7 +220,7 @@ class WorkLoadManager:
     async def _scan_local_store(self) -> None:
         """Fill the store index once at start when the store is a directory (whose scans are
         cheap and whose changes its modification time tells), so that loads of the names it
-        lists are looked up where they unpack (:mod:`mmserver.loading`). An object store's
+        lists are looked up where they unpack (:mod:`mmserver.lifecycle.loading`). An object store's
         index is filled by the first listing."""
         try:
             if await asyncio.to_thread(self.store.version) is not None:
@@ -288,7 +289,7 @@ class WorkLoadManager:
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout.
         A ``background`` request (an asynchronous one) does not count toward the model's
         real-time scale-up (:mod:`mmserver.policy.scaling`). ``routing``, a routing key, picks the
-        version of a canary rollout (:mod:`mmserver.versions`)."""
+        version of a canary rollout (:mod:`mmserver.lifecycle.versions`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
         return self._submitter.submit(name, request, client_gone, deadline, background, routing)
@@ -315,7 +316,8 @@ class WorkLoadManager:
         return (await self._loader.get_pool(await self._versions.resolve(name))).name
 
     async def resolve(self, name: str) -> str:
-        """The model or version key a request for ``name`` goes to (:mod:`mmserver.versions`);
+        """The model or version key a request for ``name`` goes to
+        (:mod:`mmserver.lifecycle.versions`);
         :class:`errors.ModelNotFound` for a version the model does not have."""
         return await self._versions.resolve(name)
 

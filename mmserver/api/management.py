@@ -34,8 +34,8 @@ from mmserver.codecs.requests import media_type
 from mmserver.config.model import mistyped_keys
 from mmserver.config.server import boolean
 from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
+from mmserver.lifecycle.record import ModelStatus
 from mmserver.policy.rollout import percent_of
-from mmserver.record import ModelStatus
 from mmserver.store import name_from_url, normalize_name
 from mmserver.wlm import ModelView
 

@@ -33,7 +33,7 @@ JSON = "application/json"
 BINARY = "application/octet-stream"
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 #: The header whose value picks the version of a model's canary rollout a request goes to: the
-#: same value, the same version (:mod:`mmserver.versions`).
+#: same value, the same version (:mod:`mmserver.lifecycle.versions`).
 ROUTING_KEY = "X-Mmserver-Routing-Key"
 
 #: Makes the job of a request from its body and the headers that matter
@@ -122,7 +122,7 @@ class Route:
 def versioned(name: str, version: str | None) -> str:
     """What a request for version ``version`` of model ``name`` asks for: ``NAME/2`` (``None``,
     no version: ``name``). The model's versions decide where it goes
-    (:mod:`mmserver.versions`); a version that is not a number is none the model has
+    (:mod:`mmserver.lifecycle.versions`); a version that is not a number is none the model has
     (:class:`ModelNotFound`)."""
     if version is None:
         return name

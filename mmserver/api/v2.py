@@ -37,7 +37,7 @@ from mmserver.codecs.v2 import (
     parameters_of,
 )
 from mmserver.errors import InvalidInput, ModelNotFound, ModelNotReady, ShuttingDown
-from mmserver.record import ModelStatus
+from mmserver.lifecycle.record import ModelStatus
 from mmserver.store import normalize_name, split_version
 
 if TYPE_CHECKING:

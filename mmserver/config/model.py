@@ -345,7 +345,7 @@ def _short_number(value: float) -> str:
 _warned_unknown: set[tuple[str, str]] = set()
 #: Keys the backend reads where the model loads (:mod:`mmserver.codecs.schema`).
 #: Keys of a model folder's serving.properties that set its versions' rollout
-#: (:mod:`mmserver.versions`), not one version's configuration.
+#: (:mod:`mmserver.lifecycle.versions`), not one version's configuration.
 ROLLOUT_KEYS = frozenset(
     {
         "option.default_version",

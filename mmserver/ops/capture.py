@@ -28,8 +28,8 @@ Each line is one of SageMaker's records: ``captureData.endpointInput`` and
 ``captureData.endpointOutput`` (``observedContentType``, ``mode``, ``data``, ``encoding``:
 ``JSON`` or ``CSV`` as text, anything else ``BASE64``), ``eventMetadata`` (``eventId``, a
 UUID; ``inferenceId``, the request's id; ``inferenceTime``) and ``eventVersion`` ``"0"``. A
-shadow run whose answer differs (:mod:`mmserver.shadow`) is captured with both answers: the
-shadow's under ``captureData.shadowOutput``, with its ``version``.
+shadow run whose answer differs (:mod:`mmserver.lifecycle.shadow`) is captured with both answers:
+the shadow's under ``captureData.shadowOutput``, with its ``version``.
 """
 
 from __future__ import annotations

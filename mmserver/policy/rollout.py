@@ -7,7 +7,7 @@ A :class:`Rollout` says where the requests that name no version go:
 - a **canary** (:class:`Share`): a version that takes ``percent`` % of those requests instead
   of the default;
 - a **shadow** (:class:`Share`): a version that ``percent`` % of those requests also run on,
-  after their answer (:mod:`mmserver.shadow`), to compare the answers.
+  after their answer (:mod:`mmserver.lifecycle.shadow`), to compare the answers.
 
 A request with a routing key falls where a hash of the key puts it (:func:`bucket`: CRC-32,
 the same in every process and on every instance of a cluster, so the same caller always sees

@@ -26,6 +26,7 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
+from mmserver.lifecycle.record import Measured
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.policy.scaling import (
     PoolSnapshot,
@@ -35,7 +36,6 @@ from mmserver.policy.scaling import (
     workers_to_start,
 )
 from mmserver.policy.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
-from mmserver.record import Measured
 from mmserver.serving.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.serving.worker import Worker, WorkerState
 
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class PoolEvents(Protocol):
-    """What a pool tells its owner (the room of loaded models, :mod:`mmserver.room`) as it
+    """What a pool tells its owner (the room of loaded models, :mod:`mmserver.lifecycle.room`) as it
     happens, so that the owner keeps its own server-wide counts without a pass over the pools.
     Each is called on the event loop, synchronously, once the pool's own state has changed."""
 

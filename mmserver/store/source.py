@@ -90,7 +90,8 @@ class ModelSource(Protocol):
 
     def portable(self) -> ModelSource | None:
         """The same store as another process can open it (picklable), for
-        :mod:`mmserver.files`'s work in an unpacking process; ``None`` when it cannot cross a
+        :mod:`mmserver.lifecycle.files`'s work in an unpacking process; ``None`` when it cannot
+        cross a
         process (an object store's client)."""
         ...
 

@@ -35,7 +35,7 @@ async def test_json_lines_with_the_model(tmp_path: Path, monkeypatch: pytest.Mon
         assert line["time"].endswith("+00:00")
     loaded = [line for line in lines if line["message"].startswith("model sklearn-0 loaded")]
     assert loaded and loaded[0]["model"] == "sklearn-0"
-    assert loaded[0]["logger"] == "mmserver.loading"
+    assert loaded[0]["logger"] == "mmserver.lifecycle.loading"
     assert lines[-1]["message"] == "mmserver stopped"
     early = [line for line in lines if "MMSERVER_OTHER_PROGRAM_SETTING" in line["message"]]
     assert [line["level"] for line in early] == ["WARNING"]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from mmserver import files
 from mmserver.config.server import ModelConfig
 from mmserver.errors import Forbidden, ModelLoadError, ShuttingDown, UnsafeArchive
+from mmserver.lifecycle import files
 from mmserver.store import ModelStore, unpack_archive
 from mmserver.store.unpacking import UnpackProcesses
 from tests.e2e.server_process import unpacking_pids

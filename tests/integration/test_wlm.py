@@ -18,8 +18,8 @@ import pytest
 
 from mmserver import errors
 from mmserver.config.server import ServerConfig
+from mmserver.lifecycle.record import ModelStatus
 from mmserver.ops.metrics import Metrics
-from mmserver.record import ModelStatus
 from mmserver.store import ModelStore
 from mmserver.wlm import WorkLoadManager
 from tests.behaviour_models import (

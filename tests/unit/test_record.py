@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmserver import errors
-from mmserver.record import Failure, ModelRecord, ModelStatus, TransitionError
+from mmserver.lifecycle.record import Failure, ModelRecord, ModelStatus, TransitionError
 from mmserver.store import StoreEntry
 
 S = ModelStatus

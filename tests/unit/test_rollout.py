@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mmserver import errors
+from mmserver.lifecycle.shadow import same_answers
 from mmserver.policy.rollout import (
     FROM_CONFIG,
     FROM_MANAGEMENT,
@@ -18,7 +19,6 @@ from mmserver.policy.rollout import (
     percent_of,
     shadow_bucket,
 )
-from mmserver.shadow import same_answers
 from mmserver.store.names import entry_version, file_stem, key_of_stem, normalize_target
 
 VERSIONS = (1, 2, 5)

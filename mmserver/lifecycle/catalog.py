@@ -1,12 +1,13 @@
-"""The catalog: every model the server knows of, one :class:`~mmserver.record.ModelRecord` each,
-and what it knows of models it does not hold now.
+"""The catalog: every model the server knows of, one :class:`~mmserver.lifecycle.record.ModelRecord`
+each, and what it knows of models it does not hold now.
 
 It owns the records (made on a model's first mention, dropped once nothing of them must outlive
-the model's unload, :attr:`~mmserver.record.ModelRecord.kept`), the registrations of
+the model's unload, :attr:`~mmserver.lifecycle.record.ModelRecord.kept`), the registrations of
 ``POST /models``, the remembered failures (bounded, oldest forgotten first), what loads measured
 of each model (bounded, least recently loaded forgotten first), and the store's names for
 listing (:class:`~mmserver.store.StoreIndex`). It answers lookups in the store, listings and
-describe; it loads nothing (:mod:`mmserver.loading`) and counts no memory (:mod:`mmserver.room`).
+describe; it loads nothing (:mod:`mmserver.lifecycle.loading`) and counts no memory
+(:mod:`mmserver.lifecycle.room`).
 
 What it returns is data (:class:`ModelView`, :class:`ModelListing`); the API renders it in each
 protocol's shapes.
@@ -27,9 +28,9 @@ from cachetools import LRUCache
 
 from mmserver import errors
 from mmserver.config.server import RESCALABLE, ModelConfig, ServerConfig
+from mmserver.lifecycle.record import Failure, Measured, ModelRecord, ModelStatus
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.scheduling import Cost
-from mmserver.record import Failure, Measured, ModelRecord, ModelStatus
 from mmserver.serving.pool import ModelPool
 from mmserver.store import (
     ModelSource,

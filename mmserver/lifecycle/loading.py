@@ -2,9 +2,9 @@
 
 :meth:`Loader.get_pool` is the single flight: the first request for a model that is not loaded
 starts its load (UNLOADED or FAILED → LOADING), and every request waits for that one task. A
-load finds the model's files (:class:`~mmserver.files.FileWork`), reserves room for it
-(:class:`~mmserver.room.Room`, which evicts), and starts its pool; it ends READY, FAILED with
-the reason when the model is at fault (remembered by the catalog and answered to every request
+load finds the model's files (:class:`~mmserver.lifecycle.files.FileWork`), reserves room for it
+(:class:`~mmserver.lifecycle.room.Room`, which evicts), and starts its pool; it ends READY, FAILED
+with the reason when the model is at fault (remembered by the catalog and answered to every request
 until ``load_retry_seconds`` have passed, not retried on every request of a storm), or back to
 what it was when it ended for a reason that is not the model's (no room, shutdown).
 """
@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mmserver import errors, files
+from mmserver import errors
 from mmserver.backend import BackendPool
-from mmserver.catalog import Catalog
 from mmserver.config.server import ModelConfig
+from mmserver.lifecycle import files
+from mmserver.lifecycle.catalog import Catalog
+from mmserver.lifecycle.record import ModelRecord, ModelStatus
+from mmserver.lifecycle.room import Room
 from mmserver.ops.metrics import Metrics
-from mmserver.record import ModelRecord, ModelStatus
-from mmserver.room import Room
 from mmserver.serving.pool import ModelPool
 from mmserver.store import StoreEntry, normalize_target
 

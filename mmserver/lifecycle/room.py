@@ -18,13 +18,13 @@ import os
 
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
-from mmserver.catalog import Catalog
 from mmserver.config.server import ServerConfig
+from mmserver.lifecycle.catalog import Catalog
+from mmserver.lifecycle.record import ModelRecord, ModelStatus
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.eviction import Candidate, choose_victims
-from mmserver.record import ModelRecord, ModelStatus
 from mmserver.serving.jobs import Tally
 from mmserver.serving.pool import ModelPool
 

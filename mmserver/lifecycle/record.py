@@ -62,7 +62,8 @@ class Failure:
 @dataclass(slots=True)
 class Measured:
     """What the loads of a model measured, for the next load's estimate and lane: remembered
-    across its unloads (:class:`~mmserver.catalog.Catalog`, bounded), read by its pool when it
+    across its unloads (:class:`~mmserver.lifecycle.catalog.Catalog`, bounded), read by its pool
+    when it
     starts, written by the catalog when a load has measured them."""
 
     #: Bytes of one loaded copy (0: not measured yet).

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver import errors
-from mmserver.catalog import Catalog, ModelListing
+from mmserver.lifecycle.catalog import Catalog, ModelListing
 from mmserver.policy.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
 from mmserver.serving.pool import ModelPool
 from mmserver.store import normalize_target, split_version
@@ -151,7 +151,7 @@ class Versions:
         if url is not None and url.rsplit("/", 1)[-1] != base:
             return None  # listed as an archive: no versions
         # Not noted in the store index unless it has versions: the load that follows looks
-        # a model of its own files up where the index says (mmserver.loading).
+        # a model of its own files up where the index says (mmserver.lifecycle.loading).
         entry = await asyncio.to_thread(self.catalog.store.find, base)
         if entry is not None and entry.versions:
             self.catalog.note(base, entry)
