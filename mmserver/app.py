@@ -25,7 +25,7 @@ from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
 
 if TYPE_CHECKING:
-    from mmserver.wlm import WorkLoadManager
+    from mmserver.manager.wlm import WorkLoadManager
 
 __all__ = ["access_log_enabled", "build_app", "check_security"]
 

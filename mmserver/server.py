@@ -32,10 +32,10 @@ from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app, check_security
 from mmserver.config.server import ServerConfig
 from mmserver.lifecycle.record import ModelStatus
+from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops import heap, logs
 from mmserver.ops.metrics import Metrics
 from mmserver.store import open_store
-from mmserver.wlm import WorkLoadManager
 
 if TYPE_CHECKING:
     from mmserver.api.grpc import GrpcServer

@@ -35,8 +35,8 @@ from mmserver.ops.metrics import Metrics
 if TYPE_CHECKING:
     from mmserver.api.accesslog import AccessLog
     from mmserver.asynchronous import AsyncInference
+    from mmserver.manager.wlm import WorkLoadManager
     from mmserver.ops.capture import Capture
-    from mmserver.wlm import WorkLoadManager
 
 
 #: The header naming a request: every answer has it (as DJL Serving's do), with the client's own

@@ -34,7 +34,7 @@ from mmserver.store import normalize_name
 
 if TYPE_CHECKING:
     from mmserver.api import ApiState
-    from mmserver.wlm import Submission
+    from mmserver.manager.wlm import Submission
 
 log = logging.getLogger(__name__)
 

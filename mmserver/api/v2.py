@@ -41,7 +41,7 @@ from mmserver.lifecycle.record import ModelStatus
 from mmserver.store import normalize_name, split_version
 
 if TYPE_CHECKING:
-    from mmserver.wlm import WorkLoadManager
+    from mmserver.manager.wlm import WorkLoadManager
 
 SERVER_NAME = "mmserver"
 EXTENSIONS = ("binary_tensor_data", "model_repository")

@@ -19,7 +19,7 @@ from mmserver.codecs.requests import Request, make_request
 from mmserver.config.server import ServerConfig
 
 if TYPE_CHECKING:
-    from mmserver.wlm import WorkLoadManager
+    from mmserver.manager.wlm import WorkLoadManager
 
 #: The most bytes of one piece of a large input: its answer, a few times its size as JSON, is
 #: what the frontend holds at a time.

@@ -13,8 +13,8 @@ The life of one request (SageMaker's ``InvokeEndpointAsync``):
    :data:`~mmserver.asynchronous.admission.START_PACE_S`); a request not started within its
    TTL expires instead;
 3. it runs: the input is read (``s3://`` or a local file), the body submitted through
-   :meth:`WorkLoadManager.submit <mmserver.wlm.WorkLoadManager.submit>` as a SageMaker request,
-   all within its invocation timeout, as a *background* job: it does not count toward its
+   :meth:`WorkLoadManager.submit <mmserver.manager.wlm.WorkLoadManager.submit>` as a SageMaker
+   request, all within its invocation timeout, as a *background* job: it does not count toward its
    model's real-time scale-up (:mod:`mmserver.policy.scaling`). It is submitted only while no
    real-time request is queued, and at most all the backend processes but one have
    asynchronous requests submitted at once (:func:`~mmserver.policy.scaling.background_share`);
@@ -80,7 +80,7 @@ from mmserver.store import normalize_name
 from mmserver.store.objects import is_object, write_synced
 
 if TYPE_CHECKING:
-    from mmserver.wlm import WorkLoadManager
+    from mmserver.manager.wlm import WorkLoadManager
 
 log = logging.getLogger(__name__)
 

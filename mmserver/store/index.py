@@ -18,7 +18,7 @@ the store (:meth:`IndexSource.scan`, in a thread) and kept fresh cheaply:
 
 A server on a local store scans it once when it starts: a name the index lists is then looked up
 where its files are prepared (an unpacking process), in one request; any other name is looked up
-on its own first (:meth:`mmserver.wlm.WorkLoadManager._load`).
+on its own first (:meth:`mmserver.manager.wlm.WorkLoadManager._load`).
 
 One scan runs at a time, off the event loop; callers that need it wait for the same one.
 Concurrency contract: every method but the source's runs on the event loop.

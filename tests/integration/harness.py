@@ -30,9 +30,9 @@ from mmserver.api.connections import HttpRunner
 from mmserver.app import build_app
 from mmserver.asynchronous import AsyncInference
 from mmserver.config.server import ServerConfig
+from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops.metrics import Metrics
 from mmserver.store import ModelStore
-from mmserver.wlm import WorkLoadManager
 from tests.integration import gate as gate_module
 from tests.models import make_custom_handler_dir, make_store
 

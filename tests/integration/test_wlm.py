@@ -19,9 +19,9 @@ import pytest
 from mmserver import errors
 from mmserver.config.server import ServerConfig
 from mmserver.lifecycle.record import ModelStatus
+from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops.metrics import Metrics
 from mmserver.store import ModelStore
-from mmserver.wlm import WorkLoadManager
 from tests.behaviour_models import (
     make_exiting_dir,
     make_gated_dir,

@@ -11,7 +11,8 @@ that do its jobs, each the one owner of its state:
 - :mod:`mmserver.lifecycle.versions` — the versions of a model with versions, and which of them a
 request
   goes to;
-- :mod:`mmserver.submission` — a request queued for its model: every protocol's handler calls
+- :mod:`mmserver.manager.submission` — a request queued for its model: every protocol's handler
+calls
   :meth:`WorkLoadManager.submit`.
 
 Everything runs on the event loop. The manager starts and stops the parts in order
@@ -39,6 +40,7 @@ from mmserver.lifecycle.record import ModelRecord, ModelStatus
 from mmserver.lifecycle.room import Room
 from mmserver.lifecycle.shadow import Shadows
 from mmserver.lifecycle.versions import Versions
+from mmserver.manager.submission import Submission, Submitter
 from mmserver.ops.capacity import Limit
 from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
@@ -52,7 +54,6 @@ from mmserver.store import (
     normalize_target,
     resolve_model_url,
 )
-from mmserver.submission import Submission, Submitter
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
 
