@@ -9,11 +9,9 @@ that do its jobs, each the one owner of its state:
 - :mod:`mmserver.lifecycle.files` — a load's file work, in threads and unpacking processes;
 - :mod:`mmserver.lifecycle.loading` — loading on demand, one load however many requests wait for it;
 - :mod:`mmserver.lifecycle.versions` — the versions of a model with versions, and which of them a
-request
-  goes to;
+  request goes to;
 - :mod:`mmserver.manager.submission` — a request queued for its model: every protocol's handler
-calls
-  :meth:`WorkLoadManager.submit`.
+  calls :meth:`WorkLoadManager.submit`.
 
 Everything runs on the event loop. The manager starts and stops the parts in order
 (:meth:`WorkLoadManager.start`, :meth:`WorkLoadManager.stop`) and turns management calls into
