@@ -5,9 +5,10 @@ Every flag of ``mmserver serve`` derives from a field of
 ``MMSERVER_MAX_WORKERS``. Flags default to ``None`` so that an option not given on the command line
 keeps its value from the environment or the file.
 
-``mmserver cluster ...`` hands its arguments to :mod:`mmserver.cluster.cli`, and
-``mmserver transform ...`` to :mod:`mmserver.transform.cli` and ``mmserver recommend ...`` to
-:mod:`mmserver.recommend.cli`, each imported only then: the server never imports them, and
+``mmserver cluster ...`` hands its arguments to :mod:`mmserver.commands.cluster.cli`, and
+``mmserver transform ...`` to :mod:`mmserver.commands.transform.cli` and ``mmserver recommend ...``
+to
+:mod:`mmserver.commands.recommend.cli`, each imported only then: the server never imports them, and
 they never import the server's configuration (a transform's start-up is part of its time).
 """
 
@@ -138,15 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["cluster"]:
-        from mmserver.cluster.cli import main as cluster_main
+        from mmserver.commands.cluster.cli import main as cluster_main
 
         return cluster_main(args[1:])
     if args[:1] == ["transform"]:
-        from mmserver.transform.cli import main as transform_main
+        from mmserver.commands.transform.cli import main as transform_main
 
         return transform_main(args[1:])
     if args[:1] == ["recommend"]:
-        from mmserver.recommend.cli import main as recommend_main
+        from mmserver.commands.recommend.cli import main as recommend_main
 
         return recommend_main(args[1:])
     parser = build_parser()
@@ -157,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if parsed.command == "example-store":
         return _example_store(Path(parsed.directory))
     from mmserver.errors import ConfigError
+    from mmserver.opening import check_store
     from mmserver.ops import logs
-    from mmserver.store.opening import check_store
 
     with logs.held() as early:  # written in the log's format, once the options say which
         try:
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _example_store(directory: Path) -> int:
-    from mmserver.examples import write_examples  # trains the models: only when asked
+    from mmserver.commands.examples import write_examples  # trains the models: only when asked
 
     try:
         names = write_examples(directory)

@@ -4,9 +4,9 @@
 ``sklearn-0.tar.gz`` ... ``sklearn-{N-1}.tar.gz``: copies of one LinearRegression trained on
 ``y = 2x + 1 + noise`` (one feature), saved with joblib and packed as ``model.tar.gz`` with
 ``model.joblib`` at its root, as in the DJL/SageMaker multi-model walkthrough. Plus a few richer
-examples as folders (:mod:`mmserver.examples`, which ``mmserver example-store DIR`` writes too): a
-classifier answering ``predict_proba``, a DataFrame pipeline, a Pipeline, a custom handler and a
-model with its own ``serving.properties``.
+examples as folders (:mod:`mmserver.commands.examples`, which ``mmserver example-store DIR`` writes
+too): a classifier answering ``predict_proba``, a DataFrame pipeline, a Pipeline, a custom handler
+and a model with its own ``serving.properties``.
 
 Models are trained here, on the machine that serves them, so they load without version warnings.
 A stamp file ``.generated`` records the scikit-learn version and count; a second run with the
@@ -38,7 +38,7 @@ if (
 
 import sklearn  # noqa: E402
 
-from mmserver.examples import (  # noqa: E402
+from mmserver.commands.examples import (  # noqa: E402
     EXAMPLES,
     SEED,
     pack,

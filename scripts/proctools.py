@@ -3,8 +3,8 @@
 share.
 
 Each of them runs with ``scripts/`` on ``PYTHONPATH`` and imports this module as ``proctools``.
-What the cluster command needs too lives in the package, :mod:`mmserver.cluster.procfs`, and is
-imported from there; this module adds what only the tools use. Linux only.
+What the cluster command needs too lives in the package, :mod:`mmserver.commands.cluster.procfs`,
+and is imported from there; this module adds what only the tools use. Linux only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import psutil
 
-from mmserver.cluster.procfs import (
+from mmserver.commands.cluster.procfs import (
     HOST,
     ProcessMemory,
     descendants,

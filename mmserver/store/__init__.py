@@ -21,7 +21,7 @@ The modules, one part each:
 - :mod:`~mmserver.store.unpacking`: :class:`UnpackProcesses`, processes doing a load's file work;
 - :mod:`~mmserver.store.index`: :class:`StoreIndex`, the store's names in memory, for listing;
 - :mod:`~mmserver.store.urls`: ``s3://`` store URLs and the model URLs of the management API;
-- :mod:`~mmserver.store.opening`: :func:`open_store`, the store the configuration names.
+- :mod:`~mmserver.opening`: :func:`open_store`, the store the configuration names.
 
 The names below are imported from their module when first used: importing one part of the
 store (``mmserver transform`` needs only :mod:`~mmserver.store.objects`) does not import the
@@ -35,6 +35,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mmserver.opening import open_store
     from mmserver.store.archive import MAX_HEADER_BYTES, MAX_MEMBERS, model_root, unpack_archive
     from mmserver.store.index import IndexSource, StoreIndex, suffix_of
     from mmserver.store.local import ModelStore, tree_size
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
         split_version,
         version_key,
     )
-    from mmserver.store.opening import open_store
     from mmserver.store.source import ModelSource, StoreEntry, Unpacker
     from mmserver.store.unpacking import UnpackProcesses
     from mmserver.store.urls import (
@@ -79,7 +79,7 @@ _WHERE = {
     "name_from_url": "mmserver.store.urls",
     "normalize_name": "mmserver.store.names",
     "normalize_target": "mmserver.store.names",
-    "open_store": "mmserver.store.opening",
+    "open_store": "mmserver.opening",
     "resolve_model_url": "mmserver.store.urls",
     "split_object_url": "mmserver.store.urls",
     "split_version": "mmserver.store.names",

@@ -31,8 +31,8 @@ from proctools import proc_kb
 
 from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
-from mmserver.loadtest import cpu, wrk
-from mmserver.loadtest.client import Client
+from mmserver.commands.loadtest import cpu, wrk
+from mmserver.commands.loadtest.client import Client
 from tests.integration.s3server import S3Server, s3_server
 
 MODELS = 100

@@ -39,7 +39,7 @@ from benchlib import (
     transformbench,
     trees,
 )
-from mmserver.loadtest import cpu, wrk
+from mmserver.commands.loadtest import cpu, wrk
 
 SECTIONS = (
     "cold",

@@ -35,7 +35,7 @@ from proctools import HOST
 from benchlib import report
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
-from mmserver.loadtest import wrk
+from mmserver.commands.loadtest import wrk
 
 #: The most calls one worker sends in a run.
 MAX_CALLS = 2_000_000

@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.servers import Server
-from mmserver.loadtest import cpu, wrk
-from mmserver.loadtest.client import Client, Poller, max_workers, worker_count, worker_start_times
+from mmserver.commands.loadtest import cpu, wrk
+from mmserver.commands.loadtest.client import (
+    Client,
+    Poller,
+    max_workers,
+    worker_count,
+    worker_start_times,
+)
 
 HOT_MODEL = "sklearn-0"
 Log = Callable[[str], None]

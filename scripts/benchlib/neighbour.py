@@ -26,8 +26,8 @@ from benchlib import scale
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
 from benchlib.store import HEAVY_FEATURES, HEAVY_MODEL
-from mmserver.loadtest import cpu, wrk
-from mmserver.loadtest.client import Client
+from mmserver.commands.loadtest import cpu, wrk
+from mmserver.commands.loadtest.client import Client
 
 LIGHT_MODELS = 100
 LIGHT_CONNECTIONS = 8

@@ -10,7 +10,7 @@ from typing import Any
 from proctools import tree_memory
 
 from benchlib.servers import Server
-from mmserver.loadtest.client import Client
+from mmserver.commands.loadtest.client import Client
 
 WARM_MODEL = "sklearn-0"
 

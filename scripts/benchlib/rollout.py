@@ -34,8 +34,8 @@ from typing import Any
 
 from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
-from mmserver.loadtest import wrk
-from mmserver.loadtest.client import JSON_HEADERS, Client
+from mmserver.commands.loadtest import wrk
+from mmserver.commands.loadtest.client import JSON_HEADERS, Client
 
 HOT = "sklearn-0"
 CASES = ("base", "canary", "shadow", "capture")

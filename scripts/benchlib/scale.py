@@ -43,8 +43,8 @@ from proctools import HOST, proc_kb, tree_memory
 
 from benchlib import probes, servers, store
 from benchlib.loads import Log
-from mmserver.loadtest import cpu, wrk
-from mmserver.loadtest.client import BODY, Client
+from mmserver.commands.loadtest import cpu, wrk
+from mmserver.commands.loadtest.client import BODY, Client
 
 PAGE = 100
 SCRAPES = 5

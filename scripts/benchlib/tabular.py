@@ -35,8 +35,8 @@ from typing import Any
 
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
-from mmserver.loadtest import wrk
-from mmserver.loadtest.client import JSON_HEADERS, Client
+from mmserver.commands.loadtest import wrk
+from mmserver.commands.loadtest.client import JSON_HEADERS, Client
 
 MODELS = {"logistic": "bench-tabular-logistic", "histgb": "bench-tabular-histgb"}
 FORMS = ("records", "v2 columns")

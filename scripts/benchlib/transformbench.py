@@ -34,7 +34,7 @@ from proctools import free_port
 
 from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
-from mmserver.loadtest import cpu, wrk
+from mmserver.commands.loadtest import cpu, wrk
 
 FILES = 20
 CLUSTER_INSTANCES = 2

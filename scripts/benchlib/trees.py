@@ -18,8 +18,8 @@ from typing import Any
 
 from benchlib.loads import Log, Settings, describe_run
 from benchlib.servers import Server
-from mmserver.loadtest import cpu, wrk
-from mmserver.loadtest.client import JSON_HEADERS, Client
+from mmserver.commands.loadtest import cpu, wrk
+from mmserver.commands.loadtest.client import JSON_HEADERS, Client
 
 FAMILIES = ("forest", "histgb", "xgboost", "lightgbm")
 VARIANTS = ("own", "chosen")

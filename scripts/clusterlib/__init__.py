@@ -1,6 +1,6 @@
 """The routing experiment of the cluster (``scripts/cluster experiment``, see ``--help``).
 
-The cluster itself is the package's ``mmserver cluster`` (:mod:`mmserver.cluster`); the
+The cluster itself is the package's ``mmserver cluster`` (:mod:`mmserver.commands.cluster`); the
 experiment starts its instances and balancers from there. Modules:
 
 - :mod:`clusterlib.experiment` — the experiment: RANDOM against LEAST_OUTSTANDING_REQUESTS and

@@ -47,9 +47,9 @@ from proctools import HOST, free_port
 from clusterlib.load import LoadResult, closed_loop, closed_loop_list
 from clusterlib.models import MODEL_NAME, write_variable_latency_dir
 from clusterlib.queueing import simulate
-from mmserver.cluster.balancer import Balancer, BalancerSpec, Strategy
-from mmserver.cluster.instances import Instance, InstanceSpec, stop_instances
-from mmserver.cluster.procs import http_get, tree_memory
+from mmserver.commands.cluster.balancer import Balancer, BalancerSpec, Strategy
+from mmserver.commands.cluster.instances import Instance, InstanceSpec, stop_instances
+from mmserver.commands.cluster.procs import http_get, tree_memory
 
 ROUTING = (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS)
 AFFINITY = (Strategy.RANDOM, Strategy.MODEL_AFFINITY)

@@ -14,7 +14,7 @@ from types import TracebackType
 import aiohttp
 import psutil
 
-from mmserver.cluster import procfs
+from mmserver.commands.cluster import procfs
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 
 ROOT = Path(__file__).resolve().parents[2]

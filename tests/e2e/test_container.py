@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from mmserver.examples import write_classifier_dir
+from mmserver.commands.examples import write_classifier_dir
 from tests.e2e.server_process import free_port
 
 IMAGE = os.environ.get("IMAGE_UNDER_TEST", "")

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from matplotlib import image
 
-from mmserver.loadtest import wrk
+from mmserver.commands.loadtest import wrk
 from tests.behaviour_models import make_spinning_dir
 from tests.e2e.server_process import (
     ROOT,

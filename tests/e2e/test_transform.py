@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from mmserver.commands.transform.options import TransformOptions
 from mmserver.ops.folderlock import FolderLock
-from mmserver.transform.options import TransformOptions
 from tests.e2e.server_process import ServerProcess
 from tests.e2e.transform_process import (
     csv_rows,

@@ -9,8 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from mmserver.transform.options import parse
-from mmserver.transform.records import Framing, pack
+from mmserver.commands.transform.options import parse
+from mmserver.commands.transform.records import Framing, pack
 from tests.e2e.cluster_process import ClusterProcess, require_haproxy
 from tests.e2e.transform_process import csv_rows, predictions, run_transform, write_csv_files
 from tests.models import make_pipeline_dir

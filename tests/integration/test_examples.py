@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mmserver.cli import main
-from mmserver.examples import EXAMPLES
+from mmserver.commands.examples import EXAMPLES
 from tests.integration.harness import Harness, Serve
 
 

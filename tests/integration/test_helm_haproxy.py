@@ -1,5 +1,6 @@
 """The chart's HAProxy (``haproxy.enabled``): its objects, and a haproxy.cfg that says what
-``mmserver cluster`` writes (:func:`mmserver.cluster.balancer.render`) for the same pods, with
+``mmserver cluster`` writes (:func:`mmserver.commands.cluster.balancer.render`) for the same pods,
+with
 each pod a server by its DNS name, resolved while HAProxy runs; HAProxy accepts it."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mmserver.cluster import balancer
+from mmserver.commands.cluster import balancer
 from tests.e2e.cluster_process import require_haproxy
 from tests.integration.helmchart import (
     EVERYTHING_ON,

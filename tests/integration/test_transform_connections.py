@@ -1,4 +1,4 @@
-"""The job's own HTTP/1.1 client (:mod:`mmserver.transform.connections`) and the sender's
+"""The job's own HTTP/1.1 client (:mod:`mmserver.commands.transform.connections`) and the sender's
 retries over it, against a real HTTP peer on a loopback port that answers as each test scripts
 it: busy (503, 429) with ``Retry-After``, a connection dropped before the answer, an answer in
 chunks or ended by the close, kept-alive connections reused, a timeout; over TLS, with a
@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from mmserver.transform.connections import Connections, Unreachable
-from mmserver.transform.failures import FileFailed, TransformError
-from mmserver.transform.sender import ATTEMPTS, Sender
+from mmserver.commands.transform.connections import Connections, Unreachable
+from mmserver.commands.transform.failures import FileFailed, TransformError
+from mmserver.commands.transform.sender import ATTEMPTS, Sender
 
 #: An answer: its raw bytes; DROP closes the connection without one; HANG never answers.
 DROP = b"drop"

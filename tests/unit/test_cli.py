@@ -75,8 +75,8 @@ def test_serving_does_not_import_the_cluster_nor_the_batch_transform() -> None:
         "import sys\n"
         "import mmserver.cli, mmserver.server\n"
         "mmserver.cli.build_config(['serve'], {})\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('mmserver.cluster', "
-        "'mmserver.transform'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('mmserver.commands.cluster', "
+        "'mmserver.commands.transform'))))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
@@ -232,7 +232,7 @@ def test_a_cluster_refuses_a_state_dir_or_a_grpc_port_for_its_instances(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from mmserver.cluster.cli import parse_args
+    from mmserver.commands.cluster.cli import parse_args
 
     for name in ("MMSERVER_STATE_DIR", "MMSERVER_GRPC_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -245,7 +245,7 @@ def test_a_cluster_refuses_a_state_dir_or_a_grpc_port_for_its_instances(
 
 
 def test_what_a_cluster_reads_of_its_instances_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmserver.cluster.cli import _instance_option
+    from mmserver.commands.cluster.cli import _instance_option
 
     monkeypatch.delenv("MMSERVER_STATE_DIR", raising=False)
     monkeypatch.setenv("MMSERVER_GRPC_PORT", "8081")

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from mmserver.commands.recommend.advice import Advice
+from mmserver.commands.recommend.cli import main
+from mmserver.commands.recommend.payloads import sample_body
+from mmserver.commands.recommend.progress import Progress
+from mmserver.commands.recommend.search import Run, SettingResult, done, next_rate
+from mmserver.commands.recommend.settings import Setting, grid, write_properties
+from mmserver.commands.recommend.target import ModelFacts
 from mmserver.config.model import ModelConfig, load_model_config
-from mmserver.recommend.advice import Advice
-from mmserver.recommend.cli import main
-from mmserver.recommend.payloads import sample_body
-from mmserver.recommend.progress import Progress
-from mmserver.recommend.search import Run, SettingResult, done, next_rate
-from mmserver.recommend.settings import Setting, grid, write_properties
-from mmserver.recommend.target import ModelFacts
 from mmserver.store.properties import read_properties
 from tests.models import make_linear_archive, make_linear_model
 
@@ -236,7 +236,7 @@ def test_store_and_url_together_or_neither_are_refused(
 
 
 def test_a_url_where_nothing_answers_is_said(capsys: pytest.CaptureFixture[str]) -> None:
-    from mmserver.cluster.procfs import free_port
+    from mmserver.commands.cluster.procfs import free_port
 
     port = free_port()
     assert main(["m", "--p99-ms", "20", "--url", f"http://127.0.0.1:{port}"]) == 2

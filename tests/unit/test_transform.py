@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mmserver.transform.failures import FileFailed, TransformError
-from mmserver.transform.journal import Journal
-from mmserver.transform.options import MIB, TransformOptions, parse
-from mmserver.transform.places import Places
-from mmserver.transform.progress import Display, Tally, line, summary
-from mmserver.transform.records import (
+from mmserver.commands.transform.failures import FileFailed, TransformError
+from mmserver.commands.transform.journal import Journal
+from mmserver.commands.transform.options import MIB, TransformOptions, parse
+from mmserver.commands.transform.places import Places
+from mmserver.commands.transform.progress import Display, Tally, line, summary
+from mmserver.commands.transform.records import (
     Framing,
     Payload,
     _number_lines,

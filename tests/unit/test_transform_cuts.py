@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from mmserver.transform.cuts import cut
-from mmserver.transform.failures import FileFailed
-from mmserver.transform.options import TransformOptions, parse
-from mmserver.transform.records import Framing, pack, part, split_records
+from mmserver.commands.transform.cuts import cut
+from mmserver.commands.transform.failures import FileFailed
+from mmserver.commands.transform.options import TransformOptions, parse
+from mmserver.commands.transform.records import Framing, pack, part, split_records
 
 BASE = ("--model", "m", "--input", "in", "--output", "out")
 

@@ -1,0 +1,19 @@
+"""Scale-out: several mmserver instances behind HAProxy on one port (``mmserver cluster``, see
+``--help``).
+
+The cluster runs each instance as an ``mmserver serve`` child process and imports nothing of
+the server; of the server, only :mod:`mmserver.cli` imports it, to hand ``mmserver cluster``
+its arguments. Modules, from the command down:
+
+- :mod:`mmserver.commands.cluster.cli` — the ``mmserver cluster`` command (start, run, stop, status,
+  config);
+- :mod:`mmserver.commands.cluster.cluster` — a cluster: its instances, its balancer, its state
+  directory and the stop order;
+- :mod:`mmserver.commands.cluster.balancer` — the routing strategies and the HAProxy configuration
+  made from ``haproxy.cfg.in`` (package data); the HAProxy process;
+- :mod:`mmserver.commands.cluster.instances` — one ``mmserver serve`` process;
+- :mod:`mmserver.commands.cluster.procs` — processes by pid and start time: identity, descendants,
+  stopping, memory;
+- :mod:`mmserver.commands.cluster.procfs` — process trees (psutil), and free loopback ports
+  (shared with the tools under ``scripts/``).
+"""
