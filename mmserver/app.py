@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from mmserver.api import STATE, ApiState, asynchronous, inference, management, v2
+from mmserver.api import asynchronous, inference, management, v2
+from mmserver.api.access import check_security
 from mmserver.api.accesslog import AccessLog
-from mmserver.api.middleware import Handler, check_security, unmatched
+from mmserver.api.middleware import Handler, unmatched
 from mmserver.api.protocols import INFER, ROUTES
+from mmserver.api.state import ApiState
+from mmserver.api.web import STATE
 from mmserver.asynchronous import AsyncInference
 from mmserver.config.server import ServerConfig
 from mmserver.ops.capture import Capture

@@ -27,9 +27,10 @@ import prometheus_client
 from aiohttp import web
 
 from mmserver import errors
-from mmserver.api import STATE
+from mmserver.api.access import check_security
 from mmserver.api.connections import HttpRunner
-from mmserver.app import build_app, check_security
+from mmserver.api.web import STATE
+from mmserver.app import build_app
 from mmserver.config.server import ServerConfig
 from mmserver.lifecycle.record import ModelStatus
 from mmserver.manager.wlm import WorkLoadManager
@@ -38,7 +39,7 @@ from mmserver.ops.metrics import Metrics
 from mmserver.store import open_store
 
 if TYPE_CHECKING:
-    from mmserver.api.grpc import GrpcServer
+    from mmserver.api.grpc.service import GrpcServer
 
 log = logging.getLogger("mmserver")
 
@@ -86,7 +87,7 @@ class Server:
         config = self.config
         if config.grpc_port:
             # Imported only here: grpcio and the messages cost a start a few tenths of a second.
-            from mmserver.api.grpc import GrpcServer
+            from mmserver.api.grpc.service import GrpcServer
 
             self.grpc = GrpcServer(self.app[STATE], config.grpc_port)
             await self.grpc.start()

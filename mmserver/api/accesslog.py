@@ -15,8 +15,8 @@ once :data:`FLUSH_LINES` are kept or :data:`FLUSH_S` after the first of them, wh
 first, and when the server stops (:class:`AccessLog`). A record through :mod:`logging` a request,
 with its record object, lock, formatter and write, cost about 27 µs a request (40 as JSON) on a
 path that answers one in about 100: the lean path's throughput fell by 39 % with it on. The lean
-path writes its lines itself; aiohttp's access logger (:class:`AccessLogger`) writes the
-others' to the same log.
+path writes its lines itself; aiohttp's access logger (:class:`~mmserver.api.web.AccessLogger`)
+writes the others' to the same log.
 """
 
 from __future__ import annotations
@@ -25,12 +25,6 @@ import asyncio
 import json.encoder
 import sys
 import time
-
-from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
-
-from mmserver.api import REQUEST_ID, STATE
-from mmserver.api.dataplane import shown_path
 
 #: Where an inference handler leaves the model a request named, for :class:`AccessLogger`.
 MODEL_KEY = "mmserver_model"
@@ -135,19 +129,6 @@ def _utc_second(second: int) -> str:
 _quote = json.encoder.encode_basestring_ascii
 
 
-class AccessLogger(AbstractAccessLogger):
-    """aiohttp's access log, written to the server's :class:`AccessLog` as the lean path
-    writes its own."""
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        access = request.app[STATE].access_log if isinstance(request, web.Request) else None
-        if access is not None:
-            access.write(
-                request.method,
-                request.path,
-                response.status,
-                time,
-                str(request.get(MODEL_KEY, "-")),
-                response.headers.get(REQUEST_ID, "-"),
-                response.body_length,
-            )
+def shown_path(path: str, limit: int = 200) -> str:
+    """``path`` as a log line or an error message shows it (cut past ``limit`` characters)."""
+    return path if len(path) <= limit else path[: limit - 3] + "..."

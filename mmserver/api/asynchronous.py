@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from mmserver.api import STATE, read_body
 from mmserver.api.middleware import Handler, answers_errors
+from mmserver.api.web import STATE, read_body
 from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
 from mmserver.asynchronous.requests import FAILURE_LOCATION, OUTPUT_LOCATION
 from mmserver.errors import NotFound

@@ -20,7 +20,7 @@ server's shape.
 - no answer names the server's software version (aiohttp's ``Server`` header is ``mmserver``).
 
 Pipelined requests are answered in order. A connection starts on the lean path
-(:mod:`mmserver.api.lean`), which answers plain inference requests itself and hands the
+(:mod:`mmserver.api.lean.connection`), which answers plain inference requests itself and hands the
 connection to aiohttp's handler at the first request that is anything else: garbage after valid
 inference requests is then aiohttp's to refuse, once those are answered. When aiohttp parses the
 packet itself, it rejects it whole, so the connection is answered ``400`` and closed and the valid
@@ -40,8 +40,10 @@ from typing import Any, cast
 from aiohttp import hdrs, web, web_protocol, web_response
 from aiohttp.web_request import BaseRequest
 
-from mmserver.api import REQUEST_ID, STATE, RequestIds, accesslog
-from mmserver.api.lean import LeanFront
+from mmserver.api import accesslog
+from mmserver.api.lean.connection import LeanFront
+from mmserver.api.state import REQUEST_ID, RequestIds
+from mmserver.api.web import STATE, AccessLogger
 from mmserver.config.server import ServerConfig
 from mmserver.errors import (
     InvalidInput,
@@ -351,7 +353,8 @@ class _Connection(web_protocol.RequestHandler):
 
 class _Server(web.Server):
     """aiohttp's server, making :class:`_Connection` handlers with ``policy``; with ``lean``,
-    every connection starts on the lean path (:mod:`mmserver.api.lean`) and is handed to a
+    every connection starts on the lean path (:mod:`mmserver.api.lean.connection`) and is handed to
+    a
     :class:`_Connection` when a request needs aiohttp."""
 
     policy: _Policy
@@ -402,7 +405,7 @@ class HttpRunner(web.AppRunner):
         kwargs["lingering_time"] = 0
         # The access log of the requests aiohttp answers, as the lean path writes its own.
         kwargs["access_log"] = logging.getLogger(accesslog.LOGGER) if config.access_log else None
-        kwargs["access_log_class"] = accesslog.AccessLogger
+        kwargs["access_log_class"] = AccessLogger
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:

@@ -1,8 +1,8 @@
 """One inference request, whichever door it came through: the data plane.
 
 A door (aiohttp's handler, :mod:`mmserver.api.inference`; the lean path,
-:mod:`mmserver.api.lean`; V2 over gRPC, :mod:`mmserver.api.grpc`) reads a request in its own
-way, then makes an :class:`Exchange` and calls it in this order:
+:mod:`mmserver.api.lean.connection`; V2 over gRPC, :mod:`mmserver.api.grpc.service`) reads a request
+in its own way, then makes an :class:`Exchange` and calls it in this order:
 
 1. :meth:`Exchange.submit` — the job made by the route's protocol, queued on the model (loaded
    first if needed); the future of the answer's body comes back;
@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mmserver.api.accesslog import shown_path
 from mmserver.api.protocols import Protocol
 from mmserver.codecs.requests import Request
 from mmserver.errors import InvalidModelName, MMServerError, ModelNotFound, ShuttingDown
@@ -33,7 +34,7 @@ from mmserver.ops.capture import Capture, Record
 from mmserver.store import normalize_name
 
 if TYPE_CHECKING:
-    from mmserver.api import ApiState
+    from mmserver.api.state import ApiState
     from mmserver.manager.wlm import Submission
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,7 @@ def unexpected(
     return MMServerError("the server failed to answer this request; it has logged the cause")
 
 
-def shown_path(path: str, limit: int = 200) -> str:
-    """``path`` as a log line or an error message shows it (cut past ``limit`` characters)."""
-    return path if len(path) <= limit else path[: limit - 3] + "..."
+def shown_message(state: ApiState, error: MMServerError, rid: str) -> str:
+    """The message a client is shown for ``error`` to request ``rid``, whatever the door: the
+    server's folders cut from it, the request id at its end."""
+    return f"{state.without_paths(error.message)} (request id {rid})"

@@ -14,11 +14,12 @@ import asyncio
 
 from aiohttp import hdrs, web
 
-from mmserver.api import REQUEST_ID, STATE, read_body, request_id
 from mmserver.api.accesslog import MODEL_KEY
 from mmserver.api.dataplane import Exchange
 from mmserver.api.middleware import Handler, render_error
 from mmserver.api.protocols import ROUTING_KEY, TARGET_MODEL, Route
+from mmserver.api.state import REQUEST_ID
+from mmserver.api.web import STATE, read_body, request_id
 from mmserver.codecs.v2 import HEADER_LENGTH
 
 _HEALTHY = b'{"status": "Healthy"}'

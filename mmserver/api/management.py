@@ -27,12 +27,12 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from mmserver.api import STATE, read_body
 from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
+from mmserver.api.repository import bool_param, shown_value
+from mmserver.api.web import STATE, read_body
 from mmserver.codecs.requests import media_type
 from mmserver.config.model import mistyped_keys
-from mmserver.config.server import boolean
 from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
 from mmserver.lifecycle.record import ModelStatus
 from mmserver.manager.wlm import ModelView
@@ -360,25 +360,7 @@ def _int(params: Mapping[str, Any], name: str) -> int:
         return value
     if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
         return int(value)
-    raise InvalidInput(f"parameter {name} must be an integer, got {_shown(value)}")
-
-
-def bool_param(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
-    if name not in params:
-        return default
-    value = params[name]
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        spelled = boolean(value)
-        if spelled is not None:
-            return spelled
-    raise InvalidInput(f"parameter {name} must be true or false, got {_shown(value)}")
-
-
-def _shown(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    raise InvalidInput(f"parameter {name} must be an integer, got {shown_value(value)}")
 
 
 #: The handlers of the management routes, by operation (:data:`~mmserver.api.protocols.ROUTES`).

@@ -30,24 +30,23 @@ would expose them.
 from __future__ import annotations
 
 import functools
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
-from mmserver.api import REQUEST_ID, STATE, ApiState, request_id
-from mmserver.api.dataplane import log_server_error, shown_path, unexpected
+from mmserver.api.access import check_authorization
+from mmserver.api.accesslog import shown_path
+from mmserver.api.dataplane import log_server_error, shown_message, unexpected
 from mmserver.api.protocols import Protocol, known_paths, protocol_of
-from mmserver.config.server import ServerConfig
+from mmserver.api.state import REQUEST_ID, ApiState
+from mmserver.api.web import STATE, request_id
 from mmserver.errors import (
-    ConfigError,
     InvalidInput,
     MethodNotAllowed,
     MMServerError,
     NotFound,
     RequestTooLarge,
-    Unauthorized,
     djl_type,
 )
 
@@ -174,12 +173,6 @@ def render_error(
     return json.dumps(body).encode(), headers
 
 
-def shown_message(state: ApiState, error: MMServerError, rid: str) -> str:
-    """The message a client is shown for ``error`` to request ``rid``, whatever the door: the
-    server's folders cut from it, the request id at its end."""
-    return f"{state.without_paths(error.message)} (request id {rid})"
-
-
 def _from_http(request: web.Request, exc: web.HTTPException) -> MMServerError:
     if exc.status == 413:
         return RequestTooLarge(
@@ -199,46 +192,6 @@ def _passed_headers(exc: web.HTTPException) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------
 
 
-def management_open(config: ServerConfig) -> bool:
-    """Whether state-changing management calls are allowed without a token."""
-    if config.management_token:
-        return False
-    return config.is_loopback or config.insecure_management
-
-
-def check_security(config: ServerConfig) -> None:
-    """Refuse (:class:`ConfigError`) a configuration that would expose the management API on a
-    non-loopback address with no token, unless ``insecure_management`` says so."""
-    if not config.is_loopback and not config.management_token and not config.insecure_management:
-        raise ConfigError(
-            f"refusing to serve on {config.host}: a non-loopback address needs a management "
-            "token (--management-token or MMSERVER_MANAGEMENT_TOKEN) for POST, PUT and DELETE "
-            "on /models and the /v2/repository load and unload calls; pass "
-            "--insecure-management to serve it without one"
-        )
-
-
 def authorize(request: web.Request) -> None:
     """Raise :class:`Unauthorized` unless ``request`` may change the server's models."""
     check_authorization(request.app[STATE].config, request.headers.get(hdrs.AUTHORIZATION))
-
-
-def check_authorization(config: ServerConfig, authorization: str | None) -> None:
-    """Raise :class:`Unauthorized` unless a management call with this ``Authorization`` value
-    (an HTTP header, gRPC's ``authorization`` metadata; ``None``: none) may change the
-    server's models."""
-    if management_open(config):
-        return
-    token = config.management_token
-    if not token:
-        raise Unauthorized(
-            "management calls on a non-loopback address need a management token, and the "
-            "server has none configured"
-        )
-    scheme, _, credentials = (authorization or "").partition(" ")
-    # Header bytes that are not UTF-8 arrive as surrogates: they compare as their bytes.
-    offered = credentials.strip().encode("utf-8", "surrogateescape")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(offered, token.encode()):
-        raise Unauthorized(
-            "this management call needs the header 'Authorization: Bearer <management token>'"
-        )

@@ -7,11 +7,12 @@ becomes the body and headers sent back, and what shape its errors take. :data:`R
 every path the server answers, with its method, protocol and operation; the doors read it:
 
 - aiohttp's application (:mod:`mmserver.app`) adds one route per entry, in this order;
-- the lean path (:mod:`mmserver.api.lean`) takes the routes marked ``lean`` (:func:`match_lean`):
-  the inference routes and ``InvokeEndpointAsync``;
+- the lean path (:mod:`mmserver.api.lean.connection`) takes the routes marked ``lean``
+  (:func:`match_lean`): the inference routes and ``InvokeEndpointAsync``;
 - error answers take their shape from the route's protocol (:func:`protocol_of`), and the 404
   answer lists the paths (:func:`known_paths`);
-- V2 over gRPC (:mod:`mmserver.api.grpc`) makes its jobs and reads its answers with :data:`V2`.
+- V2 over gRPC (:mod:`mmserver.api.grpc.service`) makes its jobs and reads its answers with
+  :data:`V2`.
 
 A new protocol is a :class:`Protocol` and its rows here; a door that serves it calls
 :class:`mmserver.api.dataplane.Exchange`.

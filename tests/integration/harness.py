@@ -25,8 +25,8 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmserver.api import STATE
 from mmserver.api.connections import HttpRunner
+from mmserver.api.web import STATE
 from mmserver.app import build_app
 from mmserver.asynchronous import AsyncInference
 from mmserver.config.server import ServerConfig

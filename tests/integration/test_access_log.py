@@ -12,8 +12,8 @@ import sys
 import pytest
 from aiohttp import web
 
-from mmserver.api import STATE
 from mmserver.api.accesslog import FLUSH_LINES, AccessLog
+from mmserver.api.web import STATE
 from tests.integration.harness import Serve
 
 

@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 from botocore.exceptions import ClientError
 
 from mmserver import errors
-from mmserver.api import STATE
+from mmserver.api.web import STATE
 from mmserver.asynchronous import AsyncInference
 from mmserver.asynchronous.admission import LOOK_S, Intake
 from mmserver.asynchronous.journal import Invocation, Journal

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mmserver.api import STATE
+from mmserver.api.web import STATE
 from mmserver.ops.capture import ENCODE_BATCH, Capture, Record, hour_folder
 from mmserver.ops.metrics import Metrics
 from tests.integration.harness import Harness, Serve, wait_until

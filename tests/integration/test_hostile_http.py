@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from mmserver.api.access import check_security
 from mmserver.api.connections import HttpRunner
-from mmserver.api.middleware import check_security
 from mmserver.config.server import ServerConfig, resolves_to_loopback
 from mmserver.errors import ConfigError
 from tests.integration.harness import Harness, Serve, wait_until, watch_body_reads

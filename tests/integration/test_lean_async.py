@@ -1,4 +1,4 @@
-"""``InvokeEndpointAsync`` on the lean HTTP path (:mod:`mmserver.api.leanasync`), over raw
+"""``InvokeEndpointAsync`` on the lean HTTP path (:mod:`mmserver.api.lean.asynchronous`), over raw
 sockets: accepted and refused byte for byte as aiohttp's handler does, journaled before its 202,
 answered in order among pipelined inference requests, and left to aiohttp where its answer is
 aiohttp's own (no ``state_dir``, ``access_log`` on)."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mmserver.api import STATE
+from mmserver.api.web import STATE
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.test_async import ended
 from tests.integration.test_hostile_http import Sockets

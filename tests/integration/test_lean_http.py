@@ -1,6 +1,6 @@
-"""The lean HTTP path (:mod:`mmserver.api.lean`) over raw sockets: it answers plain inference
-requests byte for byte as aiohttp's handler does, hands a connection to aiohttp at the first
-request it does not take (with the answers before it written first, in order), and keeps the
+"""The lean HTTP path (:mod:`mmserver.api.lean.connection`) over raw sockets: it answers plain
+inference requests byte for byte as aiohttp's handler does, hands a connection to aiohttp at the
+first request it does not take (with the answers before it written first, in order), and keeps the
 connection rules. Each test waits for answers or for the connection to close, never for a time."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mmserver.api.connections import HttpRunner
-from mmserver.api.lean import LeanFront
+from mmserver.api.lean.connection import LeanFront
 from tests.integration.gate import Gate
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.test_hostile_http import SAFETY_S, Sockets, received_until_dropped

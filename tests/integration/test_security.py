@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession
 
-from mmserver.api.middleware import check_security
+from mmserver.api.access import check_security
 from mmserver.app import access_log_enabled
 from mmserver.commands.cluster.procfs import free_port
 from mmserver.config.server import ServerConfig

@@ -13,7 +13,7 @@ from mmserver.ops import heap
 # second then comes from the heap and stays resident when freed, unless the threshold is fixed.
 _FREE_TWICE = """
 import sys
-from mmserver import heap
+from mmserver.ops import heap
 
 def resident_mib():
     with open("/proc/self/statm") as fh:
@@ -50,7 +50,7 @@ def test_without_it_the_second_block_stays_resident() -> None:
 # frozen, and whether a reference cycle made afterwards is still collected.
 _TUNE = """
 import gc, weakref
-from mmserver import heap
+from mmserver.ops import heap
 
 class Node:
     pass

@@ -1,5 +1,6 @@
-"""The lean path's parse and take (:class:`mmserver.api.lean.LeanConnection`) and its flow
-control (:class:`mmserver.api.leanflow.LeanFlow`) on a mock transport: which requests it takes,
+"""The lean path's parse and take (:class:`mmserver.api.lean.connection.LeanConnection`) and its
+flow control (:class:`mmserver.api.lean.flow.LeanFlow`) on a mock transport: which requests it
+takes,
 which it hands to aiohttp and from which byte, and when it reads."""
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
-from mmserver.api import ApiState
-from mmserver.api.lean import LeanConnection, LeanFront
-from mmserver.api.leanflow import LeanFlow
+from mmserver.api.lean.connection import LeanConnection, LeanFront
+from mmserver.api.lean.flow import LeanFlow
+from mmserver.api.state import ApiState
 from mmserver.config.server import ServerConfig
 from mmserver.ops.metrics import Metrics
 

@@ -1,6 +1,6 @@
-"""``InvokeEndpointAsync`` taken by the lean path (:mod:`mmserver.api.lean`): the request is
-accepted as aiohttp's handler (:func:`mmserver.api.asynchronous.invoke_async`) accepts it, and its
-202, or its error, is written byte for byte as that handler writes it.
+"""``InvokeEndpointAsync`` taken by the lean path (:mod:`mmserver.api.lean.connection`): the request
+is accepted as aiohttp's handler (:func:`mmserver.api.asynchronous.invoke_async`) accepts it, and
+its 202, or its error, is written byte for byte as that handler writes it.
 
 Each asynchronous request is a small request the client waits for, like an inference request:
 through aiohttp, its request and response objects, router and connection task cost the event
@@ -19,17 +19,13 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from mmserver.api import REQUEST_ID
 from mmserver.api.dataplane import shown_error
-from mmserver.api.leananswer import error_answer, lean_answer
+from mmserver.api.lean.answer import Link, error_answer, lean_answer
 from mmserver.api.protocols import SAGEMAKER
+from mmserver.api.state import REQUEST_ID
 from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
 from mmserver.asynchronous.requests import FAILURE_LOCATION, OUTPUT_LOCATION
-
-if TYPE_CHECKING:
-    from mmserver.api.lean import LeanConnection
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +39,7 @@ class LeanAsyncExchange:
 
     __slots__ = ("conn", "data", "path", "rid")
 
-    def __init__(self, conn: LeanConnection, path: bytes, rid: str) -> None:
+    def __init__(self, conn: Link, path: bytes, rid: str) -> None:
         self.conn = conn
         self.path = path
         self.rid = rid

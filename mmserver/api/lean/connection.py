@@ -18,7 +18,7 @@ request's first byte, once the answers before it are written. The lean path's ow
 one about what it takes (not about what is valid HTTP):
 
 - ``POST`` over ``HTTP/1.1`` on a path of :func:`~mmserver.api.protocols.match_lean` (an
-  inference path, or ``InvokeEndpointAsync``'s: :mod:`mmserver.api.leanasync`) spelled in
+  inference path, or ``InvokeEndpointAsync``'s: :mod:`mmserver.api.lean.asynchronous`) spelled in
   unreserved characters (no query, percent-encoding or dot segment: aiohttp normalizes those
   first);
 - a ``Host`` and a ``Content-Length`` within ``max_request_size``, no header repeated (aiohttp
@@ -39,8 +39,8 @@ headers (``Content-Type``, ``X-Request-Id``, ``x-amzn-ErrorType``, ``Retry-After
 ``Server``) and the same metrics. The connection rules hold too: lean connections count against
 ``max_connections``; one idle for ``keepalive_timeout`` is closed (looked at every second);
 reading stops while the socket's send buffer is full, and an answer the client does not take
-within ``send_timeout`` is dropped with the connection (:mod:`mmserver.api.leanflow`). The
-answers are written by :mod:`mmserver.api.leananswer`, with their access log records when
+within ``send_timeout`` is dropped with the connection (:mod:`mmserver.api.lean.flow`). The
+answers are written by :mod:`mmserver.api.lean.answer`, with their access log records when
 ``access_log`` is on (:mod:`mmserver.api.accesslog`). ``lean_http = false`` leaves every
 request to aiohttp.
 """
@@ -57,11 +57,11 @@ from typing import cast
 
 import httptools
 
-from mmserver.api import ApiState
-from mmserver.api.leananswer import LeanExchange
-from mmserver.api.leanasync import LeanAsyncExchange
-from mmserver.api.leanflow import LeanFlow
+from mmserver.api.lean.answer import LeanExchange
+from mmserver.api.lean.asynchronous import LeanAsyncExchange
+from mmserver.api.lean.flow import LeanFlow
 from mmserver.api.protocols import INVOKE_ASYNC, ROUTING_KEY, Route, match_lean
+from mmserver.api.state import ApiState
 
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
@@ -517,7 +517,7 @@ class LeanFront:
         self.keepalive_timeout = config.keepalive_timeout
         self.send_timeout = config.send_timeout
         self.access_log = state.access_log
-        #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.leanasync`).
+        #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.lean.asynchronous`).
         self.takes_async = state.asynchronous is not None and state.access_log is None
         self.connections: set[LeanConnection] = set()
         #: Connections handed to aiohttp so far.

@@ -11,7 +11,7 @@ One ``ModelInfer`` call goes through the data plane as a V2 REST request does
 (bounded by ``max_request_size``) becomes the body of the binary tensor extension — a JSON
 header naming the inputs with their ``binary_data_size``, then their bytes
 (``raw_input_contents`` as they came, typed ``contents`` packed as raw data), every output asked
-for as binary data (:mod:`mmserver.api.grpc_tensors`) — and is submitted to the model's queue;
+for as binary data (:mod:`mmserver.api.grpc.tensors`) — and is submitted to the model's queue;
 the answer's binary outputs become ``raw_output_contents``. So the same queues, batching, lanes
 and metrics serve it, the body is decoded in the model's backend, and an answer holds the same
 values as REST's.
@@ -35,13 +35,12 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
-from mmserver.api import ApiState, too_large
-from mmserver.api.dataplane import Exchange, shown_error
-from mmserver.api.grpc_tensors import infer_body, infer_response, json_parameters
-from mmserver.api.middleware import check_authorization, shown_message
+from mmserver.api.access import check_authorization
+from mmserver.api.dataplane import Exchange, shown_error, shown_message
+from mmserver.api.grpc.tensors import infer_body, infer_response, json_parameters
 from mmserver.api.proto import grpc_service_pb2 as pb
 from mmserver.api.protocols import V2, versioned
-from mmserver.api.v2 import (
+from mmserver.api.repository import (
     SERVER_METADATA,
     index_of,
     load,
@@ -49,6 +48,7 @@ from mmserver.api.v2 import (
     not_ready_reason,
     unload,
 )
+from mmserver.api.state import ApiState, too_large
 from mmserver.codecs.v2 import HEADER_LENGTH
 from mmserver.errors import InvalidInput, MMServerError
 

@@ -1,6 +1,7 @@
-"""One request the lean path (:mod:`mmserver.api.lean`) took, until its answer is written: the
-data plane's :class:`~mmserver.api.dataplane.Exchange` with the answer written as aiohttp's
-handler writes it, byte for byte (status line, ``Content-Type``, ``X-Request-Id``, the error
+"""One request the lean path (:mod:`mmserver.api.lean.connection`) took, until its answer is
+written: the data plane's :class:`~mmserver.api.dataplane.Exchange` with the answer written as
+aiohttp's handler writes it, byte for byte (status line, ``Content-Type``, ``X-Request-Id``, the
+error
 headers, ``Content-Length``, ``Date``, ``Server``)."""
 
 from __future__ import annotations
@@ -10,20 +11,45 @@ import logging
 import time
 from http import HTTPStatus
 from typing import TYPE_CHECKING
+from typing import Protocol as Structural
 
 from aiohttp.helpers import rfc822_formatted_time
 
-from mmserver.api import REQUEST_ID
 from mmserver.api.dataplane import Exchange
 from mmserver.api.middleware import render_error
 from mmserver.api.protocols import JSON, Protocol
+from mmserver.api.state import REQUEST_ID
 
 if TYPE_CHECKING:
-    from mmserver.api import ApiState
-    from mmserver.api.lean import LeanConnection
+    from mmserver.api.accesslog import AccessLog
+    from mmserver.api.state import ApiState
     from mmserver.errors import MMServerError
 
 log = logging.getLogger(__name__)
+
+
+class Front(Structural):
+    """What an exchange reads of the lean path's front (:class:`~.connection.LeanFront`)."""
+
+    @property
+    def access_log(self) -> AccessLog | None: ...
+
+
+class Link(Structural):
+    """What an exchange needs of the connection that took its request
+    (:class:`~.connection.LeanConnection`): the server's state, the front, and the calls that
+    write the answers ready in order or give the connection up."""
+
+    @property
+    def state(self) -> ApiState: ...
+
+    @property
+    def front(self) -> Front: ...
+
+    def flush(self) -> None: ...
+
+    def abandon(self) -> None: ...
+
 
 _CONTENT_TYPE = "Content-Type"
 _OK = (
@@ -66,7 +92,7 @@ class LeanExchange(Exchange):
 
     __slots__ = ("conn", "data", "path")
 
-    def __init__(self, conn: LeanConnection, protocol: Protocol, path: bytes, rid: str) -> None:
+    def __init__(self, conn: Link, protocol: Protocol, path: bytes, rid: str) -> None:
         super().__init__(conn.state, protocol, rid)
         self.conn = conn
         self.path = path
