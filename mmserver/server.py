@@ -34,9 +34,9 @@ from mmserver.app import build_app
 from mmserver.config.server import ServerConfig
 from mmserver.lifecycle.record import ModelStatus
 from mmserver.manager.wlm import WorkLoadManager
+from mmserver.opening import open_store
 from mmserver.ops import heap, logs
 from mmserver.ops.metrics import Metrics
-from mmserver.store import open_store
 
 if TYPE_CHECKING:
     from mmserver.api.grpc.service import GrpcServer

@@ -40,7 +40,7 @@ from mmserver.codecs.requests import make_request  # noqa: E402
 from mmserver.config.server import ServerConfig  # noqa: E402
 from mmserver.manager.wlm import WorkLoadManager  # noqa: E402
 from mmserver.ops.metrics import Metrics  # noqa: E402
-from mmserver.store import ModelStore  # noqa: E402
+from mmserver.store.local import ModelStore  # noqa: E402
 
 
 def snapshot(wlm: WorkLoadManager) -> dict[str, tuple[int, int]]:

@@ -31,7 +31,7 @@ from mmserver.api.protocols import Protocol
 from mmserver.codecs.requests import Request
 from mmserver.errors import InvalidModelName, MMServerError, ModelNotFound, ShuttingDown
 from mmserver.ops.capture import Capture, Record
-from mmserver.store import normalize_name
+from mmserver.store.names import normalize_name
 
 if TYPE_CHECKING:
     from mmserver.api.state import ApiState

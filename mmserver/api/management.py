@@ -37,7 +37,8 @@ from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
 from mmserver.lifecycle.record import ModelStatus
 from mmserver.manager.wlm import ModelView
 from mmserver.policy.rollout import percent_of
-from mmserver.store import name_from_url, normalize_name
+from mmserver.store.names import normalize_name
+from mmserver.store.urls import name_from_url
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_PAGE = 100

@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import quote
 
 from mmserver.errors import InputMissing, InvalidInput, MMServerError, ServiceUnavailable
-from mmserver.store import split_object_url
 from mmserver.store.objects import (
     LocationError,
     Objects,
@@ -30,6 +29,7 @@ from mmserver.store.objects import (
     write_whole,
 )
 from mmserver.store.objects import local_path as _local_path
+from mmserver.store.urls import split_object_url
 
 #: Folders whose resolution :meth:`Locations.join` keeps.
 _FOLDERS = 1024

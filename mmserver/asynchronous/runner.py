@@ -76,7 +76,7 @@ from mmserver.config.server import ServerConfig
 from mmserver.ops.folderlock import FolderInUse, FolderLock
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.scaling import background_share
-from mmserver.store import normalize_name
+from mmserver.store.names import normalize_name
 from mmserver.store.objects import is_object, write_synced
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 from mmserver.codecs.requests import Request
 from mmserver.ops import heap
 from mmserver.procs.framing import FrameReader, frame, send_frame
-from mmserver.store import tree_size
+from mmserver.store.local import tree_size
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from mmserver.errors import ConfigError
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
 from mmserver.ops.metrics import MODEL_LABEL_CHOICES
-from mmserver.store import check_location, split_object_url
 from mmserver.store.properties import BOOLEANS, boolean, parse_properties, read_properties
+from mmserver.store.urls import check_location, split_object_url
 
 __all__ = [
     "BOOLEANS",

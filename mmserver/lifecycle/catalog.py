@@ -5,7 +5,7 @@ It owns the records (made on a model's first mention, dropped once nothing of th
 the model's unload, :attr:`~mmserver.lifecycle.record.ModelRecord.kept`), the registrations of
 ``POST /models``, the remembered failures (bounded, oldest forgotten first), what loads measured
 of each model (bounded, least recently loaded forgotten first), and the store's names for
-listing (:class:`~mmserver.store.StoreIndex`). It answers lookups in the store, listings and
+listing (:class:`~mmserver.store.index.StoreIndex`). It answers lookups in the store, listings and
 describe; it loads nothing (:mod:`mmserver.lifecycle.loading`) and counts no memory
 (:mod:`mmserver.lifecycle.room`).
 
@@ -28,20 +28,14 @@ from cachetools import LRUCache
 
 from mmserver import errors
 from mmserver.config.server import RESCALABLE, ModelConfig, ServerConfig
-from mmserver.lifecycle.record import Failure, Measured, ModelRecord, ModelStatus
+from mmserver.lifecycle.record import Failure, ModelRecord, ModelStatus
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.scheduling import Cost
-from mmserver.serving.pool import ModelPool
-from mmserver.store import (
-    ModelSource,
-    StoreEntry,
-    StoreIndex,
-    normalize_name,
-    normalize_target,
-    split_version,
-    suffix_of,
-    tree_size,
-)
+from mmserver.serving.pool import Measured, ModelPool
+from mmserver.store.index import StoreIndex, suffix_of
+from mmserver.store.local import tree_size
+from mmserver.store.names import normalize_name, normalize_target, split_version
+from mmserver.store.source import ModelSource, StoreEntry
 
 log = logging.getLogger(__name__)
 

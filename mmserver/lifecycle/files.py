@@ -1,6 +1,6 @@
 """A load's file work: the model's store entry, its files fetched and unpacked, and its
 ``serving.properties``. The work is blocking; :class:`FileWork` runs it in an unpacking process
-(:class:`mmserver.store.UnpackProcesses`) or an unpacking thread, so :func:`prepare` and
+(:class:`mmserver.store.unpacking.UnpackProcesses`) or an unpacking thread, so :func:`prepare` and
 :func:`find_and_prepare` are plain functions of picklable arguments."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from typing import Any
 from mmserver.config.model import PROPERTIES_FILE, model_config_from_properties
 from mmserver.config.server import ModelConfig, load_model_config
 from mmserver.errors import ModelLoadError
-from mmserver.store import ModelSource, StoreEntry, UnpackProcesses, split_version
+from mmserver.store.names import split_version
+from mmserver.store.source import ModelSource, StoreEntry
+from mmserver.store.unpacking import UnpackProcesses
 
 #: Threads doing a load's file work where the unpacking processes do not: without backend
 #: processes, and an object store's downloads.

@@ -27,7 +27,8 @@ from mmserver.lifecycle.record import ModelRecord, ModelStatus
 from mmserver.lifecycle.room import Room
 from mmserver.ops.metrics import Metrics
 from mmserver.serving.pool import ModelPool
-from mmserver.store import StoreEntry, normalize_target
+from mmserver.store.names import normalize_target
+from mmserver.store.source import StoreEntry
 
 log = logging.getLogger(__name__)
 

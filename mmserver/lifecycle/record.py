@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mmserver import errors
+from mmserver.serving.pool import Measured
 
 if TYPE_CHECKING:
     from mmserver.serving.pool import ModelPool
-    from mmserver.store import StoreEntry
+    from mmserver.store.source import StoreEntry
 
 
 class ModelStatus(enum.Enum):
@@ -57,20 +58,6 @@ class Failure:
 
     error: errors.MMServerError
     at: float
-
-
-@dataclass(slots=True)
-class Measured:
-    """What the loads of a model measured, for the next load's estimate and lane: remembered
-    across its unloads (:class:`~mmserver.lifecycle.catalog.Catalog`, bounded), read by its pool
-    when it
-    starts, written by the catalog when a load has measured them."""
-
-    #: Bytes of one loaded copy (0: not measured yet).
-    copy_bytes: int = 0
-    #: Seconds a one-row batch of the model held a backend, which chose its lane
-    #: (:attr:`~mmserver.policy.scheduling.Cost.single`; ``None``: no batch ran yet).
-    hold: float | None = None
 
 
 @dataclass(eq=False, slots=True)

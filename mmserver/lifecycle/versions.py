@@ -36,7 +36,7 @@ from mmserver import errors
 from mmserver.lifecycle.catalog import Catalog, ModelListing
 from mmserver.policy.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
 from mmserver.serving.pool import ModelPool
-from mmserver.store import normalize_target, split_version
+from mmserver.store.names import normalize_target, split_version
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from mmserver.lifecycle.shadow import Shadows
 from mmserver.lifecycle.versions import Versions
 from mmserver.ops.metrics import ModelRequests
 from mmserver.serving.pool import ModelPool
-from mmserver.store import normalize_target
+from mmserver.store.names import normalize_target
 
 
 class Submission:

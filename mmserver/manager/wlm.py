@@ -45,13 +45,10 @@ from mmserver.ops.metrics import Metrics
 from mmserver.policy.rollout import Rollout
 from mmserver.policy.scaling import background_share
 from mmserver.serving.pool import ModelPool
-from mmserver.store import (
-    ModelSource,
-    StoreIndex,
-    normalize_name,
-    normalize_target,
-    resolve_model_url,
-)
+from mmserver.store.index import StoreIndex
+from mmserver.store.names import normalize_name, normalize_target
+from mmserver.store.source import ModelSource
+from mmserver.store.urls import resolve_model_url
 
 __all__ = ["ModelListing", "ModelView", "Submission", "WorkLoadManager", "WorkerView"]
 

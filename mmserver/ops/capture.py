@@ -49,7 +49,8 @@ from typing import Any, NamedTuple
 
 from mmserver.codecs.requests import media_type
 from mmserver.ops.metrics import Metrics
-from mmserver.store import split_object_url, split_version
+from mmserver.store.names import split_version
+from mmserver.store.urls import split_object_url
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +394,7 @@ class Capture:
 
     def _put(self, folder: str, body: bytes) -> None:
         if self._client is None:
-            from mmserver.store.s3 import make_client  # boto3 only where a capture goes to S3
+            from mmserver.store.client import make_client  # boto3 only where a capture goes to S3
 
             self._client = make_client()
         self._sequence += 1

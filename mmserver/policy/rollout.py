@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from mmserver import errors
-from mmserver.store import version_key
+from mmserver.store.names import version_key
 
 #: The roles a version may take besides the default, and their ``serving.properties`` keys.
 ROLES = ("canary", "shadow")

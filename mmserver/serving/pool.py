@@ -19,6 +19,7 @@ import logging
 import pickle
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -26,7 +27,6 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
-from mmserver.lifecycle.record import Measured
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.policy.scaling import (
     PoolSnapshot,
@@ -633,3 +633,17 @@ class ModelPool:
     def path_batches(self) -> dict[str, int]:
         """The batches each predict path took."""
         return {name: int(c.value) for name, c in self._m_paths.items()}
+
+
+@dataclass(slots=True)
+class Measured:
+    """What the loads of a model measured, for the next load's estimate and lane: remembered
+    across its unloads (:class:`~mmserver.lifecycle.catalog.Catalog`, bounded), read by its pool
+    when it
+    starts, written by the catalog when a load has measured them."""
+
+    #: Bytes of one loaded copy (0: not measured yet).
+    copy_bytes: int = 0
+    #: Seconds a one-row batch of the model held a backend, which chose its lane
+    #: (:attr:`~mmserver.policy.scheduling.Cost.single`; ``None``: no batch ran yet).
+    hold: float | None = None

@@ -3,7 +3,7 @@ URL), read and written whole. Asynchronous inference reads its inputs and writes
 here, and so does a batch transform.
 
 Objects are read and written with the model store's S3 client settings
-(:func:`mmserver.store.s3.make_client`: the endpoint, region and credentials from the usual AWS
+(:func:`mmserver.store.client.make_client`: the endpoint, region and credentials from the usual AWS
 variables and files), one client made on first use and shared by the threads that call (boto3's
 clients are thread-safe). A body written appears whole or not at all: a local file is written
 beside its place, synced, renamed into place and its folder synced; an object is one
@@ -125,7 +125,7 @@ class Objects:
         """The one S3 client, made on first use."""
         with self._lock:
             if self._client is None:
-                from mmserver.store.s3 import make_client  # boto3 only for a use of S3
+                from mmserver.store.client import make_client  # boto3 only for a use of S3
 
                 self._client = make_client()
             return self._client

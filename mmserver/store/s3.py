@@ -38,8 +38,6 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -50,6 +48,7 @@ from botocore.exceptions import (
 from mmserver.errors import MMServerError, ModelLoadError, ModelNotFound, ServiceUnavailable
 from mmserver.store.archive import model_root, unpack_archive
 from mmserver.store.cache import CopyCache
+from mmserver.store.client import client_config, make_client
 from mmserver.store.local import local_entry, prepare_local
 from mmserver.store.names import (
     ARCHIVE_SUFFIXES,
@@ -79,26 +78,6 @@ _DENIED = frozenset(
         "InvalidToken",
     }
 )
-
-
-def client_config(connect_timeout: float = 3.0, read_timeout: float = 10.0) -> Config:
-    """The settings of the server's S3 clients (the model store's, asynchronous inference's):
-    they fail in seconds when the object store is down: two attempts, short connect and read
-    timeouts (the read timeout bounds each wait for data, not a whole download)."""
-    return Config(
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        retries={"max_attempts": 2, "mode": "standard"},
-        max_pool_connections=32,
-    )
-
-
-def make_client(config: Config | None = None) -> Any:
-    """An S3 client with :func:`client_config`'s settings; the endpoint, region and credentials
-    from the usual AWS environment variables and files. A session is not thread-safe, a client
-    is: make one client and share it between threads."""
-    session = boto3.session.Session()
-    return session.client("s3", config=config or client_config())
 
 
 class ObjectStore:

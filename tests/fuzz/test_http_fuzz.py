@@ -14,7 +14,7 @@ from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from mmserver.errors import InvalidModelName
-from mmserver.store import normalize_name
+from mmserver.store.names import normalize_name
 from tests.fuzz.strategies import (
     SCALE,
     SLOW,

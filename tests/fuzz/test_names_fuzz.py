@@ -12,7 +12,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mmserver.errors import InvalidModelName
-from mmserver.store import MODEL_NAME_RE, ModelStore, normalize_name
+from mmserver.store.local import ModelStore
+from mmserver.store.names import MODEL_NAME_RE, normalize_name
 from tests.fuzz.strategies import FAST, assert_client_error
 from tests.models import make_linear_archive
 

@@ -32,7 +32,7 @@ from mmserver.asynchronous import AsyncInference
 from mmserver.config.server import ServerConfig
 from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops.metrics import Metrics
-from mmserver.store import ModelStore
+from mmserver.store.local import ModelStore
 from tests.integration import gate as gate_module
 from tests.models import make_custom_handler_dir, make_store
 

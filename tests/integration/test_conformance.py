@@ -21,7 +21,7 @@ import pytest
 from mmserver import errors
 from mmserver.config.server import ModelConfig, load_model_config, parse_properties
 from mmserver.errors import ConfigError
-from mmserver.store import name_from_url
+from mmserver.store.urls import name_from_url
 from tests.integration.harness import Harness, Serve, describe, error_of
 from tests.integration.test_boto3 import raised, runtime_client
 from tests.models import make_linear_model

@@ -16,7 +16,7 @@ import pytest
 
 from mmserver.config.server import ServerConfig
 from mmserver.errors import MAX_MESSAGE, ConfigError
-from mmserver.store import MAX_HEADER_BYTES
+from mmserver.store.archive import MAX_HEADER_BYTES
 from tests.integration.harness import Harness, Serve, error_of
 from tests.models import make_custom_handler_dir, make_linear_archive, make_linear_model
 

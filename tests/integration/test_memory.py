@@ -21,7 +21,7 @@ from mmserver.config.server import ServerConfig
 from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops import capacity
 from mmserver.ops.metrics import Metrics
-from mmserver.store import ModelStore
+from mmserver.store.local import ModelStore
 from tests.integration.harness import wait_until
 from tests.models import rows, tree_models, value
 

@@ -19,7 +19,8 @@ import pytest
 from mmserver.config.server import ModelConfig
 from mmserver.errors import Forbidden, ModelLoadError, ShuttingDown, UnsafeArchive
 from mmserver.lifecycle import files
-from mmserver.store import ModelStore, unpack_archive
+from mmserver.store.archive import unpack_archive
+from mmserver.store.local import ModelStore
 from mmserver.store.unpacking import UnpackProcesses
 from tests.e2e.server_process import unpacking_pids
 from tests.models import make_linear_archive, make_tuned_dir

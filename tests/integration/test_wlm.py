@@ -21,7 +21,7 @@ from mmserver.config.server import ServerConfig
 from mmserver.lifecycle.record import ModelStatus
 from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops.metrics import Metrics
-from mmserver.store import ModelStore
+from mmserver.store.local import ModelStore
 from tests.behaviour_models import (
     make_exiting_dir,
     make_gated_dir,

@@ -9,9 +9,11 @@ import pytest
 
 from mmserver.config.server import ServerConfig
 from mmserver.errors import ConfigError
-from mmserver.store import ModelStore, open_store, split_object_url
+from mmserver.opening import open_store
 from mmserver.store.cache import CachedCopy, choose_cache_victims
+from mmserver.store.local import ModelStore
 from mmserver.store.s3 import ObjectStore
+from mmserver.store.urls import split_object_url
 
 
 def copy(key: str, size: int, used: float, protected: bool = False) -> CachedCopy:

@@ -9,7 +9,7 @@ import pytest
 
 from mmserver import errors
 from mmserver.lifecycle.record import Failure, ModelRecord, ModelStatus, TransitionError
-from mmserver.store import StoreEntry
+from mmserver.store.source import StoreEntry
 
 S = ModelStatus
 

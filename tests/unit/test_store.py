@@ -24,13 +24,11 @@ from mmserver.errors import (
     UnsafeArchive,
 )
 from mmserver.execution.predictor import load_predictor
-from mmserver.store import (
-    MAX_MEMBERS,
-    ModelStore,
-    StoreEntry,
-    normalize_name,
-    resolve_model_url,
-)
+from mmserver.store.archive import MAX_MEMBERS
+from mmserver.store.local import ModelStore
+from mmserver.store.names import normalize_name
+from mmserver.store.source import StoreEntry
+from mmserver.store.urls import resolve_model_url
 from tests.models import EXAMPLE_NAMES, make_linear_archive, make_linear_model, make_store
 
 MiB = 1024 * 1024
