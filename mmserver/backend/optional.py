@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 
-OPTIONAL = ("xgboost", "lightgbm")
+from mmserver.execution.families import FAMILIES
+
+OPTIONAL = tuple(family.package for family in FAMILIES if family.package)
 
 for _name in OPTIONAL:
     with contextlib.suppress(Exception):

@@ -79,7 +79,6 @@ METHODS = ("predict", "predict_proba", "decision_function", "transform")
 MISSING_POLICIES = ("auto", "accept", "refuse")
 #: ``engine`` values (lower case): ``python`` and ``sklearn`` load a pickled model, the others a
 #: booster in its library's own format.
-ENGINES = ("python", "sklearn", "xgboost", "lightgbm")
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,9 @@ class ModelConfig:
         server_default=True,
     )
     engine: str | None = option(
-        None, "The model's library: Python, sklearn, XGBoost or LightGBM.", keys=("engine",)
+        None,
+        "The model's library, as its family spells it: Python, sklearn, XGBoost or LightGBM.",
+        keys=("engine",),
     )
     method: str = option("predict", "The estimator's method to call.", keys=("option.method",))
     model_file: str | None = option(
@@ -270,10 +271,6 @@ class ModelConfig:
             )
         if self.method not in METHODS:
             raise ConfigError(f"option.method={self.method!r} is not one of {', '.join(METHODS)}")
-        if self.engine is not None and self.engine.lower() not in ENGINES:
-            raise ConfigError(
-                f"engine={self.engine!r} must be one of Python, sklearn, XGBoost, LightGBM"
-            )
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied (validated; raises :class:`ConfigError`)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.execution.families import LightGBMBooster, XGBoostBooster, reason
+from mmserver.execution.families import is_a, owner, reason
 
 LINEAR, TREELITE, NATIVE, NUMPY = "linear", "treelite", "native", "numpy"
 
@@ -121,17 +121,13 @@ def _after(transform: Fn, fn: Fn) -> Fn:
 
 
 def _native(est: Any) -> tuple[str, Fn, Any] | None:
-    """A booster's own predict without its wrapper: XGBoost's ``inplace_predict``, LightGBM's
-    ``Booster.predict``."""
-    if isinstance(est, XGBoostBooster) or _is_a(est, "xgboost", "XGBModel"):
-        booster = est.booster if isinstance(est, XGBoostBooster) else est.get_booster()
-        inplace = booster.inplace_predict
-        return "value", lambda batch: inplace(batch), None
-    if _is_a(est, "lightgbm", "LGBMModel"):  # a bare booster's own predict is this already
-        booster = est.booster_
-        run = booster.predict
-        return "value", lambda batch: run(batch, num_threads=1), None
-    return None
+    """A booster's own predict without its wrapper (XGBoost's ``inplace_predict``, LightGBM's
+    ``Booster.predict``): its family's :attr:`~mmserver.execution.families.Family.native`."""
+    family = owner(est)
+    if family is None or family.native is None:
+        return None
+    run = family.native(est)
+    return ("value", run, None) if run is not None else None
 
 
 def _treelite(est: Any) -> tuple[str, Fn, Any] | None:
@@ -139,14 +135,9 @@ def _treelite(est: Any) -> tuple[str, Fn, Any] | None:
     kind, source = _treelite_source(est)
     if kind is None:
         return None
-    import treelite
-
-    if source == "xgboost":
-        booster = est.booster if isinstance(est, XGBoostBooster) else est.get_booster()
-        tl_model = treelite.frontend.from_xgboost(booster)
-    elif source == "lightgbm":
-        booster = est.booster if isinstance(est, LightGBMBooster) else est.booster_
-        tl_model = treelite.frontend.from_lightgbm(booster)
+    family = owner(est)
+    if family is not None and family.treelite is not None:
+        tl_model = family.treelite(est)
     else:
         import treelite.sklearn
 
@@ -254,10 +245,9 @@ def forest_walk(est: Any) -> tuple[str, Fn, None] | None:
 
 
 def _treelite_source(est: Any) -> tuple[str | None, str]:
-    if isinstance(est, XGBoostBooster) or _is_a(est, "xgboost", "XGBModel"):
-        return "value", "xgboost"
-    if isinstance(est, LightGBMBooster) or _is_a(est, "lightgbm", "LGBMModel"):
-        return "value", "lightgbm"
+    family = owner(est)
+    if family is not None:
+        return ("value", family.name) if family.treelite is not None else (None, "")
     try:
         from sklearn import ensemble as e
     except ImportError:
@@ -297,13 +287,6 @@ def _gtil(tl_model: Any, margin: bool) -> Fn:
         return lambda batch: predict(tl_model, batch, nthread=1, pred_margin=margin)
 
 
-def _is_a(est: Any, package: str, base: str) -> bool:
-    return any(
-        cls.__name__ == base and cls.__module__.split(".")[0] == package
-        for cls in type(est).__mro__
-    )
-
-
 def _finish(est: Any, method: str, kind: str, scores: Fn) -> Fn | None:
     """``method``'s answer from a path's scores: values or class probabilities (``value``),
     raw margins (``margin``: scikit-learn's gradient boosting classifiers) or isolation depth
@@ -334,7 +317,7 @@ def _finish(est: Any, method: str, kind: str, scores: Fn) -> Fn | None:
         loss = getattr(est, "_loss", None)
         if loss is None:
             return None
-        at_zero = int(not _is_a(est, "sklearn", "HistGradientBoostingClassifier"))
+        at_zero = int(not is_a(est, "sklearn", "HistGradientBoostingClassifier"))
 
         def margins(batch: np.ndarray) -> np.ndarray:
             out = np.asarray(scores(batch)).reshape(len(batch), -1)

@@ -1,4 +1,5 @@
-"""Model families: which file of a model folder holds the model, and how to load it.
+"""Model families: one :class:`Family` record each, which every place that knows of a family
+reads. Adding a family is one record in :data:`FAMILIES` (and its tests).
 
 Runs inside the backend processes. Three families, told apart by their files unless ``engine``
 (or ``option.model_file``) in ``serving.properties`` says:
@@ -23,7 +24,7 @@ import contextlib
 import contextvars
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,55 @@ import joblib
 import numpy as np
 
 from mmserver.config.server import ModelConfig
-from mmserver.errors import ModelLoadError
+from mmserver.errors import ConfigError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
 SKLEARN, XGBOOST, LIGHTGBM = "sklearn", "xgboost", "lightgbm"
 PICKLES = ("model.joblib", "model.pkl")
-_EXTRAS = {XGBOOST: "xgboost", LIGHTGBM: "lightgbm"}
 _HEAD = 4096
+
+Fn = Callable[[np.ndarray], Any]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: how its models are found, loaded and run, in one record.
+
+    The file work (:attr:`find`, :attr:`claims`, :attr:`wanted`) chooses a model's family, the
+    loading (:attr:`load`, :attr:`package`) makes its model object, and the rest says what its
+    boosters give the predict paths (:mod:`mmserver.execution.candidates`) and what they know of
+    the columns they were fitted on (:mod:`mmserver.execution.fitted`)."""
+
+    #: Its name, as :class:`ModelFile` and the model's signature (``platform``) say it.
+    name: str
+    #: The ``engine`` values of ``serving.properties`` that choose it, as the docs spell them
+    #: (compared in lower case).
+    engines: tuple[str, ...]
+    #: The files that hold its models, as a model folder without one is told.
+    wanted: str
+    #: Its model file in a model folder; ``None``: none there.
+    find: Callable[[Path], Path | None]
+    #: Whether a file named by ``option.model_file`` is one of its (the first family that
+    #: claims it reads it); ``None``: every file that no other family claims.
+    claims: Callable[[Path], bool] | None
+    #: The optional package it needs (also mmserver's extra of that name and the top-level
+    #: module of its objects); ``None``: none.
+    package: str | None = None
+    #: Its own format's loader; ``None``: the file is a pickle, loaded with joblib.
+    load: Callable[[Path], Any] | None = None
+    #: Whether an estimator is one of its boosters (bare, wrapped, or the library's
+    #: scikit-learn wrapper).
+    owns: Callable[[Any], bool] | None = None
+    #: The booster's own predict on a batch, without its wrapper's checks (``None``: the
+    #: estimator's predict is that already).
+    native: Callable[[Any], Fn | None] | None = None
+    #: The booster converted to a treelite model.
+    treelite: Callable[[Any], Any] | None = None
+    #: The column names the booster keeps (generic ones are no names).
+    feature_names: Callable[[Any], list[str] | None] | None = None
+    #: ``(input index, categories)`` of the booster's categorical columns.
+    categories: Callable[[Any, int], Iterator[tuple[int, tuple[Any, ...]]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,19 +105,42 @@ def missing_extra(package: str) -> str:
     )
 
 
+def engine_families(engine: str | None, where: str = "") -> tuple[Family, ...]:
+    """The families a model's ``engine`` lets its file be read as, in the order they are tried
+    (every family for none). Raises :class:`ConfigError` (prefixed with ``where``, the file
+    that set it) for an engine no family spells."""
+    if engine is None:
+        return FAMILIES
+    wanted = engine.strip().lower()
+    for family in FAMILIES:
+        if wanted in (e.lower() for e in family.engines):
+            return (family,)
+    spellings = ", ".join(e for family in FAMILIES for e in family.engines)
+    raise ConfigError(f"{where}: " * bool(where) + f"engine={engine!r} must be one of {spellings}")
+
+
+def wanted_files(engine: str | None) -> str:
+    """The files that would hold a model whose ``engine`` is this (``None``: any family's)."""
+    return "; ".join(family.wanted for family in engine_families(engine))
+
+
+def owner(estimator: Any) -> Family | None:
+    """The family whose booster ``estimator`` is (bare, wrapped or in its scikit-learn
+    wrapper); ``None`` for any other estimator."""
+    for family in FAMILIES:
+        if family.owns is not None and family.owns(estimator):
+            return family
+    return None
+
+
 def find_model_file(
     model_dir: Path, config: ModelConfig, name: str | None = None
 ) -> ModelFile | None:
     """The model's file: ``option.model_file`` if given, else the first family (in the order
-    sklearn, xgboost, lightgbm, or only ``engine``'s) with a file in the folder. Errors name the
+    of :data:`FAMILIES`, or only ``engine``'s) with a file in the folder. Errors name the
     model ``name`` (by default the folder's name)."""
     name = model_dir.name if name is None else name
-    engine = (config.engine or "").lower()
-    wanted = (
-        (engine,)
-        if engine in (XGBOOST, LIGHTGBM)
-        else ((SKLEARN,) if engine else (SKLEARN, XGBOOST, LIGHTGBM))
-    )
+    wanted = engine_families(config.engine)
     if config.model_file is not None:
         path = inside(model_dir, config.model_file, "option.model_file", name)
         if not path.is_file():
@@ -83,12 +148,14 @@ def find_model_file(
                 f"model {name}: option.model_file={config.model_file!r} does not exist",
                 model=name,
             )
-        family = wanted[0] if engine else _family_of(path)
-        return ModelFile(family, path)
+        if config.engine is None:
+            claimed = [f for f in FAMILIES if f.claims is not None and f.claims(path)]
+            wanted = (*claimed, *(f for f in FAMILIES if f.claims is None))
+        return ModelFile(wanted[0].name, path)
     for family in wanted:
-        candidate = _FINDERS[family](model_dir)
+        candidate = family.find(model_dir)
         if candidate is not None:
-            return ModelFile(family, candidate)
+            return ModelFile(family.name, candidate)
     return None
 
 
@@ -104,28 +171,12 @@ def inside(model_dir: Path, relative: str, key: str, name: str) -> Path:
     return model_dir / parts
 
 
-def _family_of(path: Path) -> str:
-    if path.name == "xgboost-model" or path.suffix == ".ubj" or _is_xgboost_json(path):
-        return XGBOOST
-    if _is_lightgbm_text(path):
-        return LIGHTGBM
-    return SKLEARN
-
-
 def _head(path: Path) -> bytes:
     try:
         with path.open("rb") as fh:
             return fh.read(_HEAD)
     except OSError:
         return b""
-
-
-def _is_xgboost_json(path: Path) -> bool:
-    return path.suffix == ".json" and b'"learner"' in _head(path)
-
-
-def _is_lightgbm_text(path: Path) -> bool:
-    return _head(path).split(b"\n", 1)[0].strip() == b"tree"
 
 
 def _single(files: list[Path]) -> Path | None:
@@ -136,52 +187,42 @@ def _files(model_dir: Path, pattern: str) -> list[Path]:
     return sorted(p for p in model_dir.glob(pattern) if p.is_file())
 
 
-def _find_pickle(model_dir: Path) -> Path | None:
-    for name in PICKLES:
-        if (model_dir / name).is_file():
-            return model_dir / name
-    return _single(_files(model_dir, "*.joblib")) or _single(_files(model_dir, "*.pkl"))
+def _module_of(estimator: Any) -> str:
+    return type(estimator).__module__.split(".")[0]
 
 
-def _find_xgboost(model_dir: Path) -> Path | None:
-    for name in ("xgboost-model", "model.json", "model.ubj"):
-        path = model_dir / name
-        if path.is_file() and (path.suffix != ".json" or _is_xgboost_json(path)):
-            return path
-    return _single(_files(model_dir, "*.ubj")) or _single(
-        [p for p in _files(model_dir, "*.json") if _is_xgboost_json(p)]
+def is_a(estimator: Any, package: str, base: str) -> bool:
+    """Whether ``estimator`` is an instance of ``package``'s class ``base``, told by its
+    classes' names: the package is not imported (it may not be installed)."""
+    return any(
+        cls.__name__ == base and cls.__module__.split(".")[0] == package
+        for cls in type(estimator).__mro__
     )
-
-
-def _find_lightgbm(model_dir: Path) -> Path | None:
-    if (model_dir / "model.txt").is_file() and _is_lightgbm_text(model_dir / "model.txt"):
-        return model_dir / "model.txt"
-    return _single([p for p in _files(model_dir, "*.txt") if _is_lightgbm_text(p)])
-
-
-_FINDERS = {SKLEARN: _find_pickle, XGBOOST: _find_xgboost, LIGHTGBM: _find_lightgbm}
 
 
 def load_model(found: ModelFile) -> Any:
     """The model object in ``found``: an estimator, or a booster wrapped so that its
     ``predict`` is the library's own. Raises :class:`ModelLoadError` saying why not."""
-    path = found.path
-    if found.family == XGBOOST and _head(path)[:1] != b"\x80":  # not a pickle
-        return XGBoostBooster(_load_booster(XGBOOST, path))
-    if found.family == LIGHTGBM:
-        return LightGBMBooster(_load_booster(LIGHTGBM, path))
-    model = load_pickle(path)
-    return wrap_booster(model)
+    family = family_named(found.family)
+    if family.load is not None and _head(found.path)[:1] != b"\x80":  # not a pickle
+        return family.load(found.path)
+    return wrap_booster(load_pickle(found.path))
+
+
+def family_named(name: str) -> Family:
+    """The family called ``name``."""
+    return next(family for family in FAMILIES if family.name == name)
 
 
 def wrap_booster(model: Any) -> Any:
     """A bare XGBoost or LightGBM booster wrapped (unpickled ones too); a scikit-learn wrapper
     of one set to predict on one thread (see :class:`XGBoostBooster`); anything else as is."""
-    module = type(model).__module__.split(".")[0]
-    if type(model).__name__ == "Booster" and module == XGBOOST:
-        return XGBoostBooster(model)
-    if type(model).__name__ == "Booster" and module == LIGHTGBM:
-        return LightGBMBooster(model)
+    module = _module_of(model)
+    if type(model).__name__ == "Booster":
+        if module == XGBOOST:
+            return XGBoostBooster(model)
+        if module == LIGHTGBM:
+            return LightGBMBooster(model)
     if module in (XGBOOST, LIGHTGBM) and hasattr(model, "set_params"):
         # A wrapper keeps the thread count it was trained with (XGBoost's 0 is every core).
         try:
@@ -202,7 +243,7 @@ def load_pickle(path: Path) -> Any:
             model = joblib.load(path)
     except ModuleNotFoundError as exc:
         package = (exc.name or "").split(".")[0]
-        if package in _EXTRAS.values():
+        if package in (f.package for f in FAMILIES if f.package):
             raise ModelLoadError(
                 f"{path.name} holds a {package} model: {missing_extra(package)}"
             ) from None
@@ -214,13 +255,12 @@ def load_pickle(path: Path) -> Any:
     return model
 
 
-def _load_booster(family: str, path: Path) -> Any:
-    package = _EXTRAS[family]
+@contextlib.contextmanager
+def _loading(path: Path, package: str) -> Iterator[None]:
+    """A booster of ``package`` loaded from ``path``: the package's absence, a native library
+    it cannot load and a file it cannot read each said as such; its warnings reported."""
     try:
-        if family == XGBOOST:
-            import xgboost
-        else:
-            import lightgbm
+        __import__(package)
     except ImportError:
         raise ModelLoadError(
             f"{path.name} is a {package} model: {missing_extra(package)}"
@@ -233,21 +273,164 @@ def _load_booster(family: str, path: Path) -> Any:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            booster: Any
-            if family == XGBOOST:
-                booster = xgboost.Booster()
-                # From memory, the format (JSON, UBJSON) is read from the bytes, whatever the
-                # file's name.
-                booster.load_model(bytearray(path.read_bytes()))
-            else:
-                booster = lightgbm.Booster(model_file=str(path))
+            yield
     except Exception as exc:
         raise ModelLoadError(
             f"{path.name} cannot be loaded as a {package} model: {reason(exc)}"
         ) from None
     for w in caught:
         _report(path, w)
-    return booster
+
+
+# ------------------------------------------------------------------------------------------------
+# scikit-learn
+# ------------------------------------------------------------------------------------------------
+
+
+def _find_pickle(model_dir: Path) -> Path | None:
+    for name in PICKLES:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    return _single(_files(model_dir, "*.joblib")) or _single(_files(model_dir, "*.pkl"))
+
+
+# ------------------------------------------------------------------------------------------------
+# XGBoost
+# ------------------------------------------------------------------------------------------------
+
+
+def _is_xgboost_json(path: Path) -> bool:
+    return path.suffix == ".json" and b'"learner"' in _head(path)
+
+
+def _claims_xgboost(path: Path) -> bool:
+    return path.name == "xgboost-model" or path.suffix == ".ubj" or _is_xgboost_json(path)
+
+
+def _find_xgboost(model_dir: Path) -> Path | None:
+    for name in ("xgboost-model", "model.json", "model.ubj"):
+        path = model_dir / name
+        if path.is_file() and (path.suffix != ".json" or _is_xgboost_json(path)):
+            return path
+    return _single(_files(model_dir, "*.ubj")) or _single(
+        [p for p in _files(model_dir, "*.json") if _is_xgboost_json(p)]
+    )
+
+
+def _load_xgboost(path: Path) -> XGBoostBooster:
+    with _loading(path, XGBOOST):
+        import xgboost
+
+        booster = xgboost.Booster()
+        # From memory, the format (JSON, UBJSON) is read from the bytes, whatever the file's
+        # name.
+        booster.load_model(bytearray(path.read_bytes()))
+    return XGBoostBooster(booster)
+
+
+def _owns_xgboost(est: Any) -> bool:
+    return isinstance(est, XGBoostBooster) or is_a(est, XGBOOST, "XGBModel")
+
+
+def _xgboost_booster(est: Any) -> Any:
+    return est.booster if isinstance(est, XGBoostBooster) else est.get_booster()
+
+
+def _xgboost_native(est: Any) -> Fn:
+    inplace = _xgboost_booster(est).inplace_predict
+    return lambda batch: inplace(batch)
+
+
+def _xgboost_treelite(est: Any) -> Any:
+    import treelite
+
+    return treelite.frontend.from_xgboost(_xgboost_booster(est))
+
+
+def _xgboost_names(est: Any) -> list[str] | None:
+    names = list(_xgboost_booster(est).feature_names or [])
+    return _named(names, [f"f{j}" for j in range(len(names))])
+
+
+def _named(names: list[Any], generic: list[str]) -> list[str] | None:
+    return [str(n) for n in names] if names and names != generic else None
+
+
+# ------------------------------------------------------------------------------------------------
+# LightGBM
+# ------------------------------------------------------------------------------------------------
+
+
+def _claims_lightgbm(path: Path) -> bool:
+    return _head(path).split(b"\n", 1)[0].strip() == b"tree"
+
+
+def _find_lightgbm(model_dir: Path) -> Path | None:
+    if (model_dir / "model.txt").is_file() and _claims_lightgbm(model_dir / "model.txt"):
+        return model_dir / "model.txt"
+    return _single([p for p in _files(model_dir, "*.txt") if _claims_lightgbm(p)])
+
+
+def _load_lightgbm(path: Path) -> LightGBMBooster:
+    with _loading(path, LIGHTGBM):
+        import lightgbm
+
+        booster = lightgbm.Booster(model_file=str(path))
+    return LightGBMBooster(booster)
+
+
+def _owns_lightgbm(est: Any) -> bool:
+    return isinstance(est, LightGBMBooster) or is_a(est, LIGHTGBM, "LGBMModel")
+
+
+def _lightgbm_booster(est: Any) -> Any:
+    return est.booster if isinstance(est, LightGBMBooster) else est.booster_
+
+
+def _lightgbm_native(est: Any) -> Fn | None:
+    if isinstance(est, LightGBMBooster):
+        return None  # a bare booster's own predict is its predict already
+    run = est.booster_.predict
+    return lambda batch: run(batch, num_threads=1)
+
+
+def _lightgbm_treelite(est: Any) -> Any:
+    import treelite
+
+    return treelite.frontend.from_lightgbm(_lightgbm_booster(est))
+
+
+def _lightgbm_names(est: Any) -> list[str] | None:
+    names = list(_lightgbm_booster(est).feature_name())
+    return _named(names, [f"Column_{j}" for j in range(len(names))])
+
+
+def _lightgbm_categories(est: Any, width: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """``(input index, categories)`` of a LightGBM model's pandas categorical features."""
+    booster = _lightgbm_booster(est)
+    categories = getattr(booster, "pandas_categorical", None)
+    if not categories or not hasattr(booster, "model_to_string"):
+        return
+    try:
+        text = booster.model_to_string(num_iteration=0)
+    except Exception:
+        return
+    # The parameters at the end of the model text name the categorical features by index.
+    line = next(
+        (ln for ln in reversed(text.splitlines()) if ln.startswith("[categorical_feature:")), ""
+    )
+    listed = line.partition(":")[2].rstrip("]").strip()
+    try:
+        categorical = [int(j) for j in listed.replace(",", " ").split()]
+    except ValueError:
+        categorical = []
+    if len(categorical) != len(categories) or any(not 0 <= j < width for j in categorical):
+        raise ModelLoadError(
+            "the LightGBM model's categorical features do not match its pandas categories; "
+            "declare the columns (option.columns or input_schema.json)"
+        )
+    for index, values in zip(categorical, categories, strict=True):
+        yield index, tuple(values)
 
 
 #: The warnings of the load under way in this thread, when its caller collects them
@@ -309,3 +492,42 @@ class LightGBMBooster:
     def predict(self, batch: np.ndarray) -> np.ndarray:
         result: np.ndarray = self.booster.predict(batch, num_threads=1)
         return result
+
+
+#: Every family, in the order a model folder is searched for their files.
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        name=SKLEARN,
+        engines=("Python", "sklearn"),
+        wanted="model.joblib, model.pkl or a single *.joblib/*.pkl",
+        find=_find_pickle,
+        claims=None,
+    ),
+    Family(
+        name=XGBOOST,
+        engines=("XGBoost",),
+        wanted="xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json",
+        find=_find_xgboost,
+        claims=_claims_xgboost,
+        package=XGBOOST,
+        load=_load_xgboost,
+        owns=_owns_xgboost,
+        native=_xgboost_native,
+        treelite=_xgboost_treelite,
+        feature_names=_xgboost_names,
+    ),
+    Family(
+        name=LIGHTGBM,
+        engines=("LightGBM",),
+        wanted="model.txt or a single LightGBM *.txt",
+        find=_find_lightgbm,
+        claims=_claims_lightgbm,
+        package=LIGHTGBM,
+        load=_load_lightgbm,
+        owns=_owns_lightgbm,
+        native=_lightgbm_native,
+        treelite=_lightgbm_treelite,
+        feature_names=_lightgbm_names,
+        categories=_lightgbm_categories,
+    ),
+)

@@ -5,13 +5,13 @@ This runs inside the backend processes (or their threads): no asyncio, no HTTP. 
 - the default one loads ``model.joblib`` and calls the estimator method named by
   ``option.method`` (``predict`` unless told otherwise) on what the model takes
   (:mod:`mmserver.codecs.schema`): a float64 matrix, or one DataFrame per batch for a model fitted
-  on
-  one;
+  on one;
 - a custom one imports the model's ``model.py`` (or ``option.entryPoint``), gets the model from its
   ``load(model_dir, properties)`` and predicts with its ``predict(model, batch)`` (or the function
   named by ``option.handler``, e.g. DJL's ``handle``): ``batch`` is a float64 matrix, a DataFrame
   when the model declares its columns, or, with ``option.raw_input=true``, a list of
-  :class:`RawRequest` (each request as it came) to be answered one item per request.
+  :class:`~mmserver.execution.custom.RawRequest` (each request as it came) to be answered one item
+  per request (:mod:`mmserver.execution.custom`).
 
 Failures while loading become :class:`~mmserver.errors.ModelLoadError` with a one-line reason;
 exceptions from the model's own predict code propagate unchanged for the caller to wrap.
@@ -19,135 +19,43 @@ exceptions from the model's own predict code propagate unchanged for the caller 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
-import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from mmserver.codecs.answers import encode_json, response_type, typed_answer
 from mmserver.codecs.schema import (
     Column,
     Inputs,
     declared,
-    feature_names,
-    fitted_columns,
     matrix_inputs,
     probe_missing,
 )
-from mmserver.codecs.tabular import Table, row_table, to_frame
+from mmserver.codecs.tabular import row_table, to_frame
 from mmserver.config.server import METHODS, ModelConfig
-from mmserver.errors import ModelError, ModelLoadError
+from mmserver.errors import ModelLoadError
 from mmserver.execution.candidates import NATIVE, NUMPY, TREELITE
+from mmserver.execution.custom import entry_point, load_custom
 from mmserver.execution.families import (
-    LIGHTGBM,
     SKLEARN,
     XGBOOST,
+    family_named,
     find_model_file,
-    inside,
     load_model,
-    reason,
+    owner,
+    wanted_files,
 )
 from mmserver.execution.fastpath import own_plan, plan_paths
+from mmserver.execution.fitted import feature_names, fitted_columns
+from mmserver.execution.handlers import Batch, Predictor, check_rows, n_features, step
 from mmserver.execution.tablepath import plan_table_paths
 from mmserver.ops import heap
 
 log = logging.getLogger(__name__)
-
-# sys.path and sys.modules belong to the whole process: imports of two models' handlers in two
-# threads must not interleave their sys.path edits.
-_IMPORT_LOCK = threading.Lock()
-
-
-#: A batch as the model takes it: rows of numbers, or a table of typed columns.
-Batch = np.ndarray | Table
-
-
-class Predictor(Protocol):
-    """A loaded model. ``predict`` takes a batch of what the model takes (``inputs``) and
-    returns one output per row.
-
-    ``outputs`` names what the model can answer, ``predict``'s answer first; ``output`` answers
-    the batch with one of them (the V2 API's requested outputs)."""
-
-    n_features: int | None
-    outputs: tuple[str, ...]
-    inputs: Inputs
-
-    def predict(self, batch: Batch) -> np.ndarray | list[Any]: ...
-
-    def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RawRequest:
-    """A request as it came, for a custom handler with ``option.raw_input=true``: the body,
-    its ``Content-Type`` (``""`` when none was sent) and whether the client asked for CSV."""
-
-    body: bytes
-    content_type: str
-    wants_csv: bool | None
-
-
-def _n_features(model: Any) -> int | None:
-    """``n_features_in_`` of the estimator, or of a pipeline's first step."""
-    for candidate in (model, _step(model, 0)):
-        if candidate is None:
-            continue
-        try:
-            value = getattr(candidate, "n_features_in_", None)
-        except Exception:  # an unfitted estimator's property may raise anything
-            value = None
-        if isinstance(value, int | np.integer) and not isinstance(value, bool):
-            return int(value)
-    return None
-
-
-def _step(model: Any, index: int) -> Any:
-    """The estimator of a pipeline's step ``index`` (``None`` if ``model`` is no pipeline)."""
-    steps = getattr(model, "steps", None)
-    if (
-        isinstance(steps, list)
-        and steps
-        and isinstance(steps[index], tuple)
-        and len(steps[index]) == 2
-    ):
-        return steps[index][1]
-    return None
-
-
-def _check_rows(out: Any, batch: Any) -> np.ndarray | list[Any]:
-    expected = len(batch)
-    if isinstance(out, np.ndarray):
-        got = out.shape[0] if out.ndim > 0 else None
-        result: np.ndarray | list[Any] = out
-    elif isinstance(out, list | tuple):
-        got = len(out)
-        result = list(out)
-    elif (
-        hasattr(out, "__len__")
-        and hasattr(out, "__iter__")
-        and not isinstance(out, Mapping | str | bytes)
-    ):
-        result = list(out)  # e.g. a pandas Series
-        got = len(result)
-    else:
-        raise ModelError(
-            f"model returned {type(out).__name__}; expected a list or array with one item "
-            f"per input row ({expected})"
-        )
-    if got != expected:
-        raise ModelError(f"model returned {got} rows for {expected} inputs")
-    return result
 
 
 class EstimatorPredictor:
@@ -181,12 +89,13 @@ class EstimatorPredictor:
         self.model: Any = model
         self.method = method
         self.family = family
-        self.n_features: int | None = _n_features(model)
-        final = _step(model, -1)
-        booster = _is_booster(model if final is None else final)
-        self.inputs = find_inputs(
-            model, fn, self.n_features, config, model_dir, family in (XGBOOST, LIGHTGBM) or booster
+        self.n_features: int | None = n_features(model)
+        final = step(model, -1)
+        booster = (
+            family_named(family).owns is not None
+            or owner(model if final is None else final) is not None
         )
+        self.inputs = find_inputs(model, fn, self.n_features, config, model_dir, booster)
         self.n_features = self.inputs.width or self.n_features
         inputs = self.inputs
         if inputs.frame:
@@ -265,7 +174,7 @@ class EstimatorPredictor:
         ):
             # This path answers otherwise than the model on missing values (found at load).
             self.last_path, fn = "own", self._own
-        return _check_rows(fn(batch), batch)  # type: ignore[arg-type]  # (a table: own only)
+        return check_rows(fn(batch), batch)  # type: ignore[arg-type]  # (a table: own only)
 
     def describe(self) -> dict[str, Any]:
         """The family and the predict paths, for the load log and the describe call."""
@@ -280,7 +189,7 @@ class EstimatorPredictor:
         """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``."""
         if name == self.method:
             return self.predict(batch)
-        return _check_rows(self._method(name)(batch), batch)
+        return check_rows(self._method(name)(batch), batch)
 
     def sample(self) -> Batch:
         """One row of plain values, as this model takes it (the load's timing probe)."""
@@ -293,91 +202,6 @@ class EstimatorPredictor:
 def _dropped(batch: Batch) -> Any:
     """The own method of a model whose object was dropped: no route leads here."""
     raise AssertionError("the model's own method was dropped after its paths were chosen")
-
-
-class CustomPredictor:
-    """A handler from the model's own ``model.py``: ``predict(model, batch) -> rows``; with
-    ``option.raw_input=true``, ``predict(model, requests) -> answers`` on
-    :class:`RawRequest` items, one answer per request: ``bytes`` (sent as they are, typed as
-    the request's ``Accept`` asked, JSON or CSV), a ``(bytes, content type)`` pair, or any object
-    JSON can hold (sent as JSON)."""
-
-    outputs: tuple[str, ...] = ("predict",)
-
-    def __init__(
-        self,
-        model: Any,
-        fn: Callable[[Any, Any], Any],
-        config: ModelConfig | None = None,
-        model_dir: Path | None = None,
-    ) -> None:
-        self.model = model
-        self.n_features: int | None = _n_features(model) if model is not None else None
-        self._fn = fn
-        if config is not None and config.raw_input:
-            self.inputs = Inputs(raw=True)
-            return
-        columns = declared(model_dir, config.properties) if model_dir and config else None
-        # Not probed: the handler gets missing values only when its configuration says so.
-        refuse = config is None or config.missing_values != "accept"
-        if columns:
-            self.inputs = Inputs(
-                tuple(replace(c, missing=not refuse) for c in columns),
-                frame=True,
-                csv_header=bool(config and config.csv_header),
-            )
-            self.n_features = len(columns)
-        else:
-            self.inputs = replace(
-                matrix_inputs(self.n_features, missing=not refuse),
-                csv_header=bool(config and config.csv_header),
-            )
-            if not self.n_features:
-                self.inputs = replace(self.inputs, missing=not refuse)
-
-    def predict(self, batch: Batch) -> np.ndarray | list[Any]:
-        if self.inputs.frame:
-            return _check_rows(self._fn(self.model, to_frame(batch, self.inputs)), batch)
-        return _check_rows(self._fn(self.model, batch), batch)
-
-    def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]:
-        return self.predict(batch)
-
-    def answer_raw(
-        self, requests: Sequence[tuple[bytes, str, bool | None]]
-    ) -> list[bytes | tuple[str, str]]:
-        """Each request's answer from the handler, encoded (``option.raw_input``); an Open
-        Inference Protocol request is refused: its answer is a tensor, not the handler's."""
-        out: list[bytes | tuple[str, str]] = [
-            (
-                "InvalidInput",
-                "this model's handler takes requests as they came (option.raw_input): call it "
-                "on its DJL or SageMaker path, not the Open Inference Protocol",
-            )
-        ] * len(requests)
-        taken = [i for i, (_, kind, _) in enumerate(requests) if not kind.startswith("v2")]
-        if not taken:
-            return out
-        raw = [RawRequest(*requests[i]) for i in taken]
-        answers = _check_rows(self._fn(self.model, raw), raw)
-        for i, answer in zip(taken, answers, strict=True):
-            try:
-                out[i] = _raw_answer(answer, requests[i][2])
-            except ModelError as exc:  # this request's answer only
-                out[i] = (type(exc).__name__, exc.message)
-        return out
-
-
-def _raw_answer(answer: Any, csv: bool | None) -> bytes:
-    if isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], str):
-        body, content_type = answer
-        if not isinstance(body, bytes | bytearray | str):
-            raise ModelError("a handler's (body, content type) answer needs bytes or text")
-        data = body.encode() if isinstance(body, str) else bytes(body)
-        return typed_answer(data, content_type)
-    if isinstance(answer, bytes | bytearray):
-        return typed_answer(bytes(answer), response_type(csv))
-    return encode_json(answer)
 
 
 def _plain(column: Column) -> Any:
@@ -475,15 +299,6 @@ def _facts(estimator: Any, method: str) -> dict[str, Any]:
     return {"name": method, "dtype": dtype, "shape": shape}
 
 
-def _is_booster(estimator: Any) -> bool:
-    """An XGBoost or LightGBM model, bare or in its scikit-learn wrapper."""
-    from mmserver.execution.families import LightGBMBooster, XGBoostBooster
-
-    return isinstance(estimator, XGBoostBooster | LightGBMBooster) or (
-        type(estimator).__module__.split(".")[0] in ("xgboost", "lightgbm")
-    )
-
-
 def _called_facts(
     call: Callable[[np.ndarray], Any], method: str, width: int
 ) -> dict[str, Any] | None:
@@ -518,9 +333,9 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
         name = model_dir.name
     if not model_dir.is_dir():
         raise ModelLoadError(f"model folder {model_dir} does not exist")
-    entry = _entry_point(model_dir, config, name)
+    entry = entry_point(model_dir, config, name)
     if entry is not None:
-        return _load_custom(model_dir, entry, config, name)
+        return load_custom(model_dir, entry, config, name)
     if "option.handler" in config.properties:
         raise ModelLoadError(
             f"model {name}: option.handler={config.handler!r} needs a handler file, "
@@ -530,7 +345,7 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
     found = find_model_file(model_dir, config, name)
     if found is None:
         raise ModelLoadError(
-            f"model {name} has no model file ({_WANTED[(config.engine or '').lower()]})"
+            f"model {name} has no model file ({wanted_files(config.engine)})"
             f", and no {config.entry_point}",
             model=name,
         )
@@ -550,102 +365,3 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
     if sagemaker:
         predictor.inputs = replace(predictor.inputs, sagemaker_xgboost=True)
     return predictor
-
-
-_ALL = (
-    "model.joblib, model.pkl or a single *.joblib/*.pkl; xgboost-model, model.json, "
-    "model.ubj or a single *.ubj or XGBoost *.json; model.txt or a single LightGBM *.txt"
-)
-_WANTED = {
-    "": _ALL,
-    "python": "model.joblib, model.pkl or a single *.joblib/*.pkl",
-    "sklearn": "model.joblib, model.pkl or a single *.joblib/*.pkl",
-    "xgboost": "xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json",
-    "lightgbm": "model.txt or a single *.txt starting with LightGBM's tree header",
-}
-
-
-def _entry_point(model_dir: Path, config: ModelConfig, name: str) -> Path | None:
-    path = inside(model_dir, config.entry_point, "option.entryPoint", name)
-    if path.is_file():
-        return path
-    if "option.entryPoint" in config.properties:
-        raise ModelLoadError(
-            f"model {name}: option.entryPoint={config.entry_point!r} does not exist",
-            model=name,
-        )
-    return None
-
-
-@contextmanager
-def _on_sys_path(folder: Path) -> Iterator[None]:
-    """``folder`` first on ``sys.path`` while a handler imports its sibling modules."""
-    entry = str(folder)
-    with _IMPORT_LOCK:
-        sys.path.insert(0, entry)
-        try:
-            yield
-        finally:
-            try:
-                sys.path.remove(entry)
-            except ValueError:
-                pass
-
-
-def _import_handler(model_dir: Path, entry: Path) -> ModuleType:
-    # One module name per model folder: two models' model.py never share a module, and loading
-    # the same folder again replaces the old module instead of piling up new ones.
-    digest = hashlib.sha1(str(model_dir.resolve()).encode()).hexdigest()[:16]
-    module_name = f"mmserver_handler_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, entry)
-    if spec is None or spec.loader is None:
-        raise ModelLoadError(f"{entry} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before running it: dataclasses and pickling look their module up by name.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        sys.modules.pop(module_name, None)
-        if not isinstance(exc, Exception):
-            raise
-        raise ModelLoadError(f"{entry.name} failed to import: {reason(exc)}") from None
-    return module
-
-
-def _load_custom(model_dir: Path, entry: Path, config: ModelConfig, name: str) -> Predictor:
-    with _on_sys_path(model_dir):
-        module = _import_handler(model_dir, entry)
-        try:
-            return _make_custom(model_dir, entry, config, module, name)
-        except BaseException:
-            sys.modules.pop(module.__name__, None)
-            raise
-
-
-def _make_custom(
-    model_dir: Path, entry: Path, config: ModelConfig, module: ModuleType, name: str
-) -> Predictor:
-    fn = getattr(module, config.handler, None)
-    if not callable(fn):
-        raise ModelLoadError(
-            f"model {name}: {entry.name} defines no function "
-            f"{config.handler!r} (option.handler); it should define "
-            f"{config.handler}(model, batch) -> rows",
-            model=name,
-        )
-    loader = getattr(module, "load", None)
-    if loader is not None and not callable(loader):
-        raise ModelLoadError(f"model {name}: {entry.name}: 'load' is not a function", model=name)
-    if loader is not None:
-        try:
-            model = loader(model_dir, dict(config.properties))
-        except Exception as exc:
-            raise ModelLoadError(
-                f"model {name}: {entry.name} load() failed: {reason(exc)}",
-                model=name,
-            ) from None
-    else:
-        found = find_model_file(model_dir, config, name)
-        model = load_model(found) if found is not None else None
-    return CustomPredictor(model, fn, config, model_dir)

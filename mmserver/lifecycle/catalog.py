@@ -28,6 +28,7 @@ from cachetools import LRUCache
 
 from mmserver import errors
 from mmserver.config.server import RESCALABLE, ModelConfig, ServerConfig
+from mmserver.execution.families import wanted_files
 from mmserver.lifecycle.record import Failure, ModelRecord, ModelStatus
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.scheduling import Cost
@@ -228,9 +229,7 @@ class Catalog:
             if isinstance(root, Path) and _is_hollow(root, name):
                 raise errors.ModelNotFound(
                     f"model {name} has no model file: its folder in the model store holds no "
-                    "file. A model folder holds model.joblib (or model.pkl, a single *.joblib or "
-                    "*.pkl), an XGBoost (xgboost-model, *.ubj, *.json) or LightGBM (model.txt) "
-                    "booster, or a model.py handler"
+                    f"file. A model folder holds {wanted_files(None)}, or a model.py handler"
                 )
             raise errors.ModelNotFound(
                 f"model {name} is not in the model store ({root}) and is not "

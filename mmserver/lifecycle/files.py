@@ -16,6 +16,7 @@ from typing import Any
 from mmserver.config.model import PROPERTIES_FILE, model_config_from_properties
 from mmserver.config.server import ModelConfig, load_model_config
 from mmserver.errors import ModelLoadError
+from mmserver.execution.families import engine_families
 from mmserver.store.names import split_version
 from mmserver.store.source import ModelSource, StoreEntry
 from mmserver.store.unpacking import UnpackProcesses
@@ -51,6 +52,7 @@ def prepare(store: ModelSource, entry: StoreEntry, defaults: ModelConfig) -> Pre
             where = f"{store.root}/{base}/{PROPERTIES_FILE}"
             inherited = model_config_from_properties(props, defaults, where)
     config = load_model_config(model_dir, inherited)
+    engine_families(config.engine, str(model_dir / PROPERTIES_FILE))  # an engine no family has
     return model_dir, None if config is defaults else config
 
 

@@ -7,11 +7,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.linear_model import LinearRegression
 
 from mmserver.config.server import ModelConfig, model_config_from_properties
-from mmserver.errors import ModelLoadError
-from mmserver.execution.families import LIGHTGBM, SKLEARN, XGBOOST, find_model_file
+from mmserver.errors import ConfigError, ModelLoadError
+from mmserver.execution.families import (
+    FAMILIES,
+    LIGHTGBM,
+    SKLEARN,
+    XGBOOST,
+    XGBoostBooster,
+    engine_families,
+    family_named,
+    find_model_file,
+    owner,
+    wanted_files,
+)
 from mmserver.execution.predictor import EstimatorPredictor, load_predictor
+from mmserver.lifecycle.files import prepare
+from mmserver.store.local import ModelStore
 from tests.models import make_linear_model, tree_models
 
 xgboost = pytest.importorskip("xgboost")
@@ -137,3 +151,53 @@ def test_a_boosters_signature_is_what_it_answers() -> None:
     answer = predictor.predict(np.zeros((4, booster.n_features_in_)))
     assert facts == {"name": "predict", "dtype": answer.dtype.str, "shape": [-1, 3]}
     assert answer.dtype == np.float32 and answer.shape == (4, 3)
+
+
+@pytest.mark.parametrize(
+    ("engine", "families"),
+    [
+        (None, [SKLEARN, XGBOOST, LIGHTGBM]),
+        ("Python", [SKLEARN]),
+        ("SKLEARN", [SKLEARN]),
+        (" xgboost ", [XGBOOST]),
+        ("LightGBM", [LIGHTGBM]),
+    ],
+)
+def test_the_engine_chooses_the_families_tried(engine: str | None, families: list[str]) -> None:
+    assert [f.name for f in engine_families(engine)] == families
+
+
+def test_an_engine_no_family_spells_is_refused_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        engine_families("PyTorch", "m/serving.properties")
+    assert info.value.message == (
+        "m/serving.properties: engine='PyTorch' must be one of Python, sklearn, XGBoost, LightGBM"
+    )
+    # The load's file work says it before the model reaches a backend.
+    folder = make_linear_model(tmp_path / "store" / "m")
+    (folder / "serving.properties").write_text("engine=PyTorch\n")
+    store = ModelStore(tmp_path / "store", tmp_path / "cache", 1 << 20)
+    entry = store.find("m")
+    assert entry is not None
+    with pytest.raises(ConfigError, match=r"m/serving.properties: engine='PyTorch' must be one"):
+        prepare(store, entry, DEFAULTS)
+
+
+def test_every_family_is_one_whole_record() -> None:
+    spellings = [e.lower() for family in FAMILIES for e in family.engines]
+    assert len(spellings) == len(set(spellings))
+    assert [f.name for f in FAMILIES if f.claims is None] == [SKLEARN]  # reads what others don't
+    for family in FAMILIES:
+        assert family.wanted in wanted_files(None)
+        assert wanted_files(family.engines[0]) == family.wanted
+        # A family with a package of its own loads its own format and runs its own boosters.
+        if family.package is not None:
+            assert family.load is not None and family.owns is not None
+            assert family.native is not None and family.treelite is not None
+            assert family.feature_names is not None
+
+
+def test_a_booster_is_told_by_its_family_whatever_wraps_it() -> None:
+    booster = tree_models.xgboost_booster()
+    assert owner(XGBoostBooster(booster)) is family_named(XGBOOST)
+    assert owner(LinearRegression()) is None

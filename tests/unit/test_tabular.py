@@ -17,7 +17,8 @@ from mmserver.codecs.answers import answer_body
 from mmserver.codecs.requests import make_request
 from mmserver.codecs.v2 import V2
 from mmserver.config.server import ModelConfig
-from mmserver.execution.predictor import EstimatorPredictor, Predictor, load_predictor
+from mmserver.execution.handlers import Predictor
+from mmserver.execution.predictor import EstimatorPredictor, load_predictor
 from tests.tabular_models import COLUMNS, ROWS_OF_CUSTOMERS, make_pipeline_model
 
 
