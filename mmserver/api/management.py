@@ -32,7 +32,7 @@ from mmserver.api.protocols import versioned
 from mmserver.api.repository import bool_param, shown_value
 from mmserver.api.web import STATE, read_body
 from mmserver.codecs.requests import media_type
-from mmserver.config.model import mistyped_keys
+from mmserver.config.model import LEAST, MANAGEMENT_PARAMS, mistyped_keys, out_of_order, short_of
 from mmserver.errors import ConfigError, InvalidInput, InvalidModelName
 from mmserver.lifecycle.record import ModelStatus
 from mmserver.manager.wlm import ModelView
@@ -44,17 +44,10 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_PAGE = 100
 
 # Request parameter -> WorkLoadManager override key.
-_REGISTER_PARAMS = {
-    "min_worker": "min_workers",
-    "max_worker": "max_workers",
-    "batch_size": "batch_size",
-    "max_batch_delay": "max_batch_delay",
-    "max_idle_time": "max_idle_time",
-    "job_queue_size": "job_queue_size",
-}
-_RESCALE_PARAMS = {key: value for key, value in _REGISTER_PARAMS.items() if key != "job_queue_size"}
-# Overrides that must be at least 1.
-_POSITIVE = ("batch_size", "job_queue_size")
+#: The parameters of POST /models, each the management name of an option (DJL's spelling).
+_REGISTER_PARAMS = MANAGEMENT_PARAMS
+#: The parameters of PUT /models/{model}: DJL's scale call takes no queue size.
+_RESCALE_PARAMS = {p: name for p, name in MANAGEMENT_PARAMS.items() if name != "job_queue_size"}
 
 # DJL's model status (WorkerPoolConfig.Status) for a status of the WorkLoadManager.
 _DJL_STATUS = {ModelStatus.LOADING: "PENDING"}
@@ -345,13 +338,14 @@ async def request_params(request: web.Request) -> dict[str, Any]:
 def _overrides(params: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
     overrides = {key: _int(params, param) for param, key in names.items() if param in params}
     for key, value in overrides.items():
-        least = 1 if key in _POSITIVE else 0
-        if value < least:
+        if (why := short_of(value, LEAST.get(key, 0))) is not None:
             param = next(p for p, k in names.items() if k == key)
-            raise InvalidInput(f"parameter {param}={value} must be at least {least}")
+            raise InvalidInput(f"parameter {param}={value} {why}")
     low, high = overrides.get("min_workers"), overrides.get("max_workers")
-    if low is not None and high is not None and low > high:
-        raise InvalidInput(f"min_worker={low} is greater than max_worker={high}")
+    if low is not None and high is not None:
+        order = out_of_order("min_worker", low, "max_worker", high)
+        if order is not None:
+            raise InvalidInput(order)
     return overrides
 
 

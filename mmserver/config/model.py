@@ -50,6 +50,7 @@ def option(
     keys: tuple[str, ...] = (),
     minimum: int | None = None,
     rescalable: bool = False,
+    param: str | None = None,
     server_default: bool = False,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
@@ -58,7 +59,9 @@ def option(
     - ``keys``: its ``serving.properties`` keys (DJL's spellings, then the aliases; the first
       names it in error messages);
     - ``minimum``: the least value of a number (checked with it: not NaN, not too large);
-    - ``rescalable``: whether ``PUT /models/{model}`` may change it on a loaded model;
+    - ``rescalable``: whether the management API may set it (``POST /models``, and
+      ``PUT /models/{model}`` on a loaded model);
+    - ``param``: its name as a parameter of those calls (DJL's spelling, ``min_worker``);
     - ``server_default``: whether the server has a global option (``--batch-size``...) that is
       every model's default, :func:`server_option`;
     - ``help``: what it does, for ``mmserver serve --help``.
@@ -68,6 +71,7 @@ def option(
         "keys": keys,
         "minimum": minimum,
         "rescalable": rescalable,
+        "param": param,
         "server_default": server_default,
     }
     if default_factory is not dataclasses.MISSING:
@@ -77,8 +81,6 @@ def option(
 
 METHODS = ("predict", "predict_proba", "decision_function", "transform")
 MISSING_POLICIES = ("auto", "accept", "refuse")
-#: ``engine`` values (lower case): ``python`` and ``sklearn`` load a pickled model, the others a
-#: booster in its library's own format.
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class ModelConfig:
         keys=("minWorkers", "cpu.minWorkers"),
         minimum=0,
         rescalable=True,
+        param="min_worker",
         server_default=True,
     )
     max_workers: int = option(
@@ -102,6 +105,7 @@ class ModelConfig:
         keys=("maxWorkers", "cpu.maxWorkers"),
         minimum=0,
         rescalable=True,
+        param="max_worker",
         server_default=True,
     )
     batch_size: int = option(
@@ -110,6 +114,7 @@ class ModelConfig:
         keys=("batch_size", "batchSize"),
         minimum=1,
         rescalable=True,
+        param="batch_size",
         server_default=True,
     )
     max_batch_delay: int = option(
@@ -119,6 +124,7 @@ class ModelConfig:
         keys=("max_batch_delay", "maxBatchDelay"),
         minimum=0,
         rescalable=True,
+        param="max_batch_delay",
         server_default=True,
     )
     max_batch_bytes: int = option(
@@ -136,6 +142,7 @@ class ModelConfig:
         keys=("max_idle_time", "maxIdleTime"),
         minimum=0,
         rescalable=True,
+        param="max_idle_time",
         server_default=True,
     )
     job_queue_size: int = option(
@@ -144,6 +151,7 @@ class ModelConfig:
         keys=("job_queue_size",),
         minimum=1,
         rescalable=True,
+        param="job_queue_size",
         server_default=True,
     )
     required_memory_mb: float | None = option(
@@ -231,12 +239,12 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` saying which key and value are wrong; the caller adds
         where they came from (a file, an option, a request)."""
-        for name in _BOUNDED:
+        for name in LEAST:
             value = getattr(self, name)
             if value != value:  # NaN
                 raise ConfigError(f"{_KEY_OF[name]}={value!r} is not a valid number")
-            if value < 0:
-                raise ConfigError(f"{_KEY_OF[name]}={value!r} must not be negative")
+            if (why := short_of(value, 0)) is not None:
+                raise ConfigError(f"{_KEY_OF[name]}={value!r} {why}")
             if isinstance(value, int) and value > _LARGEST:  # used in float arithmetic
                 raise ConfigError(f"{_KEY_OF[name]}={_short_number(value)} is too large")
         if self.max_batch_delay > MAX_BATCH_DELAY_MS:
@@ -245,21 +253,19 @@ class ModelConfig:
                 f"{MAX_BATCH_DELAY_MS} ms: a batch waiting longer for company only delays its "
                 "requests"
             )
-        for name, least in _BOUNDED.items():  # maxWorkers may be 0
-            if least > 0 and getattr(self, name) < least:
-                raise ConfigError(f"{_KEY_OF[name]}={getattr(self, name)!r} must be >= {least}")
-        if self.required_memory_mb is not None and self.required_memory_mb < 0:
-            raise ConfigError(
-                f"required_memory_mb={self.required_memory_mb!r} must not be negative"
-            )
+        for name, least in LEAST.items():  # maxWorkers may be 0
+            if (why := short_of(getattr(self, name), least)) is not None:
+                raise ConfigError(f"{_KEY_OF[name]}={getattr(self, name)!r} {why}")
+        memory = self.required_memory_mb
+        if memory is not None and (why := short_of(memory, 0)) is not None:
+            raise ConfigError(f"required_memory_mb={memory!r} {why}")
         if self.required_memory_mb is not None and not self.required_memory_mb * 2**20 <= _LARGEST:
             raise ConfigError(
                 f"required_memory_mb={self.required_memory_mb!r} must be a finite number of MiB"
             )
-        if self.min_workers > self.max_workers:
-            raise ConfigError(
-                f"minWorkers={self.min_workers} is greater than maxWorkers={self.max_workers}"
-            )
+        order = out_of_order("minWorkers", self.min_workers, "maxWorkers", self.max_workers)
+        if order is not None:
+            raise ConfigError(order)
         if self.missing_values not in MISSING_POLICIES:
             raise ConfigError(
                 f"option.missing_values={self.missing_values!r} must be one of "
@@ -314,12 +320,34 @@ MODEL_KEYS: dict[str, tuple[str, type]] = {
 }
 #: The key that names an option in error messages (DJL's spelling).
 _KEY_OF = {f.name: f.metadata["keys"][0] for f in _OPTIONS}
-#: The numbers with a lower bound, and that bound.
-_BOUNDED: dict[str, int] = {
+#: Options the management API may set (DJL's POST /models and PUT /models/{model}).
+RESCALABLE = tuple(f.name for f in _OPTIONS if f.metadata["rescalable"])
+#: The management API's parameter names (DJL's ``min_worker``...) of those options.
+MANAGEMENT_PARAMS: dict[str, str] = {
+    f.metadata["param"]: f.name for f in _OPTIONS if f.metadata["param"] is not None
+}
+#: The least value of each bounded option.
+LEAST: Mapping[str, int] = {
     f.name: f.metadata["minimum"] for f in _OPTIONS if f.metadata["minimum"] is not None
 }
-#: Management overrides that may change on a loaded model (DJL's PUT /models/{model}).
-RESCALABLE = tuple(f.name for f in _OPTIONS if f.metadata["rescalable"])
+
+
+def short_of(value: float, least: float) -> str | None:
+    """Why ``value`` is under the lower bound ``least`` (``must not be negative``,
+    ``must be >= 1``), ``None`` when it is not: the one rule of every option's lower bound,
+    whichever source (``serving.properties``, a server option, a management parameter) gave it."""
+    if value >= least:
+        return None
+    return "must not be negative" if least == 0 else f"must be >= {least:g}"
+
+
+def out_of_order(low_key: str, low: float, high_key: str, high: float) -> str | None:
+    """``minWorkers=3 is greater than maxWorkers=2`` when a range's lower end passes its upper
+    one, ``None`` otherwise: the one rule of ``min <= max``, each source naming the keys its
+    way."""
+    return f"{low_key}={low} is greater than {high_key}={high}" if low > high else None
+
+
 #: The options the server has a global default for (its ``--NAME`` flags...).
 SERVER_DEFAULTS = tuple(f.name for f in _OPTIONS if f.metadata["server_default"])
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver.config.model import (
+    LEAST,
     MAX_BATCH_DELAY_MS,
     METHODS,
     PROPERTIES_FILE,
@@ -40,7 +41,9 @@ from mmserver.config.model import (
     default_cpus,
     load_model_config,
     model_config_from_properties,
+    out_of_order,
     server_option,
+    short_of,
 )
 from mmserver.errors import ConfigError
 from mmserver.ops import capacity
@@ -96,6 +99,11 @@ WORKERS_PER_BACKEND = 16
 
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
+
+
+#: Server options whose least value is above their models' (a model may have maxWorkers=0, a
+#: server's default for every model may not).
+_SERVER_LEAST = {"max_workers": 1}
 
 
 @dataclass(frozen=True)
@@ -293,27 +301,26 @@ class ServerConfig:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 if value != value:
                     raise ConfigError(f"option {f.name}={value!r}: must be a number")
-                if value < 0:
-                    raise ConfigError(f"option {f.name}={value!r}: must not be negative")
-        if self.min_workers > self.max_workers:
-            raise ConfigError(
-                f"option min_workers={self.min_workers} is greater than "
-                f"max_workers={self.max_workers}"
-            )
+                if (why := short_of(value, 0)) is not None:
+                    raise ConfigError(f"option {f.name}={value!r}: {why}")
+        for name, least in {**LEAST, **_SERVER_LEAST}.items():
+            if name in SERVER_DEFAULTS and (why := short_of(getattr(self, name), least)):
+                raise ConfigError(f"option {name}={getattr(self, name)!r}: {why}")
+        order = out_of_order("min_workers", self.min_workers, "max_workers", self.max_workers)
+        if order is not None:
+            raise ConfigError(f"option {order}")
         try:
             check_location(self.capture_path)
         except ConfigError as exc:
             raise ConfigError(f"option capture_path: {exc.message}") from None
-        if self.capture_buffer < 1:
-            raise ConfigError(f"option capture_buffer={self.capture_buffer}: must be >= 1")
+        if (why := short_of(self.capture_buffer, 1)) is not None:
+            raise ConfigError(f"option capture_buffer={self.capture_buffer}: {why}")
         if self.state_dir:
             for name in ("async_output_path", "async_failure_path"):
                 try:
                     check_location(getattr(self, name))
                 except ConfigError as exc:
                     raise ConfigError(f"option {name}: {exc.message}") from None
-        if self.batch_size < 1 or self.job_queue_size < 1 or self.max_workers < 1:
-            raise ConfigError("options batch_size, job_queue_size and max_workers must be >= 1")
         if not 0 < self.heavy_nice < 20:
             raise ConfigError(f"option heavy_nice={self.heavy_nice}: must be between 1 and 19")
         if not 0 < self.port < 65536:

@@ -244,7 +244,7 @@ ONE = {"url": "sklearn-1.tar.gz"}
         ({**ONE, "model_name": "bad name"}, 400, BAD, ""),
         ({**ONE, "batch_size": "x"}, 400, BAD, "batch_size must"),
         ({**ONE, "batch_size": "0"}, 400, BAD, "batch_size=0"),
-        ({**ONE, "max_idle_time": "-1"}, 400, BAD, "at least 0"),
+        ({**ONE, "max_idle_time": "-1"}, 400, BAD, "max_idle_time=-1 must not be negative"),
         ({**ONE, "min_worker": "3", "max_worker": "2"}, 400, BAD, "min_worker=3 is greater"),
         ({**ONE, "min_worker": "5"}, 400, BAD, "minWorkers=5 is greater than maxWorkers=2"),
         ({**ONE, "synchronous": "maybe"}, 400, BAD, "synchronous must be true or false"),
@@ -308,7 +308,7 @@ async def test_rescale(server: Harness) -> None:
     [
         ({"min_worker": "3", "max_worker": "1"}, 400, "min_worker=3 is greater than max_worker=1"),
         ({"min_worker": "5"}, 400, "minWorkers=5 is greater than maxWorkers=2"),
-        ({"max_worker": "-1"}, 400, "max_worker=-1 must be at least 0"),
+        ({"max_worker": "-1"}, 400, "max_worker=-1 must not be negative"),
         ({"batch_size": "many"}, 400, "batch_size must be an integer, got 'many'"),
     ],
 )

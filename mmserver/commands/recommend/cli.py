@@ -26,7 +26,7 @@ from mmserver.commands.recommend.settings import LANES, Setting, grid, write_pro
 from mmserver.commands.recommend.target import Target, TargetError
 from mmserver.commands.recommend.trials import Trials
 from mmserver.commands.recommend.trials import run as trials_run
-from mmserver.config.model import MAX_BATCH_DELAY_MS, cpu_count
+from mmserver.config.model import LEAST, MAX_BATCH_DELAY_MS, cpu_count
 
 PROG = "mmserver recommend"
 
@@ -190,8 +190,8 @@ def check(args: argparse.Namespace) -> list[Setting]:
             "with --model-store, which starts a server of each"
         )
     settings = grid(
-        _numbers(args.batch_sizes, "--batch-sizes", 1),
-        _numbers(args.batch_delays, "--batch-delays", 0, MAX_BATCH_DELAY_MS),
+        _numbers(args.batch_sizes, "--batch-sizes", LEAST["batch_size"]),
+        _numbers(args.batch_delays, "--batch-delays", LEAST["max_batch_delay"], MAX_BATCH_DELAY_MS),
         _numbers(f"1,{cpu_count()}" if args.workers is None else args.workers, "--workers", 1),
         sorted(set(lanes), key=list(LANES).index),
     )
