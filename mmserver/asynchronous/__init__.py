@@ -11,7 +11,14 @@ an output location (DESIGN §17).
 - :mod:`mmserver.asynchronous.computing` — an answer computed through the WorkLoadManager;
 - :mod:`mmserver.asynchronous.pieces` — large line-based inputs in pieces, answers joined;
 - :mod:`mmserver.asynchronous.notify` — the webhook notification of ended requests;
-- :mod:`mmserver.asynchronous.runner` — accepting, dispatching, running and ending requests.
+- :mod:`mmserver.asynchronous.runner` — a request's life: :class:`AsyncInference` composes its
+  stages, one module each, in the order a request goes through them, and starts and stops them:
+
+  - :mod:`mmserver.asynchronous.accepting` — a call checked and journaled before its 202;
+  - :mod:`mmserver.asynchronous.dispatching` — the queue, and when a queued request starts;
+  - :mod:`mmserver.asynchronous.running` — a started request run through the WorkLoadManager;
+  - :mod:`mmserver.asynchronous.settling` — its answer or failure written, its row ended, the
+    notification sent.
 """
 
 from mmserver.asynchronous.journal import Invocation, State
