@@ -11,7 +11,13 @@ The parts:
 - :mod:`~mmserver.backend.child`: inside a backend process, the models and the message loop;
 - :mod:`~mmserver.backend.batching`: answering a batch where the model runs;
 - :mod:`~mmserver.backend.slot`: what both kinds of slot share (a message awaiting its reply);
-- :mod:`~mmserver.backend.process_slot`: the frontend's side of one process;
+- :mod:`~mmserver.backend.process_slot`: the frontend's side of one process: batches admitted
+  into its pipe, messages written and their replies read in order, deadlines;
+- :mod:`~mmserver.backend.lifetime`: that process's start, and its replacement when it dies, a
+  prediction passes its deadline or it is recycled;
+- :mod:`~mmserver.backend.process`: the operating-system process itself;
+- :mod:`~mmserver.backend.loads`: the models loaded in it, their loads' turns and the memory the
+  loads measured;
 - :mod:`~mmserver.backend.thread_slot`: the in-process slot;
 - :mod:`~mmserver.backend.placement`: the pool of slots, in their lanes, and where a worker goes.
 

@@ -1,6 +1,8 @@
-"""The frontend's side of one backend process (:class:`ProcessSlot`): writing messages, reading
-replies in order, scheduling batches into the pipe, and replacing the process when it dies or a
-prediction passes its deadline."""
+"""The frontend's side of one backend process (:class:`ProcessSlot`): admitting batches into the
+pipe in fair order, writing messages, reading replies in order and answering 504 past a
+deadline. Its collaborators: the process itself (:mod:`~mmserver.backend.process`), its start and
+replacement (:mod:`~mmserver.backend.lifetime`), and the models loaded in it
+(:mod:`~mmserver.backend.loads`)."""
 
 from __future__ import annotations
 
@@ -9,81 +11,43 @@ import collections
 import logging
 import math
 import multiprocessing
-import os
 import socket
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mmserver import errors
 from mmserver.backend import wire
-from mmserver.backend.child import child_main
 from mmserver.backend.cpus import CpuReserve
+from mmserver.backend.lifetime import ProcessLifetime
+from mmserver.backend.loads import LoadTurn, SlotLoads
+from mmserver.backend.process import BackendProcess
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
 from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.codecs.requests import Request
-from mmserver.ops import capacity
 from mmserver.ops.metrics import Metrics
-from mmserver.policy.scheduling import LIGHT, PIPELINE_BUDGET_S, Cost, Lane, RunQueue, admits
+from mmserver.policy.scheduling import LIGHT, Cost, Lane, RunQueue, admits
 from mmserver.procs.framing import FrameProtocol, frame
 
 log = logging.getLogger(__name__)
 
-_START_TIMEOUT = 60.0
-#: Seconds a stopping process gets to exit by itself once its pipe is closed.
-_STOP_GRACE_S = 2.0
 #: How often a process slot checks the deadlines of the messages it holds.
 _WATCH_S = 0.05
 
 
-class _Load(Pending):
-    """A load's message, which knows its model (a replacement process resends it, and reloads
-    only the models whose load is not among the messages it resends)."""
-
-    __slots__ = ("spec",)
-
-    def __init__(self, spec: LoadSpec, future: asyncio.Future[LoadInfo]) -> None:
-        super().__init__((wire.LOAD, spec), future)
-        self.spec = spec
-
-
-class _LoadTurn:
-    """A load waiting in its slot's run queue (:meth:`ProcessSlot.load`), written to the pipe
-    when its turn comes, behind whatever the pipe holds. A batch whose turn came first waits
-    for the pipe to drain with the loads behind it held back: a stream of cold loads keeps a
-    loaded model's batch waiting only for the loads written before its turn came, and busy
-    models do not hold back a load."""
-
-    __slots__ = ("cost", "pending", "slot", "spec")
-
-    def __init__(self, slot: ProcessSlot, pending: _Load) -> None:
-        self.slot = slot
-        self.spec = pending.spec
-        self.pending = pending
-        #: Unknown: no batch goes behind it in the pipe.
-        self.cost = Cost()
-
-    def waiting(self) -> bool:
-        return self.slot._turns.get(self.spec.key) is self and not self.pending.done()
-
-    def begin(self, waited: int = 0) -> bool:
-        slot, key = self.slot, self.spec.key
-        del slot._turns[key]
-        slot._loaded[key] = self.spec
-        slot._write(self.pending)
-        return True
-
-
 class ProcessSlot:
-    """One backend process, replaced when it dies. See the module docstring for the protocol.
+    """One backend process, replaced when it dies. See the package docstring for the protocol.
 
     While the process is starting (or a replacement is), new messages are *held* and written
     once the models of the slot are loaded again, so they never reach a process that lacks their
-    model.
+    model (:class:`~mmserver.backend.lifetime.ProcessLifetime` starts and replaces the process).
 
     Batches are scheduled here, on the frontend: a worker with a batch to run waits in the
     slot's run queue (:meth:`ready`), and the slot admits the next one in fair order whenever
     its pipe holds little enough estimated work (:func:`~mmserver.policy.scheduling.admits`).
+    Admitting a batch, writing it and reading its reply use this class's own attributes only:
+    that is every batch's path. The process (:class:`~mmserver.backend.process.BackendProcess`),
+    its lifetime and the models loaded in it (:class:`~mmserver.backend.loads.SlotLoads`) are
+    collaborators.
     """
 
     def __init__(
@@ -98,21 +62,18 @@ class ProcessSlot:
     ) -> None:
         self.index = index
         self.lane = lane
-        #: The CPU reserve: told of every batch a light slot sends; places a heavy slot's
-        #: process when it starts.
-        self._light_reserve = reserve if lane.name == LIGHT else None
-        self._heavy_reserve = reserve if lane.name != LIGHT else None
         self.bound_workers = 0
         #: Batches answered by this slot (a worker's wait is counted against it).
         self.answered = 0
         #: Batches admitted into this slot's pipe.
         self.admitted = 0
-        self._nice = nice
-        self._idle_policy = idle
-        self._context = context
-        self._metrics = metrics
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._starting: asyncio.Task[None] | None = None
+        #: The CPU reserve: told of every batch a light slot sends; places a heavy slot's
+        #: process when it starts.
+        self._light_reserve = reserve if lane.name == LIGHT else None
+        heavy_reserve = reserve if lane.name != LIGHT else None
+        self._process = BackendProcess(index, lane.name, context, nice, idle, heavy_reserve)
+        self._loads = SlotLoads(self._write)
+        self._lifetime = ProcessLifetime(self, self._process, self._loads, metrics)
         self._protocol: FrameProtocol | None = None
         #: Who waits for a turn here, each with the count of batches this slot had answered
         #: when it came (every batch admitted since runs before its own: its wait).
@@ -125,218 +86,152 @@ class ProcessSlot:
         self._pipe_cost = 0.0
         self._pipe_unknown = 0
         self._watchdog: asyncio.TimerHandle | None = None
+        #: Messages for a process that is starting (or a replacement that is), written once it
+        #: has its models (:meth:`resume`).
         self._held: list[Pending] = []
-        self._crashed: list[Pending] = []
         self._holding = True
+        self._stopping = False
         # Messages written during one turn of the event loop go out in one frame.
         self._out: list[tuple[Any, ...]] = []
         self._flush_handle: asyncio.Handle | None = None
-        #: The models loaded (or being loaded) in the process, which a replacement reloads.
-        self._loaded: dict[str, LoadSpec] = {}
-        #: Loads waiting in the run queue for their turn, where the loads' share of the slot
-        #: has got to, and what a load here costs (the moving average of the seconds the loads
-        #: held the process; the pipeline budget until one was measured): the loads take turns
-        #: with the models' batches as one more model.
-        self._turns: dict[str, _LoadTurn] = {}
-        self._loads_vfinish = 0.0
-        self.load_cost = Cost(PIPELINE_BUDGET_S)
-        self._restarting: asyncio.Task[None] | None = None
-        self._stopping = False
-        self._restarts: collections.deque[float] = collections.deque(maxlen=5)
-        #: What each model loaded here measured at its load, their sum, and the process's
-        #: resident bytes once it had started, with no model (:meth:`unaccounted_bytes`).
-        self._charged: dict[str, int] = {}
-        self._charged_total = 0
-        self._baseline = 0
-        #: Why the process is being replaced though it did not die (:meth:`recycle`).
-        self._recycling: str | None = None
-        #: A replacement is starting or loading its models again: its memory is not settled.
-        self._settling = False
         self._loop: asyncio.AbstractEventLoop  # the event loop the slot was started on
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        return self._process.pid
 
     @property
     def live_pid(self) -> int | None:
         """The process's id while it runs (not once it has exited: the id may be another's)."""
-        process = self._process
-        return process.pid if process is not None and process.is_alive() else None
+        return self._process.live_pid
+
+    @property
+    def load_cost(self) -> Cost:
+        """What a load here is expected to hold the process (:class:`SlotLoads`)."""
+        return self._loads.cost
 
     def describe(self) -> str:
-        return f"backend process {self.index} (pid {self.pid})"
+        return self._process.describe()
 
-    # Lifecycle --------------------------------------------------------------------------------
+    # Lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the process; returns once it answered a ping. What was sent meanwhile (a slot
         started on first use) is written then."""
-        try:
-            await self._spawn()
-        except BaseException as exc:
-            held, self._held = self._held, []
-            turns, self._turns = list(self._turns.values()), {}
-            error = (
-                exc
-                if isinstance(exc, errors.MMServerError)
-                else errors.BackendDied(f"{self.describe()} could not start: {exc}")
-            )
-            for pending in [*held, *(turn.pending for turn in turns)]:
-                pending.fail(error)
-            raise
-        self._holding = False
-        held, self._held = self._held, []
-        for pending in held:
-            if not pending.done():
-                self._write(pending)
-        self._pump()
-
-    def _ensure_started(self) -> None:
-        """Start the process on first use (the heavy lane's slots start when a model needs
-        them); a start that failed is tried again on the next use."""
-        if self._process is not None or self._stopping:
-            return
-        self._loop = asyncio.get_running_loop()
-        if self._starting is None or self._starting.done():
-            self._starting = self._loop.create_task(
-                self._start_once(), name=f"mmserver-backend-{self.index}-start"
-            )
-
-    async def _start_once(self) -> None:
-        try:
-            await self.start()
-        except Exception as exc:
-            log.error("%s could not start: %s", self.describe(), exc)
-
-    async def _spawn(self) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        parent, child = self._context.Pipe(duplex=True)
-        process = self._context.Process(
-            target=child_main,
-            args=(child, self.index, self._nice, self._idle_policy, self.lane.name),
-            name=f"mmserver-backend-{self.index}",
-            daemon=True,
-        )
-        await loop.run_in_executor(None, process.start)
-        child.close()
-        if self._heavy_reserve is not None and process.pid is not None:
-            self._heavy_reserve.place(process.pid)
-        sock = socket.socket(fileno=os.dup(parent.fileno()))
-        parent.close()
-        sock.setblocking(False)
-        self._process = process
-        _, protocol = await loop.create_unix_connection(
-            lambda: FrameProtocol(self._on_reply, self._on_connection_lost, self._pump), sock=sock
-        )
-        self._protocol = protocol
-        ping: asyncio.Future[Any] = loop.create_future()
-        self._write(Pending((wire.PING,), ping))
-        try:
-            await asyncio.wait_for(asyncio.shield(ping), _START_TIMEOUT)
-        except TimeoutError:
-            process.kill()
-            raise errors.BackendDied(
-                f"{self.describe()} did not answer within {_START_TIMEOUT:.0f} s of starting"
-            ) from None
-        self._baseline = capacity.rss_bytes([process.pid]) if process.pid is not None else 0
-        self._charged.clear()
-        self._charged_total = 0
+        await self._lifetime.start()
 
     async def stop(self) -> None:
         """Close the pipe (the process exits after answering what it holds) and reap it."""
         self._stopping = True
-        for task in (self._restarting, self._starting):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        crashed = await self._lifetime.stop()
         for handle in (self._pump_handle, self._watchdog):
             if handle is not None:
                 handle.cancel()
         self._pump_handle = self._watchdog = None
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()
-        process = self._process
-        if process is not None:
-            loop = asyncio.get_running_loop()
-            # Past the drain nothing the process still computes is wanted: an idle process
-            # exits at once, one held by a model's code is killed after this grace.
-            await loop.run_in_executor(None, process.join, _STOP_GRACE_S)
-            if process.is_alive():
-                process.kill()
-                await loop.run_in_executor(None, process.join, 5.0)
+        await self._process.stop()
         shutting_down = errors.ShuttingDown("the server is shutting down")
-        turns, self._turns = list(self._turns.values()), {}
-        for pending in [*self._crashed, *self._inflight, *self._held, *(t.pending for t in turns)]:
+        turns = self._loads.take_turns()
+        for pending in [*crashed, *self._inflight, *self._held, *turns]:
             pending.fail(shutting_down)
         self._inflight.clear()
         self._held.clear()
-        self._crashed.clear()
 
     def kill(self) -> None:
         """Kill the process now; it is replaced as if it had died."""
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-
-    # Operations -------------------------------------------------------------------------------
-
-    async def load(self, spec: LoadSpec) -> LoadInfo:
-        """Load a model in the process. The load waits its turn in the run queue with the
-        batches waiting here (:class:`_LoadTurn`)."""
-        if self._stopping:
-            raise errors.ShuttingDown("the server is shutting down")
-        self._ensure_started()
-        future: asyncio.Future[LoadInfo] = self._loop.create_future()
-        turn = _LoadTurn(self, _Load(spec, future))
-        self._turns[spec.key] = turn
-        tag = max(self._loads_vfinish, self.lane.vtime)
-        self._loads_vfinish = tag + self.load_cost.estimate
-        self._queue(tag, turn)
-        try:
-            info = await future
-        except BaseException:
-            if self._turns.get(spec.key) is turn:
-                del self._turns[spec.key]
-            self._loaded.pop(spec.key, None)
-            raise
-        if info.seconds > 0:
-            self.load_cost.observe(info.seconds, info.seconds, 1)
-        self._charge(spec.key, info)
-        return info
-
-    # Memory -----------------------------------------------------------------------------------
-
-    def _charge(self, key: str, info: LoadInfo) -> None:
-        """Count what the load of ``key`` measured here (a load of a model already loaded
-        measures 0 and changes nothing)."""
-        if key in self._loaded and info.memory_bytes and key not in self._charged:
-            self._charged[key] = info.memory_bytes
-            self._charged_total += info.memory_bytes
-
-    def unaccounted_bytes(self) -> int:
-        """Resident bytes the process holds beyond what it held at start and what its models'
-        loads measured: what their predictions keep, pages the allocator kept, a leak. 0 while
-        the process does not run."""
-        pid = self.live_pid
-        if pid is None or not self._baseline or self._holding or self._settling:
-            return 0
-        held = capacity.rss_bytes([pid]) - self._baseline - self._charged_total
-        return max(0, held)
+        self._process.kill()
 
     def recycle(self, reason: str) -> bool:
         """Replace the process with a new one that loads the same models, if it has nothing to
         do (nothing is answered with an error); whether it did. What arrives meanwhile is held
         for the replacement, as after a crash."""
-        if not self.free() or self._stopping or self._restarting is not None or self._settling:
+        if not self.free() or self._stopping or not self._lifetime.recycle(reason):
             return False
-        if self.live_pid is None:
-            return False
-        self._recycling = reason
         self._holding = True  # nothing more goes to this process
-        self.kill()
         return True
 
-    # Scheduling -------------------------------------------------------------------------------
+    # What the lifetime does to the messages (:class:`~mmserver.backend.lifetime.Messages`) --------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def held(self) -> Sequence[Pending]:
+        """The messages held for the process while it starts, in the order they came."""
+        return self._held
+
+    def take_held(self) -> list[Pending]:
+        """The messages held for a process that could not start, which are held no more."""
+        held, self._held = self._held, []
+        return held
+
+    async def connect(self, sock: socket.socket) -> asyncio.Future[Any]:
+        """Read a new process's replies from ``sock`` (its pipe) and ping it; the ping's future,
+        answered once the process runs."""
+        loop = self._loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_unix_connection(
+            lambda: FrameProtocol(self._on_reply, self._on_connection_lost, self._pump), sock=sock
+        )
+        self._protocol = protocol
+        ping: asyncio.Future[Any] = loop.create_future()
+        self._write(Pending((wire.PING,), ping))
+        return ping
+
+    def resume(self, first: Iterable[Pending] = ()) -> None:
+        """The process answered its ping: write ``first`` (a replacement's reloads), then the
+        messages held for it in their order, and admit the batches waiting their turn."""
+        for pending in first:
+            self._write(pending)
+        held, self._held = self._held, []
+        for pending in held:
+            if not pending.done():
+                self._write(pending)
+        self._holding = False
+        self._pump()
+
+    # Models ---------------------------------------------------------------------------------------
+
+    async def load(self, spec: LoadSpec) -> LoadInfo:
+        """Load a model in the process. The load waits its turn in the run queue with the
+        batches waiting here (:class:`~mmserver.backend.loads.LoadTurn`)."""
+        if self._stopping:
+            raise errors.ShuttingDown("the server is shutting down")
+        loop = self._loop = asyncio.get_running_loop()
+        self._lifetime.start_soon()
+        future: asyncio.Future[LoadInfo] = loop.create_future()
+        loads = self._loads
+        tag, turn = loads.turn(spec, future, self.lane.vtime)
+        self._queue(tag, turn)
+        try:
+            info = await future
+        except BaseException:
+            loads.failed(turn)
+            raise
+        loads.answered(spec.key, info)
+        return info
+
+    async def unload(self, key: str) -> None:
+        if not self._loads.unload(key) or self._stopping:
+            return
+        try:
+            await self._send((wire.UNLOAD, key), deadline=None, cost=0.0)
+        except errors.MMServerError:
+            pass  # a process that died holds nothing
+        finally:
+            # Counted until the process has let it go: its pages are held until then.
+            self._loads.uncharge(key)
+
+    def unaccounted_bytes(self) -> int:
+        """Resident bytes the process holds beyond what it held at start and what its models'
+        loads measured: what their predictions keep, pages the allocator kept, a leak. 0 while
+        the process does not run, or while it starts or reloads its models."""
+        if self._holding or self._lifetime.settling:
+            return 0
+        return self._loads.unaccounted_bytes(self._process.live_pid)
+
+    # Scheduling -----------------------------------------------------------------------------------
 
     def ready(self, worker: Runnable) -> None:
         """``worker`` has a batch to run here: it runs at once if the process is idle, otherwise
@@ -394,7 +289,7 @@ class ProcessSlot:
                 cost = worker.cost
                 pipe = math.inf if self._pipe_unknown else self._pipe_cost
                 # A load may go behind anything: what waits for the pipe to drain is a batch.
-                if type(worker) is not _LoadTurn and not admits(
+                if type(worker) is not LoadTurn and not admits(
                     len(self._inflight), pipe, cost.estimate
                 ):
                     break
@@ -425,21 +320,6 @@ class ProcessSlot:
         )
         if self._light_reserve is not None:
             self._light_reserve.light_batch()
-
-    async def unload(self, key: str) -> None:
-        turn = self._turns.pop(key, None)
-        if turn is not None:  # never sent: nothing to unload
-            name = key.split("#")[0]
-            turn.pending.fail(errors.ShuttingDown(f"model {name} was unloaded before it loaded"))
-        if self._loaded.pop(key, None) is None or self._stopping:
-            return
-        try:
-            await self._send((wire.UNLOAD, key), deadline=None, cost=0.0)
-        except errors.MMServerError:
-            pass  # a process that died holds nothing
-        finally:
-            # Counted until the process has let it go: its pages are held until then.
-            self._charged_total -= self._charged.pop(key, 0)
 
     def _send(
         self, message: tuple[Any, ...], deadline: float | None, cost: float = math.inf
@@ -485,7 +365,7 @@ class ProcessSlot:
         if protocol is not None and protocol.transport is not None and out:
             protocol.transport.writelines(frame(out[0] if len(out) == 1 else (wire.MANY, out)))
 
-    # Replies and faults -----------------------------------------------------------------------
+    # Replies and deadlines ------------------------------------------------------------------------
 
     def _on_reply(self, reply: tuple[Any, ...]) -> None:
         if not self._inflight:
@@ -539,82 +419,9 @@ class ProcessSlot:
         if self._stopping:
             return
         self._holding = True
-        if self._inflight:
-            running = self._inflight.popleft()
-            if running.op == wire.PING:  # a replacement that died while starting
-                running.fail(errors.BackendDied(f"{self.describe()} died while starting"))
-            else:
-                self._crashed.append(running)
-        self._held[:0] = [p for p in self._inflight if not p.done()]
-        self._inflight.clear()
+        inflight = self._inflight
+        running = inflight.popleft() if inflight else None
+        self._held[:0] = [p for p in inflight if not p.done()]
+        inflight.clear()
         self._pipe_cost, self._pipe_unknown = 0.0, 0
-        if self._restarting is None:
-            self._restarting = asyncio.get_running_loop().create_task(
-                self._restart(), name=f"mmserver-backend-{self.index}-restart"
-            )
-
-    async def _restart(self) -> None:
-        """Replace a dead process: fail what it was running, reload its models, resend the rest."""
-        loop = asyncio.get_running_loop()
-        reloads: list[asyncio.Future[Any]] = []
-        specs: list[LoadSpec] = []
-        self._settling = True
-        while not self._stopping:
-            process = self._process
-            exit_code: int | None = None
-            if process is not None:
-                await loop.run_in_executor(None, process.join, 5.0)
-                exit_code = process.exitcode
-            described = f"backend process {self.index} (pid {self.pid}, exit code {exit_code})"
-            crashed, self._crashed = self._crashed, []
-            for pending in crashed:
-                pending.fail(
-                    errors.BackendDied(
-                        f"{described} died while running this request; it has been replaced, "
-                        "so the request can be retried"
-                    )
-                )
-            self._metrics.backend_restarts.inc()
-            recycling, self._recycling = self._recycling, None
-            log.log(
-                logging.INFO if recycling else logging.WARNING,
-                "%s %s; starting a replacement to reload %d model(s) and resend %d message(s)",
-                described,
-                f"replaced: {recycling}" if recycling else "died",
-                len(self._loaded),
-                len(self._held),
-            )
-            now = time.monotonic()
-            self._restarts.append(now)
-            if len(self._restarts) == self._restarts.maxlen and now - self._restarts[0] < 10.0:
-                await asyncio.sleep(1.0)  # a crash loop: do not spin
-            try:
-                await self._spawn()
-            except errors.BackendDied:
-                continue  # the replacement died too; its ping is in _crashed
-            except Exception:
-                log.exception("could not start a replacement for %s", described)
-                await asyncio.sleep(1.0)
-                continue
-            # A load the dead process had not begun is sent again with the held messages.
-            resent = {p.spec.key for p in self._held if isinstance(p, _Load)}
-            specs = [s for key, s in self._loaded.items() if key not in resent]
-            reloads = [loop.create_future() for _ in specs]
-            for spec, reload in zip(specs, reloads, strict=True):
-                self._write(Pending((wire.LOAD, spec), reload))
-            held, self._held = self._held, []
-            for pending in held:
-                if not pending.done():
-                    self._write(pending)
-            self._holding = False
-            self._pump()
-            log.info("backend process %d replaced by pid %s", self.index, self.pid)
-            break
-        self._restarting = None
-        results = await asyncio.gather(*reloads, return_exceptions=True)
-        self._settling = False
-        for spec, result in zip(specs, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("reloading %s into %s failed: %s", spec.key, self.describe(), result)
-            else:
-                self._charge(spec.key, result)
+        self._lifetime.died(running)
