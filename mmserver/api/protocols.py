@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from mmserver.codecs.answers import answer_body
 from mmserver.codecs.requests import Request, make_request
-from mmserver.codecs.v2 import HEADER_LENGTH, split_answer, v2_request
+from mmserver.codecs.v2 import HEADER_LENGTH, v2_request
+from mmserver.codecs.v2_answers import split_answer
 from mmserver.errors import InvalidInput, ModelNotFound
 from mmserver.store.names import VERSION_RE
 

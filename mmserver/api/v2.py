@@ -7,9 +7,9 @@
 - metadata: ``GET /v2`` (server) and ``GET /v2/models/{model}[/versions/{version}]`` (loads the
   model if needed: its inputs and outputs are what its backend found in the estimator);
 - inference: ``POST /v2/models/{model}[/versions/{version}]/infer``, JSON tensors or Triton's
-  binary tensor data extension (:mod:`mmserver.codecs.v2`), through the data plane like every
-  other inference route (:data:`mmserver.api.protocols.V2`): same queues, batching, scaling and
-  metrics, the body decoded in the backend;
+  binary tensor data extension (:mod:`mmserver.codecs.v2_requests`), through the data plane like
+  every other inference route (:data:`mmserver.api.protocols.V2`): same queues, batching, scaling
+  and metrics, the body decoded in the backend;
 - Triton's model repository extension: ``POST /v2/repository/index``,
   ``POST /v2/repository/models/{model}/load`` and ``.../unload``, over the WorkLoadManager, the
   last two under the management access rule (:func:`~mmserver.api.middleware.authorize`).

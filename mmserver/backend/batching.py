@@ -34,7 +34,9 @@ from mmserver.codecs.requests import (
 )
 from mmserver.codecs.schema import Inputs, matrix_inputs
 from mmserver.codecs.tabular import Table, merge_tables
-from mmserver.codecs.v2 import decode_v2, encode_v2, is_v2
+from mmserver.codecs.v2 import is_v2
+from mmserver.codecs.v2_answers import encode_v2
+from mmserver.codecs.v2_requests import decode_v2
 
 #: A batch's rows: a float64 matrix, or a table of typed columns.
 Rows = np.ndarray | Table

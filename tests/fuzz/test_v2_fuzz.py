@@ -12,7 +12,8 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from mmserver.codecs.v2 import DATATYPES, NUMERIC, InferRequest, decode_v2, v2_request
+from mmserver.codecs.v2 import DATATYPES, NUMERIC, InferRequest, v2_request
+from mmserver.codecs.v2_requests import decode_v2
 from mmserver.errors import InvalidInput
 from tests.fuzz.strategies import FAST, SCALE, SLOW, assert_client_error, json_values
 from tests.integration.harness import Harness, Serve

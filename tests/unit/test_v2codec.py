@@ -9,14 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmserver.codecs.v2 import (
-    InferRequest,
-    decode_v2,
-    encode_v2,
-    is_v2,
-    split_answer,
-    v2_request,
-)
+from mmserver.codecs.v2 import InferRequest, is_v2, v2_request
+from mmserver.codecs.v2_answers import encode_v2, split_answer
+from mmserver.codecs.v2_requests import decode_v2
 from mmserver.errors import InvalidInput, ModelError
 
 OUTPUTS = ("predict_proba", "predict")

@@ -5,8 +5,8 @@ extension: a JSON header (the request's id and parameters, each input's name, da
 parameters and ``binary_data_size``, every output asked for as binary data), then each input's
 bytes: its ``raw_input_contents`` as they came, or its typed ``contents`` packed the same way
 (little-endian, row-major; a BYTES item a 4-byte little-endian length and its bytes). The
-header's checks are the backend's, as for REST (:func:`mmserver.codecs.v2.decode_v2`): only what
-has no REST form is refused here. :func:`infer_response` reads the answer back into a
+header's checks are the backend's, as for REST (:func:`mmserver.codecs.v2_requests.decode_v2`):
+only what has no REST form is refused here. :func:`infer_response` reads the answer back into a
 ``ModelInferResponse`` whose outputs are ``raw_output_contents``.
 """
 
