@@ -88,9 +88,10 @@ class ProcessSlot:
         self._watchdog: asyncio.TimerHandle | None = None
         #: Messages for a process that is starting (or a replacement that is), written once it
         #: has its models (:meth:`resume`).
-        self._held: list[Pending] = []
+        self.held: list[Pending] = []
         self._holding = True
-        self._stopping = False
+        #: Whether the slot is stopping: it starts no process any more.
+        self.stopping = False
         # Messages written during one turn of the event loop go out in one frame.
         self._out: list[tuple[Any, ...]] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -122,7 +123,7 @@ class ProcessSlot:
 
     async def stop(self) -> None:
         """Close the pipe (the process exits after answering what it holds) and reap it."""
-        self._stopping = True
+        self.stopping = True
         crashed = await self._lifetime.stop()
         for handle in (self._pump_handle, self._watchdog):
             if handle is not None:
@@ -133,10 +134,10 @@ class ProcessSlot:
         await self._process.stop()
         shutting_down = errors.ShuttingDown("the server is shutting down")
         turns = self._loads.take_turns()
-        for pending in [*crashed, *self._inflight, *self._held, *turns]:
+        for pending in [*crashed, *self._inflight, *self.held, *turns]:
             pending.fail(shutting_down)
         self._inflight.clear()
-        self._held.clear()
+        self.held.clear()
 
     def kill(self) -> None:
         """Kill the process now; it is replaced as if it had died."""
@@ -146,25 +147,16 @@ class ProcessSlot:
         """Replace the process with a new one that loads the same models, if it has nothing to
         do (nothing is answered with an error); whether it did. What arrives meanwhile is held
         for the replacement, as after a crash."""
-        if not self.free() or self._stopping or not self._lifetime.recycle(reason):
+        if not self.free() or self.stopping or not self._lifetime.recycle(reason):
             return False
         self._holding = True  # nothing more goes to this process
         return True
 
     # What the lifetime does to the messages (:class:`~mmserver.backend.lifetime.Messages`) --------
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    @property
-    def held(self) -> Sequence[Pending]:
-        """The messages held for the process while it starts, in the order they came."""
-        return self._held
-
     def take_held(self) -> list[Pending]:
         """The messages held for a process that could not start, which are held no more."""
-        held, self._held = self._held, []
+        held, self.held = self.held, []
         return held
 
     async def connect(self, sock: socket.socket) -> asyncio.Future[Any]:
@@ -184,7 +176,7 @@ class ProcessSlot:
         messages held for it in their order, and admit the batches waiting their turn."""
         for pending in first:
             self._write(pending)
-        held, self._held = self._held, []
+        held, self.held = self.held, []
         for pending in held:
             if not pending.done():
                 self._write(pending)
@@ -196,7 +188,7 @@ class ProcessSlot:
     async def load(self, spec: LoadSpec) -> LoadInfo:
         """Load a model in the process. The load waits its turn in the run queue with the
         batches waiting here (:class:`~mmserver.backend.loads.LoadTurn`)."""
-        if self._stopping:
+        if self.stopping:
             raise errors.ShuttingDown("the server is shutting down")
         loop = self._loop = asyncio.get_running_loop()
         self._lifetime.start_soon()
@@ -213,7 +205,7 @@ class ProcessSlot:
         return info
 
     async def unload(self, key: str) -> None:
-        if not self._loads.unload(key) or self._stopping:
+        if not self._loads.unload(key) or self.stopping:
             return
         try:
             await self._send((wire.UNLOAD, key), deadline=None, cost=0.0)
@@ -239,7 +231,7 @@ class ProcessSlot:
         mark = self.answered
         cost = worker.cost
         tag = self.lane.tag(cost)
-        if not self._runq and not self._pumping and not self._holding and not self._stopping:
+        if not self._runq and not self._pumping and not self._holding and not self.stopping:
             pipe = math.inf if self._pipe_unknown else self._pipe_cost
             if admits(len(self._inflight), pipe, cost.estimate):
                 # Nobody waits and the pipe has room: it runs now, as the pump would run it.
@@ -276,7 +268,7 @@ class ProcessSlot:
         if self._pump_handle is not None:
             self._pump_handle.cancel()
             self._pump_handle = None
-        if self._holding or self._stopping or self._pumping:
+        if self._holding or self.stopping or self._pumping:
             return
         runq, lane = self._runq, self.lane
         self._pumping = True
@@ -329,14 +321,14 @@ class ProcessSlot:
         return future
 
     def _enqueue(self, pending: Pending, deadline: float | None) -> None:
-        if self._stopping:
+        if self.stopping:
             raise errors.ShuttingDown("the server is shutting down")
         if deadline is not None:
             pending.deadline = deadline
             if self._watchdog is None:
                 self._watchdog = self._loop.call_later(_WATCH_S, self._watch)
         if self._holding:
-            self._held.append(pending)
+            self.held.append(pending)
         else:
             self._write(pending)
 
@@ -393,7 +385,7 @@ class ProcessSlot:
         self._watchdog = None
         now = self._loop.time()
         waiting = False
-        for pending in (*self._inflight, *self._held):
+        for pending in (*self._inflight, *self.held):
             if pending.done() or pending.deadline == math.inf:
                 continue
             if pending.deadline > now:
@@ -404,7 +396,7 @@ class ProcessSlot:
             if running and not self._holding:
                 log.warning("%s: a prediction timed out; replacing the process", self.describe())
                 self.kill()
-        if waiting and not self._stopping:
+        if waiting and not self.stopping:
             self._watchdog = self._loop.call_later(_WATCH_S, self._watch)
 
     def _on_connection_lost(self, protocol: FrameProtocol) -> None:
@@ -416,12 +408,12 @@ class ProcessSlot:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        if self._stopping:
+        if self.stopping:
             return
         self._holding = True
         inflight = self._inflight
         running = inflight.popleft() if inflight else None
-        self._held[:0] = [p for p in inflight if not p.done()]
+        self.held[:0] = [p for p in inflight if not p.done()]
         inflight.clear()
         self._pipe_cost, self._pipe_unknown = 0.0, 0
         self._lifetime.died(running)
