@@ -43,7 +43,7 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
         state.asynchronous = AsyncInference(config, wlm, metrics, without_paths=state.without_paths)
     if config.capture_path.strip():
         capture = state.capture = Capture(config.capture_path, config.capture_buffer, metrics)
-        wlm.capture = capture  # shadow runs whose answers differ are captured with both
+        wlm.shadows.capture = capture  # shadow runs whose answers differ are captured with both
 
         async def start_capture(app: web.Application) -> None:
             capture.start()

@@ -104,8 +104,8 @@ class Server:
             self.store.root,
             config.backend_processes,
             config.backend_processes_source(),
-            self.wlm.budget.value,
-            self.wlm.budget.source,
+            self.wlm.room.budget.value,
+            self.wlm.room.budget.source,
             self._runner.policy.max_connections,
         )
 

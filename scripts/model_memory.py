@@ -59,10 +59,10 @@ async def measure(store: Path, models: int, processes: int) -> None:
     await wlm.start()
     x = make_request(b"[[0.5]]", "application/json", None)
     try:
-        await wlm.infer("sklearn-0", x)
+        await wlm.submit("sklearn-0", x).answer
         one = snapshot(wlm)
         for i in range(models):
-            await wlm.infer(f"sklearn-{i}", x)
+            await wlm.submit(f"sklearn-{i}", x).answer
         many = snapshot(wlm)
     finally:
         await wlm.stop(5.0)

@@ -84,15 +84,17 @@ async def describe_model(request: web.Request) -> web.Response:
     name = normalize_name(request.match_info["model"])
     asked = request.match_info.get("version")
     if asked is not None:
-        await wlm.resolve(versioned(name, asked))  # 404 for a version the model does not have
-    rollout = await wlm.rollout(name)
+        await wlm.versions.resolve(
+            versioned(name, asked)
+        )  # 404 for a version the model does not have
+    rollout = await wlm.versions.rollout_of(name)
     if rollout is None:
-        model = await wlm.describe(name)
+        model = await wlm.catalog.describe(name)
         return web.json_response([{"workflowName": name, "models": [_describe(model)]}])
     versions = rollout.versions if asked is None else (int(asked),)
     workflows = []
     for version in versions:
-        described = _describe(await wlm.describe(rollout.key(version)))
+        described = _describe(await wlm.catalog.describe(rollout.key(version)))
         described["modelName"] = name
         described["version"] = str(version)
         described["isDefault"] = version == rollout.default
@@ -249,7 +251,9 @@ async def unload_model(request: web.Request) -> web.Response:
     authorize(request)
     name = _target(request)
     if "/" in name:
-        await request.app[STATE].wlm.resolve(name)  # 404 for a version the model does not have
+        await request.app[STATE].wlm.versions.resolve(
+            name
+        )  # 404 for a version the model does not have
     await request.app[STATE].wlm.unload(name)
     return web.json_response({"status": f'Model or workflow "{name}" unregistered'})
 

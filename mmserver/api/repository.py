@@ -54,11 +54,11 @@ async def not_ready_reason(wlm: WorkLoadManager, name: str) -> str | None:
     :class:`ShuttingDown` once shutdown has begun."""
     if not wlm.accepting:
         raise ShuttingDown("the server is shutting down; its models take no new requests")
-    name = await wlm.resolve(name)
+    name = await wlm.versions.resolve(name)
     status = wlm.status(name)
     if status is ModelStatus.READY:
         return None
-    await wlm.describe(name)  # ModelNotFound (404) for a model the server does not know
+    await wlm.catalog.describe(name)  # ModelNotFound (404) for a model the server does not know
     reason = wlm.failure(name) if status is ModelStatus.FAILED else None
     return (
         f"model {name} is not ready: it is {status.value.lower()}"
@@ -73,7 +73,7 @@ async def metadata_of(wlm: WorkLoadManager, name: str) -> dict[str, Any]:
     metadata = describe(key, wlm.signature(key))
     base, version = split_version(key)
     if version is not None:
-        rollout = await wlm.rollout(base)
+        rollout = await wlm.versions.rollout_of(base)
         metadata["name"] = base
         metadata["versions"] = [str(v) for v in (rollout.versions if rollout else (version,))]
     return metadata
@@ -121,7 +121,7 @@ async def index_of(wlm: WorkLoadManager, only_ready: bool) -> list[dict[str, str
     has read: a row per version); the loaded ones only when ``only_ready``."""
     index = []
     for model in await wlm.list_models():
-        rollout = wlm.known_rollout(model.name)
+        rollout = wlm.versions.rollouts.get(model.name)
         rows = (
             [(model.name, VERSION, model.status)]
             if rollout is None
@@ -162,7 +162,7 @@ async def unload(wlm: WorkLoadManager, name: str, parameters: Mapping[str, Any])
     try:
         await wlm.unload(name)
     except ModelNotFound:
-        await wlm.describe(name)  # ModelNotFound again for a model the server does not know
+        await wlm.catalog.describe(name)  # ModelNotFound again for a model the server does not know
 
 
 def bool_param(params: Mapping[str, Any], name: str, *, default: bool) -> bool:

@@ -156,7 +156,7 @@ class Acceptor:
     def _places(self, model: str) -> tuple[str, str]:
         """Where the answers and failures of ``model`` go: its own settings when the server
         knows them (the model is loaded), otherwise the server's."""
-        pool = self._wlm.pool(model)
+        pool = self._wlm.room.loaded.get(model)
         output = self._config.async_outputs
         failure = self._config.async_failure_path.strip() or None
         if pool is not None:

@@ -173,7 +173,7 @@ class Dispatcher:
             if not_before > now:
                 wait = min(SWEEP_S, not_before - now)
                 continue
-            pool = self._wlm.pool(model)
+            pool = self._wlm.room.loaded.get(model)
             limit = pool.config.async_max_workers if pool else self._config.async_max_workers
             if self._per_model[model] >= limit:
                 continue

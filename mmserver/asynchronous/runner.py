@@ -140,7 +140,7 @@ class AsyncInference:
             wake=wake.set,
         )
         runner = Runner(self._writer, self._computer, self._settler, clock)
-        intake = Intake(lambda: wlm.real_time_arrived, metrics.async_paced.inc)
+        intake = Intake(lambda: wlm.room.queued.arrived, metrics.async_paced.inc)
         self._dispatcher = Dispatcher(
             config,
             wlm,

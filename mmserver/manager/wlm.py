@@ -21,7 +21,6 @@ their steps.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -34,18 +33,15 @@ from mmserver.config.server import ModelConfig, ServerConfig
 from mmserver.lifecycle.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.lifecycle.files import UNPACK_PROCESSES, FileWork
 from mmserver.lifecycle.loading import Loader
-from mmserver.lifecycle.record import ModelRecord, ModelStatus
+from mmserver.lifecycle.record import ModelStatus
 from mmserver.lifecycle.room import Room
 from mmserver.lifecycle.shadow import Shadows
 from mmserver.lifecycle.versions import Versions
 from mmserver.manager.submission import Submission, Submitter
-from mmserver.ops.capacity import Limit
-from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.rollout import Rollout
 from mmserver.policy.scaling import background_share
 from mmserver.serving.pool import ModelPool
-from mmserver.store.index import StoreIndex
 from mmserver.store.names import normalize_name, normalize_target
 from mmserver.store.source import ModelSource
 from mmserver.store.urls import resolve_model_url
@@ -84,30 +80,30 @@ class WorkLoadManager:
         )
         self.accepting = False
         self._stopped = False
-        self._catalog = Catalog(config, store, metrics)
-        self._files = FileWork(store, self._catalog.defaults, self.backend.context)
-        self._room = Room(
-            config, self._catalog, self.backend, metrics, wait_seconds=room_wait_seconds
+        self.catalog = Catalog(config, store, metrics)
+        self.files = FileWork(store, self.catalog.defaults, self.backend.context)
+        self.room = Room(
+            config, self.catalog, self.backend, metrics, wait_seconds=room_wait_seconds
         )
-        self._loader = Loader(
-            self._catalog,
-            self._room,
+        self.loader = Loader(
+            self.catalog,
+            self.room,
             self.backend,
             metrics,
-            self._files,
+            self.files,
             retry_seconds=load_retry_seconds,
             clock=clock,
         )
         state_dir = config.state_path if config.state_dir.strip() else config.cache_path
-        self._versions = Versions(self._catalog, self._room.loaded, state_dir)
-        self._submitter = Submitter(self._room, self._loader, self._versions)
-        self._shadows = Shadows(
+        self.versions = Versions(self.catalog, self.room.loaded, state_dir)
+        self.submitter = Submitter(self.room, self.loader, self.versions)
+        self.shadows = Shadows(
             self._run_shadow,
             background_share(config.backend_processes),
             lambda: self.real_time_queued,
             metrics,
         )
-        self._submitter.shadows = self._shadows
+        self.submitter.shadows = self.shadows
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The scan of a local store begun at :meth:`start` (which does not wait for it).
         self.first_scan: asyncio.Task[None] | None = None
@@ -115,82 +111,25 @@ class WorkLoadManager:
     # The parts' state, as the API and the tests read it ---------------------------------------
 
     @property
-    def index(self) -> StoreIndex:
-        """The store's names, for listing (:mod:`mmserver.store.index`)."""
-        return self._catalog.index
-
-    @property
-    def real_time_arrived(self) -> int:
-        """Real-time jobs ever queued, over every model."""
-        return self._room.queued.arrived
-
-    @property
     def real_time_queued(self) -> int:
         """Real-time jobs waiting in every model's queue now (background jobs not counted)."""
-        queued = self._room.queued
+        queued = self.room.queued
         return queued.jobs - queued.background
-
-    @property
-    def capture(self) -> Capture | None:
-        """Where shadow answers that differ are captured with the primary's."""
-        return self._shadows.capture
-
-    @capture.setter
-    def capture(self, capture: Capture | None) -> None:
-        self._shadows.capture = capture
-
-    @property
-    def shadow_runs(self) -> int:
-        """Shadow runs offered and not ended: waiting for their request's answer, or running
-        (:mod:`mmserver.lifecycle.shadow`)."""
-        return self._shadows.pending + self._shadows.running
-
-    @property
-    def budget(self) -> Limit:
-        """The memory budget of loaded models (MiB) and where it came from."""
-        return self._room.budget
-
-    @property
-    def load_retry_seconds(self) -> float:
-        return self._loader.retry_seconds
-
-    @load_retry_seconds.setter
-    def load_retry_seconds(self, seconds: float) -> None:
-        self._loader.retry_seconds = seconds
-
-    @property
-    def room_wait_seconds(self) -> float:
-        return self._room.wait_seconds
-
-    @room_wait_seconds.setter
-    def room_wait_seconds(self, seconds: float) -> None:
-        self._room.wait_seconds = seconds
-
-    @property
-    def _models(self) -> dict[str, ModelRecord]:
-        return self._catalog.records
-
-    @property
-    def _failed(self) -> collections.OrderedDict[str, None]:
-        return self._catalog.failed
-
-    def _used_bytes(self) -> int:
-        return self._room.used_bytes()
 
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the backend processes, then load the models named by ``load_models``."""
         await self.backend.start()
-        await self._versions.open()
-        self._files.bind(asyncio.get_running_loop())
-        self._room.measure_budget(UNPACK_PROCESSES if self._files.processes is not None else 0)
+        await self.versions.open()
+        self.files.bind(asyncio.get_running_loop())
+        self.room.measure_budget(UNPACK_PROCESSES if self.files.processes is not None else 0)
         self.accepting = True
         self.first_scan = self._background(
             self._scan_local_store(), "mmserver-store-index-first-scan"
         )
         if self.backend.context is not None:
-            self._background(self._room.watch_memory(), "mmserver-memory-watch")
+            self._background(self.room.watch_memory(), "mmserver-memory-watch")
         wanted = self.config.load_models.strip()
         if wanted.upper() == "NONE" or not wanted:
             return
@@ -200,9 +139,9 @@ class WorkLoadManager:
             names = [n.strip() for n in wanted.split(",") if n.strip()]
         for name in names:
             try:
-                key = await self._versions.resolve(name)
-                self._catalog.record(key).startup = True
-                await self._loader.get_pool(key)
+                key = await self.versions.resolve(name)
+                self.catalog.record(key).startup = True
+                await self.loader.get_pool(key)
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
 
@@ -220,14 +159,14 @@ class WorkLoadManager:
         index is filled by the first listing."""
         try:
             if await asyncio.to_thread(self.store.version) is not None:
-                await self.index.refresh()
+                await self.catalog.index.refresh()
         except Exception as exc:
             log.warning("the model store could not be scanned at start: %s", exc)
 
     def begin_shutdown(self) -> None:
         """Refuse new requests from now on (``/ping`` reports 503)."""
         self.accepting = False
-        self._room.close()
+        self.room.close()
 
     def _refuse_if_stopping(self) -> None:
         if not self.accepting:
@@ -240,10 +179,10 @@ class WorkLoadManager:
             return
         self._stopped = True
         self.begin_shutdown()
-        await self._shadows.stop()
-        await self._loader.cancel_all()
+        await self.shadows.stop()
+        await self.loader.cancel_all()
         # The pools drain as loaded models: they stay READY, with their series, until the end.
-        records = [r for r in self._catalog.records.values() if r.pool is not None]
+        records = [r for r in self.catalog.records.values() if r.pool is not None]
         await asyncio.gather(
             *(r.pool.stop(drain_timeout, unload=False) for r in records if r.pool is not None),
             return_exceptions=True,
@@ -252,14 +191,14 @@ class WorkLoadManager:
             record.pool = None
             record.become(ModelStatus.UNLOADING)
             record.become(ModelStatus.UNLOADED)
-            self._catalog.drop_if_unkept(record)
-        self._room.forget_all()
+            self.catalog.drop_if_unkept(record)
+        self.room.forget_all()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.index.stop()
+        await self.catalog.index.stop()
         await self.backend.stop()
-        await self._files.close()
+        await self.files.close()
         self.refresh_metrics()
 
     # Requests ---------------------------------------------------------------------------------
@@ -288,50 +227,23 @@ class WorkLoadManager:
         version of a canary rollout (:mod:`mmserver.lifecycle.versions`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
-        return self._submitter.submit(name, request, client_gone, deadline, background, routing)
+        return self.submitter.submit(name, request, client_gone, deadline, background, routing)
 
     async def _run_shadow(self, key: str, request: Request) -> bytes:
         """A shadow run of ``request`` on version ``key``: a background job."""
         return await self.submit(key, request, background=True).answer
 
-    async def infer(
-        self,
-        name: str,
-        request: Request,
-        *,
-        deadline: float | None = None,
-        client_gone: Callable[[], bool] | None = None,
-    ) -> bytes:
-        """:meth:`submit`, and wait for the answer's body."""
-        return await self.submit(name, request, client_gone, deadline=deadline).answer
-
     async def ready(self, name: str) -> str:
         """Load model ``name`` (any spelling; of a model with versions, the version it names or
         the default) if it is not loaded; its name (a version's key)."""
         self._refuse_if_stopping()
-        return (await self._loader.get_pool(await self._versions.resolve(name))).name
-
-    async def resolve(self, name: str) -> str:
-        """The model or version key a request for ``name`` goes to
-        (:mod:`mmserver.lifecycle.versions`);
-        :class:`errors.ModelNotFound` for a version the model does not have."""
-        return await self._versions.resolve(name)
-
-    async def rollout(self, name: str) -> Rollout | None:
-        """The versions of model ``name`` and where its requests go (``None``: a model without
-        versions)."""
-        return await self._versions.rollout_of(name)
-
-    def known_rollout(self, name: str) -> Rollout | None:
-        """The rollout of model ``name`` as the server last read it (``None``: a model without
-        versions, or one not asked for yet); no store look-up."""
-        return self._versions.rollouts.get(name)
+        return (await self.loader.get_pool(await self.versions.resolve(name))).name
 
     async def set_default_version(self, name: str, version: int) -> Rollout:
         """Load version ``version`` of model ``name`` (management: no room is 507), then send
         the requests that name no version to it (:meth:`Versions.switch`)."""
         self._refuse_if_stopping()
-        return await self._versions.switch(name, version, self._get_pool_for_management)
+        return await self.versions.switch(name, version, self._get_pool_for_management)
 
     async def set_share(self, name: str, version: int, role: str, percent: float) -> Rollout:
         """Load version ``version`` of model ``name``, then give it ``percent`` % of the
@@ -339,18 +251,18 @@ class WorkLoadManager:
         role, and nothing is loaded)."""
         self._refuse_if_stopping()
         load = self._get_pool_for_management
-        return await self._versions.switch(name, version, load, role, percent)
+        return await self.versions.switch(name, version, load, role, percent)
 
     # Management -------------------------------------------------------------------------------
 
     def status(self, name: str) -> ModelStatus:
         """The status of model ``name`` (safe to call from any thread)."""
-        record = self._catalog.records.get(name)
+        record = self.catalog.records.get(name)
         return record.status if record is not None else ModelStatus.UNLOADED
 
     def failure(self, name: str) -> str | None:
         """Why the last load of ``name`` failed, while it counts as failed."""
-        record = self._catalog.get(name)
+        record = self.catalog.get(name)
         failure = record.failure if record is not None else None
         return failure.error.message if failure is not None else None
 
@@ -359,24 +271,19 @@ class WorkLoadManager:
         (:func:`mmserver.execution.predictor.signature`); ``None`` while it is not loaded into a
         backend (a model with ``minWorkers=0`` is
         loaded there on its first request)."""
-        record = self._catalog.get(name)
+        record = self.catalog.get(name)
         return record.signature if record is not None else None
 
     async def list_page(self, after: str | None, limit: int) -> tuple[list[ModelListing], bool]:
         """Up to ``limit`` models after the name ``after``, of the store and registered, sorted
         by name, and whether more follow. From the store index: O(log n + limit). A model
         with versions has the status of its default version."""
-        page, more = await self._catalog.list_page(after, limit)
-        return self._versions.listed(page), more
+        page, more = await self.catalog.list_page(after, limit)
+        return self.versions.listed(page), more
 
     async def list_models(self) -> list[ModelListing]:
         """Every model of the store and every registered one, sorted by name."""
-        return self._versions.listed(await self._catalog.list_models())
-
-    async def describe(self, name: str) -> ModelView:
-        """What the server knows of model ``name``: its configuration and status, and of a
-        loaded model its workers, memory, cost and predict paths; the last load's error."""
-        return await self._catalog.describe(name)
+        return self.versions.listed(await self.catalog.list_models())
 
     async def register(
         self, *, url: str, name: str | None, overrides: dict[str, Any], synchronous: bool
@@ -385,28 +292,28 @@ class WorkLoadManager:
         self._refuse_if_stopping()
         path = await asyncio.to_thread(resolve_model_url, url, self.config.allowed_roots)
         name = normalize_name(name or path.name)
-        self._catalog.register(name, self.store.entry_for_path(path, name), url, overrides)
+        self.catalog.register(name, self.store.entry_for_path(path, name), url, overrides)
         if not synchronous:
             self._background(self._register_in_background(name), f"mmserver-register-{name}")
             return name
         try:
             await self._get_pool_for_management(name)
         except BaseException:
-            self._catalog.forget(name)
+            self.catalog.forget(name)
             raise
         return name
 
     async def load(self, name: str) -> None:
         """Load a model of the store, or a registered one, now (management: no room is 507)."""
         self._refuse_if_stopping()
-        await self._get_pool_for_management(await self._versions.resolve(name))
+        await self._get_pool_for_management(await self.versions.resolve(name))
 
     async def _get_pool_for_management(self, name: str) -> ModelPool:
         """The model's pool, loaded if needed, for a management call, which is told that the
         server has no room for the model as 507 (DJL's answer to a registration it cannot
         load), not 503."""
         try:
-            return await self._loader.get_pool(name)
+            return await self.loader.get_pool(name)
         except errors.NoCapacity as exc:
             raise errors.InsufficientMemory(exc.room) from None
 
@@ -420,11 +327,11 @@ class WorkLoadManager:
         """Apply new worker and batching settings to a model, live (loading it if needed);
         the model's configuration now."""
         self._refuse_if_stopping()
-        name = await self._versions.resolve(name)
-        self._catalog.check_overrides(overrides)
+        name = await self.versions.resolve(name)
+        self.catalog.check_overrides(overrides)
         pool = await self._get_pool_for_management(name)
         config = pool.config.requested(**overrides)
-        record = self._catalog.get(name)
+        record = self.catalog.get(name)
         if record is not None:
             record.overrides = {**(record.overrides or {}), **overrides}
         await pool.rescale(config)
@@ -435,40 +342,32 @@ class WorkLoadManager:
         """Unload a model or version (answering what it has queued first) and forget its
         registration. A model with versions: every version of it that is loaded."""
         name = normalize_target(name)
-        rollout = self._versions.rollouts.get(name)
+        rollout = self.versions.rollouts.get(name)
         if rollout is not None:
-            keys = [k for k in map(rollout.key, rollout.versions) if self._catalog.get(k)]
+            keys = [k for k in map(rollout.key, rollout.versions) if self.catalog.get(k)]
             if not keys:
                 raise errors.ModelNotFound(f"model {name}: none of its versions is loaded")
             for key in keys:
                 await self.unload(key)
             return
-        record = self._catalog.get(name)
+        record = self.catalog.get(name)
         if record is not None and record.load is not None:
             await asyncio.gather(record.load, return_exceptions=True)
-            record = self._catalog.get(name)
+            record = self.catalog.get(name)
         known = record is not None and (
             record.pool is not None or record.registered is not None or record.failure is not None
         )
         if not known:
             raise errors.ModelNotFound(f"model {name} is not loaded")
-        await self._room.unload(
+        await self.room.unload(
             name, reason="unloaded by the management API", drain_timeout=self.config.predict_timeout
         )
-        self._catalog.forget(name)
+        self.catalog.forget(name)
 
     # Metrics ----------------------------------------------------------------------------------
 
     def refresh_metrics(self) -> None:
         """Set the gauges from the current state (called before a scrape; free on the hot
         path)."""
-        self._room.refresh_metrics()
+        self.room.refresh_metrics()
         self.metrics.processes.set_backends(self.backend.processes())
-
-    @property
-    def loaded(self) -> list[str]:
-        """Loaded model names, least recently used first."""
-        return list(self._room.loaded)
-
-    def pool(self, name: str) -> ModelPool | None:
-        return self._room.loaded.get(name)

@@ -152,4 +152,4 @@ async def test_a_doubled_archive_suffix_is_refused_and_loads_nothing(server: Har
         response = await server.post(f"/predictions/{name}", "[[0.5]]")
         assert response.status == 400
         assert (await error_of(response))["type"] == "BadRequestException"
-    assert server.wlm.loaded == ["sklearn-7"]
+    assert list(server.wlm.room.loaded) == ["sklearn-7"]

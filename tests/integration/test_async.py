@@ -502,7 +502,7 @@ async def test_asynchronous_jobs_do_not_scale_a_model_up_as_real_time_ones_do(
     harness = await serve()
     wlm = harness.wlm
     await wlm.rescale("gated-handler", {"max_workers": 4, "job_queue_size": 100})
-    pool = wlm.pool("gated-handler")
+    pool = wlm.room.loaded.get("gated-handler")
     assert pool is not None and len(pool.workers) == 1
     job = make_request(b"[[0.5]]", "application/json", None)
     background = [wlm.submit("gated-handler", job, background=True).answer for _ in range(10)]

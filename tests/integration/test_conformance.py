@@ -435,7 +435,7 @@ async def test_a_models_properties_are_read_as_java_does(serve: Serve, tmp_path:
     assert response.status == 200, await response.text()
     model = await describe(harness, "escaped")
     assert (model["batchSize"], model["maxBatchDelayMillis"]) == (4, 15)
-    pool = harness.wlm.pool("escaped")
+    pool = harness.wlm.room.loaded.get("escaped")
     assert pool is not None
     assert pool.config.properties["option.note"] == "a # b"
     # "200\\" is not a number: that key is refused when its value is read.

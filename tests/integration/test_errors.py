@@ -284,7 +284,7 @@ async def test_500_unexpected_exception_on_the_inference_path_is_generic(
 
 def queue_length(server: Harness, model: str) -> int:
     """Jobs waiting in the queue of ``model`` (0 when it is not loaded)."""
-    pool = server.wlm.pool(model)
+    pool = server.wlm.room.loaded.get(model)
     return len(pool.queue) if pool is not None else 0
 
 

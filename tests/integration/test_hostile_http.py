@@ -348,7 +348,7 @@ async def test_bytes_behind_an_upgrade_request_are_never_parsed_as_a_request(
     # The upgrade request is answered, with the connection closed; nothing after it is read.
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200"]
     assert _split(answer)[1]["connection"] == "close"
-    assert "sklearn-0" in harness.wlm.loaded
+    assert "sklearn-0" in harness.wlm.room.loaded
 
 
 @pytest.mark.parametrize("lean_http", [True, False], ids=["lean", "aiohttp"])

@@ -40,7 +40,7 @@ async def answer(harness: Harness, model: str, x: float) -> Any:
 
 
 def lanes_of(harness: Harness, model: str) -> list[str]:
-    pool = harness.wlm.pool(model)
+    pool = harness.wlm.room.loaded.get(model)
     assert pool is not None
     return [w.slot.lane.name for w in pool.workers.values()]
 
@@ -49,7 +49,7 @@ async def settled_in(harness: Harness, model: str, lane: str) -> None:
     """Wait until every worker of ``model`` is in ``lane`` and loaded there."""
 
     def done() -> bool:
-        pool = harness.wlm.pool(model)
+        pool = harness.wlm.room.loaded.get(model)
         return (
             pool is not None
             and pool.lane == lane
@@ -81,7 +81,7 @@ async def test_light_models_are_answered_while_a_heavy_one_holds_every_heavy_bac
 
     gate.unlink()
     held = [asyncio.ensure_future(answer(harness, "hog", 30.0)) for _ in range(6)]
-    pool = harness.wlm.pool("hog")
+    pool = harness.wlm.room.loaded.get("hog")
     assert pool is not None
     # The scaling rule gives it its second worker; both heavy processes are then held.
     await wait_until(lambda: pool.running == 2, 20)
@@ -91,7 +91,7 @@ async def test_light_models_are_answered_while_a_heavy_one_holds_every_heavy_bac
     for i in range(10):
         status, body = await answer(harness, f"sklearn-{i}", 0.5)
         assert status == 200 and body["predictions"][0] == pytest.approx(2.0, abs=0.05)
-    light = harness.wlm.pool("sklearn-0")
+    light = harness.wlm.room.loaded.get("sklearn-0")
     assert light is not None and lanes_of(harness, "sklearn-0") == ["light"]
     assert not any(task.done() for task in held)
 
@@ -128,7 +128,7 @@ async def test_a_model_whose_cost_falls_moves_back_to_the_light_lane(
     # Cheap batches bring its moving average down under half the threshold.
     for _ in range(40):
         assert await answer(harness, "changing", 0.0) == (200, {"predictions": [0.0]})
-        pool = harness.wlm.pool("changing")
+        pool = harness.wlm.room.loaded.get("changing")
         if pool is not None and pool.lane == "light":
             break
     await settled_in(harness, "changing", "light")
@@ -165,11 +165,11 @@ async def test_the_backend_is_shared_by_time_not_by_turns(
     log.write_text("")
     gate.unlink()
     costly = [asyncio.ensure_future(answer(harness, "costly", 40.0)) for _ in range(30)]
-    pool = harness.wlm.pool("costly")
+    pool = harness.wlm.room.loaded.get("costly")
     assert pool is not None
     await wait_until(lambda: pool.running == 1 and len(pool.queue) == 29)
     cheap = [asyncio.ensure_future(answer(harness, "cheap", 0.0)) for _ in range(30)]
-    cheap_pool = harness.wlm.pool("cheap")
+    cheap_pool = harness.wlm.room.loaded.get("cheap")
     assert cheap_pool is not None
     await wait_until(lambda: cheap_pool.readied + cheap_pool.running + len(cheap_pool.queue) > 0)
     gate.touch()
@@ -198,7 +198,7 @@ async def test_loads_asked_after_a_waiting_batch_run_after_it(
     harness = await serve(model_store=str(store), backend_processes=1, heavy_processes=0)
     assert await answer(harness, "cheap", 0.0) == (200, {"predictions": [0.0]})
     log.write_text("")
-    pool = harness.wlm.pool("cheap")
+    pool = harness.wlm.room.loaded.get("cheap")
     assert pool is not None
     readied = pool.readied
     slow = asyncio.ensure_future(answer(harness, "slow", 1.0))
@@ -236,7 +236,7 @@ async def test_a_load_is_not_held_back_by_a_model_with_a_deep_queue(
     log.write_text("")
     gate.unlink()
     costly = [asyncio.ensure_future(answer(harness, "costly", 20.0)) for _ in range(10)]
-    pool = harness.wlm.pool("costly")
+    pool = harness.wlm.room.loaded.get("costly")
     assert pool is not None
     slot = harness.wlm.backend.slots[0]
     assert isinstance(slot, ProcessSlot)
@@ -279,7 +279,7 @@ async def test_a_load_in_the_pipe_of_a_process_that_dies_is_loaded_once_by_its_r
     gate.touch()
     assert await late == (200, {"predictions": [1.0]})
     assert slot.pid != died
-    pool = harness.wlm.pool("late")
+    pool = harness.wlm.room.loaded.get("late")
     assert pool is not None and pool.copy_bytes > 0
     signature = harness.wlm.signature("late")
     assert signature is not None and signature["platform"] == "python"

@@ -364,5 +364,5 @@ async def test_register_and_rescale_are_refused_once_the_server_is_stopping(
     response = await server.client.put("/models/sklearn-30", params={"max_worker": "2"})
     assert response.status == 503
     assert "shutting down" in (await error_of(response))["message"]
-    assert server.wlm.pool("sklearn-1") is None
-    assert server.wlm.pool("sklearn-30") is None
+    assert server.wlm.room.loaded.get("sklearn-1") is None
+    assert server.wlm.room.loaded.get("sklearn-30") is None

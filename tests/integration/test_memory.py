@@ -90,12 +90,12 @@ async def test_forests_churned_through_a_small_budget_stay_in_it(tmp_path: Path)
         start = resident(pid)
         bound = (BUDGET_MB + SLACK_MB) * 2**20
         for i in [*range(12), *range(12)]:
-            await wlm.infer(f"forest-{i}", x)
+            await wlm.submit(f"forest-{i}", x).answer
             assert slot.live_pid == pid  # kept in the budget by evictions, not restarts
             await wait_until(lambda: resident(pid) - start <= bound, seconds=10.0)
         charged = wlm.metrics.registry.get_sample_value("mmserver_model_memory_bytes")
         # A forest's charge is what it holds loaded, several times its ~5 MB file.
-        pool = wlm.pool("forest-11")
+        pool = wlm.room.loaded.get("forest-11")
         assert pool is not None and pool.copy_bytes > 8 * 2**20
         assert charged is None or charged <= BUDGET_MB * 2**20
 
@@ -115,10 +115,10 @@ async def test_a_process_that_holds_more_than_its_share_is_replaced_when_idle(
         # Each request leaks 16 MiB; past the budget (the one process's share) the process is
         # replaced once idle, and every request is still answered.
         for _ in range(12):
-            assert value(await wlm.infer("leaky", rows([[1.0]]))) == 2.0
+            assert value(await wlm.submit("leaky", rows([[1.0]])).answer) == 2.0
             if slot.live_pid not in (None, first):
                 break
         await wait_until(lambda: slot.live_pid not in (None, first), seconds=10.0)
         assert wlm.metrics.registry.get_sample_value("mmserver_backend_restarts_total") == 1
-        assert value(await wlm.infer("leaky", rows([[3.0]]))) == 6.0
+        assert value(await wlm.submit("leaky", rows([[3.0]])).answer) == 6.0
         assert slot.unaccounted_bytes() < BUDGET_MB * 2**20

@@ -200,7 +200,7 @@ async def test_server_wide_gauges_follow_the_queues_and_workers(serve: Serve, ga
     server = await serve(metrics_model_label="requests")
     running = await hold_gate(server, gate, "/predictions/gated-handler")
     queued = asyncio.ensure_future(server.post("/predictions/gated-handler", "[[0.5]]"))
-    pool = server.wlm.pool("gated-handler")
+    pool = server.wlm.room.loaded.get("gated-handler")
     assert pool is not None
     await wait_until(lambda: len(pool.queue) == 1)
     samples = await server.samples()

@@ -173,15 +173,17 @@ async def test_every_model_is_served_through_the_workloadmanager(
 
         async def predict(name: str) -> float:
             async with room:
-                return value(await server.wlm.infer(name, X))
+                return value(await server.wlm.submit(name, X).answer)
 
         names = [f"sklearn-{i}" for i in range(COUNT)]
         results = await asyncio.gather(*(predict(n) for n in names))
         assert results == pytest.approx([REFERENCE] * COUNT, abs=0.05)
-        assert len(server.wlm.loaded) == COUNT
+        assert len(server.wlm.room.loaded) == COUNT
         assert gets.count() == COUNT
         # Loaded: answered without the store.
-        assert value(await server.wlm.infer("sklearn-999", X)) == pytest.approx(REFERENCE, 0.05)
+        assert value(await server.wlm.submit("sklearn-999", X).answer) == pytest.approx(
+            REFERENCE, 0.05
+        )
         assert gets.count() == COUNT
 
 
@@ -246,10 +248,10 @@ async def test_objects_added_and_removed_are_listed_after_a_lookup(
         lists = Requests(store_of(server).client, "ListObjectsV2")
         assert [m.name for m in await server.wlm.list_models()] == ["a"]
         put("fresh/b.tgz", reference_archive())
-        assert value(await server.wlm.infer("b", X)) == pytest.approx(REFERENCE, abs=0.05)
+        assert value(await server.wlm.submit("b", X).answer) == pytest.approx(REFERENCE, abs=0.05)
         client.delete_object(Bucket=BUCKET, Key="fresh/a.tar.gz")
         with pytest.raises(errors.ModelNotFound):
-            await server.wlm.infer("a", X)
+            await server.wlm.submit("a", X).answer
         models = await server.wlm.list_models()
         assert [(m.name, m.url) for m in models] == [("b", f"s3://{BUCKET}/fresh/b.tgz")]
         # One listing of the store; one of fresh/a/, where the versions of a model a would be
@@ -265,7 +267,9 @@ async def test_objects_added_and_removed_are_listed_after_a_lookup(
 async def test_concurrent_first_requests_download_once(s3: S3Server, tmp_path: Path) -> None:
     async with serving(tmp_path / "cache") as server:
         gets = Requests(store_of(server).client, "GetObject")
-        results = await asyncio.gather(*(server.wlm.infer("sklearn-500", X) for _ in range(50)))
+        results = await asyncio.gather(
+            *(server.wlm.submit("sklearn-500", X).answer for _ in range(50))
+        )
         assert [value(r) for r in results] == pytest.approx([REFERENCE] * 50, abs=0.05)
         assert gets.count() == 1
         # The archive is not kept once unpacked, and nothing half-done is left.
@@ -320,12 +324,14 @@ async def test_cache_past_max_cache_mb_drops_least_recently_used_copies(
         store = store_of(server)
         gets = Requests(store.client, "GetObject")
         for i in range(4):
-            assert value(await server.wlm.infer(f"big-{i}", X)) == pytest.approx(REFERENCE, 0.05)
+            assert value(await server.wlm.submit(f"big-{i}", X).answer) == pytest.approx(
+                REFERENCE, 0.05
+            )
         # big-0 and big-1 went (least recently used, no longer loaded) to keep 1 MiB.
         assert {c.rsplit("-", 1)[0] for c in copies(cache)} == {"big-2", "big-3"}
         assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= 2**20
         # Back on its next request: downloaded again.
-        assert value(await server.wlm.infer("big-0", X)) == pytest.approx(REFERENCE, 0.05)
+        assert value(await server.wlm.submit("big-0", X).answer) == pytest.approx(REFERENCE, 0.05)
         assert gets.count("lru/big-0.tar.gz") == 2
         assert {c.rsplit("-", 1)[0] for c in copies(cache)} == {"big-3", "big-0"}
 
@@ -338,13 +344,13 @@ async def test_copies_of_loaded_models_stay_past_the_budget(
     cache = tmp_path / "cache"
     async with serving(cache, f"s3://{BUCKET}/kept", max_cache_mb=1) as server:
         for i in range(3):
-            await server.wlm.infer(f"big-{i}", X)
+            await server.wlm.submit(f"big-{i}", X).answer
         # Over budget, but every copy belongs to a loaded model (a new worker reads it again).
         assert len(copies(cache)) == 3
         await server.wlm.unload("big-1")
-        await server.wlm.infer("big-3", X)
+        await server.wlm.submit("big-3", X).answer
         assert {c.rsplit("-", 1)[0] for c in copies(cache)} == {"big-0", "big-2", "big-3"}
-        pool = server.wlm.pool("big-0")
+        pool = server.wlm.room.loaded.get("big-0")
         assert pool is not None and pool.model_dir.is_dir()
 
 
@@ -355,14 +361,18 @@ async def test_a_changed_object_is_served_after_the_next_load(
     async with serving(tmp_path / "cache", f"s3://{BUCKET}/changing") as server:
         store = store_of(server)
         first = store.find("model")
-        assert value(await server.wlm.infer("model", X)) == pytest.approx(REFERENCE, abs=0.05)
+        assert value(await server.wlm.submit("model", X).answer) == pytest.approx(
+            REFERENCE, abs=0.05
+        )
         put("changing/model.tar.gz", other_model_archive())
         second = store.find("model")
         assert first is not None and second is not None and first.etag != second.etag
         # Loaded: still the version it loaded, until it is unloaded (DELETE /models/model).
-        assert value(await server.wlm.infer("model", X)) == pytest.approx(REFERENCE, abs=0.05)
+        assert value(await server.wlm.submit("model", X).answer) == pytest.approx(
+            REFERENCE, abs=0.05
+        )
         await server.wlm.unload("model")
-        assert value(await server.wlm.infer("model", X)) == pytest.approx(OTHER, abs=0.05)
+        assert value(await server.wlm.submit("model", X).answer) == pytest.approx(OTHER, abs=0.05)
         assert second.path.is_dir()
 
 
@@ -392,15 +402,17 @@ async def test_missing_corrupt_unsafe_and_oversized_objects_fail_alone(
     async with serving(tmp_path / "cache", max_archive_mb=1) as server:
         gets = Requests(store_of(server).client, "GetObject")
         with pytest.raises(errors.ModelNotFound, match=f"not in the model store \\({STORE}\\)"):
-            await server.wlm.infer("absent", X)
+            await server.wlm.submit("absent", X).answer
         with pytest.raises(errors.ModelLoadError, match=r"corrupt\.tar\.gz cannot be unpacked"):
-            await server.wlm.infer("corrupt", X)
+            await server.wlm.submit("corrupt", X).answer
         with pytest.raises(errors.UnsafeArchive, match=r"leaves the archive"):
-            await server.wlm.infer("unsafe", X)
+            await server.wlm.submit("unsafe", X).answer
         with pytest.raises(errors.ModelLoadError, match=r"huge.tar.gz is 1572864 bytes.*max_ar"):
-            await server.wlm.infer("huge", X)
+            await server.wlm.submit("huge", X).answer
         assert gets.count("mme/huge.tar.gz") == 0  # refused before downloading
-        assert value(await server.wlm.infer("sklearn-1", X)) == pytest.approx(REFERENCE, 0.05)
+        assert value(await server.wlm.submit("sklearn-1", X).answer) == pytest.approx(
+            REFERENCE, 0.05
+        )
         assert not (tmp_path / "cache" / "escaped.txt").exists()
         assert {p.name for p in (tmp_path / "cache").iterdir()} == {
             folder_of(store_of(server), "sklearn-1")
@@ -413,9 +425,11 @@ async def test_with_backend_processes_downloads_hand_their_archives_to_unpacking
     """An object store's downloads stay in the frontend's threads; the archives they fetch are
     unpacked, and their errors raised, in the unpacking processes."""
     async with serving(tmp_path / "cache", backend_processes=1) as server:
-        assert value(await server.wlm.infer("sklearn-1", X)) == pytest.approx(REFERENCE, 0.05)
+        assert value(await server.wlm.submit("sklearn-1", X).answer) == pytest.approx(
+            REFERENCE, 0.05
+        )
         with pytest.raises(errors.UnsafeArchive, match=r"leaves the archive"):
-            await server.wlm.infer("unsafe", X)
+            await server.wlm.submit("unsafe", X).answer
         # One archive at a time here: one process was needed.
         assert len(unpacking_pids(os.getpid())) == 1
         assert {p.name for p in (tmp_path / "cache").iterdir()} == {

@@ -138,7 +138,7 @@ async def test_a_balancer_config_off_loopback_needs_a_token_and_haproxy_asks_for
                     assert response.status == 401, (method, path)
                     body = await response.json()
                     assert "Authorization: Bearer <management token>" in body["message"]
-            assert harness.wlm.loaded == []
+            assert list(harness.wlm.room.loaded) == []
             async with client.post("/predictions/sklearn-0", json=[[0.5]]) as response:
                 assert response.status == 200
             auth = {"Authorization": "Bearer s3cret"}

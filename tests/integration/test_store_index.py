@@ -107,7 +107,7 @@ async def test_every_offset_of_a_large_store_pages_from_one_scan(
     body = await page(server, limit="2", next_page_token="sklearn-1999a")
     assert [m["modelName"] for m in body["models"]] == ["sklearn-2", "sklearn-20"]
     # The store was scanned once for all those pages: nothing changed in it.
-    assert server.wlm.index.scans == 1
+    assert server.wlm.catalog.index.scans == 1
 
 
 async def test_added_replaced_and_removed_while_serving(serve: Serve, tmp_path: Path) -> None:
@@ -149,10 +149,10 @@ async def test_a_lookup_updates_the_index_without_a_scan(serve: Serve, tmp_path:
     root = make_linked_store(tmp_path / "store", 3)
     server = await serve(model_store=str(root))
     assert await listed(server) == ["sklearn-0", "sklearn-1", "sklearn-2"]
-    scans = server.wlm.index.scans
+    scans = server.wlm.catalog.index.scans
     os.link(root / "sklearn-0.tar.gz", root / "found.tar.gz")
     assert await predict(server, "found") == (200, pytest.approx(REFERENCE, abs=0.05))
-    assert server.wlm.index.names_after(None, 10) == [
+    assert server.wlm.catalog.index.names_after(None, 10) == [
         "found",
         "sklearn-0",
         "sklearn-1",
@@ -160,8 +160,8 @@ async def test_a_lookup_updates_the_index_without_a_scan(serve: Serve, tmp_path:
     ]
     os.unlink(root / "sklearn-2.tar.gz")
     assert (await predict(server, "sklearn-2"))[0] == 404
-    assert server.wlm.index.names_after(None, 10) == ["found", "sklearn-0", "sklearn-1"]
-    assert server.wlm.index.scans == scans
+    assert server.wlm.catalog.index.names_after(None, 10) == ["found", "sklearn-0", "sklearn-1"]
+    assert server.wlm.catalog.index.scans == scans
 
 
 async def test_a_listed_model_is_looked_up_where_it_unpacks(serve: Serve, tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ async def test_a_listed_model_is_looked_up_where_it_unpacks(serve: Serve, tmp_pa
     server = await serve(model_store=str(root))
     assert server.wlm.first_scan is not None
     await server.wlm.first_scan  # the scan begun at start: no other scan runs after it
-    assert server.wlm.index.scans == 1 and "sklearn-1" in server.wlm.index
+    assert server.wlm.catalog.index.scans == 1 and "sklearn-1" in server.wlm.catalog.index
     store = server.wlm.store
     looked_up_in: dict[str, str] = {}
     find = store.find
@@ -196,5 +196,5 @@ async def test_a_listed_model_is_looked_up_where_it_unpacks(serve: Serve, tmp_pa
     status, error = await predict(server, "sklearn-2")
     assert status == 404 and error["type"] == "ModelNotFoundException"
     assert looked_up_in["sklearn-2"].startswith("mmserver-unpack")
-    assert "sklearn-2" not in server.wlm.index
-    assert server.wlm.index.scans == 1
+    assert "sklearn-2" not in server.wlm.catalog.index
+    assert server.wlm.catalog.index.scans == 1

@@ -104,7 +104,7 @@ async def test_every_form_of_address_reaches_its_version(serve: Serve, store: Pa
     assert body["outputs"][0]["data"] == [11.0]
     # Each version is loaded on its own, under its key; the listing shows the model with its
     # default version's status.
-    assert sorted(harness.wlm.loaded) == ["versioned/1", "versioned/2"]
+    assert sorted(harness.wlm.room.loaded) == ["versioned/1", "versioned/2"]
     listed = (await (await harness.client.get("/models")).json())["models"]
     assert [(m["modelName"], m["status"]) for m in listed] == [
         ("plain", "UNLOADED"),
@@ -136,7 +136,7 @@ async def test_a_version_the_model_does_not_have_is_404(serve: Serve, store: Pat
     assert message.startswith("model plain has one version, 1; there is no version '2'")
     response = await harness.post("/predictions/versioned/x", "[[0.5]]")
     assert response.status == 404
-    assert harness.wlm.loaded == ["plain"]
+    assert list(harness.wlm.room.loaded) == ["plain"]
 
 
 async def test_serving_properties_names_the_default(serve: Serve, tmp_path: Path) -> None:
@@ -177,13 +177,13 @@ async def test_versions_unload_on_their_own(serve: Serve, store: Path) -> None:
     await predict(harness, "/predictions/versioned/2")
     response = await harness.client.delete("/models/versioned/1")
     assert response.status == 200
-    assert harness.wlm.loaded == ["versioned/2"]
+    assert list(harness.wlm.room.loaded) == ["versioned/2"]
     response = await harness.client.get("/models/versioned/1")
     [workflow] = await response.json()
     assert workflow["version"] == "1" and workflow["models"][0]["status"] == "UNLOADED"
     response = await harness.client.delete("/models/versioned")  # every loaded version
     assert response.status == 200
-    assert harness.wlm.loaded == []
+    assert list(harness.wlm.room.loaded) == []
 
 
 async def test_the_default_switches_warm_and_survives_a_restart(
@@ -196,7 +196,7 @@ async def test_the_default_switches_warm_and_survives_a_restart(
     assert response.status == 200, await response.text()
     assert (await response.json())["status"] == 'Default version of model "versioned" set to 1.'
     # Loaded before traffic moved: the next request loads nothing.
-    assert "versioned/1" in harness.wlm.loaded
+    assert "versioned/1" in harness.wlm.room.loaded
     loads = (await harness.samples())[("mmserver_model_loads_total", ())]
     assert (await predict(harness, "/predictions/versioned"))["predictions"] == [11.0]
     assert (await harness.samples())[("mmserver_model_loads_total", ())] == loads == 2
@@ -277,7 +277,7 @@ async def test_versions_from_an_object_store(tmp_path: Path) -> None:
                 assert response.status == 200
                 response = await http.post("/predictions/versioned", json=[[0.5]])
                 assert (await response.json())["predictions"] == [12.0]
-            assert sorted(server.wlm.loaded) == ["versioned/1", "versioned/2"]
+            assert sorted(server.wlm.room.loaded) == ["versioned/1", "versioned/2"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ async def test_the_canary_is_set_warm_by_a_call_and_survives_a_restart(
     assert response.status == 200, await response.text()
     status = (await response.json())["status"]
     assert status == 'The canary of model "versioned" is version 1 at 50%.'
-    assert "versioned/1" in harness.wlm.loaded  # loaded before any request went to it
+    assert "versioned/1" in harness.wlm.room.loaded  # loaded before any request went to it
     keyed = await answers_by_key(harness, CALLERS[:200])
     assert sorted(k for k, a in keyed.items() if a == 11.0) == sorted(
         k for k in CALLERS[:200] if canary_bucket(k) < 50
@@ -423,10 +423,10 @@ async def test_a_shadow_blocked_at_a_gate_neither_delays_nor_changes_an_answer(
     for _ in range(5):
         assert (await predict(harness, "/predictions/versioned"))["predictions"] == [12.0]
     assert gate.passed == 0
-    await wait_until(lambda: harness.wlm.shadow_runs == 1)
+    await wait_until(lambda: (harness.wlm.shadows.pending + harness.wlm.shadows.running) == 1)
     assert await comparisons(harness) == {"skipped": 5.0}
     gate.open()
-    await wait_until(lambda: harness.wlm.shadow_runs == 0)
+    await wait_until(lambda: (harness.wlm.shadows.pending + harness.wlm.shadows.running) == 0)
     assert await comparisons(harness) == {"skipped": 5.0, "different": 1.0}
 
 
@@ -442,7 +442,9 @@ async def test_comparisons_count_same_different_and_error(serve: Serve, store: P
         assert (await harness.client.put(path)).status == 200
         for _ in range(3):  # one at a time: none finds the one shadow run's place taken
             assert (await predict(harness, "/predictions/versioned"))["predictions"] == [12.0]
-            await wait_until(lambda: harness.wlm.shadow_runs == 0)
+            await wait_until(
+                lambda: (harness.wlm.shadows.pending + harness.wlm.shadows.running) == 0
+            )
         assert (await comparisons(harness))[result] == 3.0
     # Requests naming a version have no shadow; a share of 0 ends the shadow.
     assert (await predict(harness, "/predictions/versioned/2"))["predictions"] == [12.0]
@@ -463,7 +465,7 @@ async def test_a_shadow_share_is_taken_by_routing_key(serve: Serve, tmp_path: Pa
     keys = CALLERS[:300]
     answers = await answers_by_key(harness, keys)
     assert set(answers.values()) == {12.0}
-    await wait_until(lambda: harness.wlm.shadow_runs == 0)
+    await wait_until(lambda: (harness.wlm.shadows.pending + harness.wlm.shadows.running) == 0)
     expected = sum(1 for key in keys if shadow_bucket(key) < 20)
     assert 30 <= expected <= 90
     # Each taken request ran on the shadow, or was skipped while the one before still ran.

@@ -79,7 +79,7 @@ async def test_submit_is_the_one_way_in(store: Path, tmp_path: Path) -> None:
         running_now = wlm.submit("gated", X)
         assert not isinstance(running_now.answer, asyncio.Task)
         assert running_now.requests is cold.requests
-        pool = wlm.pool("gated")
+        pool = wlm.room.loaded.get("gated")
         await wait_until(lambda: pool is not None and pool.running == 1)
         queued = wlm.submit("gated", X)
         full = wlm.submit("gated", X)  # the queue holds one job
@@ -100,43 +100,43 @@ async def test_models_stay_ready_while_the_server_drains(store: Path, tmp_path: 
     make_gated_dir(store / "gated", gate, maxWorkers=1)
     async with running(store, backend_processes=0) as wlm:
         gate.touch()
-        await wlm.infer("gated", X)
+        await wlm.submit("gated", X).answer
         gate.unlink()
-        pending = asyncio.ensure_future(wlm.infer("gated", X))
-        pool = wlm.pool("gated")
+        pending = asyncio.ensure_future(wlm.submit("gated", X).answer)
+        pool = wlm.room.loaded.get("gated")
         await wait_until(lambda: pool is not None and pool.running == 1)
         stopping = asyncio.ensure_future(wlm.stop(30.0))
         await wait_until(lambda: not wlm.accepting)
-        assert wlm.status("gated") is ModelStatus.READY and wlm.loaded == ["gated"]
+        assert wlm.status("gated") is ModelStatus.READY and list(wlm.room.loaded) == ["gated"]
         gate.touch()
         assert value(await pending) == 1.0  # answered by the drain
         await stopping
-        assert wlm.status("gated") is ModelStatus.UNLOADED and wlm.loaded == []
+        assert wlm.status("gated") is ModelStatus.UNLOADED and list(wlm.room.loaded) == []
 
 
 async def test_lazy_load_answers_and_loads_once(store: Path) -> None:
     async with running(store, backend_processes=0) as wlm:
-        results = await asyncio.gather(*(wlm.infer("sklearn-3", X) for _ in range(20)))
+        results = await asyncio.gather(*(wlm.submit("sklearn-3", X).answer for _ in range(20)))
         assert all(value(r) == pytest.approx(2.0, abs=0.05) for r in results)
         assert sample(wlm, "mmserver_model_loads_total") == 1  # counted over every model
         # The archive name is the same model (SageMaker's TargetModel).
-        assert value(await wlm.infer("sklearn-3.tar.gz", X)) == pytest.approx(2.0, abs=0.05)
-        assert wlm.loaded == ["sklearn-3"]
+        assert value(await wlm.submit("sklearn-3.tar.gz", X).answer) == pytest.approx(2.0, abs=0.05)
+        assert list(wlm.room.loaded) == ["sklearn-3"]
 
 
 async def test_unknown_and_invalid_names(store: Path) -> None:
     async with running(store, backend_processes=0) as wlm:
         with pytest.raises(errors.ModelNotFound, match="nope"):
-            await wlm.infer("nope", X)
+            await wlm.submit("nope", X).answer
         with pytest.raises(errors.InvalidModelName):
-            await wlm.infer("../etc", X)
+            await wlm.submit("../etc", X).answer
 
 
 async def test_wrong_number_of_features_says_expected_and_got(store: Path) -> None:
     async with running(store, backend_processes=0) as wlm:
-        await wlm.infer("sklearn-1", X)
+        await wlm.submit("sklearn-1", X).answer
         with pytest.raises(errors.InvalidInput, match=r"expects 1 feature.* got 3"):
-            await wlm.infer("sklearn-1", rows([[1.0, 2.0, 3.0]]))
+            await wlm.submit("sklearn-1", rows([[1.0, 2.0, 3.0]])).answer
 
 
 async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_path: Path) -> None:
@@ -144,11 +144,13 @@ async def test_burst_scales_to_exactly_max_workers_and_back(store: Path, tmp_pat
     make_gated_dir(store / "slow", gate, minWorkers=1, maxWorkers=3, max_idle_time=1, batch_size=1)
     async with running(store, backend_processes=0) as wlm:
         gate.touch()
-        await wlm.infer("slow", X)  # loads it
+        await wlm.submit("slow", X).answer  # loads it
         gate.unlink()
-        pool = wlm.pool("slow")
+        pool = wlm.room.loaded.get("slow")
         assert pool is not None and len(pool.workers) == 1
-        tasks = [asyncio.ensure_future(wlm.infer("slow", rows([[float(i)]]))) for i in range(12)]
+        tasks = [
+            asyncio.ensure_future(wlm.submit("slow", rows([[float(i)]])).answer) for i in range(12)
+        ]
         await asyncio.sleep(0)  # every request is queued in this turn
         assert len(pool.workers) == 3
         await wait_until(lambda: pool.running == 3)
@@ -165,11 +167,11 @@ async def test_scale_to_zero_answers_its_first_request(store: Path, tmp_path: Pa
     log = tmp_path / "calls"
     make_recording_dir(store / "zero", log, minWorkers=0, maxWorkers=2, max_idle_time=1)
     async with running(store, backend_processes=0) as wlm:
-        assert value(await wlm.infer("zero", X)) == 1.0
-        pool = wlm.pool("zero")
+        assert value(await wlm.submit("zero", X).answer) == 1.0
+        pool = wlm.room.loaded.get("zero")
         assert pool is not None
         await wait_until(lambda: len(pool.workers) == 0)
-        assert value(await wlm.infer("zero", rows([[2.0]]))) == 4.0
+        assert value(await wlm.submit("zero", rows([[2.0]])).answer) == 4.0
 
 
 async def test_batching_merges_concurrent_requests_into_one_call(
@@ -182,7 +184,7 @@ async def test_batching_merges_concurrent_requests_into_one_call(
         inputs = [[[float(i)], [float(i) + 0.5]] for i in range(4)] + [
             [[float(10 + i)]] for i in range(4)
         ]
-        results = await asyncio.gather(*(wlm.infer("batched", rows(x)) for x in inputs))
+        results = await asyncio.gather(*(wlm.submit("batched", rows(x)).answer for x in inputs))
         assert log.read_text().split() == ["12"]  # 8 requests, 12 rows, one predict call
         for x, result in zip(inputs, results, strict=True):
             assert outputs(result) == [2.0 * row[0] for row in x]
@@ -195,13 +197,13 @@ async def test_a_batch_delay_rearmed_when_it_is_due_keeps_answering(store: Path)
     make_linear_model(store / "delayed")
     (store / "delayed" / "serving.properties").write_text("batch_size=32\nmax_batch_delay=1\n")
     async with running(store, backend_processes=1) as wlm:
-        await wlm.infer("delayed", X)
-        pool = wlm.pool("delayed")
+        await wlm.submit("delayed", X).answer
+        pool = wlm.room.loaded.get("delayed")
         assert pool is not None
         loop = asyncio.get_running_loop()
         pool._dispatch_at(loop.time())  # due now: uvloop gives a handle without a time
         pool._dispatch_at(loop.time() + 0.01)  # later than the one armed: nothing to change
-        results = await asyncio.gather(*(wlm.infer("delayed", X) for _ in range(50)))
+        results = await asyncio.gather(*(wlm.submit("delayed", X).answer for _ in range(50)))
         assert [value(r) for r in results] == [pytest.approx(2.0, abs=0.05)] * 50
 
 
@@ -210,20 +212,22 @@ async def test_max_loaded_models_is_kept_with_100_models_in_turn(store: Path) ->
         for _ in range(2):
             for i in range(100):
                 x = rows([[i / 100]])
-                assert value(await wlm.infer(f"sklearn-{i}", x)) == pytest.approx(
+                assert value(await wlm.submit(f"sklearn-{i}", x).answer) == pytest.approx(
                     2 * i / 100 + 1, abs=0.05
                 )
-                assert len(wlm.loaded) <= 20
-        assert len(wlm.loaded) == 20
-        assert wlm.loaded == [f"sklearn-{i}" for i in range(80, 100)]  # most recent, in order
+                assert len(wlm.room.loaded) <= 20
+        assert len(wlm.room.loaded) == 20
+        assert list(wlm.room.loaded) == [
+            f"sklearn-{i}" for i in range(80, 100)
+        ]  # most recent, in order
         assert sample(wlm, "mmserver_model_evictions_total") == 180  # over every model
 
 
 async def test_concurrent_loads_past_the_limit_all_answer(store: Path) -> None:
     async with running(store, backend_processes=0, max_loaded_models=5) as wlm:
-        results = await asyncio.gather(*(wlm.infer(f"sklearn-{i}", X) for i in range(40)))
+        results = await asyncio.gather(*(wlm.submit(f"sklearn-{i}", X).answer for i in range(40)))
         assert all(value(r) == pytest.approx(2.0, abs=0.05) for r in results)
-        assert len(wlm.loaded) <= 5
+        assert len(wlm.room.loaded) <= 5
 
 
 async def test_a_model_under_load_is_never_evicted(store: Path, tmp_path: Path) -> None:
@@ -232,18 +236,18 @@ async def test_a_model_under_load_is_never_evicted(store: Path, tmp_path: Path) 
     async with running(
         store, backend_processes=0, max_loaded_models=2, room_wait_seconds=0.2
     ) as wlm:
-        running_request = asyncio.ensure_future(wlm.infer("busy", X))
-        await wait_until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
-        await wlm.infer("sklearn-1", X)
+        running_request = asyncio.ensure_future(wlm.submit("busy", X).answer)
+        await wait_until(lambda: (p := wlm.room.loaded.get("busy")) is not None and p.running == 1)
+        await wlm.submit("sklearn-1", X).answer
         # "busy" is the least recently used, but it has a running job: sklearn-1 goes.
-        await wlm.infer("sklearn-2", X)
-        assert set(wlm.loaded) == {"busy", "sklearn-2"}
-        queued = asyncio.ensure_future(wlm.infer("busy", rows([[3.0]])))
+        await wlm.submit("sklearn-2", X).answer
+        assert set(list(wlm.room.loaded)) == {"busy", "sklearn-2"}
+        queued = asyncio.ensure_future(wlm.submit("busy", rows([[3.0]])).answer)
         await asyncio.sleep(0)
-        blocked = asyncio.ensure_future(wlm.infer("sklearn-3", X))
+        blocked = asyncio.ensure_future(wlm.submit("sklearn-3", X).answer)
         # sklearn-2 is idle, so it goes; "busy" stays.
         assert value(await blocked) == pytest.approx(2.0, abs=0.05)
-        assert "busy" in wlm.loaded
+        assert "busy" in wlm.room.loaded
         gate.touch()
         assert value(await running_request) == 1.0
         assert value(await queued) == 6.0
@@ -255,24 +259,24 @@ async def test_nothing_evictable_answers_503(store: Path, tmp_path: Path) -> Non
     async with running(
         store, backend_processes=0, max_loaded_models=1, room_wait_seconds=0.1
     ) as wlm:
-        held = asyncio.ensure_future(wlm.infer("busy", X))
-        await wait_until(lambda: (p := wlm.pool("busy")) is not None and p.running == 1)
+        held = asyncio.ensure_future(wlm.submit("busy", X).answer)
+        await wait_until(lambda: (p := wlm.room.loaded.get("busy")) is not None and p.running == 1)
         with pytest.raises(errors.NoCapacity) as info:
-            await wlm.infer("sklearn-1", X)
+            await wlm.submit("sklearn-1", X).answer
         assert info.value.status_code == 503
         assert "all busy" in info.value.message
         gate.touch()
         assert value(await held) == 1.0
-        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
 
 
 async def test_model_error_is_424_and_the_worker_keeps_serving(store: Path) -> None:
     make_raising_dir(store / "picky")
     async with running(store, backend_processes=0) as wlm:
         with pytest.raises(errors.ModelError, match="ValueError: negative values") as info:
-            await wlm.infer("picky", rows([[-1.0]]))
+            await wlm.submit("picky", rows([[-1.0]])).answer
         assert info.value.status_code == 424
-        assert value(await wlm.infer("picky", rows([[2.0]]))) == 4.0
+        assert value(await wlm.submit("picky", rows([[2.0]])).answer) == 4.0
 
 
 async def test_a_broken_model_fails_with_its_reason_and_is_retried_later(
@@ -282,9 +286,9 @@ async def test_a_broken_model_fails_with_its_reason_and_is_retried_later(
     broken.mkdir()
     (broken / "serving.properties").write_text("maxWorkers=two\n")
     async with running(store, backend_processes=0) as wlm:
-        wlm.load_retry_seconds = 3600.0
+        wlm.loader.retry_seconds = 3600.0
         results = await asyncio.gather(
-            *(wlm.infer("broken", X) for _ in range(5)), return_exceptions=True
+            *(wlm.submit("broken", X).answer for _ in range(5)), return_exceptions=True
         )
         assert all(isinstance(r, errors.ConfigError) for r in results)
         message = str(results[0])
@@ -292,14 +296,14 @@ async def test_a_broken_model_fails_with_its_reason_and_is_retried_later(
         # A storm does not retry: the same failure answers at once.
         (broken / "serving.properties").write_text("maxWorkers=2\n")
         with pytest.raises(errors.ConfigError):
-            await wlm.infer("broken", X)
+            await wlm.submit("broken", X).answer
         # Past the retry interval it loads again (now it lacks model files: another reason).
-        wlm.load_retry_seconds = 0.0
+        wlm.loader.retry_seconds = 0.0
         with pytest.raises(errors.ModelLoadError) as info:
-            await wlm.infer("broken", X)
+            await wlm.submit("broken", X).answer
         assert not isinstance(info.value, errors.ConfigError)
         # Other models are not affected.
-        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
 
 
 async def test_predict_timeout_answers_504_in_threads(store: Path, tmp_path: Path) -> None:
@@ -307,10 +311,10 @@ async def test_predict_timeout_answers_504_in_threads(store: Path, tmp_path: Pat
     make_gated_dir(store / "slow", gate, **{"option.predict_timeout": 0.3, "maxWorkers": 2})
     async with running(store, backend_processes=0) as wlm:
         with pytest.raises(errors.PredictTimeout) as info:
-            await wlm.infer("slow", X)
+            await wlm.submit("slow", X).answer
         assert info.value.status_code == 504
         gate.touch()
-        assert value(await wlm.infer("slow", X)) == 1.0
+        assert value(await wlm.submit("slow", X).answer) == 1.0
 
 
 # Real backend processes -------------------------------------------------------------------------
@@ -322,8 +326,8 @@ async def test_workers_of_one_model_go_to_different_processes(store: Path) -> No
     # One lane: on a busy machine the probe row may measure slow enough to move the model to
     # the heavy lane's processes, which is not what this test is about.
     async with running(store, backend_processes=2, heavy_processes=0) as wlm:
-        assert value(await wlm.infer("spread", X)) == 1.0
-        pool = wlm.pool("spread")
+        assert value(await wlm.submit("spread", X).answer) == 1.0
+        pool = wlm.room.loaded.get("spread")
         assert pool is not None
         assert sorted(w.slot.index for w in pool.workers.values()) == [0, 1]
         pids = wlm.backend.pids()
@@ -338,28 +342,31 @@ async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
     # One lane: the victim stays with the bystanders whatever its first batch measures.
     async with running(store, backend_processes=2, heavy_processes=0) as wlm:
         gate.touch()
-        await wlm.infer("victim", X)
+        await wlm.submit("victim", X).answer
         gate.unlink()
-        victim = wlm.pool("victim")
+        victim = wlm.room.loaded.get("victim")
         assert victim is not None
         slot = next(iter(victim.workers.values())).slot
         # Load bystanders until one shares the victim's process.
         bystanders = []
         for i in range(10):
-            await wlm.infer(f"sklearn-{i}", X)
-            pool = wlm.pool(f"sklearn-{i}")
+            await wlm.submit(f"sklearn-{i}", X).answer
+            pool = wlm.room.loaded.get(f"sklearn-{i}")
             assert pool is not None
             if any(w.slot is slot for w in pool.workers.values()):
                 bystanders.append(f"sklearn-{i}")
         assert bystanders
-        doomed = asyncio.ensure_future(wlm.infer("victim", X))
+        doomed = asyncio.ensure_future(wlm.submit("victim", X).answer)
         await wait_until(lambda: victim.running == 1)
         # A bystander's batch now waits for the victim's process: in its pipe when the victim's
         # batch was measured cheap, in its run queue otherwise.
-        waiting = [asyncio.ensure_future(wlm.infer(name, X)) for name in bystanders]
-        others = [asyncio.ensure_future(wlm.infer(f"sklearn-{i}", X)) for i in range(10)]
+        waiting = [asyncio.ensure_future(wlm.submit(name, X).answer) for name in bystanders]
+        others = [asyncio.ensure_future(wlm.submit(f"sklearn-{i}", X).answer) for i in range(10)]
         await wait_until(
-            lambda: all(wlm.pool(n).running + wlm.pool(n).readied == 1 for n in bystanders)  # type: ignore[union-attr]
+            lambda: all(
+                wlm.room.loaded.get(n).running + wlm.room.loaded.get(n).readied == 1
+                for n in bystanders
+            )  # type: ignore[union-attr]
         )
         old_pid = slot.pid
         assert old_pid is not None
@@ -373,21 +380,21 @@ async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
         assert sample(wlm, "mmserver_backend_restarts_total") == 1
         # The replacement has the victim's model again and serves it.
         gate.touch()
-        assert value(await wlm.infer("victim", X)) == 1.0
+        assert value(await wlm.submit("victim", X).answer) == 1.0
         assert len(wlm.backend.pids()) == 2
 
 
 async def test_a_process_that_exits_fails_only_its_batch(store: Path) -> None:
     make_exiting_dir(store / "fragile", maxWorkers=1)
     async with running(store, backend_processes=1) as wlm:
-        assert value(await wlm.infer("fragile", rows([[1.0]]))) == 2.0
-        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        assert value(await wlm.submit("fragile", rows([[1.0]])).answer) == 2.0
+        assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
         with pytest.raises(errors.BackendDied, match=r"exit code 3\)") as info:
-            await wlm.infer("fragile", rows([[-1.0]]))
+            await wlm.submit("fragile", rows([[-1.0]])).answer
         assert "died while running this request" in info.value.message
         # Both models were reloaded into the replacement and keep serving.
-        assert value(await wlm.infer("fragile", rows([[4.0]]))) == 8.0
-        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        assert value(await wlm.submit("fragile", rows([[4.0]])).answer) == 8.0
+        assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
         assert sample(wlm, "mmserver_backend_restarts_total") == 1
 
 
@@ -396,35 +403,36 @@ async def test_predict_timeout_replaces_a_stuck_process(store: Path, tmp_path: P
     make_gated_dir(store / "stuck", gate, **{"option.predict_timeout": 0.5, "maxWorkers": 1})
     async with running(store, backend_processes=1) as wlm:
         with pytest.raises(errors.PredictTimeout):
-            await wlm.infer("stuck", X)
+            await wlm.submit("stuck", X).answer
         # The process running it was replaced, so other models do not wait behind it.
-        assert value(await wlm.infer("sklearn-1", X)) == pytest.approx(2.0, abs=0.05)
+        assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
         gate.touch()
-        assert value(await wlm.infer("stuck", X)) == 1.0
+        assert value(await wlm.submit("stuck", X).answer) == 1.0
 
 
 async def test_model_error_in_a_process_is_424(store: Path) -> None:
     make_raising_dir(store / "picky")
     async with running(store, backend_processes=1) as wlm:
         with pytest.raises(errors.ModelError, match="ValueError: negative values"):
-            await wlm.infer("picky", rows([[-1.0]]))
-        assert value(await wlm.infer("picky", rows([[3.0]]))) == 6.0
+            await wlm.submit("picky", rows([[-1.0]])).answer
+        assert value(await wlm.submit("picky", rows([[3.0]])).answer) == 6.0
 
 
 async def test_stop_answers_every_accepted_request(store: Path, tmp_path: Path) -> None:
     log = tmp_path / "calls"
     make_recording_dir(store / "steady", log, maxWorkers=2)
     async with running(store, backend_processes=2) as wlm:
-        await wlm.infer("steady", X)
+        await wlm.submit("steady", X).answer
         accepted = [
-            asyncio.ensure_future(wlm.infer("steady", rows([[float(i)]]))) for i in range(300)
+            asyncio.ensure_future(wlm.submit("steady", rows([[float(i)]])).answer)
+            for i in range(300)
         ]
         await asyncio.sleep(0)
         await wlm.stop(10.0)
         results = await asyncio.gather(*accepted, return_exceptions=True)
         assert [value(r) for r in results] == [2.0 * i for i in range(300)]
         with pytest.raises(errors.ShuttingDown):
-            await wlm.infer("steady", X)
+            await wlm.submit("steady", X).answer
 
 
 async def test_runs_on_uvloop() -> None:
@@ -436,13 +444,13 @@ async def test_runs_on_uvloop() -> None:
 def _bookkeeping(wlm: WorkLoadManager) -> dict[str, int]:
     """Sizes of every per-model structure of the frontend (the LRU-bounded caches of measured
     sizes and costs are bounded by MAX_REMEMBERED, not by the loaded models)."""
-    records = wlm._models.values()
+    records = wlm.catalog.records.values()
     sizes = {
-        "records": len(wlm._models),
+        "records": len(wlm.catalog.records),
         "ready": sum(r.pool is not None for r in records),
         "loading": sum(r.load is not None for r in records),
         "unloading": sum(r.unload is not None for r in records),
-        "failures": len(wlm._failed),
+        "failures": len(wlm.catalog.failed),
         "sources": sum(r.source is not None for r in records),
         "signatures": sum(r.signature is not None for r in records),
         "tasks": len(wlm._tasks),
@@ -472,13 +480,13 @@ async def test_churn_leaves_no_per_model_state_behind(store: Path) -> None:
         for _ in range(3):
             for start in range(0, 100, 8):
                 names = [f"sklearn-{i}" for i in range(start, min(start + 8, 100))]
-                results = await asyncio.gather(*(wlm.infer(n, X) for n in names))
+                results = await asyncio.gather(*(wlm.submit(n, X).answer for n in names))
                 assert [value(r) for r in results] == pytest.approx([2.0] * len(names), abs=0.05)
-            await wait_until(lambda: not any(r.unload for r in wlm._models.values()))
+            await wait_until(lambda: not any(r.unload for r in wlm.catalog.records.values()))
             after_pass.append(_bookkeeping(wlm))
-            pools = [wlm.pool(name) for name in wlm.loaded]
-            assert wlm._used_bytes() == sum(p.accounted_bytes for p in pools if p is not None)
-            assert wlm._used_bytes() == sum(
+            pools = [wlm.room.loaded.get(name) for name in wlm.room.loaded]
+            assert wlm.room.used_bytes() == sum(p.accounted_bytes for p in pools if p is not None)
+            assert wlm.room.used_bytes() == sum(
                 p.memory_bytes or p.copy_bytes for p in pools if p is not None
             )
         assert after_pass[0]["ready"] == 10 and after_pass[0]["sources"] == 10
