@@ -13,8 +13,9 @@ requests is still cheap: it stays in the light lane, where it would otherwise mo
 forth as its traffic rose and fell (each move starts its workers anew). A cost near the
 threshold (between a quarter of it and twice it, where a busy machine's preemptions alone can
 move a model's measure back and forth) moves a model at most once per :data:`LANE_DWELL_S`;
-a cost clearly on one side moves it at once (:func:`may_move`). When the light lane is idle
-the heavy lane's processes get the whole machine.
+a cost clearly on one side moves it at once (:func:`may_move`). :func:`lane_now` decides both
+from the cost, the lane, the clock and the last move. When the light lane is idle the heavy
+lane's processes get the whole machine.
 
 Within a lane, the frontend decides which batch runs next. A worker whose model has queued jobs
 waits in its slot's :class:`RunQueue` (not in the slot's pipe), ordered by start-time fair
@@ -166,6 +167,16 @@ def may_move(hold: float, heavy_batch_s: float, in_lane_s: float) -> bool:
     is clearly light or heavy (under a quarter of ``heavy_batch_s``, over twice it), otherwise
     once it has been :data:`LANE_DWELL_S` in its lane."""
     return in_lane_s >= LANE_DWELL_S or hold > 2 * heavy_batch_s or hold < heavy_batch_s / 4
+
+
+def lane_now(current: str, hold: float, heavy_batch_s: float, now: float, moved_at: float) -> str:
+    """The lane a model in ``current`` runs in from ``now`` on, its one-row batch holding a
+    process ``hold`` seconds (:attr:`Cost.single`), having last moved at ``moved_at`` (on the
+    same clock; ``-inf``: never): the lane its cost calls for (:func:`lane_for`) if it may move
+    there now (:func:`may_move`), otherwise ``current``."""
+    if may_move(hold, heavy_batch_s, now - moved_at):
+        return lane_for(current, hold, heavy_batch_s)
+    return current
 
 
 def admits(inflight: int, inflight_cost: float, estimate: float) -> bool:

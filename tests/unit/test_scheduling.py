@@ -18,6 +18,7 @@ from mmserver.policy.scheduling import (
     admits,
     lane_bounds,
     lane_for,
+    lane_now,
     may_move,
 )
 
@@ -200,3 +201,31 @@ def test_one_row_hold_before_batches_and_with_a_probe() -> None:
 )
 def test_may_move(hold: float, in_lane: float, expected: bool) -> None:
     assert may_move(hold, 2 * MS, in_lane) == expected
+
+
+NOW = 1000.0
+NEVER = -math.inf
+
+
+@pytest.mark.parametrize(
+    ("current", "hold", "moved_at", "expected"),
+    [
+        (LIGHT, 0.5 * MS, NEVER, LIGHT),  # cheap: stays
+        (LIGHT, 2.0 * MS, NEVER, LIGHT),  # at the threshold: not above it
+        (LIGHT, 2.5 * MS, NEVER, HEAVY),  # never moved: moves
+        (LIGHT, 2.5 * MS, NOW - 1.0, LIGHT),  # near the threshold, just moved: stays a while
+        (LIGHT, 2.5 * MS, NOW - LANE_DWELL_S, HEAVY),  # ... then moves
+        (LIGHT, 20 * MS, NOW, HEAVY),  # clearly heavy: at once, even right after a move
+        (HEAVY, 1.5 * MS, NEVER, HEAVY),  # between half and the threshold: stays
+        (HEAVY, 0.9 * MS, NEVER, LIGHT),
+        (HEAVY, 0.9 * MS, NOW - 3.0, HEAVY),  # near the threshold, just moved
+        (HEAVY, 0.4 * MS, NOW, LIGHT),  # clearly light: at once
+        (HEAVY, 30 * MS, NOW, HEAVY),  # where it belongs, however recently it came
+    ],
+)
+def test_lane_now(current: str, hold: float, moved_at: float, expected: str) -> None:
+    assert lane_now(current, hold, 2 * MS, NOW, moved_at) == expected
+
+
+def test_lane_now_without_a_heavy_lane() -> None:
+    assert lane_now(LIGHT, 5.0, 0.0, NOW, NEVER) == LIGHT
