@@ -1,11 +1,16 @@
-"""One loaded model: its bounded queue, its workers, and the backend slots holding it.
+"""One loaded model: its bounded queue, who gets the next batch, and the lane it runs in.
 
-The model is loaded into a slot when one of its workers is bound there, and only there; it is
-unloaded from a slot when the last of its workers there stops. Workers of one model go to
-different slots of the model's lane while there are any, least-loaded first
-(:meth:`BackendPool.pick`). The pool keeps the model's measured cost; when the cost calls for the
-other lane (:mod:`mmserver.policy.scheduling`), the model's workers move there: new ones start in
-the new lane and the old ones leave as soon as they are not running a batch.
+A pool queues its model's requests (:meth:`ModelPool.submit`), makes idle workers ready for what
+is queued, gives each its batch when its slot gives it a turn (:meth:`ModelPool.take_batch`) and
+hears how the batch went. It is composed of two parts: the workers, from their start to their
+retirement (:class:`~mmserver.serving.workers.WorkerGroup`), and the model's copies in the
+backend slots with the memory they take (:class:`~mmserver.serving.binding.Copies`). What every
+request and every batch passes through is the pool's own code, not a call into a part: it runs
+tens of thousands of times a second.
+
+The pool keeps the model's measured cost; when the cost calls for the other lane
+(:func:`~mmserver.policy.scheduling.lane_now`), the model's workers move there: new ones start
+in the new lane and the old ones leave as soon as they are not running a batch.
 
 Concurrency contract: every method runs on the event loop; :meth:`submit` is synchronous, so the
 scaling check after an enqueue cannot interleave with another request's.
@@ -14,17 +19,16 @@ scaling check after an enqueue cannot interleave with another request's.
 from __future__ import annotations
 
 import asyncio
-import collections
+import functools
 import logging
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from mmserver import errors
-from mmserver.backend import BackendPool, LoadInfo, LoadSpec, Slot
+from mmserver.backend import BackendPool, LoadInfo, Slot
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
@@ -33,11 +37,13 @@ from mmserver.policy.scaling import (
     should_add_background_worker,
     should_add_worker,
     should_retire,
-    workers_to_start,
 )
-from mmserver.policy.scheduling import LIGHT, Cost, lane_bounds, lane_for, may_move
+from mmserver.policy.scheduling import LIGHT, Cost, lane_bounds, lane_for, lane_now
+from mmserver.serving.alarm import Alarm
+from mmserver.serving.binding import Copies
 from mmserver.serving.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
-from mmserver.serving.worker import Worker, WorkerState
+from mmserver.serving.worker import Worker
+from mmserver.serving.workers import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,9 @@ class PoolEvents(Protocol):
 
 
 class ModelPool:
-    """The queue and workers of one loaded model."""
+    """The queue and workers of one loaded model (see the module docstring): what its owner and
+    its workers call. Its workers' lifetime is its :class:`WorkerGroup`'s, its copies in the
+    backend slots are its :class:`Copies`."""
 
     def __init__(
         self,
@@ -90,10 +98,6 @@ class ModelPool:
         self.backend = backend
         self.events = events
         self.queue = JobQueue(config.job_queue_size, events.queued)
-        self.workers: dict[int, Worker] = {}
-        #: Workers per slot index (the slots the model is bound to).
-        self._per_slot: collections.Counter[int] = collections.Counter()
-        self.copy_bytes = 0  # memory of one copy, known after the first load
         #: Batches of the model running, and workers of it waiting for their slots (ready):
         #: its workers tell it (:meth:`batch_started`, :meth:`turn_requested`...).
         self.running = 0
@@ -103,41 +107,39 @@ class ModelPool:
         #: The seconds a batch may hold a process for the model to stay in its lane.
         self._stay_low, self._stay_high = lane_bounds(self.lane, backend.heavy_batch_s)
         self._lane_since = -float("inf")  # when it last moved (time.monotonic())
-        self._next_id = 1
-        self._loop = asyncio.get_running_loop()
-        #: Idle workers, the most recently idle last: it is the one given the next batch, so
-        #: the others stay idle long enough to retire.
-        self._idle: list[Worker] = []
+        self._loop = loop = asyncio.get_running_loop()
         self._dispatch_handle: asyncio.Handle | None = None
-        #: The delayed dispatch (:meth:`_dispatch_at`) and its time. The time is kept here:
-        #: uvloop's ``call_at`` for a time already reached returns a plain ``Handle``, which
-        #: has no ``when()``.
-        self._delay_handle: asyncio.Handle | None = None
-        self._delay_at = 0.0
+        #: The delayed dispatch, armed for when :func:`cut_batch` lets a batch go.
+        self._delay = Alarm(loop, self._dispatch)
         #: Answers queued jobs 504 at their deadline (:meth:`_expire`), armed for the earliest.
-        self._expiry_handle: asyncio.TimerHandle | None = None
-        self._expiry_at = 0.0
+        self._expiry = Alarm(loop, self._expire)
         self._reap_handle: asyncio.TimerHandle | None = None
-        self._slot_loads: dict[int, asyncio.Future[LoadInfo]] = {}
-        self._known_bytes = measured.copy_bytes
-        #: The memory counted for this model by the eviction policy (see accounted_bytes).
-        self.accounted_bytes = measured.copy_bytes
+        #: Set when :meth:`stop` begins: workers leaving now are not scaling.
+        self.unloading = False
+        #: Set when :meth:`stop` has drained: what is left is answered, no worker starts again.
+        self.stopped = False
+        self._copies = Copies(
+            self,
+            measured.copy_bytes,
+            functools.partial(events.pool_loaded, self),
+            functools.partial(events.pool_memory_changed, self),
+        )
+        self._group = WorkerGroup(self, backend, self._copies, metrics)
+        #: The group's workers, and its idle ones (the most recently idle last: it is the one
+        #: given the next batch, so the others stay idle long enough to retire). The same dict
+        #: and list as the group's: the per-request path reads them without going through it.
+        self.workers = self._group.workers
+        self._idle = self._group.idle
         self._metrics = metrics
-        self._m_scale_up = metrics.worker_scale.labels(name, "up")
-        self._m_scale_down = metrics.worker_scale.labels(name, "down")
         self._m_queue_wait = metrics.queue_wait_seconds.labels(name)
         self._m_batch = metrics.batch_size.labels(name)
         self._m_predict = metrics.predict_seconds.labels(name)
         self._m_cpu = metrics.model_cpu_seconds.labels(name)
         self._m_waited = metrics.model_waited_batches.labels(name)
         self._m_paths: dict[str, CounterChild] = {}
-        #: What the model's first load reported of its family and predict paths, pickled.
-        self._paths: bytes | None = None
         #: The series of this model's answered requests, counted by the HTTP layer.
         self.requests = ModelRequests(metrics, name)
-        self._stopped = False
-        self._unloading = False  # set when stop() begins: workers leaving now are not scaling
-        self._refuse_if_stopped()
+        self._group.refuse_if_stopped()
 
     # Requests ---------------------------------------------------------------------------------
 
@@ -163,8 +165,8 @@ class ModelPool:
         future: asyncio.Future[bytes] = loop.create_future()
         queue = self.queue
         queue.put(Job(request, future, now, deadline, client_gone, background))
-        if self._expiry_handle is None or deadline < self._expiry_at:
-            self._expire_at(deadline)
+        if deadline < self._expiry.at:  # only an earlier deadline moves the alarm
+            self._expiry.arm(deadline)
         if self._idle and self._dispatch_handle is None:
             if self.running:
                 # A batch of this model is running: the requests arriving in this turn of the
@@ -173,14 +175,14 @@ class ModelPool:
             else:
                 self._dispatch()
         if should_add_worker(self.snapshot()):
-            self._add_worker("queue")
+            self._group.add("queue")
         elif background and should_add_background_worker(
             len(self.workers),
             queue.background,
             self.config.async_max_workers,
             self.config.max_workers,
         ):
-            self._add_worker("asynchronous requests")
+            self._group.add("asynchronous requests")
         return future
 
     # Batches ----------------------------------------------------------------------------------
@@ -202,9 +204,11 @@ class ModelPool:
                 config.batch_delay_s,
             )
             if not cut.take:
-                if cut.wait_until is None:
+                due = cut.wait_until
+                if due is None:
                     break  # nothing queued
-                self._dispatch_at(cut.wait_until)
+                if due < self._delay.at:  # not armed for as early already
+                    self._delay.arm(due)
                 return
             uncovered = len(queue) > self.readied * config.batch_size
             if uncovered and len(idle) == 1:
@@ -259,10 +263,13 @@ class ModelPool:
         cost.observe(cpu_seconds, wall_seconds, rows)
         self._m_cpu.value += cpu_seconds
         single = cost.single
-        if not self._stay_low <= single <= self._stay_high and not self._unloading:
-            heavy_batch_s = self.backend.heavy_batch_s
-            if may_move(single, heavy_batch_s, time.monotonic() - self._lane_since):
-                self._move(lane_for(self.lane, single, heavy_batch_s))
+        # Within its lane's bounds (kept here) a model stays: the decision is asked only outside.
+        if not self._stay_low <= single <= self._stay_high and not self.unloading:
+            lane = lane_now(
+                self.lane, single, self.backend.heavy_batch_s, time.monotonic(), self._lane_since
+            )
+            if lane != self.lane:
+                self._move(lane)
 
     def _move(self, lane: str) -> None:
         """Run in ``lane`` from now on: workers start there (at least one, at least
@@ -282,69 +289,30 @@ class ModelPool:
             (self.cost.hold or 0.0) * 1000,
             extra={"model": self.name},
         )
-        for worker in list(self.workers.values()):
-            if worker.state in (WorkerState.IDLE, WorkerState.READY):
-                worker.exit(None)
-        self._fill_lane()
-
-    def _fill_lane(self) -> None:
-        """Start workers in the model's lane until it has ``max(1, minWorkers)`` there, within
-        ``maxWorkers`` in all (workers still in the old lane count until they leave)."""
-        wanted = max(1, self.config.min_workers)
-        while (
-            sum(w.slot.lane.name == self.lane for w in self.workers.values()) < wanted
-            and len(self.workers) < self.config.max_workers
-        ):
-            self._add_worker(f"moved to the {self.lane} lane", scaling=False)
-
-    def _dispatch_at(self, when: float) -> None:
-        handle = self._delay_handle
-        if handle is not None:
-            if self._delay_at <= when:
-                return
-            handle.cancel()
-        self._delay_at = when
-        self._delay_handle = self._loop.call_at(when, self._dispatch_delayed)
-
-    def _expire_at(self, when: float) -> None:
-        if self._expiry_handle is not None:
-            self._expiry_handle.cancel()
-        self._expiry_at = when
-        self._expiry_handle = self._loop.call_at(when, self._expire)
+        self._group.follow_lane()
 
     def _expire(self) -> None:
         """Answer 504 the queued jobs whose deadline has passed (waiting for a batch, a
         worker or a turn on a process), and watch the earliest deadline left."""
-        self._expiry_handle = None
         expired, earliest = self.queue.expire(self._loop.time())
         for job in expired:
             job.fail(waited_too_long())
-        if earliest is not None and not self._stopped:
-            self._expire_at(earliest)
+        if earliest is not None and not self.stopped:
+            self._expiry.arm(earliest)
         elif self.queue.closed:
-            self._drained()
-
-    def _drained(self) -> None:
-        """A closed queue is empty: the idle workers leave too (a stop waits for every worker,
-        and an idle one would otherwise wait for a batch that cannot come until the drain's
-        timeout)."""
-        if not len(self.queue):
-            for idle in list(self._idle):
-                idle.exit(None)
-
-    def _dispatch_delayed(self) -> None:
-        self._delay_handle = None
-        self._dispatch()
+            self._group.drained()
 
     def worker_idle(self, worker: Worker) -> None:
         """``worker`` has loaded its model or finished a batch: give it the next batch, retire
         it, or keep it idle."""
         queue = self.queue
-        if self._stopped or (queue.closed and not len(queue)):
+        if self.stopped or (queue.closed and not len(queue)):
             worker.exit(None)
-            self._drained()
+            self._group.drained()
             return
-        if worker.slot.lane.name != self.lane or self.may_retire(worker, 0.0):
+        if worker.slot.lane.name != self.lane or should_retire(
+            self.snapshot(), 0.0, self.config.max_idle_time
+        ):
             worker.exit(None)
             return
         self._idle.append(worker)
@@ -360,33 +328,17 @@ class ModelPool:
             )
 
     def _reap(self) -> None:
-        """Retire workers idle for ``max_idle_time`` above ``minWorkers``, longest idle first."""
+        """Retire workers idle for ``max_idle_time`` above ``minWorkers``
+        (:meth:`WorkerGroup.retire_idle`), and come back when the next may retire."""
         self._reap_handle = None
-        now = self._loop.time()
-        for worker in sorted(self._idle, key=lambda w: w.idle_since):
-            if self.may_retire(worker, now - worker.idle_since):
-                worker.exit(None)
-        if self._idle and len(self.workers) > self.config.min_workers:
-            oldest = min(w.idle_since for w in self._idle)
-            self._arm_reaper(max(0.001, oldest + self.config.max_idle_time - now))
+        delay = self._group.retire_idle(self._loop.time())
+        if delay is not None:
+            self._arm_reaper(delay)
 
     @property
     def busy(self) -> bool:
         """Has queued or running jobs: never evicted."""
         return bool(len(self.queue)) or self.running > 0
-
-    @property
-    def memory_bytes(self) -> int:
-        return self.copy_bytes * len(self._slot_loads)
-
-    def _memory_changed(self) -> None:
-        """Recount :attr:`accounted_bytes`: the copies loaded, or, with none loaded (scaled to
-        zero, or before the first load is measured), one copy's known size."""
-        now = self.memory_bytes or self.copy_bytes or self._known_bytes
-        change = now - self.accounted_bytes
-        if change:
-            self.accounted_bytes = now
-            self.events.pool_memory_changed(self, change)
 
     def snapshot(self) -> PoolSnapshot:
         c = self.config
@@ -399,113 +351,6 @@ class ModelPool:
             c.batch_size,
         )
 
-    @property
-    def paths(self) -> dict[str, Any] | None:
-        """The family and predict paths the model's first load reported (``None``: a custom
-        handler, or not loaded yet)."""
-        return None if self._paths is None else cast(dict[str, Any], pickle.loads(self._paths))
-
-    # Workers ----------------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Start ``minWorkers`` workers and wait until the model is loaded in their slots.
-        Raises the load error of the first worker that failed. Their lines are debug: the
-        model's load line counts them."""
-        started = [
-            self._add_worker("minWorkers", level=logging.DEBUG)
-            for _ in range(workers_to_start(self.snapshot()))
-        ]
-        if started:
-            await asyncio.gather(*(w.ready for w in started))
-
-    def _add_worker(
-        self, reason: str, *, scaling: bool = True, level: int = logging.INFO
-    ) -> Worker:
-        slot = self.backend.bind(self._per_slot.keys(), self.lane)
-        worker = Worker(self, self._next_id, slot)
-        self._next_id += 1
-        self.workers[worker.id] = worker
-        self._per_slot[slot.index] += 1
-        if scaling:
-            self._m_scale_up.inc()
-        log.log(
-            level,
-            "model %s: worker %d added on %s (%s; %d worker(s), %d queued)",
-            self.name,
-            worker.id,
-            slot.describe(),
-            reason,
-            len(self.workers),
-            len(self.queue),
-        )
-        worker.start()
-        return worker
-
-    async def bind(self, slot: Slot) -> None:
-        """Make sure this model is loaded in ``slot`` (one load per slot, shared by workers)."""
-        future = self._slot_loads.get(slot.index)
-        if future is None:
-            future = asyncio.ensure_future(
-                slot.load(LoadSpec(self.key, self.model_dir, self.config))
-            )
-            self._slot_loads[slot.index] = future
-            self._memory_changed()
-        try:
-            info = await asyncio.shield(future)
-        except BaseException:
-            if self._slot_loads.get(slot.index) is future:
-                self._leave_slot(slot)
-            raise
-        if self._slot_loads.get(slot.index) is future and isinstance(future, asyncio.Task):
-            # Loaded: what stays is a resolved future, not the finished task and its coroutine.
-            settled: asyncio.Future[LoadInfo] = asyncio.get_running_loop().create_future()
-            settled.set_result(info)
-            self._slot_loads[slot.index] = settled
-        if not self.copy_bytes:
-            self.copy_bytes = (
-                int(self.config.required_memory_mb * 2**20)
-                if self.config.required_memory_mb is not None
-                else info.memory_bytes
-            )
-            self._memory_changed()
-            self._paths = info.paths
-            self.events.pool_loaded(self, info)
-        probe = info.probe_seconds
-        if self.cost.hold is None and probe is not None:
-            # The probe row's cost is the first estimate: a heavy model leaves the light lane
-            # before its first batch runs there.
-            self.cost.set_probe(probe)
-            if not self._stay_low <= probe <= self._stay_high and not self._unloading:
-                self._move(lane_for(self.lane, probe, self.backend.heavy_batch_s))
-
-    def _leave_slot(self, slot: Slot, unload: bool = True) -> asyncio.Task[None] | None:
-        """The model leaves ``slot``: it is unloaded there (the task doing it), or at the end of
-        its load there if that is still running in the process."""
-        load = self._slot_loads.pop(slot.index, None)
-        if load is None:
-            return None
-        self._memory_changed()
-        if not load.done():
-            load.add_done_callback(lambda _: self._leave_slot_loaded(slot, load, unload))
-            return None
-        return self._leave_slot_loaded(slot, load, unload)
-
-    def _leave_slot_loaded(
-        self, slot: Slot, load: asyncio.Future[LoadInfo], unload: bool
-    ) -> asyncio.Task[None] | None:
-        if load.cancelled() or load.exception() is not None:
-            return None  # nothing loaded there (and the error is retrieved: no one waits for it)
-        if not unload or slot.index in self._slot_loads:  # loaded there again since
-            return None
-        return asyncio.get_running_loop().create_task(
-            slot.unload(self.key), name=f"mmserver-unload-{self.name}"
-        )
-
-    def may_retire(self, worker: Worker, idle_seconds: float) -> bool:
-        if self._stopped:
-            return True
-        return should_retire(self.snapshot(), idle_seconds, self.config.max_idle_time)
-
     def observe_batch(self, batch: list[Job], started: float, seconds: float) -> None:
         self._m_batch.observe(len(batch))
         self._m_predict.observe(seconds)
@@ -514,81 +359,66 @@ class ModelPool:
         if not self.running and not len(self.queue):
             self.events.pool_idle(self)
 
+    # Workers and copies -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start ``minWorkers`` workers and wait until the model is loaded in their slots.
+        Raises the load error of the first worker that failed."""
+        await self._group.start()
+
+    async def bind(self, slot: Slot) -> None:
+        """Make sure this model is loaded in ``slot`` (one load per slot, shared by workers)."""
+        info = await self._copies.load(slot)
+        probe = info.probe_seconds
+        if self.cost.hold is None and probe is not None:
+            # The probe row's cost is the first estimate: a heavy model leaves the light lane
+            # before its first batch runs there.
+            self.cost.set_probe(probe)
+            if not self._stay_low <= probe <= self._stay_high and not self.unloading:
+                lane = lane_now(
+                    self.lane, probe, self.backend.heavy_batch_s, time.monotonic(), self._lane_since
+                )
+                if lane != self.lane:
+                    self._move(lane)
+
     def worker_exited(self, worker: Worker, error: BaseException | None) -> None:
         """Forget ``worker``; unload the model from its slot if no other worker is there."""
-        if self.workers.pop(worker.id, None) is None:
-            return
-        if worker in self._idle:
-            self._idle.remove(worker)
-        slot = worker.slot
-        self.backend.release(slot)
-        self._per_slot[slot.index] -= 1
-        if not self._per_slot[slot.index]:
-            del self._per_slot[slot.index]
-        if self._unloading:
-            reason = "model unloading"
-        elif slot.lane.name != self.lane:
-            reason = f"model moved to the {self.lane} lane"
-        elif error is not None:
-            reason = f"failed: {error}"
-        else:
-            reason = "idle"
-            self._m_scale_down.inc()
-        log.log(
-            logging.DEBUG if self._unloading else logging.INFO,  # the unload line says it
-            "model %s: worker %d on %s retired (%s; %d worker(s) left)",
-            self.name,
-            worker.id,
-            slot.describe(),
-            reason,
-            len(self.workers),
-        )
-        if slot.index not in self._per_slot:
-            self._leave_slot(slot)
-        if slot.lane.name != self.lane and not self._stopped and not self._unloading:
-            self._fill_lane()
-        if error is not None and not self.workers and not self._stopped:
-            # No worker is left to serve what is queued: answer it with the reason.
-            for job in self.queue.drain():
-                job.fail(
-                    error
-                    if isinstance(error, errors.MMServerError)
-                    else errors.MMServerError(f"the model's worker failed: {error}")
-                )
-        elif len(self.queue) and not self._stopped and should_add_worker(self.snapshot()):
-            self._add_worker("queue")
+        self._group.exited(worker, error)
+
+    @property
+    def copy_bytes(self) -> int:
+        """The memory of one copy of the model (0 until its first load is measured)."""
+        return self._copies.copy_bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        """The memory of the model's copies loaded or loading."""
+        return self._copies.memory_bytes
+
+    @property
+    def accounted_bytes(self) -> int:
+        """The memory counted for this model by the eviction policy
+        (:attr:`Copies.accounted_bytes`)."""
+        return self._copies.accounted_bytes
+
+    @property
+    def paths(self) -> dict[str, Any] | None:
+        """The family and predict paths the model's first load reported (``None``: a custom
+        handler, or not loaded yet)."""
+        return self._copies.paths
+
+    def path_batches(self) -> dict[str, int]:
+        """The batches each predict path took."""
+        return {name: int(c.value) for name, c in self._m_paths.items()}
 
     # Management -------------------------------------------------------------------------------
-
-    def _refuse_if_stopped(self) -> None:
-        """With ``maxWorkers`` 0 the model keeps no worker: its queue refuses new jobs, and
-        answers those it holds, with :class:`errors.WorkersStopped` (503), as DJL does."""
-        if self.config.max_workers > 0:
-            if self.queue.closed and not self._unloading:
-                self.queue.reopen()
-            return
-        message = (
-            f"model {self.name} has no workers: its maxWorkers is 0. Give it some with "
-            f"PUT /models/{self.name}?max_worker=N"
-        )
-        self.queue.close(lambda: errors.WorkersStopped(message))
-        for job in self.queue.drain():
-            job.fail(errors.WorkersStopped(message))
 
     async def rescale(self, config: ModelConfig) -> None:
         """Apply new limits live: queued and running jobs are kept (with ``maxWorkers`` 0,
         queued jobs are answered 503)."""
         self.config = config
         self.queue.maxsize = config.job_queue_size
-        self._refuse_if_stopped()
-        started = [self._add_worker("minWorkers") for _ in range(workers_to_start(self.snapshot()))]
-        # Idle workers above the new maxWorkers leave now; busy ones after their batch.
-        excess = len(self.workers) - config.max_workers
-        for worker in list(self._idle):
-            if excess <= 0:
-                break
-            worker.exit(None)
-            excess -= 1
+        started = self._group.rescale()
         if self._idle and len(self.queue):
             self._dispatch()  # the new batch size or delay may let a batch go now
         if started:
@@ -599,48 +429,31 @@ class ModelPool:
         seconds; ``None`` = do not wait); answer the rest with 503; stop the workers and unload
         the model from every slot (unless ``unload`` is false: the server is stopping, and the
         backend processes with it, some maybe still held by a prediction past the drain)."""
-        self._unloading = True
+        self.unloading = True
         self.queue.close()
         if self._idle and len(self.queue):
             self._dispatch()
-        if not len(self.queue):
-            for worker in list(self._idle):
-                worker.exit(None)
-        waits = [w.done for w in self.workers.values()]
-        if waits and drain_timeout:
-            await asyncio.wait(waits, timeout=drain_timeout)
-        self._stopped = True
-        for handle in (
-            self._dispatch_handle,
-            self._delay_handle,
-            self._reap_handle,
-            self._expiry_handle,
-        ):
+        self._group.drained()
+        if drain_timeout:
+            await self._group.wait_left(drain_timeout)
+        self.stopped = True
+        for handle in (self._dispatch_handle, self._reap_handle):
             if handle is not None:
                 handle.cancel()
-        self._dispatch_handle = self._delay_handle = self._reap_handle = None
-        self._expiry_handle = None
+        self._dispatch_handle = self._reap_handle = None
+        self._delay.cancel()
+        self._expiry.cancel()
         for job in self.queue.drain():
             job.fail(errors.ShuttingDown("the model was unloaded before this request ran"))
-        workers = list(self.workers.values())
-        for worker in workers:
-            worker.exit(None)
-        await asyncio.gather(*(w.wait_started() for w in workers))
-        slots = {s.index: s for s in self.backend.slots}
-        unloads = [self._leave_slot(slots[index], unload) for index in list(self._slot_loads)]
-        await asyncio.gather(*(u for u in unloads if u is not None))
-
-    def path_batches(self) -> dict[str, int]:
-        """The batches each predict path took."""
-        return {name: int(c.value) for name, c in self._m_paths.items()}
+        await self._group.stop()
+        await self._copies.leave_all(self.backend.slots, unload)
 
 
 @dataclass(slots=True)
 class Measured:
     """What the loads of a model measured, for the next load's estimate and lane: remembered
     across its unloads (:class:`~mmserver.lifecycle.catalog.Catalog`, bounded), read by its pool
-    when it
-    starts, written by the catalog when a load has measured them."""
+    when it starts, written by the catalog when a load has measured them."""
 
     #: Bytes of one loaded copy (0: not measured yet).
     copy_bytes: int = 0

@@ -201,8 +201,10 @@ async def test_a_batch_delay_rearmed_when_it_is_due_keeps_answering(store: Path)
         pool = wlm.room.loaded.get("delayed")
         assert pool is not None
         loop = asyncio.get_running_loop()
-        pool._dispatch_at(loop.time())  # due now: uvloop gives a handle without a time
-        pool._dispatch_at(loop.time() + 0.01)  # later than the one armed: nothing to change
+        delay = pool._delay
+        delay.arm(loop.time())  # due now: uvloop gives a handle without a time
+        assert not loop.time() + 0.01 < delay.at  # later than the one armed: nothing to change
+        delay.arm(loop.time() + 0.01)  # armed again: the handle without a time is cancelled
         results = await asyncio.gather(*(wlm.submit("delayed", X).answer for _ in range(50)))
         assert [value(r) for r in results] == [pytest.approx(2.0, abs=0.05)] * 50
 
