@@ -71,7 +71,7 @@ def infer_message(model: str, rows: list[list[float]]) -> bytes:
     """The serialized ``ModelInferRequest`` of ``rows`` for ``model``: one FP64 tensor."""
     import numpy as np
 
-    from mmserver.api.proto import grpc_service_pb2 as pb
+    from mmserver.api.grpc.proto import grpc_service_pb2 as pb
 
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name="input-0", datatype="FP64", shape=[len(rows), len(rows[0])])

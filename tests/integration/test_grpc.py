@@ -17,8 +17,8 @@ import pytest
 from google.protobuf.message import Message
 from grpc import aio
 
+from mmserver.api.grpc.proto import grpc_service_pb2 as pb
 from mmserver.api.grpc.service import SERVICE, GrpcServer
-from mmserver.api.proto import grpc_service_pb2 as pb
 from mmserver.api.web import STATE
 from tests.integration.harness import Harness, Serve
 from tests.models import make_linear_model

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from mmserver import errors
+from mmserver.api.grpc.proto import grpc_service_pb2 as pb
 from mmserver.api.grpc.service import status_code
 from mmserver.api.grpc.tensors import infer_body, infer_response, json_parameters
-from mmserver.api.proto import grpc_service_pb2 as pb
 from mmserver.cli import build_config
 from mmserver.codecs.v2 import v2_request
 from mmserver.codecs.v2_answers import encode_v2, split_answer

@@ -37,8 +37,8 @@ from grpc import aio
 
 from mmserver.api.access import check_authorization
 from mmserver.api.dataplane import Exchange, shown_error, shown_message
+from mmserver.api.grpc.proto import grpc_service_pb2 as pb
 from mmserver.api.grpc.tensors import infer_body, infer_response, json_parameters
-from mmserver.api.proto import grpc_service_pb2 as pb
 from mmserver.api.protocols import V2, versioned
 from mmserver.api.repository import (
     SERVER_METADATA,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.api.proto import grpc_service_pb2 as pb
+from mmserver.api.grpc.proto import grpc_service_pb2 as pb
 from mmserver.codecs.v2 import NUMERIC
 from mmserver.errors import InvalidInput
 
