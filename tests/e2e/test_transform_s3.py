@@ -61,7 +61,7 @@ async def test_objects_under_a_prefix_and_in_a_manifest(tmp_path: Path) -> None:
                 )
             # The job's progress is kept in the user's cache for an s3:// output.
             digest = hashlib.sha256(b"s3://data/out").hexdigest()[:16]
-            done = home / ".cache/mmserver/commands/transform" / digest / "done"
+            done = home / ".cache/mmserver/transform" / digest / "done"
             assert sorted(json.loads(line) for line in done.read_text().splitlines()) == [
                 "a.csv",
                 "sub/b.csv",

@@ -136,7 +136,7 @@ class TransformOptions:
     journal: str = _opt(
         "",
         "The folder holding the job's progress; default <output>/.mmserver-transform for a "
-        "local output, ~/.cache/mmserver/commands/transform/<hash of the output> for s3://.",
+        "local output, ~/.cache/mmserver/transform/<hash of the output> for s3://.",
         metavar="DIR",
     )
     progress: str = _opt(
