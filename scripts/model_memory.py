@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
-from proctools import free_port, kill_left, tree_memory  # noqa: E402
+from proctools import free_port, tree_memory  # noqa: E402
 
 from mmserver.codecs.requests import make_request  # noqa: E402
+from mmserver.commands.launch import Child, Serve  # noqa: E402
 from mmserver.config.server import ServerConfig  # noqa: E402
 from mmserver.manager.wlm import WorkLoadManager  # noqa: E402
 from mmserver.ops.metrics import Metrics  # noqa: E402
@@ -96,34 +96,26 @@ def forests(args: argparse.Namespace) -> None:
     import tree_models
 
     with tempfile.TemporaryDirectory() as folder:
-        store = Path(folder)
+        store = Path(folder) / "store"
+        store.mkdir()
         tree_models.write_pickle(store / "forest-0", tree_models.forest(args.trees, depth=None))
         for i in range(1, args.forests):
             (store / f"forest-{i}").mkdir()
             os.link(store / "forest-0" / "model.joblib", store / f"forest-{i}" / "model.joblib")
         size = (store / "forest-0" / "model.joblib").stat().st_size
-        port = free_port()
-        command = [
-            str(args.server_exe),
-            "serve",
-            "--model-store",
-            str(store),
-            "--port",
-            str(port),
-            "--max-memory-mb",
-            str(args.max_memory_mb),
-            "--log-level",
-            "warning",
-        ]
-        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
+        server = Child(
+            Serve(
+                store,
+                free_port(),
+                args=("--max-memory-mb", str(args.max_memory_mb), "--log-level", "warning"),
+                exe=args.server_exe,
+            ),
+            Path(folder) / "server.log",
+        )
+        server.start()
+        base = server.url
         try:
-            for _ in range(600):  # up to 60 s to start
-                try:
-                    urllib.request.urlopen(base + "/ping", timeout=1).read()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            server.wait_ready(60.0)
             before, each_before = tree_pss(server.pid)
             rng = random.Random(0)
             body = json.dumps([[0.1 * i for i in range(tree_models.FEATURES)]]).encode()
@@ -143,9 +135,7 @@ def forests(args: argparse.Namespace) -> None:
             after, each_after = tree_pss(server.pid)
             metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
         finally:
-            server.terminate()
-            server.wait(30)
-            kill_left([server.pid], 5.0)
+            server.stop(30.0)
     loaded = [line for line in metrics.splitlines() if line.startswith("mmserver_models_loaded ")]
     print(f"{args.forests} forests of {size / 1e6:.1f} MB, --max-memory-mb {args.max_memory_mb}")
     print(f"{args.requests} requests in {seconds:.0f} s, {errors} errors; {', '.join(loaded)}")

@@ -3,18 +3,16 @@
 share.
 
 Each of them runs with ``scripts/`` on ``PYTHONPATH`` and imports this module as ``proctools``.
-What the cluster command needs too lives in the package, :mod:`mmserver.commands.cluster.procfs`,
-and is imported from there; this module adds what only the tools use. Linux only.
+What the package's commands need too lives in the package, :mod:`mmserver.commands.procfs`,
+and is imported from there (a server started, ready and stopped is
+:mod:`mmserver.commands.launch`'s); this module adds what only the tools use. Linux only.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
-
 import psutil
 
-from mmserver.commands.cluster.procfs import (
+from mmserver.commands.procfs import (
     HOST,
     ProcessMemory,
     descendants,
@@ -30,7 +28,6 @@ __all__ = [
     "children_map",
     "descendants",
     "free_port",
-    "kill_left",
     "proc_kb",
     "stat_fields",
     "tree_memory",
@@ -76,25 +73,3 @@ def proc_kb(pid: int, name: str, key: str) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-def kill_left(pids: Iterable[int], timeout: float) -> list[int]:
-    """Wait up to ``timeout`` s for ``pids`` to exit, then SIGKILL those still alive; those."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-    # Polled rather than psutil.wait_procs, which waits for a zombie that is not our child
-    # until the timeout: a zombie has exited.
-    give_up = time.monotonic() + timeout
-    while any(live(p) for p in procs) and time.monotonic() < give_up:
-        time.sleep(0.05)
-    left = [p for p in procs if live(p)]
-    for proc in left:
-        try:
-            proc.kill()  # psutil checks first that the pid is still this process
-        except psutil.Error:
-            pass
-    return [p.pid for p in left]

@@ -49,7 +49,8 @@ from clusterlib.models import MODEL_NAME, write_variable_latency_dir
 from clusterlib.queueing import simulate
 from mmserver.commands.cluster.balancer import Balancer, BalancerSpec, Strategy
 from mmserver.commands.cluster.instances import Instance, InstanceSpec, stop_instances
-from mmserver.commands.cluster.procs import http_get, tree_memory
+from mmserver.commands.launch import http_get
+from mmserver.commands.procs import tree_memory
 
 ROUTING = (Strategy.RANDOM, Strategy.LEAST_OUTSTANDING_REQUESTS)
 AFFINITY = (Strategy.RANDOM, Strategy.MODEL_AFFINITY)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import psutil
-from proctools import HOST, children_map, descendants, free_port, kill_left, tree_memory
+from proctools import children_map, free_port, tree_memory
 
+from mmserver.commands.launch import Child, Serve
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,89 +109,43 @@ class Server:
     caller does not reach it); stopped with SIGTERM, and anything left is killed by pid."""
 
     def __init__(self, store: Path, log_path: Path, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
         self.store = store
         self.log_path = log_path
         self.args = args
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._family: set[int] = set()
+        self._child = Child(
+            Serve(store, free_port(), args=args),
+            log_path,
+            label="the server",
+            cwd=REPO,
+            new_session=True,
+            append=False,
+        )
+        self.port = self._child.port
+        self.url = self._child.url
 
     @property
     def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
+        return self._child.pid
 
     def start(self, ready_timeout: float = 60.0) -> None:
-        self._log = open(self.log_path, "wb")  # closed in stop()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("MMSERVER_PORT", None)
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mmserver",
-                "serve",
-                "--model-store",
-                str(self.store),
-                "--host",
-                HOST,
-                "--port",
-                str(self.port),
-                *self.args,
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-        )
-        give_up = time.monotonic() + ready_timeout
-        while time.monotonic() < give_up:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited early; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/ping", timeout=2) as response:
-                    if response.status == 200:
-                        self.remember_family()
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(
-            f"the server was not ready in {ready_timeout:.0f} s; see {self.log_path}"
-        )
+        """Start it and wait until it answers ``/ping`` (stopping it if it does not)."""
+        self._child.start()
+        try:
+            self._child.wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def remember_family(self) -> None:
         """Note the current descendants, so that they are cleaned up even if orphaned later."""
-        if self.process is not None and self.process.poll() is None:  # its pid is still its own
-            self._family.update(descendants(self.process.pid))
+        self._child.remember_family()
 
     def stop(self, timeout: float = 60.0) -> tuple[int | None, list[int]]:
         """SIGTERM, wait up to ``timeout`` s, then SIGKILL; kill any descendant still alive 10 s
         later, by pid. Returns the server's exit code (None if it had to be killed) and the
         descendants that had to be killed."""
-        process = self.process
-        code: int | None = None
-        left: list[int] = []
-        if process is not None:
-            self.remember_family()
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    code = process.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
-            else:
-                code = process.returncode
-            left = kill_left(self._family, 10.0)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return code, left
+        stopped = self._child.stop(timeout, grace_s=10.0)
+        return stopped.code, stopped.killed
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
@@ -14,16 +11,12 @@ from types import TracebackType
 import aiohttp
 import psutil
 
-from mmserver.commands.cluster import procfs
+from mmserver.commands import procfs
+from mmserver.commands.launch import Child, Serve
+from mmserver.commands.procfs import free_port
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def descendants(pid: int) -> set[int]:
@@ -71,77 +64,54 @@ async def wait_gone(pids: set[int], timeout: float = 10.0) -> None:
 
 
 class ServerProcess:
-    """``python -m mmserver serve`` over ``store``; its log goes to ``log_path``."""
+    """``python -m mmserver serve`` over ``store``, started by the launcher
+    (:class:`mmserver.commands.launch.Child`); its log goes to ``log_path``. Leaving the block
+    kills it and its descendants at once: a test that wants the drain sends SIGTERM itself."""
 
     #: Start the server as the leader of its own process group (as a shell or systemd does).
     new_session = False
 
     def __init__(self, store: Path, log_path: Path, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.store = store
         self.log_path = log_path
         self.args = args
-        self.process: asyncio.subprocess.Process | None = None
+        self.child = Child(
+            Serve(store, free_port(), args=args),
+            log_path,
+            label="the server",
+            cwd=ROOT,
+            new_session=self.new_session,
+            append=False,
+        )
+        self.port = self.child.port
+        self.url = self.child.url
 
     async def __aenter__(self) -> ServerProcess:
-        log = open(self.log_path, "wb")  # noqa: ASYNC230 - closed in __aexit__
-        self._log = log
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("MMSERVER_PORT", None)
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "mmserver",
-            "serve",
-            "--model-store",
-            str(self.store),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *self.args,
-            stdout=log,
-            stderr=log,
-            cwd=ROOT,
-            env=env,
-            start_new_session=self.new_session,
-        )
-        await self.wait_ready()
+        self.child.start()
+        try:
+            await self.wait_ready()
+        except BaseException:
+            await asyncio.to_thread(self.child.kill)
+            raise
         return self
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout
-        async with aiohttp.ClientSession() as session:
-            while loop.time() < give_up:
-                assert self.process is not None
-                if self.process.returncode is not None:
-                    raise AssertionError(f"server exited early:\n{self.log()}")
-                try:
-                    async with session.get(f"{self.url}/ping") as response:
-                        if response.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"server not ready in {timeout} s:\n{self.log()}")
+        await asyncio.to_thread(self.child.wait_ready, timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     @property
     def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
+        return self.child.pid
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
-        assert self.process is not None
-        self.process.send_signal(signum)
+        self.child.send_signal(signum)
 
     async def wait(self, timeout: float) -> int:
-        assert self.process is not None
-        return await asyncio.wait_for(self.process.wait(), timeout)
+        """The exit code once the server has exited on its own; ``TimeoutError`` after
+        ``timeout`` s."""
+        return await asyncio.to_thread(self.child.wait_exit, timeout)
 
     async def __aexit__(
         self,
@@ -149,17 +119,7 @@ class ServerProcess:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        process = self.process
-        if process is not None and process.returncode is None:
-            family = descendants(process.pid)
-            process.kill()
-            await process.wait()
-            for pid in family:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        self._log.close()
+        await asyncio.to_thread(self.child.kill)
 
 
 def one_model_store(tmp_path: Path) -> Path:

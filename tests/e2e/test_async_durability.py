@@ -15,7 +15,6 @@ import collections
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import aiohttp
 import pytest
 
 from mmserver.asynchronous.journal import Journal, State
+from mmserver.commands.launch import Child, Serve
 from tests.behaviour_models import (
     make_gated_recording_dir,
     make_recording_dir,
@@ -144,21 +144,20 @@ def states(setup: Setup) -> dict[str, State]:
 
 async def second_server(setup: Setup) -> tuple[int, str]:
     """``mmserver serve`` on ``setup``'s state_dir, run to its end: its exit code and output."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mmserver", "serve", "--model-store", str(setup.store),
-        "--host", "127.0.0.1", "--port", str(free_port()), "--backend-processes", "1",
-        "--state-dir", str(setup.state),
+    log = setup.tmp / "second-server.log"
+    server = Child(
+        Serve(
+            setup.store, free_port(), backend_processes=1, args=("--state-dir", str(setup.state))
+        ),
+        log,
         cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+    )
+    server.start()
     try:
-        printed, _ = await asyncio.wait_for(proc.communicate(), 60)
+        code = await asyncio.to_thread(server.wait_exit, 60)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return proc.returncode or 0, printed.decode(errors="replace")
+        await asyncio.to_thread(server.kill)
+    return code, log.read_text(errors="replace")
 
 
 async def test_sigkill_then_restart_finishes_every_accepted_request_once(setup: Setup) -> None:

@@ -5,7 +5,6 @@ restart."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -38,8 +37,7 @@ async def test_versions_served_by_backend_processes_and_a_switch_outlives_a_rest
                 assert response.status == 200, await response.text()
             assert await answer(session, server.url, "/predictions/versioned") == 11.0
             server.signal()
-            assert server.process is not None
-            assert await asyncio.wait_for(server.process.wait(), 30) == 0
+            assert await server.wait(30) == 0
         async with ServerProcess(store, tmp_path / "second.log", *args) as server:
             assert await answer(session, server.url, "/predictions/versioned") == 11.0
             assert await answer(session, server.url, "/predictions/versioned/2") == 12.0

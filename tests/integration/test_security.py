@@ -12,7 +12,7 @@ from aiohttp import ClientSession
 
 from mmserver.api.access import check_security
 from mmserver.app import access_log_enabled
-from mmserver.commands.cluster.procfs import free_port
+from mmserver.commands.procfs import free_port
 from mmserver.config.server import ServerConfig
 from mmserver.errors import ConfigError
 from tests.e2e.cluster_process import require_haproxy, run_cli

@@ -236,7 +236,7 @@ def test_store_and_url_together_or_neither_are_refused(
 
 
 def test_a_url_where_nothing_answers_is_said(capsys: pytest.CaptureFixture[str]) -> None:
-    from mmserver.commands.cluster.procfs import free_port
+    from mmserver.commands.procfs import free_port
 
     port = free_port()
     assert main(["m", "--p99-ms", "20", "--url", f"http://127.0.0.1:{port}"]) == 2

@@ -11,9 +11,10 @@ its arguments. Modules, from the command down:
   directory and the stop order;
 - :mod:`mmserver.commands.cluster.balancer` — the routing strategies and the HAProxy configuration
   made from ``haproxy.cfg.in`` (package data); the HAProxy process;
-- :mod:`mmserver.commands.cluster.instances` — one ``mmserver serve`` process;
-- :mod:`mmserver.commands.cluster.procs` — processes by pid and start time: identity, descendants,
-  stopping, memory;
-- :mod:`mmserver.commands.cluster.procfs` — process trees (psutil), and free loopback ports
-  (shared with the tools under ``scripts/``).
+- :mod:`mmserver.commands.cluster.instances` — one ``mmserver serve`` process.
+
+Below them, shared with ``mmserver transform``, ``mmserver recommend`` and the tools under
+``scripts/``: :mod:`mmserver.commands.launch` (a child process started, ready and stopped),
+:mod:`mmserver.commands.procs` (processes by pid and start time) and
+:mod:`mmserver.commands.procfs` (process trees, free loopback ports).
 """

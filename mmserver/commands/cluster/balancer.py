@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from mmserver.commands.cluster.procfs import HOST
-from mmserver.commands.cluster.procs import LoggedChild, http_get, reap, wait_gone, wait_until
+from mmserver.commands.launch import GRACE_S, Child, Stopped, http_get, wait_until
+from mmserver.commands.procfs import HOST
 from mmserver.errors import Unauthorized
 
 TEMPLATE = Path(__file__).resolve().parent / "haproxy.cfg.in"
@@ -195,25 +195,28 @@ def server_stats(stats_port: int) -> dict[str, dict[str, str]]:
     }
 
 
-class Balancer(LoggedChild):
+class Balancer(Child):
     """``haproxy -f CONFIG -db``: HAProxy in the foreground, a child process in its own
     session; its messages (server state changes, failed requests) go to ``log_path``."""
 
     def __init__(self, spec: BalancerSpec, config_path: Path, log_path: Path) -> None:
-        super().__init__(log_path)
+        super().__init__(
+            ["haproxy", "-f", str(config_path), "-db"],
+            log_path,
+            label="haproxy",
+            port=spec.port,
+            new_session=True,
+        )
         self.spec = spec
         self.config_path = config_path
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.spec.port}"
 
     def start(self, timeout: float = 30.0) -> None:
         """Write and check the configuration, start HAProxy, and wait until it answers
         ``/ping`` and its health checks have seen every instance up."""
         self.config_path.write_text(render(self.spec))
         check_config(self.config_path)
-        self.spawn([haproxy_binary(), "-f", str(self.config_path), "-db"])
+        self.argv[0] = haproxy_binary()
+        super().start()
 
         def ready() -> bool:
             stats = server_stats(self.spec.stats_port)
@@ -223,14 +226,14 @@ class Balancer(LoggedChild):
                 and http_get(self.spec.port, "/ping")[0] == 200
             )
 
-        wait_until(ready, self.failure, timeout, f"haproxy on port {self.spec.port}")
+        wait_until(ready, self.failure, timeout, f"haproxy on port {self.spec.port}", self.log_tail)
 
-    def stop(self, timeout: float = HARD_STOP_AFTER_S + 5) -> None:
+    def stop(
+        self,
+        timeout: float = HARD_STOP_AFTER_S + 5,
+        *,
+        signum: int = signal.SIGUSR1,
+        grace_s: float = GRACE_S,
+    ) -> Stopped:
         """Soft stop (SIGUSR1): stop listening, let the requests in flight finish, exit."""
-        if self.ident is not None:
-            self.ident.signal(signal.SIGUSR1)
-            if wait_gone([self.ident], timeout):
-                self.ident.signal(signal.SIGKILL)
-                wait_gone([self.ident], 5.0)
-        reap(self.proc, 1.0)
-        self.close_log()
+        return super().stop(timeout, signum=signum, grace_s=grace_s)

@@ -22,8 +22,8 @@ from typing import Any
 
 from mmserver.commands.cluster import balancer, cluster
 from mmserver.commands.cluster.instances import InstanceSpec
-from mmserver.commands.cluster.procfs import HOST
-from mmserver.commands.cluster.procs import ProcessId
+from mmserver.commands.procfs import HOST
+from mmserver.commands.procs import ProcessId
 from mmserver.config.server import resolves_to_loopback
 
 PROG = "mmserver cluster"

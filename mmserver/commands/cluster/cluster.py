@@ -31,8 +31,8 @@ from typing import Any
 
 from mmserver.commands.cluster.balancer import Balancer, BalancerSpec, Strategy
 from mmserver.commands.cluster.instances import Instance, InstanceSpec, stop_instances
-from mmserver.commands.cluster.procfs import HOST, free_port
-from mmserver.commands.cluster.procs import ProcessId, descendants, kill_all, wait_gone
+from mmserver.commands.procfs import HOST, free_port
+from mmserver.commands.procs import ProcessId, descendants, kill_all, wait_gone
 
 log = logging.getLogger("cluster")
 

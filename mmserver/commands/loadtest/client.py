@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from mmserver.commands.cluster.procfs import HOST
+from mmserver.commands.procfs import HOST
 
 BODY = b"[[0.5]]"
 JSON_HEADERS = {"Content-Type": "application/json"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from mmserver.commands.cluster.procfs import descendant_processes
+from mmserver.commands.procfs import descendant_processes
 
 
 def tree_cpu(pid: int) -> dict[int, float]:

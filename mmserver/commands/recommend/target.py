@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from mmserver.commands.cluster.instances import Instance, InstanceSpec, stop_instances
-from mmserver.commands.cluster.procfs import HOST, free_port
+from mmserver.commands.launch import Child, NotStarted, Serve
 from mmserver.commands.loadtest.client import JSON_HEADERS, Client
+from mmserver.commands.procfs import HOST, free_port
 from mmserver.commands.recommend.settings import Setting
 from mmserver.config.model import cpu_count
 
@@ -66,7 +66,7 @@ class Target:
         self.port = port
         self.pid = pid
         self.client = Client(port, timeout=60.0, host=host)
-        self._instance: Instance | None = None
+        self._server: Child | None = None
         self._scratch: Path | None = None
         self._restore: tuple[str, ModelFacts] | None = None
 
@@ -79,22 +79,25 @@ class Target:
         """``mmserver serve`` over ``model_store`` on a free loopback port, its archive cache
         and log in a scratch folder removed by :meth:`close`."""
         scratch = Path(tempfile.mkdtemp(prefix="mmserver-recommend-"))
-        spec = InstanceSpec(
-            model_store=model_store.resolve(),
+        serve = Serve(
+            model_store.resolve(),
+            free_port(),
             backend_processes=cpu_count(),
-            server_args=server_args,
             cache_dir=scratch / "cache",
+            args=server_args,
         )
-        instance = Instance("recommend", free_port(), spec, scratch / "server.log")
-        instance.start()
-        target = cls(HOST, instance.port, instance.proc.pid if instance.proc else None)
-        target._instance, target._scratch = instance, scratch
+        # In a session of its own: a Ctrl-C reaches this command only, and :meth:`close` stops
+        # the server (it drains) when the command ends.
+        server = Child(serve, scratch / "server.log", label="the server", new_session=True)
+        server.start()
+        target = cls(HOST, server.port, server.pid)
+        target._server, target._scratch = server, scratch
         try:
-            instance.wait_ready(READY_TIMEOUT_S)
-        except RuntimeError as exc:
+            server.wait_ready(READY_TIMEOUT_S)
+        except NotStarted as exc:
             log = (scratch / "server.log").read_text(errors="replace")[-2000:]
             target.close()
-            raise TargetError(f"the server did not start: {exc}\n{log}") from None
+            raise TargetError(f"the server did not start: {exc.reason}\n{log}") from None
         return target
 
     @classmethod
@@ -121,7 +124,7 @@ class Target:
                 f"{_message(answer)} (give a request it takes with --payload FILE)"
             )
         facts = self.describe(model)
-        if self._instance is None and self._restore is None:
+        if self._server is None and self._restore is None:
             self._restore = (model, facts)
         return facts
 
@@ -187,9 +190,9 @@ class Target:
                 self.apply(model, facts.setting, facts.min_workers)
         finally:
             self.client.close()
-            if self._instance is not None:
-                stop_instances([self._instance])
-                self._instance = None
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
                 self._scratch = None

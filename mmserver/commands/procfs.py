@@ -1,6 +1,7 @@
 """Process trees by pid (with :mod:`psutil`), and free loopback ports.
 
-The cluster's process handling (:mod:`mmserver.commands.cluster.procs`) builds on these; the tools
+Processes by pid and start time (:mod:`mmserver.commands.procs`), the launcher
+(:mod:`mmserver.commands.launch`) and the load generator's CPU readings build on these; the tools
 under ``scripts/`` (benchmark, stress tools) import them through ``scripts/proctools.py``. psutil
 reads ``/proc`` for us, and a :class:`psutil.Process` checks its start time before it answers or
 signals, so a pid the kernel has given to another process since is never taken for the old one.

@@ -1,4 +1,4 @@
-"""Processes by pid: identity, descendants, stopping, memory, readiness.
+"""Processes by pid: identity, descendants, stopping, memory.
 
 A pid alone is not an identity: once a process has exited, the kernel may give its pid to an
 unrelated process. :class:`ProcessId` pairs the pid with the process's start time (psutil's
@@ -7,20 +7,15 @@ unrelated process. :class:`ProcessId` pairs the pid with the process's start tim
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
 
 import psutil
 
-from mmserver.commands.cluster import procfs
-from mmserver.commands.cluster.procfs import HOST
+from mmserver.commands import procfs
 
 
 @dataclass(frozen=True)
@@ -92,53 +87,6 @@ def kill_all(idents: Iterable[ProcessId]) -> None:
         ident.signal(signal.SIGKILL)
 
 
-def reap(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
-    """Collect a child's exit status, so it does not stay a zombie."""
-    if proc is not None:
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-class LoggedChild:
-    """A child process in its own session (a Ctrl-C of the caller does not reach it), its output
-    appended to ``log_path``; ``ident`` identifies it once started."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ident: ProcessId | None = None
-        self._log: IO[bytes] | None = None
-
-    def spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        if self._log is None:
-            self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        self.ident = ProcessId.of(self.proc.pid) or ProcessId(self.proc.pid, 0)
-
-    def exited(self) -> int | None:
-        """The exit code once the process has ended, else None."""
-        return None if self.proc is None else self.proc.poll()
-
-    def failure(self) -> str | None:
-        """Why it is not running, once it has exited (for :func:`wait_until`)."""
-        code = self.exited()
-        return None if code is None else f"exited with code {code}; see {self.log_path}"
-
-    def close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-
 @dataclass(frozen=True)
 class Memory:
     """Memory of a process tree, in KiB: resident (RSS, shared pages counted in each process)
@@ -155,31 +103,3 @@ def tree_memory(pid: int) -> Memory:
     return Memory(
         sum(p.rss_kb for p in processes), sum(p.pss_kb for p in processes), len(processes)
     )
-
-
-def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    """``GET http://127.0.0.1:port/path``: (status, body); status 0 when nothing answered."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    except OSError:
-        return 0, b""
-    finally:
-        conn.close()
-
-
-def wait_until(
-    ready: Callable[[], bool], failed: Callable[[], str | None], timeout: float, what: str
-) -> None:
-    """Poll ``ready`` every 50 ms until it holds; raise ``RuntimeError`` when ``failed`` returns
-    a reason or ``timeout`` s pass."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        reason = failed()
-        if reason is not None:
-            raise RuntimeError(f"{what}: {reason}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not ready within {timeout:.0f} s")
-        time.sleep(0.05)
