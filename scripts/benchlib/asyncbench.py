@@ -5,10 +5,10 @@ folders and once on the S3 test server (moto in server mode, a process of its ow
 The real-time load is the neighbour section's light one: wrk, one thread, 8 connections spread
 evenly over ``sklearn-0`` … ``sklearn-99``. It runs twice per run: alone, and while
 ``--async-requests`` asynchronous requests (one small JSON input per model) are sent over the
-same 100 models by :data:`SENDERS` threads and answered into the output location. Measured: the
-asynchronous requests accepted per second (the 202s), answered per second (from the first send
-to the last end), the time from each one's acceptance to its end as the server's state call
-tells them (p50, p99), and the real-time p99 alone and beside them; then a fifth as many
+same 100 models from :data:`SENDERS` connections and answered into the output location.
+Measured: the asynchronous requests accepted per second (the 202s), answered per second (from
+the first send to the last end), the time from each one's acceptance to its end as the server's
+state call tells them (p50, p99), and the real-time p99 alone and beside them; then a fifth as many
 asynchronous requests alone, for the CPU the frontend and the backends (and the S3 server)
 spend per request. Then, in local folders, one CSV input of ``--async-large-mb`` MiB through
 one model: its time and the growth of the frontend's resident set meanwhile. Targets: the
@@ -19,6 +19,7 @@ frontend's growth with the large input at most 64 MiB.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proctools import proc_kb
+import uvloop
+from proctools import HOST, proc_kb
 
 from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
-from mmserver.commands.loadtest import cpu, wrk
+from mmserver.commands.loadtest import cpu, users, wrk
 from mmserver.commands.loadtest.client import Client
 from tests.integration.s3server import S3Server, s3_server
 
@@ -110,8 +112,9 @@ def _body(model: int) -> str:
 
 
 class _Sender:
-    """Sends ``count`` asynchronous requests from :data:`SENDERS` threads; each one's id and
-    the time its 202 came back."""
+    """Sends ``count`` asynchronous requests from :data:`SENDERS` connections (the package's
+    closed-loop users, on an event loop in a thread of their own); each one's id and the time
+    its 202 came back."""
 
     def __init__(self, server: servers.Server, place: _Place, count: int, prefix: str) -> None:
         self.server = server
@@ -121,45 +124,52 @@ class _Sender:
         self.accepted: dict[str, float] = {}
         self.refused: dict[int, int] = {}
         self.started = self.ended = 0.0
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._send, args=(i,), daemon=True) for i in range(SENDERS)
-        ]
+        self._thread = threading.Thread(target=self._send, name="async-sender", daemon=True)
 
     def start(self) -> _Sender:
         self.started = time.time()
-        for thread in self._threads:
-            thread.start()
+        self._thread.start()
         return self
 
     def join(self) -> None:
-        for thread in self._threads:
-            thread.join()
+        self._thread.join()
         self.ended = time.time()
 
-    def _send(self, sender: int) -> None:
-        client = Client(self.server.port)
-        try:
-            for n in range(sender, self.count, SENDERS):
-                model = f"sklearn-{n % MODELS}"
-                inference_id = f"{self.prefix}-{n}"
-                status, _, _ = client.request(
-                    "POST",
-                    f"/endpoints/{model}/async-invocations",
-                    None,
-                    {
-                        "X-Amzn-SageMaker-InputLocation": self.place.input_of(model),
-                        "X-Amzn-SageMaker-Content-Type": "application/json",
-                        "X-Amzn-SageMaker-Inference-Id": inference_id,
-                    },
-                )
-                with self._lock:
-                    if status == 202:
-                        self.accepted[inference_id] = time.time()
-                    else:
-                        self.refused[status] = self.refused.get(status, 0) + 1
-        finally:
-            client.close()
+    def _send(self) -> None:
+        numbers = iter(range(self.count))
+
+        def next_request(rng: random.Random) -> tuple[bytes, str] | None:
+            n = next(numbers, None)
+            if n is None:
+                return None
+            model = f"sklearn-{n % MODELS}"
+            inference_id = f"{self.prefix}-{n}"
+            headers = {
+                "X-Amzn-SageMaker-InputLocation": self.place.input_of(model),
+                "X-Amzn-SageMaker-Content-Type": "application/json",
+                "X-Amzn-SageMaker-Inference-Id": inference_id,
+            }
+            path = f"/endpoints/{model}/async-invocations"
+            data = users.request("POST", path, b"", headers, host=HOST, port=self.server.port)
+            return data, inference_id
+
+        def answered(inference_id: str, outcome: users.Outcome) -> None:
+            if outcome.status == 202:
+                self.accepted[inference_id] = time.time()
+            else:
+                self.refused[outcome.status] = self.refused.get(outcome.status, 0) + 1
+
+        uvloop.run(
+            users.closed_loop(
+                self.server.url,
+                SENDERS,
+                next_request,
+                answered,
+                duration_s=ANSWER_LIMIT_S,
+                max_requests=self.count,
+                timeout_s=30.0,
+            )
+        )
 
 
 def _alone(server: servers.Server, place: _Place, count: int, prefix: str) -> dict[str, Any]:

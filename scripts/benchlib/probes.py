@@ -1,18 +1,24 @@
-"""Sections measured with one sequential client: cold start, loading every model, memory."""
+"""Sections measured with one sequential client (cold start, memory), and every model loaded
+by a few clients at once.
+"""
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from proctools import tree_memory
+import uvloop
+from proctools import HOST, tree_memory
 
 from benchlib.servers import Server
-from mmserver.commands.loadtest.client import Client
+from mmserver.commands.loadtest import users
+from mmserver.commands.loadtest.client import BODY, JSON_HEADERS, Client
 
 WARM_MODEL = "sklearn-0"
+#: What loading every model may take.
+LOAD_ALL_LIMIT_S = 600.0
 
 
 def cold_start(server: Server, models: list[str]) -> dict[str, Any]:
@@ -55,29 +61,40 @@ def cold_start(server: Server, models: list[str]) -> dict[str, Any]:
 
 
 def load_all(server: Server, count: int, parallel: int = 4) -> dict[str, Any]:
-    """Request each of ``sklearn-0 .. sklearn-(count-1)`` once, ``parallel`` at a time."""
-    names = [f"sklearn-{i}" for i in range(count)]
-    chunks = [names[i::parallel] for i in range(parallel)]
+    """Request each of ``sklearn-0 .. sklearn-(count-1)`` once, ``parallel`` at a time (the
+    package's closed-loop users, one connection each)."""
+    names = iter(f"sklearn-{i}" for i in range(count))
+    statuses: dict[str, int] = {}
+    failed: list[str] = []
 
-    def run(chunk: list[str]) -> dict[int, int]:
-        statuses: dict[int, int] = {}
-        client = Client(server.port)
-        try:
-            for name in chunk:
-                status, _ = client.predict(name)
-                statuses[status] = statuses.get(status, 0) + 1
-        finally:
-            client.close()
-        return statuses
+    def next_request(rng: random.Random) -> tuple[bytes, str] | None:
+        name = next(names, None)
+        if name is None:
+            return None
+        path = f"/predictions/{name}"
+        return users.request("POST", path, BODY, JSON_HEADERS, host=HOST, port=server.port), name
+
+    def answered(name: str, outcome: users.Outcome) -> None:
+        if outcome.error:
+            failed.append(f"{name}: {outcome.error}")
+        else:
+            statuses[str(outcome.status)] = statuses.get(str(outcome.status), 0) + 1
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(parallel, thread_name_prefix="bench-load") as pool:
-        results = list(pool.map(run, chunks))
+    uvloop.run(
+        users.closed_loop(
+            server.url,
+            parallel,
+            next_request,
+            answered,
+            duration_s=LOAD_ALL_LIMIT_S,
+            max_requests=count,
+            timeout_s=30.0,
+        )
+    )
     elapsed = time.perf_counter() - start
-    statuses: dict[str, int] = {}
-    for each in results:
-        for status, n in each.items():
-            statuses[str(status)] = statuses.get(str(status), 0) + n
+    if failed:
+        raise RuntimeError(f"loading every model failed ({len(failed)}), e.g. {failed[:3]}")
     return {"models": count, "seconds": elapsed, "statuses": statuses}
 
 

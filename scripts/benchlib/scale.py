@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import random
-import selectors
-import socket
 import statistics
 import time
 from collections.abc import Iterator
@@ -39,12 +37,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import uvloop
 from proctools import HOST, proc_kb, tree_memory
 
 from benchlib import probes, servers, store
 from benchlib.loads import Log
-from mmserver.commands.loadtest import cpu, wrk
-from mmserver.commands.loadtest.client import BODY, Client
+from mmserver.commands.loadtest import cpu, users, wrk
+from mmserver.commands.loadtest.client import BODY, JSON_HEADERS, Client
 
 PAGE = 100
 SCRAPES = 5
@@ -127,78 +126,46 @@ def pages(server: servers.Server) -> dict[str, Any]:
     }
 
 
-def _request(name: str) -> bytes:
-    return (
-        f"POST /predictions/{name} HTTP/1.1\r\nHost: {HOST}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
-    ).encode() + BODY
-
-
-def _answered(buffer: bytearray) -> tuple[int, int] | None:
-    """(status, length of the whole answer) once ``buffer`` holds one, else None."""
-    head_end = buffer.find(b"\r\n\r\n")
-    if head_end < 0:
-        return None
-    head = bytes(buffer[:head_end]).decode("latin-1").split("\r\n")
-    status = int(head[0].split(" ", 2)[1])
-    length = 0
-    for line in head[1:]:
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "content-length":
-            length = int(value)
-    total = head_end + 4 + length
-    return (status, total) if len(buffer) >= total else None
-
-
 def cold_loads(server: servers.Server, names: list[str], clients: int) -> dict[str, Any]:
     """Request each of ``names`` once (all unloaded), ``clients`` connections at a time, from one
-    thread multiplexing them (a client far lighter than threads of ``http.client``: the server
-    gets the cores)."""
-    queue: Iterator[str] = iter(names)
+    thread's event loop (the package's closed-loop users on uvloop: a client far lighter than
+    threads of ``http.client``, so the server gets the cores)."""
     latencies: list[float] = []
     statuses: dict[str, int] = {}
-    selector = selectors.DefaultSelector()
-    sent_at: dict[socket.socket, float] = {}
-    buffers: dict[socket.socket, bytearray] = {}
+    failed: list[str] = []
+    todo: Iterator[str] = iter(names)
 
-    def send_next(sock: socket.socket) -> bool:
-        name = next(queue, None)
+    def next_request(rng: random.Random) -> tuple[bytes, str] | None:
+        name = next(todo, None)
         if name is None:
-            selector.unregister(sock)
-            sock.close()
-            return False
-        sent_at[sock] = time.perf_counter()
-        sock.sendall(_request(name))
-        return True
+            return None
+        path = f"/predictions/{name}"
+        return users.request("POST", path, BODY, JSON_HEADERS, host=HOST, port=server.port), name
+
+    def answered(name: str, outcome: users.Outcome) -> None:
+        if outcome.error:
+            failed.append(f"{name}: {outcome.error}")
+            return
+        latencies.append(outcome.seconds * 1e3)
+        statuses[str(outcome.status)] = statuses.get(str(outcome.status), 0) + 1
 
     started = time.perf_counter()
-    for _ in range(clients):
-        sock = socket.create_connection((HOST, server.port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buffers[sock] = bytearray()
-        selector.register(sock, selectors.EVENT_READ, sock)
-        send_next(sock)
-    deadline = started + COLD_TIMEOUT_S
-    while selector.get_map():
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"cold loads not answered within {COLD_TIMEOUT_S:.0f} s")
-        for key, _ in selector.select(1.0):
-            sock = key.data
-            data = sock.recv(65536)
-            if not data:
-                raise RuntimeError("the server closed a connection")
-            buffer = buffers[sock]
-            buffer += data
-            answered = _answered(buffer)
-            if answered is None:
-                continue
-            status, length = answered
-            latencies.append((time.perf_counter() - sent_at[sock]) * 1e3)
-            statuses[str(status)] = statuses.get(str(status), 0) + 1
-            del buffer[:length]
-            send_next(sock)
+    uvloop.run(
+        users.closed_loop(
+            server.url,
+            clients,
+            next_request,
+            answered,
+            duration_s=COLD_TIMEOUT_S,
+            max_requests=len(names),
+            timeout_s=COLD_TIMEOUT_S,
+        )
+    )
     elapsed = time.perf_counter() - started
-    selector.close()
+    if failed:
+        raise RuntimeError(f"cold loads failed ({len(failed)}), e.g. {', '.join(failed[:3])}")
+    if len(latencies) < len(names):
+        raise RuntimeError(f"cold loads not answered within {COLD_TIMEOUT_S:.0f} s")
     return {
         "models": len(names),
         "clients": clients,

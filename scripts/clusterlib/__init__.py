@@ -5,7 +5,8 @@ experiment starts its instances and balancers from there. Modules:
 
 - :mod:`clusterlib.experiment` — the experiment: RANDOM against LEAST_OUTSTANDING_REQUESTS and
   MODEL_AFFINITY, its runs, its table and plot;
-- :mod:`clusterlib.load` — its closed-loop users;
+- :mod:`clusterlib.load` — its closed-loop users (the package's load generator's,
+  :mod:`mmserver.commands.loadtest.users`);
 - :mod:`clusterlib.models` — its variable-latency model;
 - :mod:`clusterlib.queueing` — what queueing theory expects of it.
 """

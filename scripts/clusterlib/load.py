@@ -1,6 +1,7 @@
 """Closed-loop users: each sends a request, waits for its answer, and sends the next one.
 
-The users share one aiohttp session with one kept-alive connection each. Two kinds of run:
+The users are the package's load generator's (:func:`mmserver.commands.loadtest.users.closed_loop`),
+one kept-alive connection each. Two kinds of run:
 
 - :func:`closed_loop` runs for a time: a warm-up (requests sent then are not measured), then a
   measured window; a request is measured when it is sent inside the window, and counts for
@@ -12,7 +13,6 @@ The users share one aiohttp session with one kept-alive connection each. Two kin
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
@@ -20,11 +20,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 import numpy as np
+
+from mmserver.commands.loadtest import users as load_users
 
 HEADERS = {"Content-Type": "application/json"}
 INSTANCE_HEADER = "X-Mmserver-Instance"
+#: The count's bound of a timed run: far above what its users send in its time.
+MAX_REQUESTS = 10_000_000
 
 
 @dataclass
@@ -34,7 +37,7 @@ class LoadResult:
     seconds: float
     latencies: list[float] = field(default_factory=list)  # s, requests sent in the window
     completed: int = 0  # answered 200 inside the window
-    errors: Counter[str] = field(default_factory=Counter)  # status or exception: count
+    errors: Counter[str] = field(default_factory=Counter)  # status or connection error: count
     by_instance: Counter[str] = field(default_factory=Counter)  # X-Mmserver-Instance: count
     by_model_instance: Counter[tuple[str, str]] = field(default_factory=Counter)
 
@@ -47,6 +50,18 @@ class LoadResult:
 
     def instances_serving(self, model: str) -> int:
         return sum(1 for (m, _), n in self.by_model_instance.items() if m == model and n)
+
+    def add(self, model: str, outcome: load_users.Outcome, expected: float) -> bool:
+        """Count one request's outcome; whether it was answered right."""
+        error = _error(outcome, expected)
+        if error:
+            self.errors[error] += 1
+            return False
+        instance = outcome.header(INSTANCE_HEADER)
+        self.latencies.append(outcome.seconds)
+        self.by_instance[instance] += 1
+        self.by_model_instance[(model, instance)] += 1
+        return True
 
 
 async def closed_loop(
@@ -63,30 +78,32 @@ async def closed_loop(
     ``POST /predictions/{model}`` with body ``[[x]]``, where ``(model, x) = choose(rng)``; user
     ``u`` has its own ``rng`` seeded from ``seed`` and ``u``, so runs with the same seed send
     the same requests in the same order. An answer other than ``expect(x)`` is an error."""
-    connector = aiohttp.TCPConnector(limit=users)
-    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    host, port = load_users.loopback(url)
     result = LoadResult(seconds=duration)
     start = time.perf_counter() + warmup
     end = start + duration
 
-    async def user(session: aiohttp.ClientSession, rng: random.Random) -> None:
-        while (sent := time.perf_counter()) < end:
-            model, x = choose(rng)
-            instance, error = await _send(session, url, model, x, expect(x))
-            answered = time.perf_counter()
-            if sent < start:
-                continue
-            if error:
-                result.errors[error] += 1
-                continue
-            result.latencies.append(answered - sent)
-            result.by_instance[instance] += 1
-            result.by_model_instance[(model, instance)] += 1
-            if answered <= end:
-                result.completed += 1
+    def next_request(rng: random.Random) -> tuple[bytes, tuple[str, float]]:
+        model, x = choose(rng)
+        return _request(host, port, model, x), (model, x)
 
-    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
-        await asyncio.gather(*(user(session, random.Random(seed * 7919 + u)) for u in range(users)))
+    def answered(sent: tuple[str, float], outcome: load_users.Outcome) -> None:
+        model, x = sent
+        if outcome.sent < start:
+            return
+        if result.add(model, outcome, expect(x)) and outcome.answered <= end:
+            result.completed += 1
+
+    await load_users.closed_loop(
+        url,
+        users,
+        next_request,
+        answered,
+        duration_s=warmup + duration,
+        max_requests=MAX_REQUESTS,
+        timeout_s=timeout,
+        seed=seed,
+    )
     return result
 
 
@@ -102,50 +119,45 @@ async def closed_loop_list(
     """``users`` users sending ``POST /predictions/{model}`` with body ``[[x]]`` for each model
     of ``models`` in order, until the list is done or ``time_limit`` s have passed; an answer
     other than ``expected`` is an error. ``seconds`` is the time the run took."""
-    connector = aiohttp.TCPConnector(limit=users)
-    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    host, port = load_users.loopback(url)
     result = LoadResult(seconds=0.0)
     todo = iter(models)
-    start = time.perf_counter()
-    give_up = start + time_limit
 
-    async def user(session: aiohttp.ClientSession) -> None:
-        for model in todo:
-            sent = time.perf_counter()
-            if sent > give_up:
-                return
-            instance, error = await _send(session, url, model, x, expected)
-            if error:
-                result.errors[error] += 1
-                continue
-            result.latencies.append(time.perf_counter() - sent)
+    def next_request(rng: random.Random) -> tuple[bytes, str] | None:
+        model = next(todo, None)
+        return None if model is None else (_request(host, port, model, x), model)
+
+    def answered(model: str, outcome: load_users.Outcome) -> None:
+        if result.add(model, outcome, expected):
             result.completed += 1
-            result.by_instance[instance] += 1
-            result.by_model_instance[(model, instance)] += 1
 
-    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
-        await asyncio.gather(*(user(session) for _ in range(users)))
+    start = time.perf_counter()
+    await load_users.closed_loop(
+        url,
+        users,
+        next_request,
+        answered,
+        duration_s=time_limit,
+        max_requests=len(models),
+        timeout_s=timeout,
+    )
     result.seconds = time.perf_counter() - start
     return result
 
 
-async def _send(
-    session: aiohttp.ClientSession, url: str, model: str, x: float, expected: float
-) -> tuple[str, str]:
-    """(the instance that answered, the error: "", the status, the exception's name, or
-    "wrong answer" when the prediction is not within 0.05 of ``expected``)."""
-    try:
-        async with session.post(
-            f"{url}/predictions/{model}", data=f"[[{x!r}]]", headers=HEADERS
-        ) as response:
-            body = await response.read()
-            status = response.status
-            instance = response.headers.get(INSTANCE_HEADER, "")
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return "", type(exc).__name__
-    if status != 200:
-        return instance, str(status)
-    return instance, "" if _answer_ok(body, expected) else "wrong answer"
+def _request(host: str, port: int, model: str, x: float) -> bytes:
+    body = f"[[{x!r}]]".encode()
+    return load_users.request("POST", f"/predictions/{model}", body, HEADERS, host=host, port=port)
+
+
+def _error(outcome: load_users.Outcome, expected: float) -> str:
+    """ "" for a right answer; else the connection error, the status, or "wrong answer" when
+    the prediction is not within 0.05 of ``expected``."""
+    if outcome.error:
+        return outcome.error
+    if outcome.status != 200:
+        return str(outcome.status)
+    return "" if _answer_ok(outcome.body, expected) else "wrong answer"
 
 
 def _answer_ok(body: bytes, expected: float) -> bool:

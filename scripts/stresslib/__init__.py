@@ -1,9 +1,10 @@
 """Stability checks of a running mmserver, run by ``scripts/chaos`` and ``scripts/soak``.
 
-- :mod:`stresslib.proc` — the server under test as a child process on a free loopback port, its
-  process tree (frontend, fork server, resource tracker, backend processes) and its memory;
-- :mod:`stresslib.load` — a small asyncio load generator with bounded concurrency, and the
-  probes that check each model's answers;
+- :mod:`stresslib.proc` — the server under test as a child process on a free loopback port
+  (started and stopped by :mod:`mmserver.commands.launch`), its process tree (frontend, fork
+  server, resource tracker, backend processes) and its memory;
+- :mod:`stresslib.load` — the load (the package's closed-loop users, bounded concurrency), and
+  the probes that check each model's answers;
 - :mod:`stresslib.chaos` — kills backend processes at random moments under load, then checks
   that the server recovered (``python -m stresslib.chaos``);
 - :mod:`stresslib.soak` — a long mixed load over a store larger than the loaded-model budget,

@@ -1,7 +1,10 @@
-"""A small load generator: asyncio and aiohttp, bounded concurrency, every request recorded.
+"""The stress tools' load, every request recorded: the package's closed-loop users
+(:func:`mmserver.commands.loadtest.users.closed_loop`), each answer checked against its model's
+baseline.
 
-Not a benchmark client (``scripts/bench`` uses wrk for that): it measures stability, so it keeps
-every status, error type and latency, and can check every answer against a model's baseline.
+It measures stability, not speed (``scripts/bench`` does that), so it keeps every status, error
+type and latency. Single requests beside the load (learning a model's baseline, checking every
+model after the chaos, reading ``/metrics``) go through an aiohttp session of the caller's.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import re
 import time
 from collections import Counter
@@ -17,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from mmserver.commands.loadtest import users
 
 JSON = {"Content-Type": "application/json"}
 _FEATURES = re.compile(r"expects (\d+) feature")
@@ -107,9 +113,29 @@ def same(a: Any, b: Any) -> bool:
     return equal
 
 
+def judge(
+    model: str, status: int, error: str, raw: bytes, seconds: float, at: float, probes: Probes
+) -> Outcome:
+    """The outcome of a request to ``model``: answered ``status`` with body ``raw`` (or not
+    answered: status 0 and the connection ``error``)."""
+    if not status:
+        return Outcome(model, 0, error, seconds, at)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return Outcome(model, status, "NotJSON", seconds, at)
+    if status == 200:
+        answer = data.get("predictions")
+        if probes.is_right(model, answer):
+            return Outcome(model, 200, "", seconds, at)
+        return Outcome(model, 200, "WrongAnswer", seconds, at, True, answer)
+    return Outcome(model, status, str(data.get("type", "?")), seconds, at)
+
+
 async def one(
     session: aiohttp.ClientSession, url: str, model: str, probes: Probes, timeout: float
 ) -> Outcome:
+    """One request to ``model``, on its own."""
     start = time.monotonic()
     try:
         async with session.post(
@@ -124,16 +150,7 @@ async def one(
         now = time.monotonic()
         return Outcome(model, 0, type(exc).__name__, now - start, now)
     now = time.monotonic()
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return Outcome(model, status, "NotJSON", now - start, now)
-    if status == 200:
-        answer = data.get("predictions")
-        if probes.is_right(model, answer):
-            return Outcome(model, 200, "", now - start, now)
-        return Outcome(model, 200, "WrongAnswer", now - start, now, True, answer)
-    return Outcome(model, status, str(data.get("type", "?")), now - start, now)
+    return judge(model, status, "", raw, now - start, now, probes)
 
 
 async def run_load(
@@ -148,21 +165,38 @@ async def run_load(
     stop: asyncio.Event | None = None,
     timeout: float = 30.0,
 ) -> None:
-    """``concurrency`` loops sending one request at a time each, to the model ``choose()`` picks,
-    until ``until`` (time.monotonic()), ``max_requests`` in all, or ``stop`` is set."""
-    sent = 0
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    """``concurrency`` users sending one request at a time each, to the model ``choose()``
+    picks, until ``until`` (time.monotonic()), ``max_requests`` in all, or ``stop`` is set."""
+    host, port = users.loopback(url)
 
-        async def loop() -> None:
-            nonlocal sent
-            while time.monotonic() < until and sent < max_requests:
-                if stop is not None and stop.is_set():
-                    return
-                sent += 1
-                record.outcomes.append(await one(session, url, choose(), probes, timeout))
+    def next_request(rng: random.Random) -> tuple[bytes, str]:
+        model = choose()
+        path = f"/predictions/{model}"
+        return users.request("POST", path, probes.body(model), JSON, host=host, port=port), model
 
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    def answered(model: str, outcome: users.Outcome) -> None:
+        record.outcomes.append(
+            judge(
+                model,
+                outcome.status,
+                outcome.error,
+                outcome.body,
+                outcome.seconds,
+                time.monotonic(),
+                probes,
+            )
+        )
+
+    await users.closed_loop(
+        url,
+        concurrency,
+        next_request,
+        answered,
+        duration_s=max(0.0, until - time.monotonic()),
+        max_requests=max_requests,
+        timeout_s=timeout,
+        stop=stop,
+    )
 
 
 async def metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float]:

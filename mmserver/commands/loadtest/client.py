@@ -1,8 +1,8 @@
 """A small blocking HTTP client: one request at a time on a kept-alive loopback connection.
 
-Used where one sequential client is the point (cold start, loading every model, the 50 ms
-worker-count poller, management calls), never to generate load:
-:mod:`mmserver.commands.loadtest.wrk` does that.
+Used where one sequential client is the point (cold start, the 50 ms worker-count poller,
+management calls), never to generate load: :mod:`mmserver.commands.loadtest.wrk` and
+:mod:`mmserver.commands.loadtest.users` do that.
 """
 
 from __future__ import annotations

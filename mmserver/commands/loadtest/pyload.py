@@ -6,8 +6,9 @@ installed.
 ``BENCH_JSON`` line, so :func:`mmserver.commands.loadtest.wrk.parse` reads either. One asyncio loop
 on uvloop keeps ``CONNECTIONS`` keep-alive HTTP/1.1 connections busy (closed loop), or hands them
 send slots ``1 / rate`` apart (open loop: ``BENCH_THREAD_RATE`` times ``BENCH_THREADS`` in all),
-counting the sends more than 1 ms after their slot as ``load.lua`` does. A request is timed from
-its write to the end of its answer, as wrk times it.
+counting the sends more than 1 ms after their slot as ``load.lua`` does; the connections are
+:mod:`~mmserver.commands.loadtest.users`' users. A request is timed from its write to the end of
+its answer, as wrk times it.
 
 One process: it costs more CPU a request than wrk (on 2 cores, about 35 % of a core against
 wrk's 13 % for the same 5,000 requests per second) and never more than one core, taken from the
@@ -16,7 +17,6 @@ server on a small machine.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import json
 import os
@@ -29,8 +29,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from mmserver.commands.loadtest import users
+
 TIMEOUT_S = 5.0
 QUANTILES = (50, 75, 90, 99, 99.9)
+#: Requests a second no run of one Python process reaches: the count's bound of a run.
+MAX_RATE = 1_000_000
 
 
 @dataclass
@@ -41,9 +45,16 @@ class _Tally:
         default_factory=lambda: dict.fromkeys(("connect", "read", "write", "status", "timeout"), 0)
     )
     bytes: int = 0
-    sent: int = 0
-    late: int = 0
-    max_lag_us: float = 0.0
+
+    def add(self, _: None, outcome: users.Outcome) -> None:
+        if outcome.error:
+            self.errors[outcome.error] += 1
+            return
+        self.latencies_us.append(outcome.seconds * 1e6)
+        self.bytes += outcome.size
+        if not 200 <= outcome.status <= 299:
+            self.statuses[str(outcome.status)] = self.statuses.get(str(outcome.status), 0) + 1
+            self.errors["status"] += 1
 
 
 def _requests(host: str, port: int) -> tuple[list[bytes], Callable[[random.Random], int]]:
@@ -59,7 +70,7 @@ def _requests(host: str, port: int) -> tuple[list[bytes], Callable[[random.Rando
     )
 
     def build(name: str) -> bytes:
-        headers = {"Host": f"{host}:{port}", "Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json"}
         if api == "sagemaker":
             path = "/invocations"
             headers["X-Amzn-SageMaker-Target-Model"] = name + ".tar.gz"
@@ -67,9 +78,7 @@ def _requests(host: str, port: int) -> tuple[list[bytes], Callable[[random.Rando
             path = f"/v2/models/{name}/infer"
         else:
             path = f"/predictions/{name}"
-        headers["Content-Length"] = str(len(body))
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        return f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + body
+        return users.request("POST", path, body, headers, host=host, port=port)
 
     requests = [build(name) for name in names]
     hot = float(os.environ.get("BENCH_HOT", "0.9"))
@@ -97,110 +106,6 @@ def _requests(host: str, port: int) -> tuple[list[bytes], Callable[[random.Rando
     raise SystemExit(f"BENCH_PATTERN must be uniform, hot, zipf, single or cycle, not {pattern}")
 
 
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, int]:
-    """Read one answer; (status, bytes)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    length, chunked = 0, False
-    for line in lines[1:]:
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key == "content-length":
-            length = int(value)
-        elif key == "transfer-encoding" and "chunked" in value.lower():
-            chunked = True
-    size = len(head)
-    if chunked:
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            chunk = int(size_line.split(b";")[0], 16)
-            await reader.readexactly(chunk + 2)
-            size += len(size_line) + chunk + 2
-            if chunk == 0:
-                break
-    elif length:
-        await reader.readexactly(length)
-        size += length
-    return status, size
-
-
-class _Schedule:
-    """Send slots ``interval`` apart, handed to whichever connection asks next."""
-
-    def __init__(self, rate: float) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self.next_slot: float | None = None
-
-    def take(self, now: float, tally: _Tally) -> float:
-        """Seconds to wait for the next slot (0 when late; a send over 1 ms late counts)."""
-        if not self.interval:
-            return 0.0
-        if self.next_slot is None:
-            self.next_slot = now
-        slot = self.next_slot
-        self.next_slot = slot + self.interval
-        tally.sent += 1
-        wait = slot - now
-        if wait >= 0:
-            return wait
-        lag_us = -wait * 1e6
-        if lag_us > 1000:
-            tally.late += 1
-        tally.max_lag_us = max(tally.max_lag_us, lag_us)
-        return 0.0
-
-
-async def _connection(
-    host: str,
-    port: int,
-    end: float,
-    requests: list[bytes],
-    pick: Callable[[random.Random], int],
-    rng: random.Random,
-    schedule: _Schedule,
-    tally: _Tally,
-) -> None:
-    loop = asyncio.get_running_loop()
-    writer: asyncio.StreamWriter | None = None
-    try:
-        while loop.time() < end:
-            if writer is None:
-                try:
-                    reader, writer = await asyncio.open_connection(host, port)
-                except OSError:
-                    tally.errors["connect"] += 1
-                    await asyncio.sleep(0.01)
-                    continue
-            wait = schedule.take(loop.time(), tally)
-            if wait:
-                await asyncio.sleep(wait)
-                if loop.time() >= end:
-                    break
-            started = time.perf_counter()
-            try:
-                writer.write(requests[pick(rng)])
-                status, size = await asyncio.wait_for(_answer(reader), TIMEOUT_S)
-            except TimeoutError:
-                tally.errors["timeout"] += 1
-                writer.close()
-                writer = None
-                continue
-            except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-                tally.errors["read"] += 1
-                writer.close()
-                writer = None
-                continue
-            tally.latencies_us.append((time.perf_counter() - started) * 1e6)
-            tally.bytes += size
-            if not 200 <= status <= 299:
-                tally.statuses[str(status)] = tally.statuses.get(str(status), 0) + 1
-                tally.errors["status"] += 1
-    finally:
-        if writer is not None:
-            writer.close()
-
-
 async def run(url: str, duration_s: float, connections: int) -> dict[str, object]:
     """Generate the load; the ``BENCH_JSON`` object ``load.lua`` prints."""
     parts = urlsplit(url)
@@ -210,21 +115,28 @@ async def run(url: str, duration_s: float, connections: int) -> dict[str, object
         os.environ.get("BENCH_THREADS", "1")
     )
     seed = int(os.environ.get("BENCH_SEED", "1"))
-    tally, schedule = _Tally(), _Schedule(rate)
-    loop = asyncio.get_running_loop()
+    tally = _Tally()
+    schedule = users.Schedule(rate) if rate > 0 else None
     started = time.perf_counter()
-    end = loop.time() + duration_s
-    await asyncio.gather(
-        *(
-            _connection(
-                host, port, end, requests, pick, random.Random(seed * 7919 + i), schedule, tally
-            )
-            for i in range(connections)
-        )
+    # Any host, as wrk: mmserver recommend --url names the server. Bounded by the duration; the
+    # count's bound is above what one process sends in that time.
+    await users.run(
+        host,
+        port,
+        connections,
+        lambda rng: (requests[pick(rng)], None),
+        tally.add,
+        duration_s=duration_s,
+        max_requests=int(MAX_RATE * duration_s) + connections,
+        timeout_s=TIMEOUT_S,
+        seed=seed,
+        schedule=schedule,
     )
     elapsed = time.perf_counter() - started
     lat = np.array(tally.latencies_us) if tally.latencies_us else np.zeros(1)
-    late_share = tally.late / tally.sent if tally.sent else 0.0
+    sent = schedule.sent if schedule else 0
+    late = schedule.late if schedule else 0
+    late_share = late / sent if sent else 0.0
     bound_q = min(100.0, 99 + 100 * late_share)
     return {
         "duration_us": int(elapsed * 1e6),
@@ -243,9 +155,9 @@ async def run(url: str, duration_s: float, connections: int) -> dict[str, object
         },
         "open": {
             "thread_rate": rate,
-            "sent": tally.sent,
-            "late": tally.late,
-            "max_lag_us": tally.max_lag_us,
+            "sent": sent,
+            "late": late,
+            "max_lag_us": schedule.max_lag_us if schedule else 0.0,
         },
     }
 
