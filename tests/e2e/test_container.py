@@ -2,8 +2,10 @@
 user on a read-only root file system (as the Helm chart runs it), reads its memory budget from
 the container's limit, and drains on ``docker stop``.
 
-The image is built by ``scripts/container`` (which ``scripts/test`` runs where Docker can be
-started) and named by ``IMAGE_UNDER_TEST``; without it these tests are skipped and say so.
+The image is built by ``scripts/container`` and named by ``IMAGE_UNDER_TEST``; ``scripts/test``
+builds it while the other tests run and names the folder where the build leaves its result in
+``IMAGE_BUILD_DIR``, which these tests wait for. Without either they are skipped and say so (in
+CI a build that failed fails them).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,15 +26,20 @@ import pytest
 from mmserver.commands.examples import write_classifier_dir
 from tests.e2e.server_process import free_port
 
-IMAGE = os.environ.get("IMAGE_UNDER_TEST", "")
+IMAGE_UNDER_TEST = os.environ.get("IMAGE_UNDER_TEST", "")
+IMAGE_BUILD_DIR = os.environ.get("IMAGE_BUILD_DIR", "")
+#: How long the tests wait for the image scripts/test builds beside them.
+BUILD_TIMEOUT_S = 600.0
 TOKEN = "container-test-token"
 MEMORY_LIMIT_MIB = 1536
 UID = 10001
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not IMAGE, reason="no image: scripts/container builds one"),
-    pytest.mark.timeout(180),
+    pytest.mark.skipif(
+        not (IMAGE_UNDER_TEST or IMAGE_BUILD_DIR), reason="no image: scripts/container builds one"
+    ),
+    pytest.mark.timeout(BUILD_TIMEOUT_S + 180),  # the first test's setup waits for the build
 ]
 
 #: A model whose batch says it has begun (a file), then waits for its gate (another file).
@@ -86,6 +94,28 @@ class Container:
         raise AssertionError(f"the server did not answer /ping within {timeout} s:\n{self.logs()}")
 
 
+@pytest.fixture(scope="module")
+def image() -> str:
+    """The image under test: ``IMAGE_UNDER_TEST``, or the one scripts/test builds beside the
+    tests once its build has ended (bounded by :data:`BUILD_TIMEOUT_S`)."""
+    if IMAGE_UNDER_TEST:
+        return IMAGE_UNDER_TEST
+    build = Path(IMAGE_BUILD_DIR)
+    status = build / "status"
+    end = time.monotonic() + BUILD_TIMEOUT_S
+    while not status.exists():
+        if time.monotonic() > end:
+            pytest.fail(f"the image was not built within {BUILD_TIMEOUT_S:.0f} s")
+        time.sleep(1.0)  # a file another process writes: no event to wait on
+    built = (build / "image").read_text().strip().splitlines()
+    if status.read_text().strip() == "0" and built:
+        return built[-1]
+    log = (build / "log").read_text(errors="replace")[-3000:]
+    if os.environ.get("CI"):
+        pytest.fail(f"could not build the container image:\n{log}")
+    pytest.skip(f"could not build the container image; its tests skip:\n{log}")
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     store = tmp_path / "store"
@@ -99,7 +129,7 @@ def store(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def container(store: Path) -> AsyncIterator[Container]:
+async def container(store: Path, image: str) -> AsyncIterator[Container]:
     name = f"mmserver-test-{uuid.uuid4().hex[:8]}"
     port = free_port()
     started = docker(
@@ -124,7 +154,7 @@ async def container(store: Path) -> AsyncIterator[Container]:
         "MMSERVER_DRAIN_TIMEOUT=60",
         "--env",
         "MMSERVER_BACKEND_PROCESSES=1",
-        IMAGE,
+        image,
     )
     assert started.returncode == 0, started.stderr
     try:

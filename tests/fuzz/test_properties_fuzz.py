@@ -18,6 +18,7 @@ from mmserver.config.server import (
     parse_properties,
 )
 from mmserver.errors import ConfigError
+from mmserver.execution.families import engine_families
 from tests.fuzz.strategies import FAST
 
 WHERE = "/store/m/serving.properties"
@@ -102,7 +103,11 @@ def assert_usable(config: ModelConfig) -> None:
         assert math.isfinite(config.required_memory_mb) and config.required_memory_mb >= 0
         assert int(config.required_memory_mb * 2**20) >= 0  # the bytes the eviction counts
     assert config.method in METHODS
-    assert config.engine is None or config.engine.lower() in ("python", "sklearn")
+    if config.engine is not None:  # one family's, or refused by the load's file work, named
+        try:
+            assert len(engine_families(config.engine)) == 1
+        except ConfigError as exc:
+            assert f"engine={config.engine!r} must be one of" in exc.message
 
 
 @FAST
