@@ -186,4 +186,8 @@ def _example_store(directory: Path) -> int:
         return 2
     print(f"wrote {', '.join(names)} into {directory}")
     print(f"serve them with: mmserver serve --model-store {directory}")
+    print(
+        "custom-handler runs its own code: it loads on a server that trusts it "
+        "(--trusted-models custom-handler)"
+    )
     return 0

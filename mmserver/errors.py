@@ -25,6 +25,7 @@ written against DJL read the same names.
     ├── Forbidden                       403                   model url outside allowed roots
     ├── ModelError                      424 ModelError        the model's own code raised
     ├── ModelLoadError                  500 InternalFailure   the model failed to load
+    │   ├── UntrustedModel              500                   files need more trust than given
     │   ├── ConfigError                 500                   bad serving.properties
     │   └── UnsafeArchive               500                   refused archive
     ├── BackendDied                     500 InternalFailure
@@ -197,6 +198,11 @@ class ModelLoadError(MMServerError):
     amzn_error_type = "InternalFailure"
 
 
+class UntrustedModel(ModelLoadError):
+    """A model's files need more trust than the server's options give them: a pickle global
+    outside the allowed types, a custom handler of a model ``trusted_models`` does not name."""
+
+
 class ConfigError(ModelLoadError):
     """A configuration value is invalid; the message names the file, the key and the value."""
 
@@ -301,6 +307,7 @@ DJL_TYPES: dict[type[MMServerError], str] = {
     ModelLoadError: "EngineException",  # DJL: "Failed to loaded model."
     ConfigError: "IllegalConfigurationException",
     UnsafeArchive: "MalformedModelException",
+    UntrustedModel: "MalformedModelException",
     BackendDied: "EngineException",  # DJL: "Backend Python process is unrecoverable"
     ServiceUnavailable: "ServiceUnavailableException",
     QueueFull: "WlmCapacityException",  # DJL: "Worker queue capacity exceeded for model"

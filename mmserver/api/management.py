@@ -166,6 +166,12 @@ def _describe(model: ModelView) -> dict[str, Any]:
             result["predictPaths"] = paths
     if model.inputs is not None:
         result["inputs"] = model.inputs
+    if model.file_format is not None:
+        result["format"] = model.file_format
+    trust = config.trust
+    result["trust"] = trust.level
+    if trust.full:
+        result["trustedBy"] = trust.because
     said = [*model.warnings, *mistyped_keys(model.config.properties)]
     if said:
         result["warnings"] = said
@@ -222,10 +228,13 @@ async def register_model(request: web.Request) -> web.Response:
     name = normalize_name(name) if name else _name_from_url(url)
     overrides = _overrides(params, _REGISTER_PARAMS)
     synchronous = bool_param(params, "synchronous", default=True)
+    # The operator trusts the model's files (any pickle global, a model.py): the call is a
+    # management one, token-protected; nothing in the model's folder can ask for it.
+    trusted = bool_param(params, "trusted", default=False)
     # A bad parameter is a 400 (the WorkLoadManager checks them); a bad serving.properties
     # fails the model's load, a 500, whichever call loads it.
     model = await request.app[STATE].wlm.register(
-        url=url, name=name, overrides=overrides, synchronous=synchronous
+        url=url, name=name, overrides=overrides, synchronous=synchronous, trusted=trusted
     )
     if synchronous:
         return web.json_response({"status": f'Model "{model}" registered.'})

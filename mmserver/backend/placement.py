@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 from collections.abc import Collection
 from multiprocessing.context import BaseContext
@@ -61,7 +62,14 @@ class BackendPool:
         heavy_batch_ms: float = 2.0,
         heavy_reserved_cpus: int = 1,
     ) -> None:
+        #: Every slot: the shared ones, then the models' own (:meth:`bind_own`).
         self.slots: list[Slot]
+        #: The slots every model may share.
+        self.shared: list[Slot]
+        #: The slot of each model that has one of its own, by model name.
+        self._own: dict[str, ProcessSlot] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._metrics = metrics
         self.lanes = {LIGHT: Lane(LIGHT)}
         #: The fork server's context the processes come from (None: thread slots).
         self.context: BaseContext | None = None
@@ -72,6 +80,8 @@ class BackendPool:
         self.reserve: CpuReserve | None = None
         if processes == 0:
             self.slots = [ThreadSlot(0, threads, self.lanes[LIGHT])]
+            self.shared = list(self.slots)
+            self._indexes = itertools.count(1)
             return
         self.context = context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(PRELOAD))
@@ -101,6 +111,8 @@ class BackendPool:
                 )
                 for i in range(heavy_processes)
             ]
+        self.shared = list(self.slots)
+        self._indexes = itertools.count(len(self.slots))
 
     async def start(self) -> None:
         """Start the light lane's processes (the heavy lane's start on first use)."""
@@ -109,22 +121,62 @@ class BackendPool:
     async def stop(self) -> None:
         if self.reserve is not None:
             self.reserve.close()
-        await asyncio.gather(*(slot.stop() for slot in self.slots), return_exceptions=True)
+        await asyncio.gather(
+            *(slot.stop() for slot in self.slots), *self._stopping, return_exceptions=True
+        )
 
     def bind(self, taken: Collection[int], lane: str = LIGHT) -> Slot:
         """The slot in ``lane`` for a new worker of a model already bound to the slots in
         ``taken``, counted as bound there until :meth:`release`: one the model is not in if
         any, least-loaded (fewest bound workers) first, lowest index on ties."""
-        slots = [s for s in self.slots if s.lane.name == lane] or self.slots
+        slots = [s for s in self.shared if s.lane.name == lane] or self.shared
         free = [s for s in slots if s.index not in taken]
         candidates = free or slots
         slot = min(candidates, key=lambda s: (s.bound_workers, s.index))
         slot.bound_workers += 1
         return slot
 
+    def bind_own(self, model: str) -> Slot:
+        """The slot of a model whose files run code (fully trusted) for a new worker of it: a
+        backend process no other model shares, started on first use and stopped when the
+        model's last worker leaves it, so that nothing its code changed in the process outlives
+        it or reaches another model. Without backend processes, the thread slot (shared)."""
+        if self.context is None:
+            return self.bind((), LIGHT)
+        slot = self._own.get(model)
+        if slot is None:
+            slot = ProcessSlot(
+                next(self._indexes),
+                self.context,
+                self._metrics,
+                self.lanes[LIGHT],
+                reserve=self.reserve,
+            )
+            self._own[model] = slot
+            self.slots.append(slot)
+        slot.bound_workers += 1
+        return slot
+
     def release(self, slot: Slot) -> None:
-        """A worker bound by :meth:`bind` has left ``slot``."""
+        """A worker bound by :meth:`bind` or :meth:`bind_own` has left ``slot``; a model's own
+        slot stops with its last worker."""
         slot.bound_workers -= 1
+        if slot.bound_workers or not isinstance(slot, ProcessSlot) or slot in self.shared:
+            return
+        model = next((name for name, own in self._own.items() if own is slot), None)
+        if model is None:
+            return
+        del self._own[model]
+        self.slots.remove(slot)
+        task = asyncio.get_running_loop().create_task(
+            slot.stop(), name=f"mmserver-stop-own-backend-{model}"
+        )
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def own_slot(self, model: str) -> ProcessSlot | None:
+        """The backend process of its own that ``model`` runs in now, if any."""
+        return self._own.get(model)
 
     def processes(self) -> list[tuple[str, int]]:
         """The backend processes that run now, each ``(name, pid)``: ``light 0``, as ``ps``

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmserver.config.trust import Trust
 from mmserver.errors import ConfigError, InvalidInput
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
@@ -232,6 +233,9 @@ class ModelConfig:
     )
     #: Every key of serving.properties as written, for custom handlers.
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: How far the model's files are trusted: the server's options say it (no key of
+    #: serving.properties sets it; :mod:`mmserver.config.trust`).
+    trust: Trust = field(default_factory=Trust)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -381,6 +385,9 @@ ROLLOUT_KEYS = frozenset(
     }
 )
 _READ_AT_LOAD = frozenset({"option.columns"}) | ROLLOUT_KEYS
+#: Keys with which other servers let a model's folder trust its own files (DJL's): read, and
+#: ignored with a line saying why.
+_TRUST_KEYS = frozenset({"option.trust_insecure_model_files", "option.trust_remote_code"})
 
 
 def mistyped_keys(props: Mapping[str, str]) -> list[str]:
@@ -389,7 +396,7 @@ def mistyped_keys(props: Mapping[str, str]) -> list[str]:
     engines, and ``option.*`` keys may be a custom handler's, so only a near miss is said."""
     said = []
     for key in props:
-        if key in MODEL_KEYS or key in _READ_AT_LOAD:
+        if key in MODEL_KEYS or key in _READ_AT_LOAD or key in _TRUST_KEYS:
             continue
         close = difflib.get_close_matches(key, list(MODEL_KEYS), n=1, cutoff=0.8)
         if close:
@@ -410,6 +417,17 @@ def model_config_from_properties(
         spec = MODEL_KEYS.get(key)
         if spec is None:
             if key in _READ_AT_LOAD:
+                continue
+            if key in _TRUST_KEYS:
+                if (where, key) not in _warned_unknown:
+                    _warned_unknown.add((where, key))
+                    log.warning(
+                        "%s: %s=%s is ignored: a model's files are trusted only by the server's "
+                        "trusted_models and trusted_types options, never by its own folder",
+                        where,
+                        key,
+                        raw.strip(),
+                    )
                 continue
             if (where, key) not in _warned_unknown:
                 _warned_unknown.add((where, key))

@@ -45,6 +45,7 @@ from mmserver.config.model import (
     server_option,
     short_of,
 )
+from mmserver.config.trust import Trust, server_trust
 from mmserver.errors import ConfigError
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
@@ -266,6 +267,18 @@ class ServerConfig:
         "Captured records waiting to be written, at most; past it a record is dropped and "
         "counted (mmserver_capture_dropped_total), never an answer slowed.",
     )
+    trusted_types: str = _opt(
+        "",
+        "Importable names (module.Name, comma-separated) every model's pickle or skops file may "
+        "use beside the types scikit-learn, NumPy, SciPy, pandas, XGBoost and LightGBM models "
+        "are made of.",
+    )
+    trusted_models: str = _opt(
+        "",
+        "Glob patterns (comma-separated) of model names whose files are fully trusted: any "
+        "pickle global and a model.py custom handler, in backend processes of their own. "
+        "* trusts every model; none by default.",
+    )
     insecure_management: bool = _opt(
         False, "Allow an open management API on a non-loopback address without a token."
     )
@@ -353,6 +366,7 @@ class ServerConfig:
                 split_object_url(self.store_url)
             except ConfigError as exc:
                 raise ConfigError(f"option model_store: {exc.message}") from None
+        self.trust  # noqa: B018  # the trust options are checked where they are read
         too_many = self.check_workers(self.min_workers, self.max_workers)
         if too_many is not None:
             raise ConfigError(f"option {too_many}")
@@ -465,7 +479,15 @@ class ServerConfig:
 
     def model_defaults(self) -> ModelConfig:
         """Per-model defaults taken from the global options."""
-        return ModelConfig(**{name: getattr(self, name) for name in SERVER_DEFAULTS})
+        return ModelConfig(
+            **{name: getattr(self, name) for name in SERVER_DEFAULTS}, trust=self.trust
+        )
+
+    @property
+    def trust(self) -> Trust:
+        """Every model's trust, before its name is matched (``trusted_types``,
+        ``trusted_models``)."""
+        return server_trust(self.trusted_types, self.trusted_models)
 
     # Building ---------------------------------------------------------------------------------
 

@@ -1,12 +1,17 @@
 """Model families: one :class:`Family` record each, which every place that knows of a family
 reads. Adding a family is one record in :data:`FAMILIES` (and its tests).
 
-Runs inside the backend processes. Three families, told apart by their files unless ``engine``
+Runs inside the backend processes. The families, told apart by their files unless ``engine``
 (or ``option.model_file``) in ``serving.properties`` says:
 
+- ``skops`` (``engine=skops``): scikit-learn's secure format, ``model.skops`` or a single
+  ``*.skops``, loaded with skops (the types it trusts, those a pickle may use and
+  ``trusted_types``); its estimators are served as the ``sklearn`` family's;
 - ``sklearn`` (``engine=Python`` or ``sklearn``): a pickle, ``model.joblib``, ``model.pkl`` or a
-  single ``*.joblib``/``*.pkl``, loaded with joblib. It may hold any estimator or pipeline,
-  including XGBoost's and LightGBM's scikit-learn wrappers, or a bare booster;
+  single ``*.joblib``/``*.pkl``, loaded with joblib through the restricted unpickler
+  (:mod:`mmserver.execution.unpickling`) unless ``trusted_models`` names the model. It may hold
+  any estimator or pipeline, including XGBoost's and LightGBM's scikit-learn wrappers, or a bare
+  booster;
 - ``xgboost`` (``engine=XGBoost``): XGBoost's own format, ``xgboost-model`` (the file of the
   SageMaker XGBoost container's ``model.tar.gz``: JSON, UBJSON or a pickle), ``model.json`` /
   ``model.ubj``, or a single ``*.ubj`` or XGBoost ``*.json``;
@@ -33,12 +38,21 @@ import joblib
 import numpy as np
 
 from mmserver.config.server import ModelConfig
-from mmserver.errors import ConfigError, ModelLoadError
+from mmserver.config.trust import Trust
+from mmserver.errors import ConfigError, ModelLoadError, UntrustedModel
+from mmserver.execution.unpickling import (
+    allowed,
+    check_reads_no_files,
+    refusal,
+    restricted_load,
+)
 
 log = logging.getLogger(__name__)
 
-SKLEARN, XGBOOST, LIGHTGBM = "sklearn", "xgboost", "lightgbm"
+SKLEARN, XGBOOST, LIGHTGBM, SKOPS = "sklearn", "xgboost", "lightgbm", "skops"
 PICKLES = ("model.joblib", "model.pkl")
+#: The format of a pickled model's file (whatever its family).
+PICKLE = "pickle"
 _HEAD = 4096
 
 Fn = Callable[[np.ndarray], Any]
@@ -68,8 +82,9 @@ class Family:
     #: The optional package it needs (also mmserver's extra of that name and the top-level
     #: module of its objects); ``None``: none.
     package: str | None = None
-    #: Its own format's loader; ``None``: the file is a pickle, loaded with joblib.
-    load: Callable[[Path], Any] | None = None
+    #: Its own format's loader, given the model's trust; ``None``: the file is a pickle, loaded
+    #: with joblib (restricted: :mod:`mmserver.execution.unpickling`).
+    load: Callable[[Path, Trust], Any] | None = None
     #: Whether an estimator is one of its boosters (bare, wrapped, or the library's
     #: scikit-learn wrapper).
     owns: Callable[[Any], bool] | None = None
@@ -82,6 +97,9 @@ class Family:
     feature_names: Callable[[Any], list[str] | None] | None = None
     #: ``(input index, categories)`` of the booster's categorical columns.
     categories: Callable[[Any, int], Iterator[tuple[int, tuple[Any, ...]]]] | None = None
+    #: The family its loaded models are served as, when its files hold another family's
+    #: objects (a skops file holds scikit-learn estimators); ``None``: itself.
+    serves_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,13 +218,23 @@ def is_a(estimator: Any, package: str, base: str) -> bool:
     )
 
 
-def load_model(found: ModelFile) -> Any:
+def load_model(found: ModelFile, trust: Trust) -> Any:
     """The model object in ``found``: an estimator, or a booster wrapped so that its
-    ``predict`` is the library's own. Raises :class:`ModelLoadError` saying why not."""
+    ``predict`` is the library's own. A pickle is rebuilt only from what ``trust`` allows
+    (:mod:`mmserver.execution.unpickling`). Raises :class:`ModelLoadError` saying why not."""
     family = family_named(found.family)
-    if family.load is not None and _head(found.path)[:1] != b"\x80":  # not a pickle
-        return family.load(found.path)
-    return wrap_booster(load_pickle(found.path))
+    if file_format(found) != PICKLE:
+        assert family.load is not None
+        return family.load(found.path, trust)
+    return wrap_booster(load_pickle(found.path, trust))
+
+
+def file_format(found: ModelFile) -> str:
+    """The format of the model's file: ``pickle``, or the family's own (its name)."""
+    family = family_named(found.family)
+    if family.load is None or _head(found.path)[:1] == b"\x80":
+        return PICKLE
+    return family.name
 
 
 def family_named(name: str) -> Family:
@@ -234,13 +262,17 @@ def wrap_booster(model: Any) -> Any:
     return model
 
 
-def load_pickle(path: Path) -> Any:
+def load_pickle(path: Path, trust: Trust) -> Any:
+    """The object in the pickle at ``path``: restricted (:func:`restricted_load`) unless the
+    model is fully trusted."""
     # A model pickled by another library version warns; that is the operator's to see in the
     # log, not an exception in the backend.
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model = joblib.load(path)
+            model = joblib.load(path) if trust.full else restricted_load(path, trust)
+    except UntrustedModel:
+        raise
     except ModuleNotFoundError as exc:
         package = (exc.name or "").split(".")[0]
         if package in (f.package for f in FAMILIES if f.package):
@@ -252,6 +284,8 @@ def load_pickle(path: Path) -> Any:
         raise ModelLoadError(f"{path.name} cannot be loaded: {reason(exc)}") from None
     for w in caught:
         _report(path, w)
+    if not trust.full:
+        check_reads_no_files(model, path.name)
     return model
 
 
@@ -295,6 +329,57 @@ def _find_pickle(model_dir: Path) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------------
+# skops
+# ------------------------------------------------------------------------------------------------
+
+
+def _find_skops(model_dir: Path) -> Path | None:
+    if (model_dir / "model.skops").is_file():
+        return model_dir / "model.skops"
+    return _single(_files(model_dir, "*.skops"))
+
+
+def _claims_skops(path: Path) -> bool:
+    return path.suffix == ".skops"
+
+
+def _load_skops(path: Path, trust: Trust) -> Any:
+    """A skops file's estimator: the types skops trusts, those a pickle may use
+    (:func:`~mmserver.execution.unpickling.allowed`) and ``trusted_types``; all for a fully
+    trusted model. Any other type fails the load, named."""
+    import skops.io
+
+    try:
+        found = skops.io.get_untrusted_types(file=path)
+    except Exception as exc:
+        raise ModelLoadError(f"{path.name} cannot be read as a skops file: {reason(exc)}") from None
+    refused = [] if trust.full else [t for t in found if not _skops_allowed(t, trust)]
+    if refused:
+        raise UntrustedModel(refusal(path.name, ", ".join(refused)))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = skops.io.load(path, trusted=found)
+    except Exception as exc:
+        raise ModelLoadError(f"{path.name} cannot be loaded: {reason(exc)}") from None
+    for w in caught:
+        _report(path, w)
+    if not trust.full:
+        check_reads_no_files(model, path.name)
+    return wrap_booster(model)
+
+
+def _skops_allowed(dotted: str, trust: Trust) -> bool:
+    if dotted in trust.types:
+        return True
+    module, _, name = dotted.rpartition(".")
+    try:
+        return bool(module) and allowed(module, name) is not None
+    except (ImportError, AttributeError):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
 # XGBoost
 # ------------------------------------------------------------------------------------------------
 
@@ -317,7 +402,7 @@ def _find_xgboost(model_dir: Path) -> Path | None:
     )
 
 
-def _load_xgboost(path: Path) -> XGBoostBooster:
+def _load_xgboost(path: Path, trust: Trust) -> XGBoostBooster:
     with _loading(path, XGBOOST):
         import xgboost
 
@@ -371,7 +456,7 @@ def _find_lightgbm(model_dir: Path) -> Path | None:
     return _single([p for p in _files(model_dir, "*.txt") if _claims_lightgbm(p)])
 
 
-def _load_lightgbm(path: Path) -> LightGBMBooster:
+def _load_lightgbm(path: Path, trust: Trust) -> LightGBMBooster:
     with _loading(path, LIGHTGBM):
         import lightgbm
 
@@ -496,6 +581,15 @@ class LightGBMBooster:
 
 #: Every family, in the order a model folder is searched for their files.
 FAMILIES: tuple[Family, ...] = (
+    Family(
+        name=SKOPS,
+        engines=("skops",),
+        wanted="model.skops or a single *.skops",
+        find=_find_skops,
+        claims=_claims_skops,
+        load=_load_skops,
+        serves_as=SKLEARN,
+    ),
     Family(
         name=SKLEARN,
         engines=("Python", "sklearn"),

@@ -37,13 +37,14 @@ from mmserver.codecs.schema import (
 )
 from mmserver.codecs.tabular import row_table, to_frame
 from mmserver.config.server import METHODS, ModelConfig
-from mmserver.errors import ModelLoadError
+from mmserver.errors import ModelLoadError, UntrustedModel
 from mmserver.execution.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.execution.custom import entry_point, load_custom
 from mmserver.execution.families import (
     SKLEARN,
     XGBOOST,
     family_named,
+    file_format,
     find_model_file,
     load_model,
     owner,
@@ -89,6 +90,8 @@ class EstimatorPredictor:
         self.model: Any = model
         self.method = method
         self.family = family
+        #: The format of the file it was loaded from (``pickle``, or the family's own).
+        self.file_format = "pickle"
         self.n_features: int | None = n_features(model)
         final = step(model, -1)
         booster = (
@@ -259,7 +262,8 @@ def find_inputs(
 
 def signature(predictor: Predictor) -> dict[str, Any]:
     """What clients can know of a model without calling it: ``platform`` (the model's family:
-    ``sklearn``, ``xgboost``, ``lightgbm``; ``python`` for a custom handler), ``n_features`` (or
+    ``sklearn``, ``xgboost``, ``lightgbm``; ``python`` for a custom handler), ``format`` (its
+    file's: ``pickle``, or its family's own format), ``n_features`` (or
     ``None``), and ``outputs``: per output its ``name``, the NumPy ``dtype`` string of its values
     and its ``shape`` (-1 where unknown), from the estimator's fitted attributes at load; a
     custom handler's output is listed by name only (``dtype`` and ``shape`` ``None``)."""
@@ -271,8 +275,13 @@ def signature(predictor: Predictor) -> dict[str, Any]:
     }
     if not isinstance(predictor, EstimatorPredictor):
         outputs = [{"name": name, "dtype": None, "shape": None} for name in predictor.outputs]
-        return {"platform": "python", **facts, "outputs": outputs}
-    return {"platform": predictor.family, **facts, "outputs": predictor.output_facts}
+        return {"platform": "python", "format": "python", **facts, "outputs": outputs}
+    return {
+        "platform": predictor.family,
+        "format": predictor.file_format,
+        **facts,
+        "outputs": predictor.output_facts,
+    }
 
 
 def _output_facts(estimator: Any, method: str) -> dict[str, Any]:
@@ -322,6 +331,11 @@ def _regression_width(estimator: Any) -> int:
     return 1
 
 
+def _trusted_models(config: ModelConfig) -> str:
+    patterns = config.trust.models
+    return f"now trusted_models={','.join(patterns)}" if patterns else "now none is trusted"
+
+
 def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None) -> Predictor:
     """Load the model in ``model_dir`` with the handler its configuration asks for. Blocking.
 
@@ -335,6 +349,13 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
         raise ModelLoadError(f"model folder {model_dir} does not exist")
     entry = entry_point(model_dir, config, name)
     if entry is not None:
+        if not config.trust.full:
+            raise UntrustedModel(
+                f"model {name}: {entry.name} is a custom handler, code that runs in the server; "
+                "it runs only for a model the server's trusted_models option names "
+                f"({_trusted_models(config)})",
+                model=name,
+            )
         return load_custom(model_dir, entry, config, name)
     if "option.handler" in config.properties:
         raise ModelLoadError(
@@ -349,16 +370,18 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
             f", and no {config.entry_point}",
             model=name,
         )
+    model = load_model(found, config.trust)
     predictor = EstimatorPredictor(
-        load_model(found),
+        model,
         config.method,
         name,
-        family=found.family,
+        family=family_named(found.family).serves_as or found.family,
         fast_path=config.fast_path,
         batch_rows=config.batch_size,
         config=config,
         model_dir=model_dir,
     )
+    predictor.file_format = file_format(found)
     sagemaker = config.sagemaker_xgboost
     if sagemaker is None:  # the SageMaker XGBoost container's own artifact
         sagemaker = found.family == XGBOOST and found.path.name == "xgboost-model"

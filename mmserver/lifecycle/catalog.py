@@ -82,6 +82,9 @@ class ModelView:
     #: What the model's files or configuration may have wrong: warnings its load raised, keys
     #: of its serving.properties that look mistyped.
     warnings: tuple[str, ...] = ()
+    #: The format of the file it loaded from (``pickle``, ``skops``, a family's own; ``python``
+    #: for a custom handler), once loaded.
+    file_format: str | None = None
 
 
 class ModelListing(NamedTuple):
@@ -252,9 +255,17 @@ class Catalog:
 
     # Registration -----------------------------------------------------------------------------
 
-    def register(self, name: str, entry: StoreEntry, url: str, overrides: dict[str, Any]) -> None:
+    def register(
+        self,
+        name: str,
+        entry: StoreEntry,
+        url: str,
+        overrides: dict[str, Any],
+        trusted: bool = False,
+    ) -> None:
         """Register ``entry`` as model ``name`` (given by ``url``), with its management
-        overrides; :class:`errors.ModelExists` while one is registered or loaded."""
+        overrides, its files fully trusted if ``trusted``; :class:`errors.ModelExists` while one
+        is registered or loaded."""
         record = self.records.get(name)
         if record is not None and (
             record.registered is not None
@@ -267,6 +278,7 @@ class Catalog:
         record.url = url
         self._registered.add(name)
         self.clear_failure(record)  # its series stay: the new load counts on in them
+        record.trusted = trusted
         if overrides:
             record.overrides = dict(overrides)
 
@@ -279,6 +291,7 @@ class Catalog:
         record.registered = None
         self._registered.discard(name)
         record.overrides = None
+        record.trusted = False
         record.url = None
         self.forget_failure(record)
         self.drop_if_unkept(record)
@@ -299,7 +312,7 @@ class Catalog:
     def configured(self, record: ModelRecord, config: ModelConfig | None) -> ModelConfig:
         """The model's configuration (``None``: the defaults) with its management overrides,
         checked against the server's worker limit."""
-        config = config or self.defaults
+        config = self.trusted(record, config or self.defaults)
         overrides = record.overrides
         if overrides:
             config = config.replace(**overrides)
@@ -309,6 +322,16 @@ class Catalog:
                 f"model {record.name}: serving.properties: {too_many}", model=record.name
             )
         return config
+
+    def trusted(self, record: ModelRecord | None, config: ModelConfig) -> ModelConfig:
+        """``config`` with the trust the operator gave the model: ``trusted_models`` by its
+        name, or its registration with ``trusted=true``."""
+        trust = config.trust
+        if record is not None and record.trusted and not trust.full:
+            trust = trust.granted("POST /models trusted=true")
+        elif record is not None:
+            trust = trust.of(record.name)
+        return config if trust is config.trust else config.replace(trust=trust)
 
     # Listing and describe ---------------------------------------------------------------------
 
@@ -361,7 +384,13 @@ class Catalog:
             record = self.records.get(name)  # the lookup awaited: it may have changed
             pool = record.pool if record is not None else None
         overrides = (record.overrides if record is not None else None) or {}
-        config = pool.config if pool is not None else self.defaults.replace(**overrides)
+        config = (
+            pool.config
+            if pool is not None
+            else self.defaults.replace(trust=self.defaults.trust.of(name), **overrides)
+        )
+        if pool is None and record is not None:
+            config = self.trusted(record, config)
         source = entry.url if entry is not None else record.source if record is not None else None
         url = (record.url if record is not None else None) or str(source)
         failure = record.failure if record is not None else None
@@ -374,6 +403,7 @@ class Catalog:
             error=failure.error.message if failure is not None else None,
             inputs=(record.signature or {}).get("inputs") if record is not None else None,
             warnings=record.warnings if record is not None else (),
+            file_format=(record.signature or {}).get("format") if record is not None else None,
         )
         if pool is None:
             return view

@@ -57,6 +57,8 @@ class Loader:
         self._clock = clock
         #: Loads started so far: each pool's key in the backends is its model's name and this.
         self._generation = 0
+        #: The last refusal for trust logged of each model: logged once, not at every retry.
+        self._said_untrusted: dict[str, str] = {}
 
     async def get_pool(self, name: str) -> ModelPool:
         """The pool of a loaded model or version, loading it first if needed (single
@@ -137,7 +139,11 @@ class Loader:
             if isinstance(exc, errors.ModelLoadError) and exc.model is None:
                 exc = type(exc)(f"model {name} failed to load: {exc.message}", model=name)
             catalog.fail(record, exc, self._clock())
-            log.error("%s", exc.message, extra={"model": name})
+            untrusted = isinstance(exc, errors.UntrustedModel)
+            self.metrics.model_load_failures.labels("untrusted" if untrusted else "error").inc()
+            if not untrusted or self._said_untrusted.get(name) != exc.message:
+                self._said_untrusted[name] = exc.message
+                log.error("%s", exc.message, extra={"model": name})
             raise exc from None
         except asyncio.CancelledError:
             self._load_abandoned(record)
@@ -147,6 +153,7 @@ class Loader:
                 f"model {name} failed to load: {type(exc).__name__}: {exc}", model=name
             )
             catalog.fail(record, error, self._clock())
+            self.metrics.model_load_failures.labels("error").inc()
             log.exception("model %s failed to load", name, extra={"model": name})
             raise error from None
         record.load = None

@@ -82,6 +82,8 @@ class ModelRecord:
     source: str | None = None
     #: Settings changed with the management API, applied at every load (``None``: none).
     overrides: dict[str, Any] | None = None
+    #: Registered with ``trusted=true`` (POST /models): its files are fully trusted.
+    trusted: bool = False
     #: What the model's load told of it (:func:`mmserver.execution.predictor.signature`).
     signature: dict[str, Any] | None = None
     #: The warnings its load raised (a pickle of another library version, say).

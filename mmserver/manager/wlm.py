@@ -286,13 +286,21 @@ class WorkLoadManager:
         return self.versions.listed(await self.catalog.list_models())
 
     async def register(
-        self, *, url: str, name: str | None, overrides: dict[str, Any], synchronous: bool
+        self,
+        *,
+        url: str,
+        name: str | None,
+        overrides: dict[str, Any],
+        synchronous: bool,
+        trusted: bool = False,
     ) -> str:
-        """Register a model from a directory or archive under the allowed roots and load it."""
+        """Register a model from a directory or archive under the allowed roots and load it
+        (its files fully trusted if ``trusted``)."""
         self._refuse_if_stopping()
         path = await asyncio.to_thread(resolve_model_url, url, self.config.allowed_roots)
         name = normalize_name(name or path.name)
-        self.catalog.register(name, self.store.entry_for_path(path, name), url, overrides)
+        entry = self.store.entry_for_path(path, name)
+        self.catalog.register(name, entry, url, overrides, trusted)
         if not synchronous:
             self._background(self._register_in_background(name), f"mmserver-register-{name}")
             return name

@@ -44,6 +44,10 @@ _BATCH = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 _LOAD = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+#: The ``reason`` label values of ``mmserver_model_load_failures_total``.
+LOAD_FAILURE_REASONS = ("untrusted", "error")
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -444,6 +448,14 @@ class Metrics:
             "mmserver_model_memory_bytes", "Memory accounted to loaded models."
         )
         self.model_loads = CounterFamily("mmserver_model_loads", "Model loads.")
+        self.model_load_failures = CounterFamily(
+            "mmserver_model_load_failures",
+            "Model loads that failed, by reason: untrusted (the model's files need more trust "
+            "than the server's trusted_types and trusted_models give them) or error.",
+            ["reason"],
+        )
+        for reason in LOAD_FAILURE_REASONS:
+            self.model_load_failures.labels(reason)
         self.model_evictions = CounterFamily(
             "mmserver_model_evictions", "Models unloaded to make room."
         )

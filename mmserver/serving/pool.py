@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,6 +107,9 @@ class ModelPool:
         self.lane = lane_for(LIGHT, hold, backend.heavy_batch_s)
         #: The seconds a batch may hold a process for the model to stay in its lane.
         self._stay_low, self._stay_high = lane_bounds(self.lane, backend.heavy_batch_s)
+        if config.trust.full:  # in a process of its own: no lane to move to
+            self.lane = LIGHT
+            self._stay_low, self._stay_high = -math.inf, math.inf
         self._lane_since = -float("inf")  # when it last moved (time.monotonic())
         self._loop = loop = asyncio.get_running_loop()
         self._dispatch_handle: asyncio.Handle | None = None

@@ -103,7 +103,10 @@ class WorkerGroup:
     def add(self, reason: str, *, scaling: bool = True, level: int = logging.INFO) -> Worker:
         """Start a worker in the model's lane; ``scaling``: counted as a scale-up."""
         host = self._host
-        slot = self._backend.bind(self._per_slot.keys(), host.lane)
+        if host.config.trust.full:  # its code never shares a process with another model
+            slot = self._backend.bind_own(host.name)
+        else:
+            slot = self._backend.bind(self._per_slot.keys(), host.lane)
         worker = Worker(host, self._next_id, slot)
         self._next_id += 1
         self.workers[worker.id] = worker

@@ -94,6 +94,10 @@ def _handler_dir(folder: Path, source: str, properties: str | None = None) -> No
         (folder / "serving.properties").write_text(properties)
 
 
+#: The ``trusted_models`` of the test servers: the session store's custom handlers.
+TRUSTED_HANDLERS = "*handler"
+
+
 @pytest.fixture(scope="session")
 def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = make_store(tmp_path_factory.mktemp("store"), STORE_COUNT)
@@ -197,6 +201,9 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
             "cache_dir": str(tmp_path / f"cache-{len(started)}"),
             "backend_processes": 0,
             "max_workers": 2,
+            # The store's custom handlers (custom-handler, raising-handler...) run: the operator
+            # trusts them by name, as a server must be told to.
+            "trusted_models": TRUSTED_HANDLERS,
         }
         settings.update(options)
         config = ServerConfig(**settings)

@@ -175,6 +175,8 @@ def test_every_flag_reaches_the_config() -> None:
                 "metrics_model_label": "none",
                 "log_format": "json",
                 "unknown_options": "warn",
+                "trusted_types": "fractions.Fraction",
+                "trusted_models": "team-a-*",
             }.get(field.name, f"/x/{field.name}")
             argv += [flag, value]
             expected[field.name] = value

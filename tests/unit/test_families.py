@@ -15,6 +15,7 @@ from mmserver.execution.families import (
     FAMILIES,
     LIGHTGBM,
     SKLEARN,
+    SKOPS,
     XGBOOST,
     XGBoostBooster,
     engine_families,
@@ -156,7 +157,8 @@ def test_a_boosters_signature_is_what_it_answers() -> None:
 @pytest.mark.parametrize(
     ("engine", "families"),
     [
-        (None, [SKLEARN, XGBOOST, LIGHTGBM]),
+        (None, [SKOPS, SKLEARN, XGBOOST, LIGHTGBM]),
+        ("skops", [SKOPS]),
         ("Python", [SKLEARN]),
         ("SKLEARN", [SKLEARN]),
         (" xgboost ", [XGBOOST]),
@@ -171,7 +173,8 @@ def test_an_engine_no_family_spells_is_refused_naming_the_file(tmp_path: Path) -
     with pytest.raises(ConfigError) as info:
         engine_families("PyTorch", "m/serving.properties")
     assert info.value.message == (
-        "m/serving.properties: engine='PyTorch' must be one of Python, sklearn, XGBoost, LightGBM"
+        "m/serving.properties: engine='PyTorch' must be one of skops, Python, sklearn, "
+        "XGBoost, LightGBM"
     )
     # The load's file work says it before the model reaches a backend.
     folder = make_linear_model(tmp_path / "store" / "m")

@@ -83,6 +83,7 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_requests",
         "mmserver_request_seconds",
         "mmserver_queue_wait_seconds",
+        "mmserver_model_load_failures",
         "mmserver_batch_size",
         "mmserver_predict_seconds",
         "mmserver_queue_length",

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from mmserver.config.server import ModelConfig, load_model_config, model_config_from_properties
-from mmserver.errors import ModelError, ModelLoadError
+from mmserver.config.trust import Trust
+from mmserver.errors import ModelError, ModelLoadError, UntrustedModel
 from mmserver.execution.predictor import EstimatorPredictor, load_predictor, signature
 from tests.models import (
     make_classifier_dir,
@@ -23,7 +24,9 @@ from tests.models import (
     make_tuned_dir,
 )
 
-DEFAULTS = ModelConfig(max_workers=2)
+# Custom handlers run only for models the operator trusts: these tests load them trusted (the
+# restricted loads: tests/unit/test_unpickling.py and the server's tests).
+DEFAULTS = ModelConfig(max_workers=2, trust=Trust(full=True, because="trusted_models=*"))
 
 
 def config_for(props: dict[str, str]) -> ModelConfig:
@@ -111,7 +114,10 @@ def test_other_model_file_names(tmp_path: Path) -> None:
     assert load_predictor(single, DEFAULTS).n_features == 1
 
     (single / "second.joblib").write_bytes((single / "regressor.joblib").read_bytes())
-    with pytest.raises(ModelLoadError, match=r"has no model file \(model\.joblib"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"has no model file \(model\.skops or a single \*\.skops; model\.joblib",
+    ):
         load_predictor(single, DEFAULTS)
 
 
@@ -121,7 +127,8 @@ def test_missing_and_broken_model_files(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError) as info:
         load_predictor(empty, DEFAULTS)
     assert info.value.message == (
-        "model empty has no model file (model.joblib, model.pkl or a single *.joblib/*.pkl; "
+        "model empty has no model file (model.skops or a single *.skops; "
+        "model.joblib, model.pkl or a single *.joblib/*.pkl; "
         "xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json; model.txt "
         "or a single LightGBM *.txt), and no model.py"
     )
@@ -433,6 +440,7 @@ def test_a_classifier_names_its_methods_as_outputs(tmp_path: Path) -> None:
     assert np.array_equal(predictor.output("predict_proba", batch), predictor.predict(batch))
     assert signature(predictor) == {
         "platform": "sklearn",
+        "format": "pickle",
         "n_features": 4,
         "inputs": None,
         "raw": False,
@@ -448,6 +456,7 @@ def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Pat
     linear = load_predictor(make_linear_model(tmp_path / "lin"), DEFAULTS)
     assert signature(linear) == {
         "platform": "sklearn",
+        "format": "pickle",
         "n_features": 1,
         "inputs": None,
         "raw": False,
@@ -459,6 +468,7 @@ def test_signatures_of_a_regressor_a_pipeline_and_a_custom_handler(tmp_path: Pat
     assert custom.outputs == ("predict",)
     assert signature(custom) == {
         "platform": "python",
+        "format": "python",
         "n_features": 1,
         "inputs": None,
         "raw": False,
@@ -595,3 +605,21 @@ def test_batches_past_the_measured_sizes_go_to_the_path_cheapest_along_its_last_
         (1, 32, "treelite"),
         (33, None, "own"),
     ]
+
+
+def test_a_custom_handler_runs_only_for_a_trusted_model(tmp_path: Path) -> None:
+    folder = make_custom_handler_dir(tmp_path / "custom")
+    marker = tmp_path / "handler-ran"
+    (folder / "model.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n\ndef predict(model, batch):\n    return batch\n"
+    )
+    restricted = ModelConfig(trust=Trust(models=("team-a-*",)))
+    with pytest.raises(UntrustedModel) as refused:
+        load_predictor(folder, restricted, "custom")
+    assert refused.value.message == (
+        "model custom: model.py is a custom handler, code that runs in the server; it runs "
+        "only for a model the server's trusted_models option names (now trusted_models=team-a-*)"
+    )
+    assert not marker.exists()
+    load_predictor(folder, DEFAULTS, "custom")
+    assert marker.exists()
