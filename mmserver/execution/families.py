@@ -1,7 +1,7 @@
 """Model families: one :class:`Family` record each, which every place that knows of a family
 reads. Adding a family is one record in :data:`FAMILIES` (and its tests).
 
-Runs inside the backend processes. Three families, told apart by their files unless ``engine``
+Runs inside the backend processes. Four families, told apart by their files unless ``engine``
 (or ``option.model_file``) in ``serving.properties`` says:
 
 - ``sklearn`` (``engine=Python`` or ``sklearn``): a pickle, ``model.joblib``, ``model.pkl`` or a
@@ -11,11 +11,14 @@ Runs inside the backend processes. Three families, told apart by their files unl
   SageMaker XGBoost container's ``model.tar.gz``: JSON, UBJSON or a pickle), ``model.json`` /
   ``model.ubj``, or a single ``*.ubj`` or XGBoost ``*.json``;
 - ``lightgbm`` (``engine=LightGBM``): LightGBM's text format, ``model.txt`` or a single ``*.txt``
-  that starts with LightGBM's ``tree`` header.
+  that starts with LightGBM's ``tree`` header;
+- ``onnx`` (``engine=OnnxRuntime``, DJL's spelling, or ``onnx``): an ONNX graph, ``model.onnx``
+  or a single ``*.onnx``, run by onnxruntime (:mod:`mmserver.execution.onnxgraph`).
 
-A bare booster is wrapped in :class:`XGBoostBooster` or :class:`LightGBMBooster`, whose
-``predict`` is the library's own. XGBoost and LightGBM are optional extras: a model that needs
-one that is not installed fails its load with a message saying what to install.
+A bare booster is wrapped in :class:`~mmserver.execution.boosters.XGBoostBooster` or
+:class:`~mmserver.execution.boosters.LightGBMBooster`, whose ``predict`` is the library's own.
+XGBoost, LightGBM and onnxruntime are optional extras: a model that needs one that is not
+installed fails its load with a message saying what to install.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ import numpy as np
 
 from mmserver.config.server import ModelConfig
 from mmserver.errors import ConfigError, ModelLoadError
+from mmserver.execution.boosters import LightGBMBooster, XGBoostBooster
+from mmserver.execution.onnxgraph import OnnxModel, open_graph
 
 log = logging.getLogger(__name__)
 
-SKLEARN, XGBOOST, LIGHTGBM = "sklearn", "xgboost", "lightgbm"
+SKLEARN, XGBOOST, LIGHTGBM, ONNX = "sklearn", "xgboost", "lightgbm", "onnx"
 PICKLES = ("model.joblib", "model.pkl")
 _HEAD = 4096
 
@@ -65,9 +70,11 @@ class Family:
     #: Whether a file named by ``option.model_file`` is one of its (the first family that
     #: claims it reads it); ``None``: every file that no other family claims.
     claims: Callable[[Path], bool] | None
-    #: The optional package it needs (also mmserver's extra of that name and the top-level
-    #: module of its objects); ``None``: none.
+    #: The optional package it needs (also the top-level module of its objects); ``None``:
+    #: none.
     package: str | None = None
+    #: mmserver's extra that installs it, when not named as the package.
+    extra: str | None = None
     #: Its own format's loader; ``None``: the file is a pickle, loaded with joblib.
     load: Callable[[Path], Any] | None = None
     #: Whether an estimator is one of its boosters (bare, wrapped, or the library's
@@ -82,6 +89,15 @@ class Family:
     feature_names: Callable[[Any], list[str] | None] | None = None
     #: ``(input index, categories)`` of the booster's categorical columns.
     categories: Callable[[Any, int], Iterator[tuple[int, tuple[Any, ...]]]] | None = None
+    #: ``(input index, kind)`` of the booster's columns that are not numbers (strings,
+    #: booleans: :mod:`mmserver.codecs.schema`'s kinds).
+    kinds: Callable[[Any], Iterator[tuple[int, str]]] | None = None
+    #: The tensors the booster takes (name, NumPy dtype string, shape with -1 for any size),
+    #: for the V2 metadata; ``None``: the columns say.
+    tensors: Callable[[Any], list[dict[str, Any]]] | None = None
+    #: An index a libsvm row leaves out is a missing value to its boosters (XGBoost's and
+    #: LightGBM's reading), not 0.
+    sparse_missing: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,9 +115,11 @@ def reason(exc: BaseException) -> str:
 
 
 def missing_extra(package: str) -> str:
+    """What to install for ``package``, the optional package of a family."""
+    extra = next((f.extra for f in FAMILIES if f.package == package and f.extra), package)
     return (
         f"the {package} package is not installed; install it with "
-        f"pip install 'mmserver[{package}]' (or pip install {package})"
+        f"pip install 'mmserver[{extra}]' (or pip install {package})"
     )
 
 
@@ -202,7 +220,8 @@ def is_a(estimator: Any, package: str, base: str) -> bool:
 
 def load_model(found: ModelFile) -> Any:
     """The model object in ``found``: an estimator, or a booster wrapped so that its
-    ``predict`` is the library's own. Raises :class:`ModelLoadError` saying why not."""
+    ``predict`` is the library's own (an ONNX graph in its session). Raises
+    :class:`ModelLoadError` saying why not."""
     family = family_named(found.family)
     if family.load is not None and _head(found.path)[:1] != b"\x80":  # not a pickle
         return family.load(found.path)
@@ -256,27 +275,29 @@ def load_pickle(path: Path) -> Any:
 
 
 @contextlib.contextmanager
-def _loading(path: Path, package: str) -> Iterator[None]:
-    """A booster of ``package`` loaded from ``path``: the package's absence, a native library
+def _loading(path: Path, name: str) -> Iterator[None]:
+    """A model of family ``name`` loaded from ``path``: its package's absence, a native library
     it cannot load and a file it cannot read each said as such; its warnings reported."""
+    package = family_named(name).package or name
+    a = "an" if name[0] in "aeiou" else "a"
     try:
         __import__(package)
     except ImportError:
-        raise ModelLoadError(
-            f"{path.name} is a {package} model: {missing_extra(package)}"
-        ) from None
+        raise ModelLoadError(f"{path.name} is {a} {name} model: {missing_extra(package)}") from None
     except OSError as exc:  # its native library needs one the system lacks (libgomp, say)
         raise ModelLoadError(
-            f"{path.name} is a {package} model, and {package} cannot load its native library: "
+            f"{path.name} is {a} {name} model, and {package} cannot load its native library: "
             f"{reason(exc)}"
         ) from None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{path.name}: {exc.message}") from None
     except Exception as exc:
         raise ModelLoadError(
-            f"{path.name} cannot be loaded as a {package} model: {reason(exc)}"
+            f"{path.name} cannot be loaded as {a} {name} model: {reason(exc)}"
         ) from None
     for w in caught:
         _report(path, w)
@@ -354,6 +375,27 @@ def _xgboost_names(est: Any) -> list[str] | None:
 
 def _named(names: list[Any], generic: list[str]) -> list[str] | None:
     return [str(n) for n in names] if names and names != generic else None
+
+
+# ------------------------------------------------------------------------------------------------
+# ONNX
+# ------------------------------------------------------------------------------------------------
+
+
+def _find_onnx(model_dir: Path) -> Path | None:
+    if (model_dir / "model.onnx").is_file():
+        return model_dir / "model.onnx"
+    return _single(_files(model_dir, "*.onnx"))
+
+
+def _load_onnx(path: Path) -> OnnxModel:
+    with _loading(path, ONNX):
+        model = open_graph(path)
+    return model
+
+
+def _onnx_names(est: Any) -> list[str] | None:
+    return list(est.columns) if est.columns is not None else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -460,40 +502,6 @@ def _report(path: Path, w: warnings.WarningMessage) -> None:
         log.warning("%s: %s: %s", path, w.category.__name__, w.message)
 
 
-class XGBoostBooster:
-    """An XGBoost booster loaded from its own format. ``predict`` is XGBoost's own
-    (``Booster.predict`` on a ``DMatrix``), as in the SageMaker XGBoost container: the
-    objective's output (values, or probabilities for a classification objective). It runs on
-    one thread: a backend process is one core's worth of work, and threads of several processes
-    spinning on the same cores slow every model down."""
-
-    def __init__(self, booster: Any) -> None:
-        import xgboost
-
-        booster.set_param({"nthread": 1})
-        self.booster = booster
-        self.n_features_in_ = int(booster.num_features())
-        self._matrix = xgboost.DMatrix
-
-    def predict(self, batch: np.ndarray) -> np.ndarray:
-        result: np.ndarray = self.booster.predict(self._matrix(batch, nthread=1))
-        return result
-
-
-class LightGBMBooster:
-    """A LightGBM booster loaded from its text format; ``predict`` is LightGBM's own
-    ``Booster.predict`` (on one thread, as :class:`XGBoostBooster`): the objective's output
-    (values, or probabilities)."""
-
-    def __init__(self, booster: Any) -> None:
-        self.booster = booster
-        self.n_features_in_ = int(booster.num_feature())
-
-    def predict(self, batch: np.ndarray) -> np.ndarray:
-        result: np.ndarray = self.booster.predict(batch, num_threads=1)
-        return result
-
-
 #: Every family, in the order a model folder is searched for their files.
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -515,6 +523,7 @@ FAMILIES: tuple[Family, ...] = (
         native=_xgboost_native,
         treelite=_xgboost_treelite,
         feature_names=_xgboost_names,
+        sparse_missing=True,
     ),
     Family(
         name=LIGHTGBM,
@@ -529,5 +538,20 @@ FAMILIES: tuple[Family, ...] = (
         treelite=_lightgbm_treelite,
         feature_names=_lightgbm_names,
         categories=_lightgbm_categories,
+        sparse_missing=True,
+    ),
+    Family(
+        name=ONNX,
+        engines=("OnnxRuntime", "onnx"),
+        wanted="model.onnx or a single *.onnx",
+        find=_find_onnx,
+        claims=lambda path: path.suffix == ".onnx",
+        package="onnxruntime",
+        extra=ONNX,
+        load=_load_onnx,
+        owns=lambda est: isinstance(est, OnnxModel),
+        feature_names=_onnx_names,
+        kinds=lambda est: est.kinds(),  # type: ignore[no-any-return]
+        tensors=lambda est: est.tensors(),  # type: ignore[no-any-return]
     ),
 )
