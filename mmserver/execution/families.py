@@ -551,7 +551,7 @@ FAMILIES: tuple[Family, ...] = (
         load=_load_onnx,
         owns=lambda est: isinstance(est, OnnxModel),
         feature_names=_onnx_names,
-        kinds=lambda est: est.kinds(),  # type: ignore[no-any-return]
-        tensors=lambda est: est.tensors(),  # type: ignore[no-any-return]
+        kinds=lambda est: est.kinds(),
+        tensors=lambda est: est.tensors(),
     ),
 )
