@@ -8,7 +8,8 @@ stores it, and returns the fitted object, whose own predict is the reference ans
   boosting, isolation forest, a StandardScaler → forest pipeline;
 - XGBoost: ``model.json``, ``model.ubj``, the SageMaker container's ``xgboost-model``, and the
   pickled ``XGBRegressor``/``XGBClassifier`` wrappers;
-- LightGBM: ``model.txt``, and the pickled ``LGBMRegressor``/``LGBMClassifier`` wrappers.
+- LightGBM: ``model.txt``, and the pickled ``LGBMRegressor``/``LGBMClassifier`` wrappers;
+- ONNX: a scikit-learn model converted by skl2onnx, ``model.onnx`` (:func:`write_onnx`).
 """
 
 from __future__ import annotations
@@ -157,6 +158,17 @@ def lightgbm_booster(trees: int = 20, objective: str = "regression") -> Any:
 def write_lightgbm(folder: Path, booster: Any) -> Any:
     booster.save_model(str(_folder(folder) / "model.txt"))
     return booster
+
+
+def write_onnx(folder: Path, model: Any) -> Any:
+    """``model``, a fitted scikit-learn estimator of :data:`FEATURES` features, converted by
+    skl2onnx (float32 input ``X``) as ``folder/model.onnx``; returns ``model``."""
+    from skl2onnx import to_onnx
+
+    X, _, _ = data(1)
+    graph = to_onnx(model, X.astype(np.float32))
+    (_folder(folder) / "model.onnx").write_bytes(graph.SerializeToString())
+    return model
 
 
 def lightgbm_wrappers(trees: int = 20) -> dict[str, tuple[Any, str]]:

@@ -93,7 +93,17 @@ def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
     if signature is not None:
         metadata["platform"] = signature["platform"]
         columns = signature.get("inputs")
-        if columns:  # a model fitted on a DataFrame: one input per column (MLServer's pandas)
+        tensors = signature.get("tensors")
+        if tensors:  # the inputs of the model's own graph (an ONNX model)
+            inputs.extend(
+                {
+                    "name": t["name"],
+                    "datatype": datatype_of(np.dtype(t["dtype"])),
+                    "shape": t["shape"],
+                }
+                for t in tensors
+            )
+        elif columns:  # a model fitted on a DataFrame: one input per column (MLServer's pandas)
             inputs.extend(
                 {"name": c["name"], "datatype": _COLUMN_DATATYPES[c["kind"]], "shape": [-1]}
                 for c in columns

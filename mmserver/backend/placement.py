@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import multiprocessing
 from collections.abc import Collection
-from multiprocessing.context import BaseContext
+from multiprocessing.context import BaseContext, ForkServerContext
 
 from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.process_slot import ProcessSlot
@@ -141,13 +141,14 @@ class BackendPool:
         backend process no other model shares, started on first use and stopped when the
         model's last worker leaves it, so that nothing its code changed in the process outlives
         it or reaches another model. Without backend processes, the thread slot (shared)."""
-        if self.context is None:
+        context = self.context
+        if not isinstance(context, ForkServerContext):
             return self.bind((), LIGHT)
         slot = self._own.get(model)
         if slot is None:
             slot = ProcessSlot(
                 next(self._indexes),
-                self.context,
+                context,
                 self._metrics,
                 self.lanes[LIGHT],
                 reserve=self.reserve,

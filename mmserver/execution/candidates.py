@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from mmserver.execution.families import is_a, owner, reason
+from mmserver.execution.boosters import is_a
+from mmserver.execution.families import owner, reason
 
 LINEAR, TREELITE, NATIVE, NUMPY = "linear", "treelite", "native", "numpy"
 

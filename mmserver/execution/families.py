@@ -16,11 +16,14 @@ Runs inside the backend processes. The families, told apart by their files unles
   SageMaker XGBoost container's ``model.tar.gz``: JSON, UBJSON or a pickle), ``model.json`` /
   ``model.ubj``, or a single ``*.ubj`` or XGBoost ``*.json``;
 - ``lightgbm`` (``engine=LightGBM``): LightGBM's text format, ``model.txt`` or a single ``*.txt``
-  that starts with LightGBM's ``tree`` header.
+  that starts with LightGBM's ``tree`` header;
+- ``onnx`` (``engine=OnnxRuntime``, DJL's spelling, or ``onnx``): an ONNX graph, ``model.onnx``
+  or a single ``*.onnx``, run by onnxruntime (:mod:`mmserver.execution.onnxgraph`).
 
-A bare booster is wrapped in :class:`XGBoostBooster` or :class:`LightGBMBooster`, whose
-``predict`` is the library's own. XGBoost and LightGBM are optional extras: a model that needs
-one that is not installed fails its load with a message saying what to install.
+A bare booster is wrapped in :class:`~mmserver.execution.boosters.XGBoostBooster` or
+:class:`~mmserver.execution.boosters.LightGBMBooster`, whose ``predict`` is the library's own.
+XGBoost, LightGBM and onnxruntime are optional extras: a model that needs one that is not
+installed fails its load with a message saying what to install.
 """
 
 from __future__ import annotations
@@ -35,11 +38,25 @@ from pathlib import Path
 from typing import Any
 
 import joblib
-import numpy as np
 
 from mmserver.config.server import ModelConfig
 from mmserver.config.trust import Trust
 from mmserver.errors import ConfigError, ModelLoadError, UntrustedModel
+from mmserver.execution.boosters import (
+    Fn,
+    LightGBMBooster,
+    XGBoostBooster,
+    lightgbm_categories,
+    lightgbm_names,
+    lightgbm_native,
+    lightgbm_treelite,
+    owns_lightgbm,
+    owns_xgboost,
+    xgboost_names,
+    xgboost_native,
+    xgboost_treelite,
+)
+from mmserver.execution.onnxgraph import OnnxModel, open_graph
 from mmserver.execution.unpickling import (
     allowed,
     check_reads_no_files,
@@ -49,13 +66,11 @@ from mmserver.execution.unpickling import (
 
 log = logging.getLogger(__name__)
 
-SKLEARN, XGBOOST, LIGHTGBM, SKOPS = "sklearn", "xgboost", "lightgbm", "skops"
+SKLEARN, XGBOOST, LIGHTGBM, ONNX, SKOPS = "sklearn", "xgboost", "lightgbm", "onnx", "skops"
 PICKLES = ("model.joblib", "model.pkl")
 #: The format of a pickled model's file (whatever its family).
 PICKLE = "pickle"
 _HEAD = 4096
-
-Fn = Callable[[np.ndarray], Any]
 
 
 @dataclass(frozen=True)
@@ -79,9 +94,11 @@ class Family:
     #: Whether a file named by ``option.model_file`` is one of its (the first family that
     #: claims it reads it); ``None``: every file that no other family claims.
     claims: Callable[[Path], bool] | None
-    #: The optional package it needs (also mmserver's extra of that name and the top-level
-    #: module of its objects); ``None``: none.
+    #: The optional package it needs (also the top-level module of its objects); ``None``:
+    #: none.
     package: str | None = None
+    #: mmserver's extra that installs it, when not named as the package.
+    extra: str | None = None
     #: Its own format's loader, given the model's trust; ``None``: the file is a pickle, loaded
     #: with joblib (restricted: :mod:`mmserver.execution.unpickling`).
     load: Callable[[Path, Trust], Any] | None = None
@@ -97,6 +114,15 @@ class Family:
     feature_names: Callable[[Any], list[str] | None] | None = None
     #: ``(input index, categories)`` of the booster's categorical columns.
     categories: Callable[[Any, int], Iterator[tuple[int, tuple[Any, ...]]]] | None = None
+    #: ``(input index, kind)`` of the booster's columns that are not numbers (strings,
+    #: booleans: :mod:`mmserver.codecs.schema`'s kinds).
+    kinds: Callable[[Any], Iterator[tuple[int, str]]] | None = None
+    #: The tensors the booster takes (name, NumPy dtype string, shape with -1 for any size),
+    #: for the V2 metadata; ``None``: the columns say.
+    tensors: Callable[[Any], list[dict[str, Any]]] | None = None
+    #: An index a libsvm row leaves out is a missing value to its boosters (XGBoost's and
+    #: LightGBM's reading), not 0.
+    sparse_missing: bool = False
     #: The family its loaded models are served as, when its files hold another family's
     #: objects (a skops file holds scikit-learn estimators); ``None``: itself.
     serves_as: str | None = None
@@ -117,9 +143,11 @@ def reason(exc: BaseException) -> str:
 
 
 def missing_extra(package: str) -> str:
+    """What to install for ``package``, the optional package of a family."""
+    extra = next((f.extra for f in FAMILIES if f.package == package and f.extra), package)
     return (
         f"the {package} package is not installed; install it with "
-        f"pip install 'mmserver[{package}]' (or pip install {package})"
+        f"pip install 'mmserver[{extra}]' (or pip install {package})"
     )
 
 
@@ -209,19 +237,11 @@ def _module_of(estimator: Any) -> str:
     return type(estimator).__module__.split(".")[0]
 
 
-def is_a(estimator: Any, package: str, base: str) -> bool:
-    """Whether ``estimator`` is an instance of ``package``'s class ``base``, told by its
-    classes' names: the package is not imported (it may not be installed)."""
-    return any(
-        cls.__name__ == base and cls.__module__.split(".")[0] == package
-        for cls in type(estimator).__mro__
-    )
-
-
 def load_model(found: ModelFile, trust: Trust) -> Any:
     """The model object in ``found``: an estimator, or a booster wrapped so that its
-    ``predict`` is the library's own. A pickle is rebuilt only from what ``trust`` allows
-    (:mod:`mmserver.execution.unpickling`). Raises :class:`ModelLoadError` saying why not."""
+    ``predict`` is the library's own (an ONNX graph in its session). A pickle is rebuilt only
+    from what ``trust`` allows (:mod:`mmserver.execution.unpickling`). Raises
+    :class:`ModelLoadError` saying why not."""
     family = family_named(found.family)
     if file_format(found) != PICKLE:
         assert family.load is not None
@@ -290,27 +310,29 @@ def load_pickle(path: Path, trust: Trust) -> Any:
 
 
 @contextlib.contextmanager
-def _loading(path: Path, package: str) -> Iterator[None]:
-    """A booster of ``package`` loaded from ``path``: the package's absence, a native library
+def _loading(path: Path, name: str) -> Iterator[None]:
+    """A model of family ``name`` loaded from ``path``: its package's absence, a native library
     it cannot load and a file it cannot read each said as such; its warnings reported."""
+    package = family_named(name).package or name
+    a = "an" if name[0] in "aeiou" else "a"
     try:
         __import__(package)
     except ImportError:
-        raise ModelLoadError(
-            f"{path.name} is a {package} model: {missing_extra(package)}"
-        ) from None
+        raise ModelLoadError(f"{path.name} is {a} {name} model: {missing_extra(package)}") from None
     except OSError as exc:  # its native library needs one the system lacks (libgomp, say)
         raise ModelLoadError(
-            f"{path.name} is a {package} model, and {package} cannot load its native library: "
+            f"{path.name} is {a} {name} model, and {package} cannot load its native library: "
             f"{reason(exc)}"
         ) from None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{path.name}: {exc.message}") from None
     except Exception as exc:
         raise ModelLoadError(
-            f"{path.name} cannot be loaded as a {package} model: {reason(exc)}"
+            f"{path.name} cannot be loaded as {a} {name} model: {reason(exc)}"
         ) from None
     for w in caught:
         _report(path, w)
@@ -413,32 +435,25 @@ def _load_xgboost(path: Path, trust: Trust) -> XGBoostBooster:
     return XGBoostBooster(booster)
 
 
-def _owns_xgboost(est: Any) -> bool:
-    return isinstance(est, XGBoostBooster) or is_a(est, XGBOOST, "XGBModel")
+# ------------------------------------------------------------------------------------------------
+# ONNX
+# ------------------------------------------------------------------------------------------------
 
 
-def _xgboost_booster(est: Any) -> Any:
-    return est.booster if isinstance(est, XGBoostBooster) else est.get_booster()
+def _find_onnx(model_dir: Path) -> Path | None:
+    if (model_dir / "model.onnx").is_file():
+        return model_dir / "model.onnx"
+    return _single(_files(model_dir, "*.onnx"))
 
 
-def _xgboost_native(est: Any) -> Fn:
-    inplace = _xgboost_booster(est).inplace_predict
-    return lambda batch: inplace(batch)
+def _load_onnx(path: Path, trust: Trust) -> OnnxModel:
+    with _loading(path, ONNX):
+        model = open_graph(path)
+    return model
 
 
-def _xgboost_treelite(est: Any) -> Any:
-    import treelite
-
-    return treelite.frontend.from_xgboost(_xgboost_booster(est))
-
-
-def _xgboost_names(est: Any) -> list[str] | None:
-    names = list(_xgboost_booster(est).feature_names or [])
-    return _named(names, [f"f{j}" for j in range(len(names))])
-
-
-def _named(names: list[Any], generic: list[str]) -> list[str] | None:
-    return [str(n) for n in names] if names and names != generic else None
+def _onnx_names(est: Any) -> list[str] | None:
+    return list(est.columns) if est.columns is not None else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -462,60 +477,6 @@ def _load_lightgbm(path: Path, trust: Trust) -> LightGBMBooster:
 
         booster = lightgbm.Booster(model_file=str(path))
     return LightGBMBooster(booster)
-
-
-def _owns_lightgbm(est: Any) -> bool:
-    return isinstance(est, LightGBMBooster) or is_a(est, LIGHTGBM, "LGBMModel")
-
-
-def _lightgbm_booster(est: Any) -> Any:
-    return est.booster if isinstance(est, LightGBMBooster) else est.booster_
-
-
-def _lightgbm_native(est: Any) -> Fn | None:
-    if isinstance(est, LightGBMBooster):
-        return None  # a bare booster's own predict is its predict already
-    run = est.booster_.predict
-    return lambda batch: run(batch, num_threads=1)
-
-
-def _lightgbm_treelite(est: Any) -> Any:
-    import treelite
-
-    return treelite.frontend.from_lightgbm(_lightgbm_booster(est))
-
-
-def _lightgbm_names(est: Any) -> list[str] | None:
-    names = list(_lightgbm_booster(est).feature_name())
-    return _named(names, [f"Column_{j}" for j in range(len(names))])
-
-
-def _lightgbm_categories(est: Any, width: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
-    """``(input index, categories)`` of a LightGBM model's pandas categorical features."""
-    booster = _lightgbm_booster(est)
-    categories = getattr(booster, "pandas_categorical", None)
-    if not categories or not hasattr(booster, "model_to_string"):
-        return
-    try:
-        text = booster.model_to_string(num_iteration=0)
-    except Exception:
-        return
-    # The parameters at the end of the model text name the categorical features by index.
-    line = next(
-        (ln for ln in reversed(text.splitlines()) if ln.startswith("[categorical_feature:")), ""
-    )
-    listed = line.partition(":")[2].rstrip("]").strip()
-    try:
-        categorical = [int(j) for j in listed.replace(",", " ").split()]
-    except ValueError:
-        categorical = []
-    if len(categorical) != len(categories) or any(not 0 <= j < width for j in categorical):
-        raise ModelLoadError(
-            "the LightGBM model's categorical features do not match its pandas categories; "
-            "declare the columns (option.columns or input_schema.json)"
-        )
-    for index, values in zip(categorical, categories, strict=True):
-        yield index, tuple(values)
 
 
 #: The warnings of the load under way in this thread, when its caller collects them
@@ -545,40 +506,6 @@ def _report(path: Path, w: warnings.WarningMessage) -> None:
         log.warning("%s: %s: %s", path, w.category.__name__, w.message)
 
 
-class XGBoostBooster:
-    """An XGBoost booster loaded from its own format. ``predict`` is XGBoost's own
-    (``Booster.predict`` on a ``DMatrix``), as in the SageMaker XGBoost container: the
-    objective's output (values, or probabilities for a classification objective). It runs on
-    one thread: a backend process is one core's worth of work, and threads of several processes
-    spinning on the same cores slow every model down."""
-
-    def __init__(self, booster: Any) -> None:
-        import xgboost
-
-        booster.set_param({"nthread": 1})
-        self.booster = booster
-        self.n_features_in_ = int(booster.num_features())
-        self._matrix = xgboost.DMatrix
-
-    def predict(self, batch: np.ndarray) -> np.ndarray:
-        result: np.ndarray = self.booster.predict(self._matrix(batch, nthread=1))
-        return result
-
-
-class LightGBMBooster:
-    """A LightGBM booster loaded from its text format; ``predict`` is LightGBM's own
-    ``Booster.predict`` (on one thread, as :class:`XGBoostBooster`): the objective's output
-    (values, or probabilities)."""
-
-    def __init__(self, booster: Any) -> None:
-        self.booster = booster
-        self.n_features_in_ = int(booster.num_feature())
-
-    def predict(self, batch: np.ndarray) -> np.ndarray:
-        result: np.ndarray = self.booster.predict(batch, num_threads=1)
-        return result
-
-
 #: Every family, in the order a model folder is searched for their files.
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -605,10 +532,11 @@ FAMILIES: tuple[Family, ...] = (
         claims=_claims_xgboost,
         package=XGBOOST,
         load=_load_xgboost,
-        owns=_owns_xgboost,
-        native=_xgboost_native,
-        treelite=_xgboost_treelite,
-        feature_names=_xgboost_names,
+        owns=owns_xgboost,
+        native=xgboost_native,
+        treelite=xgboost_treelite,
+        feature_names=xgboost_names,
+        sparse_missing=True,
     ),
     Family(
         name=LIGHTGBM,
@@ -618,10 +546,25 @@ FAMILIES: tuple[Family, ...] = (
         claims=_claims_lightgbm,
         package=LIGHTGBM,
         load=_load_lightgbm,
-        owns=_owns_lightgbm,
-        native=_lightgbm_native,
-        treelite=_lightgbm_treelite,
-        feature_names=_lightgbm_names,
-        categories=_lightgbm_categories,
+        owns=owns_lightgbm,
+        native=lightgbm_native,
+        treelite=lightgbm_treelite,
+        feature_names=lightgbm_names,
+        categories=lightgbm_categories,
+        sparse_missing=True,
+    ),
+    Family(
+        name=ONNX,
+        engines=("OnnxRuntime", "onnx"),
+        wanted="model.onnx or a single *.onnx",
+        find=_find_onnx,
+        claims=lambda path: path.suffix == ".onnx",
+        package="onnxruntime",
+        extra=ONNX,
+        load=_load_onnx,
+        owns=lambda est: isinstance(est, OnnxModel),
+        feature_names=_onnx_names,
+        kinds=lambda est: est.kinds(),
+        tensors=lambda est: est.tensors(),
     ),
 )

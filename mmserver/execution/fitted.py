@@ -47,6 +47,9 @@ def fitted_columns(model: Any, names: Sequence[str]) -> list[Column]:
     if family is not None and family.categories is not None:
         for index, categories in family.categories(booster, len(names)):
             columns[index] = Column(names[index], CATEGORY, categories)
+    if family is not None and family.kinds is not None:
+        for index, kind in family.kinds(booster):
+            columns[index] = Column(names[index], kind)
     return columns
 
 

@@ -82,8 +82,9 @@ class EstimatorPredictor:
         fn = getattr(model, method, None)
         if not callable(fn):
             available = [m for m in METHODS if callable(getattr(model, m, None))]
+            what = getattr(model, "summary", None) or type(model).__name__
             raise ModelLoadError(
-                f"model {name} ({type(model).__name__}) has no {method}; option.method must be "
+                f"model {name} ({what}) has no {method}; option.method must be "
                 f"one of: {', '.join(available) or 'none of ' + ', '.join(METHODS)}",
                 model=name,
             )
@@ -94,11 +95,12 @@ class EstimatorPredictor:
         self.file_format = "pickle"
         self.n_features: int | None = n_features(model)
         final = step(model, -1)
+        own_format = family_named(family)
         booster = (
-            family_named(family).owns is not None
-            or owner(model if final is None else final) is not None
+            own_format if own_format.owns is not None else owner(model if final is None else final)
         )
-        self.inputs = find_inputs(model, fn, self.n_features, config, model_dir, booster)
+        sparse = booster is not None and booster.sparse_missing
+        self.inputs = find_inputs(model, fn, self.n_features, config, model_dir, sparse)
         self.n_features = self.inputs.width or self.n_features
         inputs = self.inputs
         if inputs.frame:
@@ -111,13 +113,15 @@ class EstimatorPredictor:
         self.output_facts = [
             _output_facts(model if final is None else final, m) for m in self.outputs
         ]
-        if self.n_features and booster and inputs.dense:
+        if self.n_features and booster is not None:
             # A booster's fitted attributes do not say its answer's type and shape: one call
-            # on two rows of zeros does (cheap for a booster).
+            # on a row of plain values does (cheap for a booster).
             self.output_facts = [
-                _called_facts(self._method(m), m, self.n_features) or facts
+                _called_facts(self._method(m), m, self.sample()) or facts
                 for m, facts in zip(self.outputs, self.output_facts, strict=True)
             ]
+        #: The tensors the model takes, when its family says them (an ONNX graph's inputs).
+        self.tensors = booster.tensors(model) if booster is not None and booster.tensors else None
         missing = any(c.missing for c in inputs.columns)
         if not fast_path:
             self.plan = own_plan(own, batch_rows, "option.fast_path=false")
@@ -276,6 +280,8 @@ def signature(predictor: Predictor) -> dict[str, Any]:
     if not isinstance(predictor, EstimatorPredictor):
         outputs = [{"name": name, "dtype": None, "shape": None} for name in predictor.outputs]
         return {"platform": "python", "format": "python", **facts, "outputs": outputs}
+    if predictor.tensors is not None:
+        facts["tensors"] = predictor.tensors  # the model's graph's own inputs
     return {
         "platform": predictor.family,
         "format": predictor.file_format,
@@ -308,13 +314,11 @@ def _facts(estimator: Any, method: str) -> dict[str, Any]:
     return {"name": method, "dtype": dtype, "shape": shape}
 
 
-def _called_facts(
-    call: Callable[[np.ndarray], Any], method: str, width: int
-) -> dict[str, Any] | None:
+def _called_facts(call: Callable[[Batch], Any], method: str, batch: Batch) -> dict[str, Any] | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            answer = np.asarray(call(np.zeros((2, width))))
+            answer = np.asarray(call(batch))
     except Exception:
         return None
     return {"name": method, "dtype": answer.dtype.str, "shape": [-1, *answer.shape[1:]]}

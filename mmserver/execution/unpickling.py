@@ -175,7 +175,7 @@ def restricted_load(path: Path, trust: Trust) -> Any:
             return unpickler.load()
 
 
-class RestrictedUnpickler(NumpyUnpickler):
+class RestrictedUnpickler(NumpyUnpickler):  # type: ignore[misc]  # joblib is untyped
     """joblib's unpickler whose ``find_class`` returns only what :func:`allowed` allows, and
     which calls no class that reads files (:data:`_NOT_CALLED`)."""
 
@@ -208,7 +208,7 @@ class RestrictedUnpickler(NumpyUnpickler):
 
     def _instantiate(self, klass: Any, args: Any) -> None:  # protocol 0 and 1's INST and OBJ
         self._check_call(klass)
-        super()._instantiate(klass, args)  # type: ignore[misc]
+        super()._instantiate(klass, args)
 
     def _check_call(self, func: Any) -> None:
         if self._trust.full or not isinstance(func, type):

@@ -28,6 +28,7 @@ from benchlib import (
     grpcload,
     loads,
     neighbour,
+    onnxbench,
     peers,
     probes,
     report,
@@ -50,6 +51,7 @@ SECTIONS = (
     "batching",
     "neighbour",
     "trees",
+    "onnx",
     "tabular",
     "grpc",
     "scale",
@@ -57,8 +59,9 @@ SECTIONS = (
     "transform",
     "rollout",
 )
-#: Sections a run without --only leaves out: they run servers or clients of their own.
-OPT_IN = ("grpc", "scale", "async", "transform", "rollout")
+#: Sections a run without --only leaves out: they run servers or clients of their own, or
+#: need packages of their own (onnx: skl2onnx and onnxruntime).
+OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -391,6 +394,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.ensure_heavy(model_store)
     if "trees" in args.sections:
         trees.ensure(model_store)
+    if "onnx" in args.sections:
+        onnxbench.ensure(model_store)
     if "tabular" in args.sections:
         tabular.ensure(model_store)
     needs_floor = {"closed", "open"} & set(args.sections)
@@ -515,6 +520,8 @@ def _measure(
         raw["neighbour"] = neighbour.run(server, settings, _log)
     if "trees" in sections:
         raw["trees"] = trees.run(server, settings, _log)
+    if "onnx" in sections:
+        raw["onnx"] = onnxbench.run(server, settings, _log)
     if "grpc" in sections:
         raw["grpc"] = grpcload.section(server, peer, args.patterns, settings, _log)
     if args.profile:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from benchlib import scale, tabular, trees
+from benchlib import onnxbench, scale, tabular, trees
 from benchlib.neighbour import COLD_LOADS, LOAD_CLIENTS
 
 PATTERNS = ("hot", "uniform", "zipf")
@@ -117,6 +117,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             }
     if "trees" in raw:
         out["trees"] = raw["trees"]
+    if "onnx" in raw:
+        out["onnx"] = raw["onnx"]
     if "tabular" in raw:
         out["tabular"] = _summarize_tabular(raw["tabular"])
     if "scale" in raw:
@@ -465,6 +467,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
             )
     if "trees" in summary:
         lines += trees.lines(summary["trees"])
+    if "onnx" in summary:
+        lines += onnxbench.lines(summary["onnx"])
     if "tabular" in summary:
         lines += tabular.lines(summary["tabular"])
     if "scale" in summary:

@@ -73,14 +73,16 @@ def ensure(store: Path) -> None:
     stamp.write_text(" ".join(versions))
 
 
-def _body(rows: int) -> bytes:
+def rows_body(rows: int) -> bytes:
+    """A JSON body of ``rows`` rows of the models' features."""
     import tree_models
 
     X, _, _ = tree_models.data(rows, seed=7)
     return json.dumps(X.tolist()).encode()
 
 
-def _latencies(client: Client, model: str, body: bytes, count: int) -> list[float]:
+def latencies(client: Client, model: str, body: bytes, count: int) -> list[float]:
+    """``count`` sequential requests' latencies (ms) of ``model``."""
     out = []
     for _ in range(count):
         status, _, seconds = client.request("POST", f"/predictions/{model}", body, JSON_HEADERS)
@@ -95,9 +97,10 @@ def _latencies(client: Client, model: str, body: bytes, count: int) -> list[floa
 REFERENCE = "sklearn-0"
 
 
-def _closed_loop(
+def closed_loop(
     server: Server, settings: Settings, log: Log, model: str, label: str, body: str
 ) -> float:
+    """The median closed-loop req/s of one-row requests (``body``) to ``model``."""
     rps = []
     for r in range(settings.runs):
         load = wrk.Load(
@@ -120,23 +123,23 @@ def _closed_loop(
 def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     """Latencies and closed-loop req/s per model; each model's chosen paths as described; the
     reference model's closed-loop req/s."""
-    one, batch = _body(1), _body(BATCH_ROWS)
+    one, batch = rows_body(1), rows_body(BATCH_ROWS)
     out: dict[str, Any] = {}
     client = Client(server.port, timeout=120.0)
     try:
-        _latencies(client, REFERENCE, b"[[0.5]]", 5)
+        latencies(client, REFERENCE, b"[[0.5]]", 5)
         out[REFERENCE] = {
-            "rps": _closed_loop(server, settings, log, REFERENCE, "reference", "[[0.5]]")
+            "rps": closed_loop(server, settings, log, REFERENCE, "reference", "[[0.5]]")
         }
         for family in FAMILIES:
             for variant in VARIANTS:
                 name = model_name(family, variant)
-                _latencies(client, name, one, 5)  # load, warm
+                latencies(client, name, one, 5)  # load, warm
                 cpu.wait_quiet(settings.quiet_wait_s)
-                singles = _latencies(client, name, one, ONE_ROW_REQUESTS)
-                batches = _latencies(client, name, batch, BATCH_REQUESTS)
+                singles = latencies(client, name, one, ONE_ROW_REQUESTS)
+                batches = latencies(client, name, batch, BATCH_REQUESTS)
                 described = client.describe(name) or {}
-                rps = _closed_loop(server, settings, log, name, f"{family}/{variant}", one.decode())
+                rps = closed_loop(server, settings, log, name, f"{family}/{variant}", one.decode())
                 out[name] = {
                     "one_row_ms": statistics.median(singles),
                     "one_row_p99_ms": sorted(singles)[int(0.99 * (len(singles) - 1))],

@@ -14,6 +14,7 @@ from mmserver.errors import ConfigError, ModelLoadError
 from mmserver.execution.families import (
     FAMILIES,
     LIGHTGBM,
+    ONNX,
     SKLEARN,
     SKOPS,
     XGBOOST,
@@ -157,12 +158,14 @@ def test_a_boosters_signature_is_what_it_answers() -> None:
 @pytest.mark.parametrize(
     ("engine", "families"),
     [
-        (None, [SKOPS, SKLEARN, XGBOOST, LIGHTGBM]),
+        (None, [SKOPS, SKLEARN, XGBOOST, LIGHTGBM, ONNX]),
         ("skops", [SKOPS]),
         ("Python", [SKLEARN]),
         ("SKLEARN", [SKLEARN]),
         (" xgboost ", [XGBOOST]),
         ("LightGBM", [LIGHTGBM]),
+        ("OnnxRuntime", [ONNX]),
+        ("onnx", [ONNX]),
     ],
 )
 def test_the_engine_chooses_the_families_tried(engine: str | None, families: list[str]) -> None:
@@ -174,7 +177,7 @@ def test_an_engine_no_family_spells_is_refused_naming_the_file(tmp_path: Path) -
         engine_families("PyTorch", "m/serving.properties")
     assert info.value.message == (
         "m/serving.properties: engine='PyTorch' must be one of skops, Python, sklearn, "
-        "XGBoost, LightGBM"
+        "XGBoost, LightGBM, OnnxRuntime, onnx"
     )
     # The load's file work says it before the model reaches a backend.
     folder = make_linear_model(tmp_path / "store" / "m")
@@ -193,11 +196,13 @@ def test_every_family_is_one_whole_record() -> None:
     for family in FAMILIES:
         assert family.wanted in wanted_files(None)
         assert wanted_files(family.engines[0]) == family.wanted
-        # A family with a package of its own loads its own format and runs its own boosters.
+        # A family with a package of its own loads its own format and runs its own boosters;
+        # a tree library's boosters have a native predict and convert to treelite.
         if family.package is not None:
             assert family.load is not None and family.owns is not None
-            assert family.native is not None and family.treelite is not None
             assert family.feature_names is not None
+        if family.name in (XGBOOST, LIGHTGBM):
+            assert family.native is not None and family.treelite is not None
 
 
 def test_a_booster_is_told_by_its_family_whatever_wraps_it() -> None:

@@ -130,7 +130,7 @@ def test_missing_and_broken_model_files(tmp_path: Path) -> None:
         "model empty has no model file (model.skops or a single *.skops; "
         "model.joblib, model.pkl or a single *.joblib/*.pkl; "
         "xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json; model.txt "
-        "or a single LightGBM *.txt), and no model.py"
+        "or a single LightGBM *.txt; model.onnx or a single *.onnx), and no model.py"
     )
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_predictor(tmp_path / "nowhere", DEFAULTS)
