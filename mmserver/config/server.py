@@ -279,6 +279,12 @@ class ServerConfig:
         "pickle global and a model.py custom handler, in backend processes of their own. "
         "* trusts every model; none by default.",
     )
+    isolate_trusted: bool = _opt(
+        True,
+        "Run each model trusted_models names in a backend process of its own (its code then "
+        "never shares a process with another model); off: trusted models share the backend "
+        "processes, for a store whose every model its operator wrote.",
+    )
     insecure_management: bool = _opt(
         False, "Allow an open management API on a non-loopback address without a token."
     )
@@ -487,7 +493,7 @@ class ServerConfig:
     def trust(self) -> Trust:
         """Every model's trust, before its name is matched (``trusted_types``,
         ``trusted_models``)."""
-        return server_trust(self.trusted_types, self.trusted_models)
+        return server_trust(self.trusted_types, self.trusted_models, self.isolate_trusted)
 
     # Building ---------------------------------------------------------------------------------
 

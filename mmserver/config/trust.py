@@ -38,6 +38,8 @@ class Trust:
     models: tuple[str, ...] = ()
     #: Why the model is fully trusted (``trusted_models=PATTERN``, a management call), or "".
     because: str = ""
+    #: A fully trusted model runs in a backend process of its own (``isolate_trusted``).
+    isolated: bool = True
 
     def of(self, name: str) -> Trust:
         """This trust for the model ``name``: full if a ``trusted_models`` pattern matches its
@@ -55,6 +57,11 @@ class Trust:
         return replace(self, full=True, because=because)
 
     @property
+    def own_process(self) -> bool:
+        """Whether the model's code must run in a backend process no other model shares."""
+        return self.full and self.isolated
+
+    @property
     def level(self) -> str:
         """``trusted`` or ``restricted``, as the model's description says it."""
         return "trusted" if self.full else "restricted"
@@ -64,7 +71,7 @@ def split_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def server_trust(trusted_types: str, trusted_models: str) -> Trust:
+def server_trust(trusted_types: str, trusted_models: str, isolated: bool = True) -> Trust:
     """Every model's trust from the server's two options (each checked: :class:`ConfigError`
     naming the option and the value it cannot take)."""
     types = split_list(trusted_types)
@@ -81,4 +88,4 @@ def server_trust(trusted_types: str, trusted_models: str) -> Trust:
                 f"option trusted_models: {pattern!r} is not a model name or a glob pattern of "
                 "model names (letters, digits, _ . - / and * ? [ ])"
             )
-    return Trust(types=frozenset(types), models=tuple(models))
+    return Trust(types=frozenset(types), models=tuple(models), isolated=isolated)

@@ -107,7 +107,7 @@ class ModelPool:
         self.lane = lane_for(LIGHT, hold, backend.heavy_batch_s)
         #: The seconds a batch may hold a process for the model to stay in its lane.
         self._stay_low, self._stay_high = lane_bounds(self.lane, backend.heavy_batch_s)
-        if config.trust.full:  # in a process of its own: no lane to move to
+        if config.trust.own_process:  # in a process of its own: no lane to move to
             self.lane = LIGHT
             self._stay_low, self._stay_high = -math.inf, math.inf
         self._lane_since = -float("inf")  # when it last moved (time.monotonic())

@@ -103,7 +103,7 @@ class WorkerGroup:
     def add(self, reason: str, *, scaling: bool = True, level: int = logging.INFO) -> Worker:
         """Start a worker in the model's lane; ``scaling``: counted as a scale-up."""
         host = self._host
-        if host.config.trust.full:  # its code never shares a process with another model
+        if host.config.trust.own_process:  # its code never shares a process with another model
             slot = self._backend.bind_own(host.name)
         else:
             slot = self._backend.bind(self._per_slot.keys(), host.lane)

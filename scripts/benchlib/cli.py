@@ -344,7 +344,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
             raw["scale"] = scale.run(
-                scale_settings, Path(tmp), args.out, args.server_arg, args.server_exe, _log
+                scale_settings,
+                Path(tmp),
+                args.out,
+                args.server_arg,
+                args.server_exe,
+                _log,
+                args.baseline_exe,
             )
         if args.sections == ["scale"]:
             return raw

@@ -278,7 +278,13 @@ def churn(server: servers.Server, settings: ScaleSettings, log: Log) -> dict[str
 
 
 def run(
-    settings: ScaleSettings, cache: Path, out: Path, extra: list[str], exe: Path | None, log: Log
+    settings: ScaleSettings,
+    cache: Path,
+    out: Path,
+    extra: list[str],
+    exe: Path | None,
+    log: Log,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     model_store = store_path(settings.models)
     log(f"scale: store of {settings.models:,} models in {model_store}")
@@ -324,6 +330,16 @@ def run(
         result["scrape"] = scrape(server)
     finally:
         server.stop()
+    if baseline is not None:
+        result["baseline_cold"] = baseline_cold(
+            model_store, names[:loaded], settings, cache, out, extra, baseline
+        )
+        ratio = result["cold"]["loads_per_s"] / result["baseline_cold"]["loads_per_s"]
+        result["cold_vs_baseline"] = ratio
+        log(
+            f"scale: the baseline's {loaded:,} cold loads at "
+            f"{result['baseline_cold']['loads_per_s']:.0f}/s: mmserver {ratio:.2f}x"
+        )
     if settings.churn_loads > 0:
         server = servers.mmserver(
             model_store,
@@ -347,6 +363,32 @@ def run(
     return result
 
 
+def baseline_cold(
+    model_store: Path,
+    names: list[str],
+    settings: ScaleSettings,
+    cache: Path,
+    out: Path,
+    extra: list[str],
+    exe: Path,
+) -> dict[str, Any]:
+    """The same cold loads (the same names, a fresh cache) on the ``--baseline-exe`` build,
+    after the same start and listing."""
+    server = servers.mmserver(
+        model_store,
+        cache / "baseline-scale-cache",
+        out / "baseline-scale-server.log",
+        ["--max-loaded-models", str(len(names) + 100), *extra],
+        exe,
+    )
+    try:
+        _start(server)
+        pages(server)
+        return cold_loads(server, names, settings.clients)
+    finally:
+        server.stop()
+
+
 def lines(section: dict[str, Any]) -> list[str]:
     s = section["settings"]
     out = ["", f"Scale: a store of {s['models']:,} copies of the reference archive"]
@@ -365,6 +407,13 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"{c['loads_per_s']:.0f} loads/s, p50 {c['p50_ms']:.1f} p99 {c['p99_ms']:.1f} "
             f"max {c['max_ms']:.0f} ms, statuses {c['statuses']}"
         )
+        b = section.get("baseline_cold")
+        if b:
+            out.append(
+                f"  the baseline build's cold loads: {b['loads_per_s']:.0f} loads/s, p50 "
+                f"{b['p50_ms']:.1f} p99 {b['p99_ms']:.1f} ms: mmserver "
+                f"{section['cold_vs_baseline']:.2f}x"
+            )
         cpu = c.get("cpu_ms_per_load")
         if cpu:
             out.append(

@@ -15,6 +15,7 @@ from mmserver.commands import procfs
 from mmserver.commands.launch import Child, Serve
 from mmserver.commands.procfs import free_port
 from mmserver.store.unpacking import PROCESS_NAME as UNPACK_PROCESS_NAME
+from tests.behaviour_models import handler_models
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,6 +75,12 @@ class ServerProcess:
     def __init__(self, store: Path, log_path: Path, *args: str) -> None:
         self.store = store
         self.log_path = log_path
+        if "--trusted-models" not in args:
+            # The tests' model doubles are custom handlers: trusted by name, in the shared
+            # backend processes, as the models they stand for would be.
+            handlers = handler_models(store)
+            if handlers:
+                args = (*args, "--trusted-models", handlers, "--no-isolate-trusted")
         self.args = args
         self.child = Child(
             Serve(store, free_port(), args=args),

@@ -24,6 +24,7 @@ import pytest
 from mmserver.asynchronous.journal import Journal, State
 from mmserver.commands.launch import Child, Serve
 from tests.behaviour_models import (
+    handler_models,
     make_gated_recording_dir,
     make_recording_dir,
     make_slow_load_dir,
@@ -147,7 +148,16 @@ async def second_server(setup: Setup) -> tuple[int, str]:
     log = setup.tmp / "second-server.log"
     server = Child(
         Serve(
-            setup.store, free_port(), backend_processes=1, args=("--state-dir", str(setup.state))
+            setup.store,
+            free_port(),
+            backend_processes=1,
+            args=(
+                "--state-dir",
+                str(setup.state),
+                "--trusted-models",
+                handler_models(setup.store),
+                "--no-isolate-trusted",
+            ),
         ),
         log,
         cwd=ROOT,

@@ -35,7 +35,12 @@ async def test_ready_then_sigterm_drains_the_request_in_flight(tmp_path: Path) -
     gate = tmp_path / "gate"
     make_gated_dir(store / "gated", gate, maxWorkers=1, batch_size=1)
     server = Child(
-        Serve(store, free_port(), backend_processes=1, args=("--drain-timeout", "60")),
+        Serve(
+            store,
+            free_port(),
+            backend_processes=1,
+            args=("--drain-timeout", "60", "--trusted-models", "gated", "--no-isolate-trusted"),
+        ),
         tmp_path / "server.log",
         cwd=ROOT,
     )

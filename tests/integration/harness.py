@@ -33,6 +33,7 @@ from mmserver.config.server import ServerConfig
 from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops.metrics import Metrics
 from mmserver.store.local import ModelStore
+from tests.behaviour_models import trusting
 from tests.integration import gate as gate_module
 from tests.models import make_custom_handler_dir, make_store
 
@@ -92,10 +93,6 @@ def _handler_dir(folder: Path, source: str, properties: str | None = None) -> No
     (folder / "model.py").write_text(source)
     if properties is not None:
         (folder / "serving.properties").write_text(properties)
-
-
-#: The ``trusted_models`` of the test servers: the session store's custom handlers.
-TRUSTED_HANDLERS = "*handler"
 
 
 @pytest.fixture(scope="session")
@@ -201,11 +198,11 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
             "cache_dir": str(tmp_path / f"cache-{len(started)}"),
             "backend_processes": 0,
             "max_workers": 2,
-            # The store's custom handlers (custom-handler, raising-handler...) run: the operator
-            # trusts them by name, as a server must be told to.
-            "trusted_models": TRUSTED_HANDLERS,
         }
         settings.update(options)
+        # The store's custom handlers (custom-handler, raising-handler...) run: the operator
+        # trusts them by name, as a server must be told to.
+        settings = trusting(Path(settings["model_store"]), settings)
         config = ServerConfig(**settings)
         metrics = Metrics(model_label=config.metrics_model_label)
         store = ModelStore(

@@ -22,6 +22,7 @@ from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops import capacity
 from mmserver.ops.metrics import Metrics
 from mmserver.store.local import ModelStore
+from tests.behaviour_models import trusting
 from tests.integration.harness import wait_until
 from tests.models import rows, tree_models, value
 
@@ -51,7 +52,7 @@ async def running(store: Path, **options: Any) -> AsyncIterator[WorkLoadManager]
         backend_processes=1,
         heavy_processes=0,
         max_memory_mb=BUDGET_MB,
-        **options,
+        **trusting(store, options),
     )
     wlm = WorkLoadManager(
         config, ModelStore(config.store_path, config.cache_path, 2**30), Metrics()

@@ -27,6 +27,7 @@ from tests.behaviour_models import (
     make_gated_dir,
     make_raising_dir,
     make_recording_dir,
+    trusting,
 )
 from tests.integration.harness import wait_until
 from tests.models import make_linear_model, make_linked_store, outputs, rows, value
@@ -37,7 +38,7 @@ X = rows([[0.5]])
 @asynccontextmanager
 async def running(store: Path, **options: Any) -> AsyncIterator[WorkLoadManager]:
     room_wait = options.pop("room_wait_seconds", 5.0)
-    config = ServerConfig(model_store=str(store), **options)
+    config = ServerConfig(model_store=str(store), **trusting(store, options))
     wlm = WorkLoadManager(
         config,
         ModelStore(config.store_path, config.cache_path, 2**30),

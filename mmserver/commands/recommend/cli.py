@@ -132,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="wrk (where installed) or one Python process (auto: wrk if installed)",
     )
+    for option, what in (
+        ("trusted-models", "model name patterns whose files are fully trusted"),
+        ("trusted-types", "importable names every model's pickle may use"),
+    ):
+        parser.add_argument(
+            f"--{option}",
+            metavar="LIST",
+            default="",
+            help=f"(--model-store only) the server's {option.replace('-', '_')}: {what}",
+        )
     return parser
 
 
@@ -260,6 +270,12 @@ def _recommend(
         model_store=args.model_store,
         url=args.url or "",
         body=body,
+        server_args=tuple(
+            arg
+            for option in ("trusted_models", "trusted_types")
+            if getattr(args, option)
+            for arg in (f"--{option.replace('_', '-')}", getattr(args, option))
+        ),
     )
     wrote: list[str] = []
 

@@ -43,10 +43,12 @@ class Trials:
     model_store: Path | None = None  # else url
     url: str = ""
     body: str | None = None  # None: made from the model's inputs
+    #: More options of the server this command starts (the store's trust).
+    server_args: tuple[str, ...] = ()
 
     def open(self, lane: str) -> Target:
         if self.model_store is not None:
-            return Target.start(self.model_store, LANES[lane])
+            return Target.start(self.model_store, (*LANES[lane], *self.server_args))
         return Target.at(self.url)
 
 
