@@ -257,25 +257,35 @@ def refusal(file: str, names: str) -> str:
 
 def allowed(module: str, name: str, extra: frozenset[str] = frozenset()) -> Any:
     """The global ``module.name`` if a model's pickle may use it, else ``None``; nothing is
-    imported unless the name is one that may be."""
-    dotted = f"{module}.{name}"
-    if dotted in extra:
+    imported unless the name is one that may be. What is decided of a name is kept; the name
+    is imported again each time (from ``sys.modules``: a package gone is said as such)."""
+    if f"{module}.{name}" in extra:
         return _import(module, name)
-    return _allowed(module, name)
+    kind = _kind(module, name)
+    if kind is None:
+        return None
+    if kind == _UFUNC_REBUILDER:
+        return _ufuncs_only
+    return _import(module, name)
+
+
+#: What :func:`_kind` says of numpy 1.x's ``_ufunc_reconstruct``.
+_UFUNC_REBUILDER = "ufunc rebuilder"
 
 
 @functools.cache
-def _allowed(module: str, name: str) -> Any:
+def _kind(module: str, name: str) -> str | None:
+    """Why a model's pickle may use ``module.name`` (``None``: it may not)."""
     dotted = f"{module}.{name}"
     if dotted in REBUILDERS or dotted in _PLAIN or dotted in _PARTS:
-        return _import(module, name)
+        return "listed"
     if dotted in _UFUNC_REBUILDERS:
-        return _ufuncs_only
+        return _UFUNC_REBUILDER
     top = module.partition(".")[0]
     if top not in PACKAGES or _closed(module):
         return None
     if "." not in name and (name.startswith("__pyx_unpickle_") or name == "newObj"):
-        return _import(module, name)  # Cython's rebuilders: a class's __new__, and its state
+        return "rebuilder"  # Cython's rebuilders: a class's __new__, and its state
     found = _import(module, name)
     import numpy as np
 
@@ -288,9 +298,9 @@ def _allowed(module: str, name: str) -> Any:
             and _qualified(found) not in _CLOSED_CLASSES
             and not issubclass(found, np.memmap)
         ):
-            return found
+            return "class"
         return None
-    return found if isinstance(found, np.ufunc) else None
+    return "ufunc" if isinstance(found, np.ufunc) else None
 
 
 def _closed(module: str) -> bool:

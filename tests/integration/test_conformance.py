@@ -303,7 +303,7 @@ async def test_register_without_a_name(server: Harness) -> None:
     assert await response.json() == {"status": 'Model "sklearn_22" registered.'}
     assert (await server.post("/predictions/sklearn_22", "[[0.5]]")).status == 200
     response = await server.client.post(
-        "/models", json={"url": "custom-handler/", "model_name": ""}
+        "/models", json={"url": "custom-handler/", "model_name": "", "trusted": True}
     )
     assert await response.json() == {"status": 'Model "custom_handler" registered.'}
     assert (await describe(server, "custom_handler"))["modelUrl"] == "custom-handler/"

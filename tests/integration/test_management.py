@@ -190,7 +190,12 @@ async def test_register_with_query_parameters(server: Harness, store_root: Path)
 
 async def test_register_sagemaker_json_body(server: Harness, store_root: Path) -> None:
     response = await server.client.post(
-        "/models", json={"model_name": "from-sagemaker", "url": str(store_root / "custom-handler")}
+        "/models",
+        json={
+            "model_name": "from-sagemaker",
+            "url": str(store_root / "custom-handler"),
+            "trusted": "true",  # its model.py runs: the operator says so
+        },
     )
     assert response.status == 200
     assert await response.json() == {"status": 'Model "from-sagemaker" registered.'}

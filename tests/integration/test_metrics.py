@@ -30,6 +30,7 @@ FAMILIES = {
     "mmserver_model_waited_batches": "counter",
     "mmserver_model_lane": "gauge",
     "mmserver_model_path_batches": "counter",
+    "mmserver_model_load_failures": "counter",
 }
 
 
@@ -61,6 +62,7 @@ async def test_exposition_format_and_families(server: Harness) -> None:
     for family in families.values():
         for sample in family.samples:
             labels = {"model", "code", "direction", "lane", "path", "le", "role", "process"}
+            labels.add("reason")
             assert set(sample.labels) <= labels, sample
 
 

@@ -75,7 +75,12 @@ def tree_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 
 @pytest.fixture
 async def trees(serve: Serve, tree_store: tuple[Path, dict[str, Reference]]) -> Harness:
-    return await serve(model_store=str(tree_store[0]), metrics_model_label="all")
+    # Shifted is a class of this module: its pickle loads with the operator's trusted_types.
+    return await serve(
+        model_store=str(tree_store[0]),
+        metrics_model_label="all",
+        trusted_types=f"{Shifted.__module__}.Shifted",
+    )
 
 
 def _rows(count: int, seed: int = 5) -> np.ndarray:
