@@ -152,6 +152,7 @@ class BackendPool:
                 self._metrics,
                 self.lanes[LIGHT],
                 reserve=self.reserve,
+                runs_code=True,
             )
             self._own[model] = slot
             self.slots.append(slot)

@@ -11,6 +11,7 @@ import collections
 import logging
 import math
 import multiprocessing
+import pickle
 import socket
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from mmserver.codecs.requests import Request
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.scheduling import LIGHT, Cost, Lane, RunQueue, admits
 from mmserver.procs.framing import FrameProtocol, frame
+from mmserver.procs.replies import data_loads
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,13 @@ class ProcessSlot:
         nice: int = 0,
         idle: bool = False,
         reserve: CpuReserve | None = None,
+        runs_code: bool = False,
     ) -> None:
+        """``runs_code``: the process runs a model's own code (a fully trusted model's own
+        process): its replies are read as data only (:mod:`mmserver.procs.replies`)."""
         self.index = index
         self.lane = lane
+        self._loads = data_loads if runs_code else pickle.loads
         self.bound_workers = 0
         #: Batches answered by this slot (a worker's wait is counted against it).
         self.answered = 0
@@ -164,7 +170,10 @@ class ProcessSlot:
         answered once the process runs."""
         loop = self._loop = asyncio.get_running_loop()
         _, protocol = await loop.create_unix_connection(
-            lambda: FrameProtocol(self._on_reply, self._on_connection_lost, self._pump), sock=sock
+            lambda: FrameProtocol(
+                self._on_reply, self._on_connection_lost, self._pump, self._loads
+            ),
+            sock=sock,
         )
         self._protocol = protocol
         ping: asyncio.Future[Any] = loop.create_future()

@@ -50,9 +50,13 @@ class FrameProtocol(asyncio.Protocol):
         on_message: Callable[[Any], None],
         on_lost: Callable[[FrameProtocol], None],
         on_read: Callable[[], None] | None = None,
+        loads: Callable[[Any], Any] = pickle.loads,
     ) -> None:
+        """``loads`` unpickles each message (:func:`mmserver.procs.replies.data_loads` for a
+        process that runs a model's own code)."""
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
+        self._loads = loads
         self._on_message = on_message
         self._on_lost = on_lost
         self._on_read = on_read
@@ -64,14 +68,14 @@ class FrameProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buffer
         buf += data
-        on_message = self._on_message
+        on_message, loads = self._on_message, self._loads
         # Every whole frame read is parsed in place; the buffer is trimmed once, at the end.
         offset = 0
         try:
             while (found := span(buf, offset)) is not None and found[1] <= len(buf):
                 start, end = found
                 with memoryview(buf) as view:
-                    message = pickle.loads(view[start:end])
+                    message = loads(view[start:end])
                 offset = end
                 on_message(message)
         finally:

@@ -10,13 +10,13 @@ what the model is counted for (:attr:`Copies.accounted_bytes`).
 from __future__ import annotations
 
 import asyncio
-import pickle
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 from mmserver.backend import LoadInfo, LoadSpec, Slot
 from mmserver.config.server import ModelConfig
+from mmserver.procs.replies import data_loads
 
 
 class CopiesHost(Protocol):
@@ -151,4 +151,5 @@ class Copies:
     def paths(self) -> dict[str, Any] | None:
         """The family and predict paths the model's first load reported (``None``: a custom
         handler, or not loaded yet)."""
-        return None if self._paths is None else cast(dict[str, Any], pickle.loads(self._paths))
+        # Made in a backend process, which may run a model's own code: read as data only.
+        return None if self._paths is None else cast(dict[str, Any], data_loads(self._paths))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 import socket
 
+import pytest
+
 from mmserver.procs.framing import FrameReader, frame, send_frame
 
 
@@ -19,3 +21,34 @@ def test_the_reader_takes_frames_whole_across_reads() -> None:
         assert pickle.loads(reader.read() or b"") == (2, "b" * 100)
         theirs.sendall(second[1][10:])
         assert pickle.loads(reader.read() or b"") == (2, "b" * 100)
+
+
+def test_replies_of_a_process_running_a_models_code_are_read_as_data_only() -> None:
+    import os
+    import pickle
+
+    import numpy as np
+
+    from mmserver.backend.wire import OK, LoadInfo
+    from mmserver.procs.replies import data_loads
+
+    info = LoadInfo(
+        2**20,
+        0.001,
+        pickle.dumps({"family": "sklearn", "ms": np.float64(0.5)}),
+        {"platform": "python", "n_features": np.int64(3), "outputs": [{"name": "predict"}]},
+        0.25,
+        ("UserWarning: pickled by another version",),
+    )
+    reply = (OK, info)
+    assert data_loads(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)) == reply
+    assert data_loads(info.paths or b"") == {"family": "sklearn", "ms": 0.5}
+    answers = (OK, ([b'{"predictions": [1.0]}', ("ModelError", "bad row")], 0.1, 0.1, 2, "own"))
+    assert data_loads(pickle.dumps(answers)) == answers
+
+    class Hostile:
+        def __reduce__(self) -> tuple[object, ...]:
+            return (os.system, ("true",))
+
+    with pytest.raises(pickle.UnpicklingError, match=r"names posix\.system, which replies"):
+        data_loads(pickle.dumps((OK, Hostile())))
