@@ -67,7 +67,7 @@ class ProcessSlot:
         process): its replies are read as data only (:mod:`mmserver.procs.replies`)."""
         self.index = index
         self.lane = lane
-        self._loads = data_loads if runs_code else pickle.loads
+        self._unpickle = data_loads if runs_code else pickle.loads
         self.bound_workers = 0
         #: Batches answered by this slot (a worker's wait is counted against it).
         self.answered = 0
@@ -171,7 +171,7 @@ class ProcessSlot:
         loop = self._loop = asyncio.get_running_loop()
         _, protocol = await loop.create_unix_connection(
             lambda: FrameProtocol(
-                self._on_reply, self._on_connection_lost, self._pump, self._loads
+                self._on_reply, self._on_connection_lost, self._pump, self._unpickle
             ),
             sock=sock,
         )
