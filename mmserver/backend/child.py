@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 #: The most warnings a load reports (each once).
 MAX_LOAD_WARNINGS = 20
 
+#: A batch of more rows than this may leave freed memory the next load would reuse: that load
+#: trims the heap first.
+LARGE_BATCH_ROWS = 256
+
 #: Batches longer than this (wall time) have their CPU time read from the CPU clock.
 _CPU_CLOCK_ABOVE_S = 0.0005
 
@@ -73,6 +77,9 @@ class Models:
         self.predictors: dict[str, Any] = {}
         self._clock = clock
         self._long: set[str] = set()  # models whose last batch was long
+        #: Whether the heap was trimmed since it last freed much: after a load or an unload
+        #: (each ends with a trim), until a failed load or a large batch.
+        self._trimmed = False
 
     def load(self, spec: LoadSpec) -> LoadInfo:
         from mmserver.execution.families import collecting_warnings  # imported where they run
@@ -84,8 +91,13 @@ class Models:
         started = time.perf_counter()
         # Measured between two trimmed heaps: freed pages that the allocator kept (from models
         # unloaded, batches answered) would otherwise be reused by this load, which would then
-        # seem to cost nothing, and the pages its own work freed would count as its cost.
-        heap.release_freed()
+        # seem to cost nothing, and the pages its own work freed would count as its cost. A
+        # load or an unload ends with a trim, so one is needed first only after a failed load
+        # or a large batch (a trim walks the whole heap: in a stream of cold loads into a
+        # process holding thousands of models, a second one cost a tenth of each load).
+        if not self._trimmed:
+            heap.release_freed()
+        self._trimmed = False
         before = rss_bytes()
         # Warnings go to the frontend with the load's answer (the model's log line and its
         # describe), not to the process's stderr, once each.
@@ -98,6 +110,7 @@ class Models:
             dict.fromkeys([*files, *(f"{w.category.__name__}: {w.message}" for w in caught)])
         )
         heap.release_freed()
+        self._trimmed = True
         measured = max(0, rss_bytes() - before)
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
@@ -171,11 +184,14 @@ class Models:
             self._long.add(key)
         elif timed:
             self._long.discard(key)
+        if rows > LARGE_BATCH_ROWS:
+            self._trimmed = False  # what it freed may be kept for reuse by the next load
         return answers, cpu, held, rows, getattr(predictor, "last_path", "own")
 
     def unload(self, key: str) -> None:
         if self.predictors.pop(key, None) is not None:
             heap.release_freed()  # the process shrinks by what the model held
+            self._trimmed = True
         self._long.discard(key)
 
 

@@ -216,6 +216,13 @@ def probe_missing(
     """``columns`` with ``missing`` set to whether the model's own method (``call``, on one row
     of these values) answers when that column is missing. A model that fails on the valid row
     itself is left to say so at predict time (every column takes missing values)."""
+    if not frame:
+        # Rows of numbers: one call, a row of NaN. A model that fails on it (one that fails on
+        # every row included) takes no missing values; one that fails on plain rows says so
+        # at predict time.
+        gaps = [float("nan")] * len(columns)
+        ok = _answers(call, list(columns), gaps)
+        return [replace(c, missing=ok) for c in columns]
     base = [_valid_value(c) for c in columns]
     if not _answers(call, list(columns), base):
         log.warning(
@@ -224,10 +231,6 @@ def probe_missing(
             ", ".join(f"{c.name}={v!r}" for c, v in zip(columns, base, strict=True)),
         )
         return [replace(c, missing=False) for c in columns]
-    if not frame:
-        gaps = [float("nan")] * len(columns)
-        ok = _answers(call, list(columns), gaps)
-        return [replace(c, missing=ok) for c in columns]
     out = []
     for j, column in enumerate(columns):
         row = list(base)

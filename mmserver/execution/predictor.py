@@ -54,7 +54,6 @@ from mmserver.execution.fastpath import own_plan, plan_paths
 from mmserver.execution.fitted import feature_names, fitted_columns
 from mmserver.execution.handlers import Batch, Predictor, check_rows, n_features, step
 from mmserver.execution.tablepath import plan_table_paths
-from mmserver.ops import heap
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +155,10 @@ class EstimatorPredictor:
         # answers no other output: the model object (the estimator's own copy of its trees)
         # can go, with its own method, which holds it, and the heap it leaves back to the
         # system, so that the load's measured memory is what the model keeps. (A classifier
-        # keeps it for its other methods' outputs.)
+        # keeps it for its other methods' outputs.) The load's end gives the heap it leaves
+        # back (mmserver.backend.child.Models.load).
         self.model = None
         self._own = _dropped
-        heap.release_freed()
 
     def _method(self, name: str) -> Callable[[Any], Any]:
         """The model's method ``name`` on a batch as the model takes it."""

@@ -384,7 +384,12 @@ def baseline_cold(
     try:
         _start(server)
         pages(server)
-        return cold_loads(server, names, settings.clients)
+        cpu_before = cpu.tree_cpu(server.pid)
+        result = cold_loads(server, names, settings.clients)
+        result["cpu_ms_per_load"] = cpu_per_load(
+            server.pid, cpu_before, cpu.tree_cpu(server.pid), len(names)
+        )
+        return result
     finally:
         server.stop()
 
@@ -414,6 +419,13 @@ def lines(section: dict[str, Any]) -> list[str]:
                 f"{b['p50_ms']:.1f} p99 {b['p99_ms']:.1f} ms: mmserver "
                 f"{section['cold_vs_baseline']:.2f}x"
             )
+            bc = b.get("cpu_ms_per_load")
+            if bc:
+                out.append(
+                    f"  its CPU per cold load: frontend {bc['frontend']:.2f}, backends "
+                    f"{bc['backends']:.2f}, unpacking {bc['unpacking']:.2f}, all "
+                    f"{bc['all']:.2f} ms"
+                )
         cpu = c.get("cpu_ms_per_load")
         if cpu:
             out.append(
