@@ -66,8 +66,8 @@ class BackendPool:
         self.slots: list[Slot]
         #: The slots every model may share.
         self.shared: list[Slot]
-        #: The slot of each model that has one of its own, by model name.
-        self._own: dict[str, ProcessSlot] = {}
+        #: The slots of each model that has processes of its own, by model name.
+        self._own: dict[str, list[ProcessSlot]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._metrics = metrics
         self.lanes = {LIGHT: Lane(LIGHT)}
@@ -136,16 +136,19 @@ class BackendPool:
         slot.bound_workers += 1
         return slot
 
-    def bind_own(self, model: str) -> Slot:
-        """The slot of a model whose files run code (fully trusted) for a new worker of it: a
-        backend process no other model shares, started on first use and stopped when the
-        model's last worker leaves it, so that nothing its code changed in the process outlives
-        it or reaches another model. Without backend processes, the thread slot (shared)."""
+    def bind_own(self, model: str, taken: Collection[int]) -> Slot:
+        """The slot for a new worker of a model whose files run code (fully trusted), already
+        bound to the slots in ``taken``: a backend process no other model shares, started on
+        first use and stopped when the model's last worker there leaves, so that nothing its
+        code changed in the process outlives it or reaches another model. A model has as many
+        such processes as the light lane has, a new one for a worker while every one it has
+        holds a worker of it. Without backend processes, the thread slot (shared)."""
         context = self.context
         if not isinstance(context, ForkServerContext):
-            return self.bind((), LIGHT)
-        slot = self._own.get(model)
-        if slot is None:
+            return self.bind(taken, LIGHT)
+        own = self._own.setdefault(model, [])
+        free = [s for s in own if s.index not in taken]
+        if not free and len(own) < max(1, sum(s.lane.name == LIGHT for s in self.shared)):
             slot = ProcessSlot(
                 next(self._indexes),
                 context,
@@ -154,8 +157,10 @@ class BackendPool:
                 reserve=self.reserve,
                 runs_code=True,
             )
-            self._own[model] = slot
+            own.append(slot)
             self.slots.append(slot)
+            free = [slot]
+        slot = min(free or own, key=lambda s: (s.bound_workers, s.index))
         slot.bound_workers += 1
         return slot
 
@@ -165,20 +170,19 @@ class BackendPool:
         slot.bound_workers -= 1
         if slot.bound_workers or not isinstance(slot, ProcessSlot) or slot in self.shared:
             return
-        model = next((name for name, own in self._own.items() if own is slot), None)
+        model = next((name for name, own in self._own.items() if slot in own), None)
         if model is None:
             return
-        del self._own[model]
+        own = self._own[model]
+        own.remove(slot)
+        if not own:
+            del self._own[model]
         self.slots.remove(slot)
         task = asyncio.get_running_loop().create_task(
             slot.stop(), name=f"mmserver-stop-own-backend-{model}"
         )
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
-
-    def own_slot(self, model: str) -> ProcessSlot | None:
-        """The backend process of its own that ``model`` runs in now, if any."""
-        return self._own.get(model)
 
     def processes(self) -> list[tuple[str, int]]:
         """The backend processes that run now, each ``(name, pid)``: ``light 0``, as ``ps``

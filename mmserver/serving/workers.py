@@ -104,7 +104,7 @@ class WorkerGroup:
         """Start a worker in the model's lane; ``scaling``: counted as a scale-up."""
         host = self._host
         if host.config.trust.own_process:  # its code never shares a process with another model
-            slot = self._backend.bind_own(host.name)
+            slot = self._backend.bind_own(host.name, self._per_slot.keys())
         else:
             slot = self._backend.bind(self._per_slot.keys(), host.lane)
         worker = Worker(host, self._next_id, slot)

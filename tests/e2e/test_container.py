@@ -154,6 +154,9 @@ async def container(store: Path, image: str) -> AsyncIterator[Container]:
         "MMSERVER_DRAIN_TIMEOUT=60",
         "--env",
         "MMSERVER_BACKEND_PROCESSES=1",
+        # The store's model double with a model.py, trusted as an operator would trust it.
+        "--env",
+        "MMSERVER_TRUSTED_MODELS=held",
         image,
     )
     assert started.returncode == 0, started.stderr

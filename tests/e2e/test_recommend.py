@@ -67,7 +67,7 @@ async def test_a_written_recommendation_holds_in_a_confirming_run(tmp_path: Path
         recommend,
         "slow",
         "--model-store", str(store),
-        "--trusted-models", "slow",
+        "--trusted-models", "slow", "--no-isolate-trusted",
         "--p99-ms", "50",
         "--payload", str(payload),
         "--batch-sizes", "1,8",
@@ -142,7 +142,7 @@ async def test_a_target_no_setting_meets_is_said_plainly(tmp_path: Path) -> None
         recommend,
         "slow",
         "--model-store", str(store),
-        "--trusted-models", "slow",
+        "--trusted-models", "slow", "--no-isolate-trusted",
         "--p99-ms", "0.05",
         "--payload", str(payload),
         "--batch-sizes", "1",
@@ -226,7 +226,7 @@ async def test_a_running_server_gets_its_settings_back(tmp_path: Path) -> None:
 def test_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
     store, payload = slow_store(tmp_path)
     argv = [sys.executable, "-m", "mmserver", "recommend", "slow", "--model-store", str(store)]
-    argv += ["--trusted-models", "slow"]
+    argv += ["--trusted-models", "slow", "--no-isolate-trusted"]
     argv += ["--p99-ms", "50", "--payload", str(payload), "--max-minutes", "0.2", "--steps", "1"]
     argv += ["--batch-sizes", "1", "--workers", "1", "--load-generator", "python"]
     argv += ["--out", str(tmp_path / "out")]

@@ -105,3 +105,29 @@ async def test_without_isolation_a_trusted_model_shares_and_can_change_its_neigh
         assert await _answer(session, server.url, "patcher") == 0.5
         assert len(backend_pids(server.pid)) == 1
         assert await _answer(session, server.url, "sklearn-0") == 0.5
+
+
+async def test_a_trusted_model_scales_over_processes_of_its_own(tmp_path: Path) -> None:
+    """As many processes of its own as the light lane has, one per worker while each holds one:
+    trust does not cost a model the machine's other cores."""
+    store = _store(tmp_path)
+    (store / "patcher" / "serving.properties").write_text("minWorkers=2\nmaxWorkers=2\n")
+    args = ("--backend-processes", "2", "--heavy-processes", "0", "--trusted-models", "patcher")
+    async with (
+        ServerProcess(store, tmp_path / "server.log", *args) as server,
+        aiohttp.ClientSession() as session,
+    ):
+        shared = set(backend_pids(server.pid))
+        assert len(shared) == 2
+        assert await _answer(session, server.url, "patcher") == 0.5
+        own = set(backend_pids(server.pid)) - shared
+        assert len(own) == 2
+        assert sorted(process_title(pid) for pid in own) == [
+            "mmserver: backend light 2",
+            "mmserver: backend light 3",
+        ]
+        assert await _answer(session, server.url, "sklearn-0") == pytest.approx(2.0, abs=0.05)
+        async with session.delete(f"{server.url}/models/patcher") as response:
+            assert response.status == 200
+        await wait_gone(own)
+        assert set(backend_pids(server.pid)) == shared

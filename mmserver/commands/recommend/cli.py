@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
             default="",
             help=f"(--model-store only) the server's {option.replace('-', '_')}: {what}",
         )
+    parser.add_argument(
+        "--no-isolate-trusted",
+        action="store_true",
+        help="(--model-store only) trusted models share the backend processes, as on a server "
+        "with isolate_trusted=false",
+    )
     return parser
 
 
@@ -270,11 +276,14 @@ def _recommend(
         model_store=args.model_store,
         url=args.url or "",
         body=body,
-        server_args=tuple(
-            arg
-            for option in ("trusted_models", "trusted_types")
-            if getattr(args, option)
-            for arg in (f"--{option.replace('_', '-')}", getattr(args, option))
+        server_args=(
+            *(
+                arg
+                for option in ("trusted_models", "trusted_types")
+                if getattr(args, option)
+                for arg in (f"--{option.replace('_', '-')}", getattr(args, option))
+            ),
+            *(("--no-isolate-trusted",) if args.no_isolate_trusted else ()),
         ),
     )
     wrote: list[str] = []
