@@ -125,8 +125,8 @@ class Models:
         )
 
     def _probe(self, predictor: Any) -> float | None:
-        """CPU seconds of predicting one row of zeros (the second of two calls: the first pays
-        for warming up), so that the frontend knows the model's cost before its first batch."""
+        """Seconds of predicting one row of zeros (the second of two calls: the first pays for
+        warming up), so that the frontend knows the model's cost before its first batch."""
         from mmserver.execution.predictor import EstimatorPredictor
 
         width = getattr(predictor, "n_features", None)
@@ -137,9 +137,12 @@ class Models:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 predictor.predict(row)
-                started = self._clock()
+                # Timed by the wall clock: one row takes microseconds, too short to be
+                # preempted, and a backend process's CPU clock (a system call) cost more than
+                # the two predictions together in a stream of cold loads.
+                started = time.perf_counter()
                 predictor.predict(row)
-                return self._clock() - started
+                return time.perf_counter() - started
         except Exception:
             return None
 

@@ -152,14 +152,16 @@ class SlotLoads:
         """The process has let ``key`` go: its pages are no longer its load's."""
         self._charged_total -= self._charged.pop(key, 0)
 
-    def unaccounted_bytes(self, pid: int | None) -> int:
-        """Resident bytes process ``pid`` holds beyond what it held at start and what its
-        models' loads measured; 0 for no process."""
-        if pid is None or not self._baseline:
+    def unaccounted_bytes(self, pid: Callable[[], int | None]) -> int:
+        """Resident bytes the process (``pid()``: its id while it runs, asked only when its
+        memory is read again) holds beyond what it held at start and what its models' loads
+        measured; 0 for no process."""
+        if not self._baseline:
             return 0
         rss, read_at = self._rss
         now = time.monotonic()
         if now - read_at >= RSS_FRESH_S:
-            rss = capacity.rss_bytes([pid])
+            live = pid()
+            rss = capacity.rss_bytes([live]) if live is not None else 0
             self._rss = (rss, now)
-        return max(0, rss - self._baseline - self._charged_total)
+        return max(0, rss - self._baseline - self._charged_total) if rss else 0

@@ -230,7 +230,7 @@ class ProcessSlot:
         the process does not run, or while it starts or reloads its models."""
         if self._holding or self._lifetime.settling:
             return 0
-        return self._loads.unaccounted_bytes(self._process.live_pid)
+        return self._loads.unaccounted_bytes(lambda: self._process.live_pid)
 
     # Scheduling -----------------------------------------------------------------------------------
 

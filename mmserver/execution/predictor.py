@@ -217,6 +217,19 @@ def _plain(column: Column) -> Any:
     return {"number": 0.0, "string": "", "boolean": False}.get(column.kind)
 
 
+def refuses_nan(model: Any) -> bool:
+    """Whether scikit-learn says its own estimator refuses NaN (its ``allow_nan`` tag, which its
+    input checks enforce): then a row of NaN need not be tried. Other estimators are tried."""
+    if not type(model).__module__.startswith("sklearn."):
+        return False
+    try:
+        from sklearn.utils import get_tags
+
+        return not get_tags(model).input_tags.allow_nan
+    except Exception:  # a scikit-learn without tags, an estimator whose tags fail
+        return False
+
+
 def find_inputs(
     model: Any,
     fn: Callable[[Any], Any],
@@ -251,6 +264,8 @@ def find_inputs(
         # A model that does not say its width cannot be probed: missing values only if asked.
         accept = policy == "accept"
         columns = [replace(c, missing=accept) for c in columns]
+    elif not frame and refuses_nan(model):
+        columns = [replace(c, missing=False) for c in columns]
     else:
 
         def call(cols: list[Column], row: list[Any]) -> Any:

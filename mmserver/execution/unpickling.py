@@ -172,7 +172,10 @@ def restricted_load(path: Path, trust: Trust) -> Any:
                     "again with a current joblib"
                 )
             unpickler = RestrictedUnpickler(filename, fobj, True, trust=trust, file=path.name)
-            return unpickler.load()
+            model = unpickler.load()
+    if unpickler.vectorizers:
+        check_reads_no_files(model, path.name)
+    return model
 
 
 class RestrictedUnpickler(NumpyUnpickler):  # type: ignore[misc]  # joblib is untyped
@@ -185,6 +188,8 @@ class RestrictedUnpickler(NumpyUnpickler):  # type: ignore[misc]  # joblib is un
         super().__init__(*args)
         self._trust = trust
         self._file = file
+        #: Whether a text vectorizer's class was rebuilt (:func:`check_reads_no_files`).
+        self.vectorizers = False
 
     def find_class(self, module: str, name: str) -> Any:
         if self.proto < 3 and self.fix_imports:  # Python 2's names, as pickle maps them
@@ -195,6 +200,8 @@ class RestrictedUnpickler(NumpyUnpickler):  # type: ignore[misc]  # joblib is un
         found = allowed(module, name, self._trust.types)
         if found is None:
             raise UntrustedModel(refusal(self._file, f"{module}.{name}"))
+        if isinstance(found, type) and hasattr(found, "build_analyzer"):
+            self.vectorizers = True
         return found
 
     def load_reduce(self) -> None:
