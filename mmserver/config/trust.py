@@ -74,18 +74,26 @@ def split_list(text: str) -> list[str]:
 def server_trust(trusted_types: str, trusted_models: str, isolated: bool = True) -> Trust:
     """Every model's trust from the server's two options (each checked: :class:`ConfigError`
     naming the option and the value it cannot take)."""
-    types = split_list(trusted_types)
-    for name in types:
-        if not _DOTTED.fullmatch(name):
-            raise ConfigError(
-                f"option trusted_types: {name!r} is not an importable name (module.Name, "
-                "e.g. fractions.Fraction)"
-            )
-    models = split_list(trusted_models)
-    for pattern in models:
-        if not _PATTERN.fullmatch(pattern):
-            raise ConfigError(
-                f"option trusted_models: {pattern!r} is not a model name or a glob pattern of "
-                "model names (letters, digits, _ . - / and * ? [ ])"
-            )
+    types = _checked(
+        "trusted_types",
+        trusted_types,
+        _DOTTED,
+        "an importable name (module.Name, e.g. fractions.Fraction)",
+    )
+    models = _checked(
+        "trusted_models",
+        trusted_models,
+        _PATTERN,
+        "a model name or a glob pattern of model names (letters, digits, _ . - / and * ? [ ])",
+    )
     return Trust(types=frozenset(types), models=tuple(models), isolated=isolated)
+
+
+def _checked(option: str, text: str, form: re.Pattern[str], what: str) -> list[str]:
+    """The comma-separated items of ``option``'s value, each of ``form`` (else a
+    :class:`ConfigError` saying it is not ``what``)."""
+    items = split_list(text)
+    for item in items:
+        if not form.fullmatch(item):
+            raise ConfigError(f"option {option}: {item!r} is not {what}")
+    return items

@@ -21,6 +21,7 @@ from benchlib.trees import (
     closed_loop,
     latencies,
     rows_body,
+    stale_stamp,
 )
 from mmserver.commands.loadtest import cpu
 from mmserver.commands.loadtest.client import Client
@@ -33,25 +34,17 @@ TREES, DEPTH = 100, 10
 
 def ensure(store: Path) -> None:
     """Write the section's models into ``store`` unless these library versions did."""
-    import sklearn
     import tree_models
 
-    versions = [sklearn.__version__]
-    for package in ("skl2onnx", "onnxruntime"):
-        try:
-            versions.append(__import__(package).__version__)
-        except ImportError:
-            raise SystemExit(
-                f"the onnx section needs {package}: pip install -e '.[onnx,test]'"
-            ) from None
     stamp = store / STAMP
-    if stamp.is_file() and stamp.read_text() == " ".join(versions):
+    versions = stale_stamp(stamp, "onnx", ("skl2onnx", "onnxruntime"), "onnx,test")
+    if versions is None:
         return
     forest = tree_models.forest(TREES, DEPTH)
     forest.n_jobs = None  # one thread, as a served model usually runs
     tree_models.write_pickle(store / MODELS["pickle"], forest)
     tree_models.write_onnx(store / MODELS["onnx"], forest)
-    stamp.write_text(" ".join(versions))
+    stamp.write_text(versions)
 
 
 def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:

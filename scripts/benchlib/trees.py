@@ -33,21 +33,31 @@ def model_name(family: str, variant: str) -> str:
     return f"bench-trees-{family}" + ("-own" if variant == "own" else "")
 
 
-def ensure(store: Path) -> None:
-    """Write the section's models into ``store`` unless these library versions did."""
+def stale_stamp(stamp: Path, section: str, packages: tuple[str, ...], extras: str) -> str | None:
+    """The library versions a section's models are written with (scikit-learn's and
+    ``packages``'), or ``None`` when ``stamp`` says the store holds them already; a missing
+    package stops the bench saying to install ``extras``."""
     import sklearn
-    import tree_models
 
     versions = [sklearn.__version__]
-    for package in ("xgboost", "lightgbm"):
+    for package in packages:
         try:
             versions.append(__import__(package).__version__)
         except ImportError:
             raise SystemExit(
-                f"the trees section needs {package}: pip install -e '.[xgboost,lightgbm]'"
+                f"the {section} section needs {package}: pip install -e '.[{extras}]'"
             ) from None
+    text = " ".join(versions)
+    return None if stamp.is_file() and stamp.read_text() == text else text
+
+
+def ensure(store: Path) -> None:
+    """Write the section's models into ``store`` unless these library versions did."""
+    import tree_models
+
     stamp = store / STAMP
-    if stamp.is_file() and stamp.read_text() == " ".join(versions):
+    versions = stale_stamp(stamp, "trees", ("xgboost", "lightgbm"), "xgboost,lightgbm")
+    if versions is None:
         return
     from sklearn.ensemble import HistGradientBoostingRegressor
 
@@ -70,7 +80,7 @@ def ensure(store: Path) -> None:
                 tree_models.write_pickle(folder, model)
             if variant == "own":
                 (folder / "serving.properties").write_text("option.fast_path=false\n")
-    stamp.write_text(" ".join(versions))
+    stamp.write_text(versions)
 
 
 def rows_body(rows: int) -> bytes:

@@ -181,18 +181,23 @@ async def test_a_pipeline_refuses_what_its_graph_cannot_take(server: Harness) ->
         assert message in (await error_of(response))["message"]
 
 
+async def _load_failure(server: Harness, name: str, body: str) -> str:
+    """The message of the 500 a request to ``name`` gets when the model fails to load."""
+    response = await server.post(f"/predictions/{name}", body)
+    assert response.status == 500
+    message: str = (await error_of(response))["message"]
+    return message
+
+
 async def test_a_method_the_graph_lacks_and_a_broken_graph_fail_their_loads(
     server: Harness,
 ) -> None:
     body = json.dumps(onnx_models.rows(1).tolist())
-    response = await server.post("/predictions/linear-proba", body)
-    assert response.status == 500
-    message = (await error_of(response))["message"]
+    message = await _load_failure(server, "linear-proba", body)
     assert "has no predict_proba; option.method must be one of: predict" in message
     assert "outputs variable: tensor(float)" in message
-    response = await server.post("/predictions/broken", body)
-    assert response.status == 500
-    assert "model.onnx cannot be loaded as an onnx model: " in (await error_of(response))["message"]
+    message = await _load_failure(server, "broken", body)
+    assert "model.onnx cannot be loaded as an onnx model: " in message
     assert await predictions(server, "neighbour", "[[1.0]]", "application/json")
     assert await predictions(server, "linear", body, "application/json")
 
@@ -203,9 +208,7 @@ async def test_a_missing_onnxruntime_fails_only_its_models(
     for module in [m for m in sys.modules if m == "onnxruntime" or m.startswith("onnxruntime.")]:
         monkeypatch.setitem(sys.modules, module, None)
     body = json.dumps(onnx_models.rows(1).tolist())
-    response = await server.post("/predictions/forest", body)
-    assert response.status == 500
-    message = (await error_of(response))["message"]
+    message = await _load_failure(server, "forest", body)
     assert "model.onnx is an onnx model: the onnxruntime package is not installed" in message
     assert "pip install 'mmserver[onnx]' (or pip install onnxruntime)" in message
     assert await predictions(server, "neighbour", "[[1.0]]", "application/json")
