@@ -218,3 +218,35 @@ def test_a_graph_that_does_not_take_rows_is_refused(tmp_path: Path) -> None:
         "model.onnx: the ONNX graph's input 'x' has shape [N, 3, 8, 8]; graphs that take rows "
         "are served: one input of numbers [N, k], or one input per column, each [N] or [N, 1]"
     )
+
+
+@pytest.mark.parametrize("location", ["ABSOLUTE", "../other-model/weights.bin"])
+def test_a_graph_cannot_read_weights_from_outside_its_folder(
+    tmp_path: Path, location: str
+) -> None:
+    """A model's graph naming external data elsewhere (another model's files, any file) fails
+    its load: onnxruntime keeps external data inside the model's folder."""
+    from onnx import TensorProto, helper
+
+    other = tmp_path / "other-model"
+    other.mkdir()
+    (other / "weights.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    weights = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    weights.data_location = TensorProto.EXTERNAL
+    where = str(other / "weights.bin") if location == "ABSOLUTE" else location
+    for key, value in (("location", where), ("offset", "0"), ("length", "16")):
+        weights.external_data.add(key=key, value=value)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "reads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(ModelLoadError, match="cannot be loaded as an onnx model: .*External data"):
+        load_predictor(folder, ModelConfig(), "reader")
