@@ -221,9 +221,7 @@ def test_a_graph_that_does_not_take_rows_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("location", ["ABSOLUTE", "../other-model/weights.bin"])
-def test_a_graph_cannot_read_weights_from_outside_its_folder(
-    tmp_path: Path, location: str
-) -> None:
+def test_a_graph_cannot_read_weights_from_outside_its_folder(tmp_path: Path, location: str) -> None:
     """A model's graph naming external data elsewhere (another model's files, any file) fails
     its load: onnxruntime keeps external data inside the model's folder."""
     from onnx import TensorProto, helper
@@ -248,5 +246,5 @@ def test_a_graph_cannot_read_weights_from_outside_its_folder(
     folder = tmp_path / "reader"
     folder.mkdir()
     (folder / "model.onnx").write_bytes(model.SerializeToString())
-    with pytest.raises(ModelLoadError, match="cannot be loaded as an onnx model: .*External data"):
+    with pytest.raises(ModelLoadError, match=r"cannot be loaded as an onnx model: .*External data"):
         load_predictor(folder, ModelConfig(), "reader")
