@@ -25,6 +25,7 @@ joblib 1.6 reads an array of objects with a second unpickler that keeps the firs
 from __future__ import annotations
 
 import _compat_pickle
+import copyreg
 import functools
 import importlib
 import pickle
@@ -200,9 +201,20 @@ class RestrictedUnpickler(NumpyUnpickler):  # type: ignore[misc]  # joblib is un
         found = allowed(module, name, self._trust.types)
         if found is None:
             raise UntrustedModel(refusal(self._file, f"{module}.{name}"))
+        if found is _ufuncs_only:
+            return functools.partial(_ufuncs_only, file=self._file)
+        if found is copyreg._reconstructor:
+            return self._reconstructor
         if isinstance(found, type) and hasattr(found, "build_analyzer"):
             self.vectorizers = True
         return found
+
+    def _reconstructor(self, cls: Any, base: Any, state: Any) -> Any:
+        """``copyreg._reconstructor``, which calls ``base`` on ``state`` (a class of
+        :data:`_NOT_CALLED` may not be)."""
+        if base is not object:
+            self._check_call(base)
+        return copyreg._reconstructor(cls, base, state)
 
     def load_reduce(self) -> None:
         stack = self.stack
@@ -321,10 +333,10 @@ def _import(module: str, name: str) -> Any:
     return found
 
 
-def _ufuncs_only(module: str, name: str) -> Any:
+def _ufuncs_only(module: str, name: str, file: str = "the pickle") -> Any:
     import numpy as np
 
     found = allowed(module, name)
     if not isinstance(found, np.ufunc):
-        raise UntrustedModel(refusal("the pickle", f"{module}.{name}"))
+        raise UntrustedModel(refusal(file, f"{module}.{name}"))
     return found

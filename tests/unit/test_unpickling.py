@@ -235,6 +235,13 @@ def test_booster_classes_are_rebuilt_never_called(tmp_path: Path) -> None:
         UntrustedModel, match=r"calls xgboost\.core\.Booster, which may read a file"
     ):
         restricted_load(path, Trust())
+    # The same call through copyreg's rebuilder of protocols 0 and 1 (base.__init__(state)).
+    through = b"ccopyreg\n_reconstructor\n(cxgboost.core\nBooster\ncxgboost.core\nBooster\nNtR."
+    (tmp_path / "through.pkl").write_bytes(through)
+    with pytest.raises(
+        UntrustedModel, match=r"calls xgboost\.core\.Booster, which may read a file"
+    ):
+        restricted_load(tmp_path / "through.pkl", Trust())
 
 
 def test_trusted_types_and_full_trust_load_what_is_otherwise_refused(tmp_path: Path) -> None:
