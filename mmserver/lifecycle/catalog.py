@@ -312,7 +312,7 @@ class Catalog:
     def configured(self, record: ModelRecord, config: ModelConfig | None) -> ModelConfig:
         """The model's configuration (``None``: the defaults) with its management overrides,
         checked against the server's worker limit."""
-        config = self.trusted(record, config or self.defaults)
+        config = self.trusted(record.name, record, config or self.defaults)
         overrides = record.overrides
         if overrides:
             config = config.replace(**overrides)
@@ -323,14 +323,14 @@ class Catalog:
             )
         return config
 
-    def trusted(self, record: ModelRecord | None, config: ModelConfig) -> ModelConfig:
-        """``config`` with the trust the operator gave the model: ``trusted_models`` by its
-        name, or its registration with ``trusted=true``."""
+    def trusted(self, name: str, record: ModelRecord | None, config: ModelConfig) -> ModelConfig:
+        """``config`` with the trust the operator gave model ``name``: its registration with
+        ``trusted=true``, or ``trusted_models`` by its name."""
         trust = config.trust
-        if record is not None and record.trusted and not trust.full:
-            trust = trust.granted("POST /models trusted=true")
-        elif record is not None:
-            trust = trust.of(record.name)
+        if record is not None and record.trusted:
+            trust = trust if trust.full else trust.granted("POST /models trusted=true")
+        else:
+            trust = trust.of(name)
         return config if trust is config.trust else config.replace(trust=trust)
 
     # Listing and describe ---------------------------------------------------------------------
@@ -387,10 +387,8 @@ class Catalog:
         config = (
             pool.config
             if pool is not None
-            else self.defaults.replace(trust=self.defaults.trust.of(name), **overrides)
+            else self.trusted(name, record, self.defaults.replace(**overrides))
         )
-        if pool is None and record is not None:
-            config = self.trusted(record, config)
         source = entry.url if entry is not None else record.source if record is not None else None
         url = (record.url if record is not None else None) or str(source)
         failure = record.failure if record is not None else None

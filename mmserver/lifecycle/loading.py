@@ -57,8 +57,6 @@ class Loader:
         self._clock = clock
         #: Loads started so far: each pool's key in the backends is its model's name and this.
         self._generation = 0
-        #: The last refusal for trust logged of each model: logged once, not at every retry.
-        self._said_untrusted: dict[str, str] = {}
 
     async def get_pool(self, name: str) -> ModelPool:
         """The pool of a loaded model or version, loading it first if needed (single
@@ -138,11 +136,11 @@ class Loader:
         except errors.MMServerError as exc:
             if isinstance(exc, errors.ModelLoadError) and exc.model is None:
                 exc = type(exc)(f"model {name} failed to load: {exc.message}", model=name)
+            said = record.failure  # a refusal for trust is logged once, not at every retry
             catalog.fail(record, exc, self._clock())
             untrusted = isinstance(exc, errors.UntrustedModel)
             self.metrics.model_load_failures.labels("untrusted" if untrusted else "error").inc()
-            if not untrusted or self._said_untrusted.get(name) != exc.message:
-                self._said_untrusted[name] = exc.message
+            if not untrusted or said is None or said.error.message != exc.message:
                 log.error("%s", exc.message, extra={"model": name})
             raise exc from None
         except asyncio.CancelledError:
