@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -134,6 +135,14 @@ class ModelFile:
 
     family: str
     path: Path
+
+    @functools.cached_property
+    def format(self) -> str:
+        """The file's format: ``pickle``, or the family's own (its name). Read once."""
+        family = family_named(self.family)
+        if family.load is None or _head(self.path)[:1] == b"\x80":
+            return PICKLE
+        return family.name
 
 
 def reason(exc: BaseException) -> str:
@@ -243,18 +252,10 @@ def load_model(found: ModelFile, trust: Trust) -> Any:
     from what ``trust`` allows (:mod:`mmserver.execution.unpickling`). Raises
     :class:`ModelLoadError` saying why not."""
     family = family_named(found.family)
-    if file_format(found) != PICKLE:
+    if found.format != PICKLE:
         assert family.load is not None
         return family.load(found.path, trust)
     return wrap_booster(load_pickle(found.path, trust))
-
-
-def file_format(found: ModelFile) -> str:
-    """The format of the model's file: ``pickle``, or the family's own (its name)."""
-    family = family_named(found.family)
-    if family.load is None or _head(found.path)[:1] == b"\x80":
-        return PICKLE
-    return family.name
 
 
 def family_named(name: str) -> Family:
@@ -370,7 +371,8 @@ def _load_skops(path: Path, trust: Trust) -> Any:
     import skops.io
 
     try:
-        found = skops.io.get_untrusted_types(file=path)
+        data = path.read_bytes()  # read once: its types checked, then loaded
+        found = skops.io.get_untrusted_types(data=data)
     except Exception as exc:
         raise ModelLoadError(f"{path.name} cannot be read as a skops file: {reason(exc)}") from None
     refused = [] if trust.full else [t for t in found if not _skops_allowed(t, trust)]
@@ -379,7 +381,7 @@ def _load_skops(path: Path, trust: Trust) -> Any:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model = skops.io.load(path, trusted=found)
+            model = skops.io.loads(data, trusted=found)
     except Exception as exc:
         raise ModelLoadError(f"{path.name} cannot be loaded: {reason(exc)}") from None
     for w in caught:

@@ -44,7 +44,6 @@ from mmserver.execution.families import (
     SKLEARN,
     XGBOOST,
     family_named,
-    file_format,
     find_model_file,
     load_model,
     owner,
@@ -399,7 +398,7 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
         config=config,
         model_dir=model_dir,
     )
-    predictor.file_format = file_format(found)
+    predictor.file_format = found.format
     sagemaker = config.sagemaker_xgboost
     if sagemaker is None:  # the SageMaker XGBoost container's own artifact
         sagemaker = found.family == XGBOOST and found.path.name == "xgboost-model"
