@@ -155,6 +155,9 @@ _PLAIN = frozenset(
     }
 )
 
+#: copyreg's rebuilder of objects pickled by protocols 0 and 1 (not in its typed interface).
+_RECONSTRUCTOR: Any = copyreg.__dict__["_reconstructor"]
+
 #: numpy 1.x pickles a universal function as ``_ufunc_reconstruct(module, name)``, which would
 #: return any module's attribute: it is given one that returns universal functions only.
 _UFUNC_REBUILDERS = frozenset({"numpy.core._ufunc_reconstruct", "numpy._core._ufunc_reconstruct"})
@@ -203,7 +206,7 @@ class RestrictedUnpickler(NumpyUnpickler):  # type: ignore[misc]  # joblib is un
             raise UntrustedModel(refusal(self._file, f"{module}.{name}"))
         if found is _ufuncs_only:
             return functools.partial(_ufuncs_only, file=self._file)
-        if found is copyreg._reconstructor:
+        if found is _RECONSTRUCTOR:
             return self._reconstructor
         if isinstance(found, type) and hasattr(found, "build_analyzer"):
             self.vectorizers = True
@@ -214,7 +217,7 @@ class RestrictedUnpickler(NumpyUnpickler):  # type: ignore[misc]  # joblib is un
         :data:`_NOT_CALLED` may not be)."""
         if base is not object:
             self._check_call(base)
-        return copyreg._reconstructor(cls, base, state)
+        return _RECONSTRUCTOR(cls, base, state)
 
     def load_reduce(self) -> None:
         stack = self.stack
