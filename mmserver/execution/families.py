@@ -32,6 +32,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -90,8 +91,8 @@ class Family:
     engines: tuple[str, ...]
     #: The files that hold its models, as a model folder without one is told.
     wanted: str
-    #: Its model file in a model folder; ``None``: none there.
-    find: Callable[[Path], Path | None]
+    #: Its model file in a model folder (listed once for every family); ``None``: none there.
+    find: Callable[[Listing], Path | None]
     #: Whether a file named by ``option.model_file`` is one of its (the first family that
     #: claims it reads it); ``None``: every file that no other family claims.
     claims: Callable[[Path], bool] | None
@@ -207,8 +208,9 @@ def find_model_file(
             claimed = [f for f in FAMILIES if f.claims is not None and f.claims(path)]
             wanted = (*claimed, *(f for f in FAMILIES if f.claims is None))
         return ModelFile(wanted[0].name, path)
+    listing = Listing(model_dir)
     for family in wanted:
-        candidate = family.find(model_dir)
+        candidate = family.find(listing)
         if candidate is not None:
             return ModelFile(family.name, candidate)
     return None
@@ -234,12 +236,28 @@ def _head(path: Path) -> bytes:
         return b""
 
 
-def _single(files: list[Path]) -> Path | None:
-    return files[0] if len(files) == 1 else None
+class Listing:
+    """The files of a model folder, listed once for every family's finder (a load looks for
+    several families' files: one directory read, not one per family)."""
 
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        try:
+            with os.scandir(folder) as entries:
+                self.names = sorted(e.name for e in entries if e.is_file())
+        except OSError:
+            self.names = []
 
-def _files(model_dir: Path, pattern: str) -> list[Path]:
-    return sorted(p for p in model_dir.glob(pattern) if p.is_file())
+    def file(self, name: str) -> Path | None:
+        """The file ``name`` of the folder, if it has one."""
+        return self.folder / name if name in self.names else None
+
+    def single(self, suffix: str, claims: Callable[[Path], bool] | None = None) -> Path | None:
+        """The folder's only file ending in ``suffix`` (that ``claims`` takes, if given)."""
+        found = [self.folder / n for n in self.names if n.endswith(suffix)]
+        if claims is not None:
+            found = [path for path in found if claims(path)]
+        return found[0] if len(found) == 1 else None
 
 
 def _module_of(estimator: Any) -> str:
@@ -342,11 +360,11 @@ def _loading(path: Path, name: str) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _find_pickle(model_dir: Path) -> Path | None:
+def _find_pickle(listing: Listing) -> Path | None:
     for name in PICKLES:
-        if (model_dir / name).is_file():
-            return model_dir / name
-    return _single(_files(model_dir, "*.joblib")) or _single(_files(model_dir, "*.pkl"))
+        if (path := listing.file(name)) is not None:
+            return path
+    return listing.single(".joblib") or listing.single(".pkl")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -354,10 +372,8 @@ def _find_pickle(model_dir: Path) -> Path | None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _find_skops(model_dir: Path) -> Path | None:
-    if (model_dir / "model.skops").is_file():
-        return model_dir / "model.skops"
-    return _single(_files(model_dir, "*.skops"))
+def _find_skops(listing: Listing) -> Path | None:
+    return listing.file("model.skops") or listing.single(".skops")
 
 
 def _claims_skops(path: Path) -> bool:
@@ -414,14 +430,12 @@ def _claims_xgboost(path: Path) -> bool:
     return path.name == "xgboost-model" or path.suffix == ".ubj" or _is_xgboost_json(path)
 
 
-def _find_xgboost(model_dir: Path) -> Path | None:
+def _find_xgboost(listing: Listing) -> Path | None:
     for name in ("xgboost-model", "model.json", "model.ubj"):
-        path = model_dir / name
-        if path.is_file() and (path.suffix != ".json" or _is_xgboost_json(path)):
+        path = listing.file(name)
+        if path is not None and (path.suffix != ".json" or _is_xgboost_json(path)):
             return path
-    return _single(_files(model_dir, "*.ubj")) or _single(
-        [p for p in _files(model_dir, "*.json") if _is_xgboost_json(p)]
-    )
+    return listing.single(".ubj") or listing.single(".json", _is_xgboost_json)
 
 
 def _load_xgboost(path: Path, trust: Trust) -> XGBoostBooster:
@@ -440,10 +454,8 @@ def _load_xgboost(path: Path, trust: Trust) -> XGBoostBooster:
 # ------------------------------------------------------------------------------------------------
 
 
-def _find_onnx(model_dir: Path) -> Path | None:
-    if (model_dir / "model.onnx").is_file():
-        return model_dir / "model.onnx"
-    return _single(_files(model_dir, "*.onnx"))
+def _find_onnx(listing: Listing) -> Path | None:
+    return listing.file("model.onnx") or listing.single(".onnx")
 
 
 def _load_onnx(path: Path, trust: Trust) -> OnnxModel:
@@ -465,10 +477,11 @@ def _claims_lightgbm(path: Path) -> bool:
     return _head(path).split(b"\n", 1)[0].strip() == b"tree"
 
 
-def _find_lightgbm(model_dir: Path) -> Path | None:
-    if (model_dir / "model.txt").is_file() and _claims_lightgbm(model_dir / "model.txt"):
-        return model_dir / "model.txt"
-    return _single([p for p in _files(model_dir, "*.txt") if _claims_lightgbm(p)])
+def _find_lightgbm(listing: Listing) -> Path | None:
+    path = listing.file("model.txt")
+    if path is not None and _claims_lightgbm(path):
+        return path
+    return listing.single(".txt", _claims_lightgbm)
 
 
 def _load_lightgbm(path: Path, trust: Trust) -> LightGBMBooster:

@@ -200,20 +200,26 @@ class Room:
 
     async def watch_memory(self) -> None:
         """Every :data:`MEMORY_WATCH_S`, and after each load, keep the backends' memory in the
-        budget (:meth:`keep_in_budget`)."""
-        while True:
-            # Not asyncio.wait_for: cancelled as the event is set, it returns and the watch
-            # would go on after the server's stop cancelled it (asyncio.timeout cannot).
-            try:
-                async with asyncio.timeout(MEMORY_WATCH_S):
-                    await self._loaded_one.wait()
-            except TimeoutError:
-                pass
-            self._loaded_one.clear()
-            try:
-                await self.keep_in_budget()
-            except Exception:
-                log.exception("the memory watch failed; it goes on")
+        budget (:meth:`keep_in_budget`). One timer ticks the seconds: a timeout around each wait
+        would be made and unmade after every load."""
+        loop = asyncio.get_running_loop()
+        ticker: list[asyncio.TimerHandle] = []
+
+        def tick() -> None:
+            self._loaded_one.set()
+            ticker[:] = [loop.call_later(MEMORY_WATCH_S, tick)]
+
+        ticker.append(loop.call_later(MEMORY_WATCH_S, tick))
+        try:
+            while True:
+                await self._loaded_one.wait()
+                self._loaded_one.clear()
+                try:
+                    await self.keep_in_budget()
+                except Exception:
+                    log.exception("the memory watch failed; it goes on")
+        finally:
+            ticker[0].cancel()
 
     async def keep_in_budget(self) -> None:
         """Replace each backend process that holds more than its share of the budget
@@ -222,9 +228,17 @@ class Room:
         the budget, unload the least recently used idle model (an unload gives its pages back,
         and with them what its predictions kept)."""
         budget = self.budget_bytes
-        share = budget // max(1, len(self.backend.pids()))
-        for slot in self.backend.slots:
+        slots = self.backend.slots
+        # A share is at least the budget over every slot: the processes running are counted
+        # (a system call each) only when a process holds more than that.
+        least_share = budget // max(1, len(slots))
+        share: int | None = None
+        for slot in slots:
             extra = slot.unaccounted_bytes()
+            if extra <= least_share:
+                continue
+            if share is None:
+                share = budget // max(1, len(self.backend.pids()))
             if extra > share:
                 slot.recycle(
                     f"it held {extra / 2**20:.0f} MiB beyond its models' measured loads, more "

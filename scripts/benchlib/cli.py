@@ -341,6 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             churn_cap=args.churn_cap,
             churn_seconds=args.churn_seconds,
             threads=args.threads,
+            runs=args.runs,
         )
         with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
             raw["scale"] = scale.run(

@@ -8,7 +8,8 @@ It runs two servers of its own, one after the other, on that store (fresh archiv
    the store's first scan); then ``--scale-loaded`` distinct cold models requested once each by
    ``--scale-clients`` connections (one client thread): loads/s and the requests' p50/p99;
    the frontend's RSS before and after (KB per loaded model); then ``GET /metrics`` five times:
-   size and median time;
+   size and median time; with ``--baseline-exe``, the same cold loads on that build, in
+   ``--runs`` pairs of fresh servers, the order alternated (:func:`compare_cold`);
 2. **churn** (``--max-loaded-models`` ``--churn-cap``, well below the store): wrk's ``cycle``
    pattern (every request to the next model of a cycle over the whole store, so every request
    is a load and, past the cap, an eviction) in periods of ``--churn-period`` seconds until
@@ -62,6 +63,8 @@ class ScaleSettings:
     churn_seconds: float = 1800.0
     churn_period: float = 20.0
     threads: int = 2
+    #: Pairs of cold-load runs against a ``--baseline-exe`` build.
+    runs: int = 1
 
 
 def store_path(models: int) -> Path:
@@ -331,14 +334,13 @@ def run(
     finally:
         server.stop()
     if baseline is not None:
-        result["baseline_cold"] = baseline_cold(
-            model_store, names[:loaded], settings, cache, out, extra, baseline
+        compare_cold(
+            result, model_store, names[:loaded], settings, cache, out, extra, exe, baseline
         )
-        ratio = result["cold"]["loads_per_s"] / result["baseline_cold"]["loads_per_s"]
-        result["cold_vs_baseline"] = ratio
         log(
             f"scale: the baseline's {loaded:,} cold loads at "
-            f"{result['baseline_cold']['loads_per_s']:.0f}/s: mmserver {ratio:.2f}x"
+            f"{result['baseline_cold']['loads_per_s']:.0f}/s: mmserver "
+            f"{result['cold_vs_baseline']:.2f}x (median of {len(result['cold_pairs'])} pairs)"
         )
     if settings.churn_loads > 0:
         server = servers.mmserver(
@@ -363,21 +365,70 @@ def run(
     return result
 
 
-def baseline_cold(
+def compare_cold(
+    result: dict[str, Any],
     model_store: Path,
     names: list[str],
     settings: ScaleSettings,
     cache: Path,
     out: Path,
     extra: list[str],
-    exe: Path,
+    exe: Path | None,
+    baseline: Path,
+) -> None:
+    """The same cold loads on the ``--baseline-exe`` build, in pairs with mmserver's: the first
+    pair is the run above and the baseline after it; each further pair (``--runs``) starts
+    fresh servers of both, the baseline first in every other pair (a run leaves the file system
+    writing back its cache). ``cold_vs_baseline`` is the median of the pairs' ratios;
+    ``baseline_cold`` the baseline's median run."""
+    mine: list[dict[str, Any]] = [result["cold"]]
+    theirs: list[dict[str, Any]] = []
+    for pair in range(settings.runs):
+        order = [("baseline", baseline), ("mmserver", exe)]
+        if pair % 2 == 0:
+            order.reverse()
+        for label, built in order:
+            if pair == 0 and label == "mmserver":
+                continue  # the run above
+            run = cold_only(model_store, names, settings, cache, out, extra, built, label, pair)
+            (theirs if label == "baseline" else mine).append(run)
+    ratios = [m["loads_per_s"] / t["loads_per_s"] for m, t in zip(mine, theirs, strict=True)]
+    result["cold_pairs"] = [
+        {"mmserver": m["loads_per_s"], "baseline": t["loads_per_s"], "ratio": r}
+        for m, t, r in zip(mine, theirs, ratios, strict=True)
+    ]
+    result["cold_vs_baseline"] = statistics.median(ratios)
+    result["baseline_cold"] = _median_run(theirs)
+    result["cold_median"] = _median_run(mine)
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median loads per second, with the median CPU per load of every run."""
+    ranked = sorted(runs, key=lambda r: r["loads_per_s"])
+    chosen = dict(ranked[(len(ranked) - 1) // 2])
+    spent = [r["cpu_ms_per_load"] for r in runs if r.get("cpu_ms_per_load")]
+    if spent:
+        chosen["cpu_ms_per_load"] = {k: statistics.median(c[k] for c in spent) for k in spent[0]}
+    return chosen
+
+
+def cold_only(
+    model_store: Path,
+    names: list[str],
+    settings: ScaleSettings,
+    cache: Path,
+    out: Path,
+    extra: list[str],
+    exe: Path | None,
+    label: str,
+    pair: int,
 ) -> dict[str, Any]:
-    """The same cold loads (the same names, a fresh cache) on the ``--baseline-exe`` build,
-    after the same start and listing."""
+    """The cold loads of ``names`` on a fresh server of the build ``exe`` (``None``: this one),
+    after the same start and listing as the first run's."""
     server = servers.mmserver(
         model_store,
-        cache / "baseline-scale-cache",
-        out / "baseline-scale-server.log",
+        cache / f"{label}-cold-{pair}",
+        out / f"{label}-cold-{pair}-server.log",
         ["--max-loaded-models", str(len(names) + 100), *extra],
         exe,
     )
@@ -413,20 +464,26 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"max {c['max_ms']:.0f} ms, statuses {c['statuses']}"
         )
         b = section.get("baseline_cold")
+        cpu = c.get("cpu_ms_per_load")
         if b:
+            m = section.get("cold_median", c)
+            pairs = section.get("cold_pairs", [])
             out.append(
-                f"  the baseline build's cold loads: {b['loads_per_s']:.0f} loads/s, p50 "
-                f"{b['p50_ms']:.1f} p99 {b['p99_ms']:.1f} ms: mmserver "
-                f"{section['cold_vs_baseline']:.2f}x"
+                f"  against the baseline build, {len(pairs)} pair(s) of fresh servers, medians: "
+                f"mmserver {m['loads_per_s']:.0f} loads/s (p99 {m['p99_ms']:.1f} ms), baseline "
+                f"{b['loads_per_s']:.0f} loads/s (p99 {b['p99_ms']:.1f} ms): mmserver "
+                f"{section['cold_vs_baseline']:.2f}x (pairs "
+                + ", ".join(f"{p['ratio']:.2f}" for p in pairs)
+                + ")"
             )
+            cpu = m.get("cpu_ms_per_load", cpu)
             bc = b.get("cpu_ms_per_load")
             if bc:
                 out.append(
-                    f"  its CPU per cold load: frontend {bc['frontend']:.2f}, backends "
-                    f"{bc['backends']:.2f}, unpacking {bc['unpacking']:.2f}, all "
+                    f"  the baseline's CPU per cold load: frontend {bc['frontend']:.2f}, "
+                    f"backends {bc['backends']:.2f}, unpacking {bc['unpacking']:.2f}, all "
                     f"{bc['all']:.2f} ms"
                 )
-        cpu = c.get("cpu_ms_per_load")
         if cpu:
             out.append(
                 f"  CPU per cold load: frontend {cpu['frontend']:.2f}, backends "
