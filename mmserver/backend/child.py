@@ -35,6 +35,13 @@ MAX_LOAD_WARNINGS = 20
 #: trims the heap first.
 LARGE_BATCH_ROWS = 256
 
+#: A load that grew the process by this much or more ends with a trim of the heap, so that the
+#: pages its own work freed do not count as its cost. A smaller one leaves less than this in the
+#: allocator's free lists (which the next loads reuse, and which the frontend counts as the
+#: process's unaccounted memory): a trim walks the whole heap, and in a stream of cold loads of
+#: small models into a process holding thousands it cost more than the load (0.5 ms at 2,500).
+TRIM_AFTER_BYTES = 1 << 20
+
 #: Batches longer than this (wall time) have their CPU time read from the CPU clock.
 _CPU_CLOCK_ABOVE_S = 0.0005
 
@@ -89,12 +96,11 @@ class Models:
         if existing is not None:
             return LoadInfo(0)
         started = time.perf_counter()
-        # Measured between two trimmed heaps: freed pages that the allocator kept (from models
+        # Measured from a trimmed heap: freed pages that the allocator kept (from models
         # unloaded, batches answered) would otherwise be reused by this load, which would then
-        # seem to cost nothing, and the pages its own work freed would count as its cost. A
-        # load or an unload ends with a trim, so one is needed first only after a failed load
-        # or a large batch (a trim walks the whole heap: in a stream of cold loads into a
-        # process holding thousands of models, a second one cost a tenth of each load).
+        # seem to cost nothing. An unload and a large load end with a trim (a small one leaves
+        # less than TRIM_AFTER_BYTES kept), so one is needed first only after a failed load or
+        # a large batch.
         if not self._trimmed:
             heap.release_freed()
         self._trimmed = False
@@ -109,9 +115,12 @@ class Models:
         raised = tuple(
             dict.fromkeys([*files, *(f"{w.category.__name__}: {w.message}" for w in caught)])
         )
-        heap.release_freed()
+        grew = rss_bytes() - before
+        if grew >= TRIM_AFTER_BYTES:
+            heap.release_freed()
+            grew = rss_bytes() - before
         self._trimmed = True
-        measured = max(0, rss_bytes() - before)
+        measured = max(0, grew)
         # A page-granular RSS delta of zero means "too small to see", not "free".
         memory = measured or int(1.2 * tree_size(spec.model_dir)[0])
         describe = getattr(predictor, "describe", None)
@@ -137,12 +146,19 @@ class Models:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 predictor.predict(row)
-                # Timed by the wall clock: one row takes microseconds, too short to be
-                # preempted, and a backend process's CPU clock (a system call) cost more than
-                # the two predictions together in a stream of cold loads.
+                # Timed by the wall clock: a backend process's CPU clock (a system call) cost
+                # more than the two predictions together in a stream of cold loads. One row
+                # takes microseconds, seldom preempted; a time past _CPU_CLOCK_ABOVE_S (a
+                # preemption, or a model that is slow) is taken again by the CPU clock, so that
+                # a preempted probe does not make a light model look heavy.
                 started = time.perf_counter()
                 predictor.predict(row)
-                return time.perf_counter() - started
+                took = time.perf_counter() - started
+                if took > _CPU_CLOCK_ABOVE_S:
+                    cpu = self._clock()
+                    predictor.predict(row)
+                    took = min(took, self._clock() - cpu)
+                return took
         except Exception:
             return None
 

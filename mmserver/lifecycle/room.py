@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: ``/proc/PID/statm`` each, ~10 µs), and after a load ends: how long what a model's predictions
 #: keep, or a leak, may stay over the budget before models are evicted or a process replaced.
 MEMORY_WATCH_S = 1.0
+#: The least time between two looks of the memory watch.
+MEMORY_CHECK_GAP_S = 0.01
 
 
 class Room:
@@ -218,6 +220,10 @@ class Room:
                     await self.keep_in_budget()
                 except Exception:
                     log.exception("the memory watch failed; it goes on")
+                # The loads that end meanwhile are looked at together: each load reserved its
+                # room first (reserve), and in a stream of cold loads a look after every one
+                # cost more than the loads' own bookkeeping.
+                await asyncio.sleep(MEMORY_CHECK_GAP_S)
         finally:
             ticker[0].cancel()
 
@@ -233,8 +239,9 @@ class Room:
         # (a system call each) only when a process holds more than that.
         least_share = budget // max(1, len(slots))
         share: int | None = None
-        for slot in slots:
-            extra = slot.unaccounted_bytes()
+        extras = [slot.unaccounted_bytes() for slot in slots]
+        unaccounted = sum(extras)
+        for slot, extra in zip(slots, extras, strict=True):
             if extra <= least_share:
                 continue
             if share is None:
@@ -244,8 +251,8 @@ class Room:
                     f"it held {extra / 2**20:.0f} MiB beyond its models' measured loads, more "
                     f"than its share of the memory budget ({share / 2**20:.0f} MiB)"
                 )
+                unaccounted = self.unaccounted()  # a process replaced holds nothing beyond
         for _ in range(len(self.loaded)):
-            unaccounted = self.unaccounted()
             used = self.used_bytes() + self._reserved_bytes + unaccounted
             if used <= budget:
                 return
@@ -259,6 +266,7 @@ class Room:
                 f"measured loads), over the memory budget of {budget / 2**20:.0f} MiB",
             )
             self.metrics.model_evictions.inc()
+            unaccounted = self.unaccounted()
 
     # Unloading --------------------------------------------------------------------------------
 

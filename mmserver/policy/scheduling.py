@@ -106,7 +106,7 @@ class Cost:
             self.per_batch += _ALPHA * (cpu_seconds - self.per_batch)
             self.per_row += _ALPHA * (per_row - self.per_row)
         n = float(rows if rows > 1 else 1)
-        if self.batches == 1:
+        if self.batches == 1 and not self._probe:
             self._n, self._hh, self._nn, self._nh = n, held, n * n, n * held
         else:
             self._n += _ALPHA * (n - self._n)
@@ -133,8 +133,12 @@ class Cost:
         return fixed + per_row
 
     def set_probe(self, seconds: float) -> None:
-        """A first estimate, from a probe row timed at load."""
+        """A first estimate, from a probe row timed at load: the averages start from it as
+        from a batch of one row, so that one slow first batch (a preemption in a busy process)
+        moves them by its weight, not all the way."""
         self.hold = self.estimate = self._probe = seconds
+        if not self.batches:
+            self._n, self._hh, self._nn, self._nh = 1.0, seconds, 1.0, seconds
 
 
 def lane_bounds(lane: str, heavy_batch_s: float) -> tuple[float, float]:

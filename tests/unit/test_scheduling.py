@@ -188,6 +188,21 @@ def test_one_row_hold_before_batches_and_with_a_probe() -> None:
     assert cost.single == pytest.approx(20 * MS)
 
 
+def test_one_slow_first_batch_does_not_outweigh_the_probe() -> None:
+    """A light model's first batch preempted in a busy process (4 ms by the wall clock, where
+    the probe's row took 0.05 ms) moves the one-row hold by its weight, not past the heavy
+    threshold; a heavy model's probe keeps it heavy."""
+    light = Cost()
+    light.set_probe(0.05 * MS)
+    light.observe(cpu_seconds=4 * MS, wall_seconds=4 * MS, rows=1)
+    assert light.single == pytest.approx(0.05 * MS + 0.2 * (4 - 0.05) * MS)
+    assert lane_now(LIGHT, light.single, 2 * MS, 0.0, -math.inf) == LIGHT
+    heavy = Cost()
+    heavy.set_probe(20 * MS)
+    heavy.observe(cpu_seconds=20 * MS, wall_seconds=21 * MS, rows=1)
+    assert lane_now(LIGHT, heavy.single, 2 * MS, 0.0, -math.inf) == HEAVY
+
+
 @pytest.mark.parametrize(
     ("hold", "in_lane", "expected"),
     [
