@@ -203,6 +203,11 @@ class UntrustedModel(ModelLoadError):
     outside the allowed types, a custom handler of a model ``trusted_models`` does not name."""
 
 
+class VersionSkew(ModelLoadError):
+    """A pickle made by another minor version of its library than the server's, refused by the
+    server's ``on_version_skew`` option."""
+
+
 class ConfigError(ModelLoadError):
     """A configuration value is invalid; the message names the file, the key and the value."""
 
@@ -308,6 +313,7 @@ DJL_TYPES: dict[type[MMServerError], str] = {
     ConfigError: "IllegalConfigurationException",
     UnsafeArchive: "MalformedModelException",
     UntrustedModel: "MalformedModelException",
+    VersionSkew: "MalformedModelException",
     BackendDied: "EngineException",  # DJL: "Backend Python process is unrecoverable"
     ServiceUnavailable: "ServiceUnavailableException",
     QueueFull: "WlmCapacityException",  # DJL: "Worker queue capacity exceeded for model"

@@ -3,6 +3,8 @@
 #   use_venv NAME [EXTRAS]  create .venv (Python >= 3.11; python3-venv with apt-get if needed)
 #                           and install the package with EXTRAS into it, again only when
 #                           pyproject.toml changed since NAME's last install;
+#   use_side_venv DIR REQS  a venv at DIR with the requirements file REQS installed, again
+#                           only when REQS changed;
 #   have PROGRAM            whether PROGRAM is installed (on PATH or in /usr/sbin);
 #   use_apt PROGRAM         install the Debian package PROGRAM with apt-get unless installed;
 #   run_module MODULE ARGS  run a tool of scripts/ (with scripts/ on PYTHONPATH) in .venv;
@@ -49,6 +51,22 @@ use_venv() {
         .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
         echo "$want" >"$stamp"
     fi
+}
+
+# use_side_venv DIR REQUIREMENTS: a venv at DIR with the pinned packages of the requirements
+# file REQUIREMENTS (another library version than the project's own: tests make models with
+# it), again only when that file changed.
+use_side_venv() {
+    local dir=$1 requirements=$2 python stamp want
+    stamp=$dir/.requirements
+    want=$(sha256sum "$requirements" | cut -d' ' -f1)
+    [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ] && return 0
+    python=$(find_python) || die "Python >= 3.11 is required"
+    rm -rf "$dir"
+    "$python" -m venv "$dir" || die "cannot create $dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements" ||
+        die "cannot install $requirements into $dir"
+    echo "$want" >"$stamp"
 }
 
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }

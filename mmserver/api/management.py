@@ -168,6 +168,9 @@ def _describe(model: ModelView) -> dict[str, Any]:
         result["inputs"] = model.inputs
     if model.file_format is not None:
         result["format"] = model.file_format
+    if model.trained_with:
+        result["trainedWith"] = model.trained_with
+        result["servedWith"] = model.served_with
     trust = config.trust
     result["trust"] = trust.level
     if trust.full:

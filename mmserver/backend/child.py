@@ -109,9 +109,10 @@ class Models:
         # describe), not to the process's stderr, once each.
         with warnings.catch_warnings(record=True) as caught, collecting_warnings() as files:
             warnings.simplefilter("always")
-            predictor = load_predictor(spec.model_dir, spec.config, spec.key.split("#")[0])
-            self.predictors[spec.key] = predictor
+            name = spec.key.split("#")[0]
+            predictor = load_predictor(spec.model_dir, spec.config, name)
             probe = self._probe(predictor)  # what its first predictions keep counts too
+            self.predictors[spec.key] = predictor
         raised = tuple(
             dict.fromkeys([*files, *(f"{w.category.__name__}: {w.message}" for w in caught)])
         )
@@ -159,8 +160,18 @@ class Models:
                     predictor.predict(row)
                     took = min(took, self._clock() - cpu)
                 return took
-        except Exception:
-            return None
+        except Exception as exc:
+            if isinstance(exc, ValueError) and not isinstance(exc, AttributeError):
+                return None  # the row's values (a logarithm of 0, say): requests bring theirs
+            # Not the values: the model fails whatever it is sent (a class whose attributes
+            # changed in another version, an estimator not fitted: scikit-learn's
+            # NotFittedError is both errors). Served, every request would fail.
+            said = str(exc).strip().splitlines()
+            detail = f"{type(exc).__name__}: {said[0]}" if said else type(exc).__name__
+            raise errors.ModelLoadError(
+                f"its own {predictor.method} fails on a row of plain values at load ({detail}); "
+                "it is not served, every request would fail"
+            ) from None
 
     def predict(self, key: str, requests: Sequence[Request]) -> BatchResult:
         """The batch's answers, the CPU and wall seconds they took, and the rows predicted."""

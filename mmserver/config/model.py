@@ -236,6 +236,9 @@ class ModelConfig:
     #: How far the model's files are trusted: the server's options say it (no key of
     #: serving.properties sets it; :mod:`mmserver.config.trust`).
     trust: Trust = field(default_factory=Trust)
+    #: What a pickle made by another minor version of scikit-learn gets: ``refuse`` or ``warn``
+    #: (the server's ``on_version_skew`` option; :mod:`mmserver.execution.skew`).
+    on_version_skew: str = "refuse"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -353,6 +356,8 @@ def out_of_order(low_key: str, low: float, high_key: str, high: float) -> str | 
 
 
 #: The options the server has a global default for (its ``--NAME`` flags...).
+#: What the ``on_version_skew`` option may say (:mod:`mmserver.execution.skew`).
+SKEW_CHOICES = ("refuse", "warn")
 SERVER_DEFAULTS = tuple(f.name for f in _OPTIONS if f.metadata["server_default"])
 
 

@@ -36,6 +36,7 @@ from mmserver.config.model import (
     PROPERTIES_FILE,
     RESCALABLE,
     SERVER_DEFAULTS,
+    SKEW_CHOICES,
     ModelConfig,
     cpu_count,
     default_cpus,
@@ -279,6 +280,12 @@ class ServerConfig:
         "pickle global and a model.py custom handler, in backend processes of their own. "
         "* trusts every model; none by default.",
     )
+    on_version_skew: str = _opt(
+        "refuse",
+        "What a pickle made by another minor version of scikit-learn than the server's gets: "
+        "refuse (its load fails, naming both versions) or warn (served as this version reads "
+        "it, its versions shown in GET /models/NAME and counted in /metrics).",
+    )
     isolate_trusted: bool = _opt(
         True,
         "Run each model trusted_models names in a backend process of its own (its code then "
@@ -353,6 +360,11 @@ class ServerConfig:
             raise ConfigError(
                 f"option metrics_model_label={self.metrics_model_label!r}: must be one of "
                 f"{', '.join(MODEL_LABEL_CHOICES)}"
+            )
+        if self.on_version_skew not in SKEW_CHOICES:
+            raise ConfigError(
+                f"option on_version_skew={self.on_version_skew!r}: must be one of "
+                f"{', '.join(SKEW_CHOICES)}"
             )
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise ConfigError(f"option log_level={self.log_level!r}: not a logging level")
@@ -486,7 +498,9 @@ class ServerConfig:
     def model_defaults(self) -> ModelConfig:
         """Per-model defaults taken from the global options."""
         return ModelConfig(
-            **{name: getattr(self, name) for name in SERVER_DEFAULTS}, trust=self.trust
+            **{name: getattr(self, name) for name in SERVER_DEFAULTS},
+            trust=self.trust,
+            on_version_skew=self.on_version_skew,
         )
 
     @property

@@ -207,5 +207,9 @@ def _make_custom(
             ) from None
     else:
         found = find_model_file(model_dir, config, name)
-        model = load_model(found, config.trust) if found is not None else None
+        model = (
+            load_model(found, config.trust, config.on_version_skew)[0]
+            if found is not None
+            else None
+        )
     return CustomPredictor(model, fn, config, model_dir)

@@ -44,6 +44,7 @@ import joblib
 from mmserver.config.server import ModelConfig
 from mmserver.config.trust import Trust
 from mmserver.errors import ConfigError, ModelLoadError, UntrustedModel
+from mmserver.execution import skew
 from mmserver.execution.boosters import (
     Fn,
     LightGBMBooster,
@@ -264,16 +265,21 @@ def _module_of(estimator: Any) -> str:
     return type(estimator).__module__.split(".")[0]
 
 
-def load_model(found: ModelFile, trust: Trust) -> Any:
-    """The model object in ``found``: an estimator, or a booster wrapped so that its
-    ``predict`` is the library's own (an ONNX graph in its session). A pickle is rebuilt only
-    from what ``trust`` allows (:mod:`mmserver.execution.unpickling`). Raises
+def load_model(
+    found: ModelFile, trust: Trust, on_skew: str = skew.REFUSE
+) -> tuple[Any, dict[str, str]]:
+    """The model object in ``found`` (an estimator, or a booster wrapped so that its
+    ``predict`` is the library's own; an ONNX graph in its session), and the library versions
+    that made it when they are not the server's. A pickle is rebuilt only from what ``trust``
+    allows (:mod:`mmserver.execution.unpickling`); one made by another minor version of
+    scikit-learn is refused when ``on_skew`` says so (:mod:`mmserver.execution.skew`). Raises
     :class:`ModelLoadError` saying why not."""
     family = family_named(found.family)
     if found.format != PICKLE:
         assert family.load is not None
-        return family.load(found.path, trust)
-    return wrap_booster(load_pickle(found.path, trust))
+        return family.load(found.path, trust), {}
+    model, trained = load_pickle(found.path, trust, on_skew)
+    return wrap_booster(model), trained
 
 
 def family_named(name: str) -> Family:
@@ -301,9 +307,10 @@ def wrap_booster(model: Any) -> Any:
     return model
 
 
-def load_pickle(path: Path, trust: Trust) -> Any:
-    """The object in the pickle at ``path``: restricted (:func:`restricted_load`) unless the
-    model is fully trusted."""
+def load_pickle(path: Path, trust: Trust, on_skew: str = skew.REFUSE) -> tuple[Any, dict[str, str]]:
+    """The object in the pickle at ``path``, restricted (:func:`restricted_load`) unless the
+    model is fully trusted, and the versions that made it when they are not the server's
+    (refused by ``on_skew``, :func:`mmserver.execution.skew.check`)."""
     # A model pickled by another library version warns; that is the operator's to see in the
     # log, not an exception in the backend.
     try:
@@ -318,12 +325,14 @@ def load_pickle(path: Path, trust: Trust) -> Any:
             raise ModelLoadError(
                 f"{path.name} holds a {package} model: {missing_extra(package)}"
             ) from None
-        raise ModelLoadError(f"{path.name} cannot be loaded: {reason(exc)}") from None
+        raise ModelLoadError(skew.unreadable(path.name, path, reason(exc))) from None
     except Exception as exc:
-        raise ModelLoadError(f"{path.name} cannot be loaded: {reason(exc)}") from None
+        raise ModelLoadError(skew.unreadable(path.name, path, reason(exc))) from None
+    trained = skew.trained_with(caught)
+    skew.check(path.name, trained, on_skew)
     for w in caught:
         _report(path, w)
-    return model
+    return model, trained
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ from mmserver.execution.families import (
 from mmserver.execution.fastpath import own_plan, plan_paths
 from mmserver.execution.fitted import feature_names, fitted_columns
 from mmserver.execution.handlers import Batch, Predictor, check_rows, n_features, step
+from mmserver.execution.skew import served_versions
 from mmserver.execution.tablepath import plan_table_paths
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,9 @@ class EstimatorPredictor:
         self.family = family
         #: The format of the file it was loaded from (``pickle``, or the family's own).
         self.file_format = "pickle"
+        #: The library versions that made it, where they are not the server's
+        #: (``on_version_skew=warn``).
+        self.trained_with: dict[str, str] = {}
         self.n_features: int | None = n_features(model)
         final = step(model, -1)
         own_format = family_named(family)
@@ -285,7 +289,7 @@ def signature(predictor: Predictor) -> dict[str, Any]:
     and its ``shape`` (-1 where unknown), from the estimator's fitted attributes at load; a
     custom handler's output is listed by name only (``dtype`` and ``shape`` ``None``)."""
     inputs = predictor.inputs
-    facts = {
+    facts: dict[str, Any] = {
         "n_features": predictor.n_features,
         "inputs": inputs.describe() if inputs.frame else None,
         "raw": inputs.raw,
@@ -295,6 +299,9 @@ def signature(predictor: Predictor) -> dict[str, Any]:
         return {"platform": "python", "format": "python", **facts, "outputs": outputs}
     if predictor.tensors is not None:
         facts["tensors"] = predictor.tensors  # the model's graph's own inputs
+    if predictor.trained_with:
+        facts["trained_with"] = predictor.trained_with
+        facts["served_with"] = served_versions()
     return {
         "platform": predictor.family,
         "format": predictor.file_format,
@@ -348,6 +355,49 @@ def _regression_width(estimator: Any) -> int:
     return 1
 
 
+#: How far a classifier's probabilities may stray from [0, 1] and their rows' sums from 1.
+PROBABILITY_TOLERANCE = 1e-6
+#: Rows of random values a classifier taking a matrix is checked on, besides its plain row.
+_CHECKED_ROWS = 8
+
+
+def check_probabilities(predictor: EstimatorPredictor) -> None:
+    """Fail the load of a classifier whose ``predict_proba`` does not answer probabilities on
+    a row of plain values (and, for one taking a matrix, a few random rows): every value in
+    [0, 1] and every row summing to 1 (within :data:`PROBABILITY_TOLERANCE`). A model read by
+    another version than the one that made it can answer anything (a forest pickled by
+    scikit-learn 1.3 and read by 1.4 or later answers [30.8, 0.0]). A method that fails on
+    these rows is left to the load's probe (:meth:`mmserver.backend.child.Models.load`)."""
+    if "predict_proba" not in predictor.outputs or predictor.model is None:
+        return
+    rows = predictor.sample()
+    if isinstance(rows, np.ndarray):
+        noise = np.random.default_rng(0).normal(0.0, 3.0, (_CHECKED_ROWS, rows.shape[1]))
+        rows = np.vstack([rows, noise])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            answer = predictor.output("predict_proba", rows)
+    except Exception:
+        return
+    if not isinstance(answer, np.ndarray) or answer.ndim != 2 or answer.dtype.kind != "f":
+        return  # not one classifier's table of probabilities (several outputs, labels)
+    low, high = float(np.min(answer)), float(np.max(answer))
+    sums = answer.sum(axis=1)
+    worst = float(np.max(np.abs(sums - 1.0))) if len(sums) else 0.0
+    tolerance = PROBABILITY_TOLERANCE
+    if np.isfinite(answer).all() and low >= -tolerance and high <= 1 + tolerance:
+        if worst <= tolerance:
+            return
+    first = ", ".join(f"{v:.4g}" for v in answer[0][:4])
+    raise ModelLoadError(
+        f"its predict_proba does not answer probabilities (values from {low:.4g} "
+        f"to {high:.4g}, rows summing to 1 within {worst:.3g}; the first row [{first}]): "
+        "a model read by another version of its library than the one that made it can do "
+        "this; it is not served"
+    )
+
+
 def _trusted_models(config: ModelConfig) -> str:
     patterns = config.trust.models
     return f"now trusted_models={','.join(patterns)}" if patterns else "now none is trusted"
@@ -387,7 +437,7 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
             f", and no {config.entry_point}",
             model=name,
         )
-    model = load_model(found, config.trust)
+    model, trained = load_model(found, config.trust, config.on_version_skew)
     predictor = EstimatorPredictor(
         model,
         config.method,
@@ -399,6 +449,8 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
         model_dir=model_dir,
     )
     predictor.file_format = found.format
+    predictor.trained_with = trained
+    check_probabilities(predictor)
     sagemaker = config.sagemaker_xgboost
     if sagemaker is None:  # the SageMaker XGBoost container's own artifact
         sagemaker = found.family == XGBOOST and found.path.name == "xgboost-model"

@@ -85,6 +85,9 @@ class ModelView:
     #: The format of the file it loaded from (``pickle``, ``skops``, a family's own; ``python``
     #: for a custom handler), once loaded.
     file_format: str | None = None
+    #: The library versions that made the model and those serving it, when they differ.
+    trained_with: dict[str, str] | None = None
+    served_with: dict[str, str] | None = None
 
 
 class ModelListing(NamedTuple):
@@ -402,6 +405,8 @@ class Catalog:
             inputs=(record.signature or {}).get("inputs") if record is not None else None,
             warnings=record.warnings if record is not None else (),
             file_format=(record.signature or {}).get("format") if record is not None else None,
+            trained_with=(record.signature or {}).get("trained_with") if record else None,
+            served_with=(record.signature or {}).get("served_with") if record else None,
         )
         if pool is None:
             return view

@@ -136,11 +136,11 @@ class Loader:
         except errors.MMServerError as exc:
             if isinstance(exc, errors.ModelLoadError) and exc.model is None:
                 exc = type(exc)(f"model {name} failed to load: {exc.message}", model=name)
-            said = record.failure  # a refusal for trust is logged once, not at every retry
+            said = record.failure  # a refusal is logged once, not at every retry
             catalog.fail(record, exc, self._clock())
-            untrusted = isinstance(exc, errors.UntrustedModel)
-            self.metrics.model_load_failures.labels("untrusted" if untrusted else "error").inc()
-            if not untrusted or said is None or said.error.message != exc.message:
+            refused = refusal(exc)
+            self.metrics.model_load_failures.labels(refused or "error").inc()
+            if refused is None or said is None or said.error.message != exc.message:
                 log.error("%s", exc.message, extra={"model": name})
             raise exc from None
         except asyncio.CancelledError:
@@ -162,6 +162,8 @@ class Loader:
         self.room.admit(pool)
         seconds = time.perf_counter() - started
         self.metrics.model_loads.inc()
+        if record.signature is not None and record.signature.get("trained_with"):
+            self.metrics.model_version_skew_loads.inc()
         self.metrics.model_load_seconds.observe(seconds)
         paths = pool.paths
         log.info(
@@ -249,3 +251,13 @@ class Loader:
         if config.required_memory_mb is not None:
             return int(config.required_memory_mb * 2**20)
         return record.measured.copy_bytes or int(1.2 * entry.size_bytes)
+
+
+def refusal(exc: errors.MMServerError) -> str | None:
+    """The ``reason`` label of a load the server's options refused (the same each time it is
+    tried): ``untrusted`` or ``version_skew``; ``None`` for any other failure."""
+    if isinstance(exc, errors.UntrustedModel):
+        return "untrusted"
+    if isinstance(exc, errors.VersionSkew):
+        return "version_skew"
+    return None

@@ -45,7 +45,7 @@ _LOAD = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 
 #: The ``reason`` label values of ``mmserver_model_load_failures_total``.
-LOAD_FAILURE_REASONS = ("untrusted", "error")
+LOAD_FAILURE_REASONS = ("untrusted", "version_skew", "error")
 
 
 def _escape(value: str) -> str:
@@ -448,10 +448,17 @@ class Metrics:
             "mmserver_model_memory_bytes", "Memory accounted to loaded models."
         )
         self.model_loads = CounterFamily("mmserver_model_loads", "Model loads.")
+        self.model_version_skew_loads = CounterFamily(
+            "mmserver_model_version_skew_loads",
+            "Models loaded across a minor version gap of scikit-learn (on_version_skew=warn): "
+            "served as this version reads them.",
+        )
         self.model_load_failures = CounterFamily(
             "mmserver_model_load_failures",
             "Model loads that failed, by reason: untrusted (the model's files need more trust "
-            "than the server's trusted_types and trusted_models give them) or error.",
+            "than the server's trusted_types and trusted_models give them), version_skew (a "
+            "pickle made by another minor version of scikit-learn, on_version_skew=refuse) or "
+            "error.",
             ["reason"],
         )
         for reason in LOAD_FAILURE_REASONS:

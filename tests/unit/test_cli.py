@@ -177,6 +177,7 @@ def test_every_flag_reaches_the_config() -> None:
                 "unknown_options": "warn",
                 "trusted_types": "fractions.Fraction",
                 "trusted_models": "team-a-*",
+                "on_version_skew": "warn",
             }.get(field.name, f"/x/{field.name}")
             argv += [flag, value]
             expected[field.name] = value

@@ -92,6 +92,7 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_models_loaded",
         "mmserver_model_memory_bytes",
         "mmserver_model_loads",
+        "mmserver_model_version_skew_loads",
         "mmserver_model_evictions",
         "mmserver_model_load_seconds",
         "mmserver_backend_restarts",

@@ -249,8 +249,8 @@ def test_trusted_types_and_full_trust_load_what_is_otherwise_refused(tmp_path: P
     with pytest.raises(UntrustedModel):
         load_pickle(path, Trust())
     trusting = Trust(types=frozenset({"fractions.Fraction"}))
-    assert load_pickle(path, trusting) == [fractions.Fraction(1, 3)]
-    assert load_pickle(path, Trust(full=True)) == [fractions.Fraction(1, 3)]
+    assert load_pickle(path, trusting)[0] == [fractions.Fraction(1, 3)]
+    assert load_pickle(path, Trust(full=True))[0] == [fractions.Fraction(1, 3)]
 
 
 def test_allowed_imports_nothing_it_refuses() -> None:
@@ -299,7 +299,7 @@ def test_a_vectorizer_that_opens_the_files_its_requests_name_is_refused(tmp_path
         "model.joblib holds a TfidfVectorizer with input='filename', which opens the files its "
         "requests name; it loads only for a model trusted_models names"
     )
-    assert load_pickle(path, Trust(full=True)).predict([str(secret)]).shape == (1,)
+    assert load_pickle(path, Trust(full=True))[0].predict([str(secret)]).shape == (1,)
 
 
 def _skops_dir(tmp_path: Path, model: Any, name: str = "model.skops") -> Path:
