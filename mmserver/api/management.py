@@ -168,6 +168,8 @@ def _describe(model: ModelView) -> dict[str, Any]:
         result["inputs"] = model.inputs
     if model.file_format is not None:
         result["format"] = model.file_format
+    if model.input_example is not None:
+        result["inputExample"] = model.input_example
     if model.trained_with:
         result["trainedWith"] = model.trained_with
         result["servedWith"] = model.served_with

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from mmserver.codecs import mlmodel
 from mmserver.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,8 @@ def matrix_inputs(width: int | None, missing: bool = True) -> Inputs:
 
 
 def declared(model_dir: Path, properties: Mapping[str, str]) -> list[Column] | None:
-    """The columns ``option.columns`` (``name:kind, ...``) or ``input_schema.json`` declare."""
+    """The columns ``option.columns`` (``name:kind, ...``), ``input_schema.json`` or an MLflow
+    folder's signature (:mod:`mmserver.codecs.mlmodel`) declare."""
     text = properties.get("option.columns")
     if text is not None:
         columns = []
@@ -154,7 +156,14 @@ def declared(model_dir: Path, properties: Mapping[str, str]) -> list[Column] | N
         return _unique(columns, "option.columns")
     path = model_dir / SCHEMA_FILE
     if not path.is_file():
-        return None
+        mlmodel_path = model_dir / mlmodel.MLMODEL
+        if not mlmodel_path.is_file():
+            return None
+        signed = mlmodel.signature_columns(mlmodel.read(mlmodel_path))
+        if signed is None:
+            return None
+        where = f"{mlmodel.MLMODEL}'s signature"
+        return _unique([_column(c["name"], c["type"], where) for c in signed], where)
     try:
         data = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as exc:

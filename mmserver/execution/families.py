@@ -41,6 +41,7 @@ from typing import Any
 
 import joblib
 
+from mmserver.codecs import mlmodel
 from mmserver.config.server import ModelConfig
 from mmserver.config.trust import Trust
 from mmserver.errors import ConfigError, ModelLoadError, UntrustedModel
@@ -70,6 +71,7 @@ from mmserver.execution.unpickling import (
 log = logging.getLogger(__name__)
 
 SKLEARN, XGBOOST, LIGHTGBM, ONNX, SKOPS = "sklearn", "xgboost", "lightgbm", "onnx", "skops"
+MLFLOW = "mlflow"
 PICKLES = ("model.joblib", "model.pkl")
 #: The format of a pickled model's file (whatever its family).
 PICKLE = "pickle"
@@ -129,6 +131,9 @@ class Family:
     #: The family its loaded models are served as, when its files hold another family's
     #: objects (a skops file holds scikit-learn estimators); ``None``: itself.
     serves_as: str | None = None
+    #: The model file its file names, for a family whose file only says where another
+    #: family's is (an MLflow folder's ``MLmodel``); ``None``: its file is the model's.
+    resolve: Callable[[Path], ModelFile] | None = None
 
 
 @dataclass(frozen=True)
@@ -208,11 +213,14 @@ def find_model_file(
         if config.engine is None:
             claimed = [f for f in FAMILIES if f.claims is not None and f.claims(path)]
             wanted = (*claimed, *(f for f in FAMILIES if f.claims is None))
-        return ModelFile(wanted[0].name, path)
+        family = wanted[0]
+        return family.resolve(path) if family.resolve else ModelFile(family.name, path)
     listing = Listing(model_dir)
     for family in wanted:
         candidate = family.find(listing)
         if candidate is not None:
+            if family.resolve is not None:
+                return family.resolve(candidate)
             return ModelFile(family.name, candidate)
     return None
 
@@ -377,6 +385,31 @@ def _find_pickle(listing: Listing) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------------
+# MLflow model folders
+# ------------------------------------------------------------------------------------------------
+
+
+def _find_mlflow(listing: Listing) -> Path | None:
+    return listing.file(mlmodel.MLMODEL)
+
+
+def _resolve_mlflow(path: Path) -> ModelFile:
+    """The model file an MLflow folder's ``MLmodel`` names, read by its flavour's family (a
+    pickle restricted as any other; a skops file as skops)."""
+    flavour = mlmodel.flavour(mlmodel.read(path))
+    folder = path.parent
+    file = inside(folder, flavour.file, f"{mlmodel.MLMODEL}'s {flavour.name} flavour", folder.name)
+    if not file.is_file():
+        raise ModelLoadError(
+            f"{mlmodel.MLMODEL}'s {flavour.name} flavour names {flavour.file}, which is not in "
+            "the model folder"
+        )
+    if flavour.name == SKLEARN:
+        return ModelFile(SKOPS if flavour.serialization == SKOPS else SKLEARN, file)
+    return ModelFile(flavour.name, file)
+
+
+# ------------------------------------------------------------------------------------------------
 # skops
 # ------------------------------------------------------------------------------------------------
 
@@ -530,6 +563,14 @@ def _report(path: Path, w: warnings.WarningMessage) -> None:
 
 #: Every family, in the order a model folder is searched for their files.
 FAMILIES: tuple[Family, ...] = (
+    Family(
+        name=MLFLOW,
+        engines=("MLflow",),
+        wanted="an MLflow model (MLmodel) of the sklearn, xgboost or lightgbm flavour",
+        find=_find_mlflow,
+        claims=lambda path: path.name == mlmodel.MLMODEL,
+        resolve=_resolve_mlflow,
+    ),
     Family(
         name=SKOPS,
         engines=("skops",),

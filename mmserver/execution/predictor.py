@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from mmserver.codecs import mlmodel
 from mmserver.codecs.schema import (
     Column,
     Inputs,
@@ -95,6 +96,8 @@ class EstimatorPredictor:
         #: The library versions that made it, where they are not the server's
         #: (``on_version_skew=warn``).
         self.trained_with: dict[str, str] = {}
+        #: The input example saved with the model (an MLflow folder's), as JSON.
+        self.input_example: Any = None
         self.n_features: int | None = n_features(model)
         final = step(model, -1)
         own_format = family_named(family)
@@ -299,6 +302,8 @@ def signature(predictor: Predictor) -> dict[str, Any]:
         return {"platform": "python", "format": "python", **facts, "outputs": outputs}
     if predictor.tensors is not None:
         facts["tensors"] = predictor.tensors  # the model's graph's own inputs
+    if predictor.input_example is not None:
+        facts["input_example"] = predictor.input_example
     if predictor.trained_with:
         facts["trained_with"] = predictor.trained_with
         facts["served_with"] = served_versions()
@@ -450,6 +455,10 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
     )
     predictor.file_format = found.format
     predictor.trained_with = trained
+    if found.path.parent == model_dir and (model_dir / mlmodel.MLMODEL).is_file():
+        predictor.input_example = mlmodel.input_example(
+            model_dir, mlmodel.read(model_dir / mlmodel.MLMODEL)
+        )
     check_probabilities(predictor)
     sagemaker = config.sagemaker_xgboost
     if sagemaker is None:  # the SageMaker XGBoost container's own artifact

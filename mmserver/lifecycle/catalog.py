@@ -88,6 +88,8 @@ class ModelView:
     #: The library versions that made the model and those serving it, when they differ.
     trained_with: dict[str, str] | None = None
     served_with: dict[str, str] | None = None
+    #: The example input saved with the model (an MLflow folder's), as JSON.
+    input_example: Any = None
 
 
 class ModelListing(NamedTuple):
@@ -407,6 +409,7 @@ class Catalog:
             file_format=(record.signature or {}).get("format") if record is not None else None,
             trained_with=(record.signature or {}).get("trained_with") if record else None,
             served_with=(record.signature or {}).get("served_with") if record else None,
+            input_example=(record.signature or {}).get("input_example") if record else None,
         )
         if pool is None:
             return view

@@ -45,7 +45,9 @@ async def test_an_archive_without_a_model_names_the_model_not_its_cache_copy(
     response = await harness.post("/predictions/empty-pack", "[[0.5]]")
     assert response.status == 500
     message = (await error_of(response))["message"]
-    assert message.startswith("model empty-pack has no model file (model.skops"), message
+    assert message.startswith("model empty-pack has no model file (an MLflow model (MLmodel)"), (
+        message
+    )
     assert "empty-pack-" not in message  # the unpacked copy's folder, NAME-KEY
 
 

@@ -14,6 +14,7 @@ from mmserver.errors import ConfigError, ModelLoadError
 from mmserver.execution.families import (
     FAMILIES,
     LIGHTGBM,
+    MLFLOW,
     ONNX,
     SKLEARN,
     SKOPS,
@@ -158,7 +159,8 @@ def test_a_boosters_signature_is_what_it_answers() -> None:
 @pytest.mark.parametrize(
     ("engine", "families"),
     [
-        (None, [SKOPS, SKLEARN, XGBOOST, LIGHTGBM, ONNX]),
+        (None, [MLFLOW, SKOPS, SKLEARN, XGBOOST, LIGHTGBM, ONNX]),
+        ("MLflow", [MLFLOW]),
         ("skops", [SKOPS]),
         ("Python", [SKLEARN]),
         ("SKLEARN", [SKLEARN]),
@@ -176,7 +178,7 @@ def test_an_engine_no_family_spells_is_refused_naming_the_file(tmp_path: Path) -
     with pytest.raises(ConfigError) as info:
         engine_families("PyTorch", "m/serving.properties")
     assert info.value.message == (
-        "m/serving.properties: engine='PyTorch' must be one of skops, Python, sklearn, "
+        "m/serving.properties: engine='PyTorch' must be one of MLflow, skops, Python, sklearn, "
         "XGBoost, LightGBM, OnnxRuntime, onnx"
     )
     # The load's file work says it before the model reaches a backend.

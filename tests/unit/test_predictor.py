@@ -116,7 +116,8 @@ def test_other_model_file_names(tmp_path: Path) -> None:
     (single / "second.joblib").write_bytes((single / "regressor.joblib").read_bytes())
     with pytest.raises(
         ModelLoadError,
-        match=r"has no model file \(model\.skops or a single \*\.skops; model\.joblib",
+        match=r"has no model file \(an MLflow model \(MLmodel\) of the sklearn, xgboost or "
+        r"lightgbm flavour; model\.skops",
     ):
         load_predictor(single, DEFAULTS)
 
@@ -127,7 +128,8 @@ def test_missing_and_broken_model_files(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError) as info:
         load_predictor(empty, DEFAULTS)
     assert info.value.message == (
-        "model empty has no model file (model.skops or a single *.skops; "
+        "model empty has no model file (an MLflow model (MLmodel) of the sklearn, xgboost or "
+        "lightgbm flavour; model.skops or a single *.skops; "
         "model.joblib, model.pkl or a single *.joblib/*.pkl; "
         "xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json; model.txt "
         "or a single LightGBM *.txt; model.onnx or a single *.onnx), and no model.py"
