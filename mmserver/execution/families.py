@@ -142,6 +142,8 @@ class ModelFile:
 
     family: str
     path: Path
+    #: The MLflow ``MLmodel`` file that named it, for a model saved by MLflow.
+    mlmodel: Path | None = None
 
     @functools.cached_property
     def format(self) -> str:
@@ -405,8 +407,8 @@ def _resolve_mlflow(path: Path) -> ModelFile:
             "the model folder"
         )
     if flavour.name == SKLEARN:
-        return ModelFile(SKOPS if flavour.serialization == SKOPS else SKLEARN, file)
-    return ModelFile(flavour.name, file)
+        return ModelFile(SKOPS if flavour.serialization == SKOPS else SKLEARN, file, path)
+    return ModelFile(flavour.name, file, path)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -455,10 +455,8 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
     )
     predictor.file_format = found.format
     predictor.trained_with = trained
-    if found.path.parent == model_dir and (model_dir / mlmodel.MLMODEL).is_file():
-        predictor.input_example = mlmodel.input_example(
-            model_dir, mlmodel.read(model_dir / mlmodel.MLMODEL)
-        )
+    if found.mlmodel is not None:
+        predictor.input_example = mlmodel.input_example(model_dir, mlmodel.read(found.mlmodel))
     check_probabilities(predictor)
     sagemaker = config.sagemaker_xgboost
     if sagemaker is None:  # the SageMaker XGBoost container's own artifact
