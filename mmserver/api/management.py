@@ -63,12 +63,13 @@ async def list_models(request: web.Request) -> web.Response:
         raise InvalidInput(f"parameter limit={limit} must be between 1 and {MAX_PAGE}")
     token = query.get("next_page_token") or None
     models, more = await request.app[STATE].wlm.list_page(token, limit)
-    body: dict[str, Any] = {
-        "models": [
-            {"modelName": m.name, "modelUrl": m.url, "status": _djl_status(m.status)}
-            for m in models
-        ]
-    }
+    listed = []
+    for m in models:
+        row = {"modelName": m.name, "modelUrl": m.url, "status": _djl_status(m.status)}
+        if m.skew:
+            row["versionSkew"] = m.skew
+        listed.append(row)
+    body: dict[str, Any] = {"models": listed}
     if more and models:
         body["nextPageToken"] = models[-1].name
     return web.json_response(body)

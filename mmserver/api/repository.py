@@ -145,6 +145,8 @@ async def index_of(wlm: WorkLoadManager, only_ready: bool) -> list[dict[str, str
                 reason = wlm.failure(key) or "the last load failed"
             elif status is ModelStatus.UNLOADED:
                 reason = "not loaded"
+            elif key == model.name:
+                reason = model.skew  # loaded across a version gap: said, as Triton's reasons
             index.append(
                 {"name": model.name, "version": version, "state": _STATES[status], "reason": reason}
             )

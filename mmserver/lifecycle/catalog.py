@@ -93,11 +93,25 @@ class ModelView:
 
 
 class ModelListing(NamedTuple):
-    """One row of a listing: a model's name, url and status."""
+    """One row of a listing: a model's name, url and status, and for a model loaded across a
+    version gap (``on_version_skew=warn``) what made it and what serves it."""
 
     name: str
     url: str
     status: ModelStatus
+    skew: str = ""
+
+
+def skew_of(signature: dict[str, Any] | None) -> str:
+    """``scikit-learn 1.3.2, served by 1.9.1`` for a model loaded across a version gap (from
+    its load's signature); empty otherwise."""
+    if not signature or not signature.get("trained_with"):
+        return ""
+    served = signature.get("served_with") or {}
+    return "; ".join(
+        f"made by {library} {version}, served by {served.get(library, 'another version')}"
+        for library, version in signature["trained_with"].items()
+    )
 
 
 class Catalog:
@@ -361,7 +375,8 @@ class Catalog:
             if record is None:
                 listing.append(ModelListing(name, url, ModelStatus.UNLOADED))
             else:
-                listing.append(ModelListing(name, record.url or url, record.status))
+                skew = skew_of(record.signature) if record.signature else ""
+                listing.append(ModelListing(name, record.url or url, record.status, skew))
         return listing, more
 
     async def list_models(self) -> list[ModelListing]:

@@ -151,6 +151,19 @@ async def test_warn_serves_it_shows_its_versions_and_still_refuses_false_probabi
     assert any("InconsistentVersionWarning" in w for w in described["warnings"])
     metrics = (await (await harness.client.get("/metrics")).read()).decode()
     assert _metric(metrics, "mmserver_model_version_skew_loads_total") == 1
+    said = f"made by scikit-learn 1.3.2, served by {sklearn.__version__}"
+    listed = (await (await harness.client.get("/models")).json())["models"]
+    rows = {row["modelName"]: row for row in listed}
+    assert rows["old-logistic"]["versionSkew"] == said
+    assert "versionSkew" not in rows["neighbour"]
+    response = await harness.client.post("/v2/repository/index", json={"ready": True})
+    index = {row["name"]: row for row in await response.json()}
+    assert index["old-logistic"] == {
+        "name": "old-logistic",
+        "version": "1",
+        "state": "READY",
+        "reason": said,
+    }
     # The forest reads back as "probabilities" outside [0, 1]: never served.
     status, body = await _post(harness, "old-forest", rows)
     assert status == 500
