@@ -6,7 +6,8 @@
 #   use_side_venv DIR REQS  a venv at DIR with the requirements file REQS installed, again
 #                           only when REQS changed;
 #   have PROGRAM            whether PROGRAM is installed (on PATH or in /usr/sbin);
-#   use_apt PROGRAM         install the Debian package PROGRAM with apt-get unless installed;
+#   use_apt PROGRAM [PKG]   install the Debian package PKG (default PROGRAM) with apt-get unless
+#                           PROGRAM is installed; the package's services are not started;
 #   run_module MODULE ARGS  run a tool of scripts/ (with scripts/ on PYTHONPATH) in .venv;
 #   die MESSAGE             print "scripts/NAME: MESSAGE" and exit 1.
 
@@ -72,10 +73,21 @@ use_side_venv() {
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 
 use_apt() {
-    have "$1" && return 0
-    command -v apt-get >/dev/null 2>&1 || { echo "$script: $1 is required (apt-get is not available)" >&2; return 1; }
-    echo "$script: installing $1 with apt-get" >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+    local program=$1 package=${2:-$1} status=0 policy=""
+    have "$program" && return 0
+    command -v apt-get >/dev/null 2>&1 || { echo "$script: $program is required (apt-get is not available)" >&2; return 1; }
+    echo "$script: installing $package with apt-get" >&2
+    # The package's services are not started (a Prometheus listening on every address, say):
+    # only its programs are wanted.
+    if [ ! -e /usr/sbin/policy-rc.d ] && [ -w /usr/sbin ]; then
+        policy=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+    fi
+    apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" \
+            >/dev/null || status=$?
+    [ -z "$policy" ] || rm -f "$policy"
+    return "$status"
 }
 
 run_module() {

@@ -324,3 +324,5 @@ class Room:
                 m.model_lane.labels("", lane).set(self.lanes[lane])
         m.models_loaded.set(len(self.loaded))
         m.model_memory_bytes.set(self.used_bytes())
+        m.backend_unaccounted_bytes.set(self.unaccounted())
+        m.memory_budget_bytes.set(self.budget_bytes)

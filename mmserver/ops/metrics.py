@@ -447,6 +447,16 @@ class Metrics:
         self.model_memory_bytes = GaugeFamily(
             "mmserver_model_memory_bytes", "Memory accounted to loaded models."
         )
+        self.backend_unaccounted_bytes = GaugeFamily(
+            "mmserver_backend_unaccounted_bytes",
+            "Memory the backend processes hold beyond their start and their models' measured "
+            "loads (what predictions keep, a leak): counted against the budget with the models.",
+        )
+        self.memory_budget_bytes = GaugeFamily(
+            "mmserver_memory_budget_bytes",
+            "The memory budget the loaded models and the backends' unaccounted memory must fit "
+            "in; past it, idle models are evicted.",
+        )
         self.model_loads = CounterFamily("mmserver_model_loads", "Model loads.")
         self.model_version_skew_loads = CounterFamily(
             "mmserver_model_version_skew_loads",

@@ -76,7 +76,8 @@ EVERYTHING_ON: dict[str, Any] = {
             "interval": "15s",
             "scrapeTimeout": "10s",
             "labels": {"release": "prometheus"},
-        }
+        },
+        "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     },
     "haproxy": {
         "enabled": True,

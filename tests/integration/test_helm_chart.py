@@ -340,6 +340,25 @@ def test_the_notes_say_where_to_connect() -> None:
 
 def test_no_servicemonitor_unless_enabled() -> None:
     assert render().all("ServiceMonitor") == []
+    assert render().all("PrometheusRule") == []
+
+
+def test_the_prometheusrule_holds_the_rules_deploy_ships_and_tests() -> None:
+    rendered = render({"metrics": {"prometheusRule": {"enabled": True, "labels": {"r": "p"}}}})
+    rule = rendered.one("PrometheusRule")
+    validate(rule)
+    assert rule["metadata"]["labels"]["r"] == "p"
+    shipped = yaml.safe_load((ROOT / "deploy" / "prometheus" / "mmserver-rules.yml").read_text())
+    assert rule["spec"] == shipped
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts == [
+        "MMServerModelLoadsFailing",
+        "MMServerBackendsRestarting",
+        "MMServerQueueSaturated",
+        "MMServerEvictionChurn",
+        "MMServerMemoryBudgetNearlyFull",
+        "MMServerModelP99High",
+    ]
 
 
 @pytest.mark.parametrize("timing", [{}, {"interval": "15s", "scrapeTimeout": "10s"}])

@@ -93,6 +93,8 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_model_memory_bytes",
         "mmserver_model_loads",
         "mmserver_model_version_skew_loads",
+        "mmserver_backend_unaccounted_bytes",
+        "mmserver_memory_budget_bytes",
         "mmserver_model_evictions",
         "mmserver_model_load_seconds",
         "mmserver_backend_restarts",
