@@ -69,7 +69,8 @@ class ApiState:
         for root in self._hidden_paths:
             if root in text:
                 text = text.replace(root + "/", "").replace(root, "the model store")
-        return text
+        # "in the model store (/srv/models)" loses its path, and says the store once.
+        return text.replace("the model store (the model store)", "the model store")
 
     def observe_request(self, model: str, code: int, seconds: float) -> None:
         """Count one answered inference request and its time in the server."""

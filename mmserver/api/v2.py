@@ -1,7 +1,8 @@
 """The Open Inference Protocol (KServe V2, REST), beside the DJL and SageMaker paths.
 
-- health: ``GET /v2/health/live`` (200 while the process serves, draining included),
-  ``GET /v2/health/ready`` (200 while it accepts work, 503 once shutdown has begun),
+- health: ``GET /v2/health/live`` (200 ``{"live": true}`` while the process serves, draining
+  included), ``GET /v2/health/ready`` (200 ``{"ready": true}`` while it accepts work, 503
+  ``{"ready": false}`` once shutdown has begun),
   ``GET /v2/models/{model}[/versions/{version}]/ready`` (200 when loaded, 400 when not, 404 for
   a model the server does not know);
 - metadata: ``GET /v2`` (server) and ``GET /v2/models/{model}[/versions/{version}]`` (loads the
@@ -57,14 +58,20 @@ _BINARY = "application/octet-stream"
 
 
 async def live(request: web.Request) -> web.Response:
-    """200 while the process serves, also while it drains (a liveness probe)."""
-    return web.Response(headers={REQUEST_ID: request_id(request)})
+    """200 ``{"live": true}`` while the process serves, also while it drains (a liveness
+    probe)."""
+    return web.json_response({"live": True}, headers={REQUEST_ID: request_id(request)})
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 while the server accepts work; 503 once shutdown has begun (a readiness probe)."""
-    status = 200 if request.app[STATE].wlm.accepting else 503
-    return web.Response(status=status, headers={REQUEST_ID: request_id(request)})
+    """200 ``{"ready": true}`` while the server accepts work; 503 ``{"ready": false}`` once
+    shutdown has begun (a readiness probe)."""
+    accepting = request.app[STATE].wlm.accepting
+    return web.json_response(
+        {"ready": accepting},
+        status=200 if accepting else 503,
+        headers={REQUEST_ID: request_id(request)},
+    )
 
 
 async def server_metadata(request: web.Request) -> web.Response:
@@ -78,7 +85,7 @@ async def model_ready(request: web.Request) -> web.Response:
     reason = await not_ready_reason(request.app[STATE].wlm, name)
     if reason is not None:
         raise ModelNotReady(reason)
-    return web.Response()
+    return web.json_response({"name": request.match_info["model"], "ready": True})
 
 
 async def model_metadata(request: web.Request) -> web.Response:

@@ -64,7 +64,8 @@ class BackendProcess:
         return process.pid if process is not None and process.is_alive() else None
 
     def describe(self) -> str:
-        return f"backend process {self.index} (pid {self.pid})"
+        pid = self.pid
+        return f"backend process {self.index} ({'not started' if pid is None else f'pid {pid}'})"
 
     async def start(self) -> socket.socket:
         """Start a new process (the slot's from now on); the non-blocking socket of its pipe."""

@@ -340,8 +340,12 @@ def load_pickle(path: Path, trust: Trust, on_skew: str = skew.REFUSE) -> tuple[A
         raise ModelLoadError(skew.unreadable(path.name, path, reason(exc))) from None
     trained = skew.trained_with(caught)
     skew.check(path.name, trained, on_skew)
+    said = skew.said_once(path.name, caught)  # one line, not one per estimator of a pipeline
     for w in caught:
-        _report(path, w)
+        if w not in said.replaced:
+            _report(path, w)
+    if said.line:
+        _report_text(path, said.line)
     return model, trained
 
 
@@ -556,11 +560,15 @@ def collecting_warnings() -> Iterator[list[str]]:
 
 
 def _report(path: Path, w: warnings.WarningMessage) -> None:
+    _report_text(path, f"{w.category.__name__}: {w.message}")
+
+
+def _report_text(path: Path, text: str) -> None:
     collected = _COLLECTED.get()
     if collected is not None:
-        collected.append(f"{w.category.__name__}: {w.message}")
+        collected.append(text)
     else:
-        log.warning("%s: %s: %s", path, w.category.__name__, w.message)
+        log.warning("%s: %s", path, text)
 
 
 #: Every family, in the order a model folder is searched for their files.

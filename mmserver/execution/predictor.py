@@ -83,11 +83,12 @@ class EstimatorPredictor:
         if not callable(fn):
             available = [m for m in METHODS if callable(getattr(model, m, None))]
             what = getattr(model, "summary", None) or type(model).__name__
-            raise ModelLoadError(
-                f"model {name} ({what}) has no {method}; option.method must be "
-                f"one of: {', '.join(available) or 'none of ' + ', '.join(METHODS)}",
-                model=name,
+            choice = (
+                f"option.method must be one of: {', '.join(available)}"
+                if available
+                else f"it has none of the methods option.method may name ({', '.join(METHODS)})"
             )
+            raise ModelLoadError(f"model {name} ({what}) has no {method}; {choice}", model=name)
         self.model: Any = model
         self.method = method
         self.family = family

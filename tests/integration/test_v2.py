@@ -37,12 +37,15 @@ async def v2_error(response: ClientResponse, status: int) -> str:
 
 async def test_health_live_stays_200_while_draining_and_ready_goes_503(server: Harness) -> None:
     client = server.client
-    for path in ("/v2/health/live", "/v2/health/ready"):
+    # JSON bodies, as KServe's own server answers (its Python client reads them).
+    for path, body in (("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True})):
         response = await client.get(path)
-        assert response.status == 200 and await response.read() == b""
+        assert response.status == 200 and await response.json() == body
     server.wlm.begin_shutdown()
-    assert (await client.get("/v2/health/live")).status == 200
-    assert (await client.get("/v2/health/ready")).status == 503
+    live = await client.get("/v2/health/live")
+    assert live.status == 200 and await live.json() == {"live": True}
+    ready = await client.get("/v2/health/ready")
+    assert ready.status == 503 and await ready.json() == {"ready": False}
     response = await client.post("/v2/models/sklearn-0/infer", json=infer_body([0.5], [1]))
     assert "shutting down" in await v2_error(response, 503)
 
@@ -53,7 +56,8 @@ async def test_model_ready_follows_the_model_s_status(server: Harness) -> None:
     assert message.startswith("model sklearn-4 is not ready: it is unloaded; it loads on its first")
     response = await client.post("/v2/models/sklearn-4/infer", json=infer_body([0.5], [1]))
     assert response.status == 200
-    assert (await client.get("/v2/models/sklearn-4/ready")).status == 200
+    ready = await client.get("/v2/models/sklearn-4/ready")
+    assert ready.status == 200 and await ready.json() == {"name": "sklearn-4", "ready": True}
     assert (await client.get("/v2/models/sklearn-4.tar.gz/versions/1/ready")).status == 200
     assert "has one version, 1; there is no version '2'" in await v2_error(
         await client.get("/v2/models/sklearn-4/versions/2/ready"), 404

@@ -30,6 +30,8 @@ import json, sys
 import joblib, numpy as np, sklearn
 from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
 from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 store = sys.argv[1]
 rng = np.random.default_rng(0)
@@ -41,6 +43,7 @@ for name, model in (
     ("old-forest", RandomForestClassifier(n_estimators=5, random_state=0)),
     ("old-boosting", GradientBoostingClassifier(n_estimators=5, random_state=0)),
     ("old-logistic", LogisticRegression()),
+    ("old-pipeline", make_pipeline(StandardScaler(), LogisticRegression())),
 ):
     model.fit(X, y)
     joblib.dump(model, f"{store}/{name}/model.joblib")
@@ -68,7 +71,7 @@ def old_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     """A store with three models pickled by scikit-learn 1.3.2 (and their own answers), a model
     of this version and one whose own predict fails on every row."""
     store = tmp_path_factory.mktemp("skew") / "store"
-    for name in ("old-forest", "old-boosting", "old-logistic", "broken"):
+    for name in ("old-forest", "old-boosting", "old-logistic", "old-pipeline", "broken"):
         (store / name).mkdir(parents=True)
     made = subprocess.run(
         [_old_python(), "-c", _MAKE, str(store)], capture_output=True, text=True, check=True
@@ -148,9 +151,23 @@ async def test_warn_serves_it_shows_its_versions_and_still_refuses_false_probabi
     assert described["status"] == "Healthy"
     assert described["trainedWith"] == {"scikit-learn": "1.3.2"}
     assert described["servedWith"] == {"scikit-learn": sklearn.__version__}
-    assert any("InconsistentVersionWarning" in w for w in described["warnings"])
+    ours = sklearn.__version__
+    assert described["warnings"] == [
+        f"InconsistentVersionWarning: model.joblib was pickled by scikit-learn 1.3.2 and is read "
+        f"by {ours} (1 estimator(s): LogisticRegression)"
+    ]
+    # A pipeline's steps each warned: said once, with every estimator.
+    status, body = await _post(harness, "old-pipeline", rows)
+    assert status == 200
+    assert body["predictions"] == answers["old-pipeline"]["predict"]
+    assert (await describe(harness, "old-pipeline"))["warnings"] == [
+        f"InconsistentVersionWarning: model.joblib was pickled by scikit-learn 1.3.2 and is read "
+        f"by {ours} (3 estimator(s): StandardScaler, LogisticRegression, Pipeline)"
+    ]
     metrics = (await (await harness.client.get("/metrics")).read()).decode()
-    assert _metric(metrics, "mmserver_model_version_skew_loads_total") == 1
+    assert (
+        _metric(metrics, "mmserver_model_version_skew_loads_total") == 2
+    )  # the logistic regression and the pipeline
     said = f"made by scikit-learn 1.3.2, served by {sklearn.__version__}"
     listed = (await (await harness.client.get("/models")).json())["models"]
     rows = {row["modelName"]: row for row in listed}
