@@ -225,6 +225,9 @@ class ServiceUnavailable(MMServerError):
     status_code = 503
     amzn_error_type = "ServiceUnavailable"
 
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}  # a moment, or another instance (a stopping server's)
+
 
 class QueueFull(ServiceUnavailable):
     """The model's queue holds ``job_queue_size`` jobs."""

@@ -118,6 +118,10 @@ class Server:
         if runner is not None:
             runner.close()  # no asynchronous request accepted or started from now on
         self.wlm.begin_shutdown()
+        if self._runner is not None:
+            # Kept-alive connections close once idle, busy ones after their answer (which says
+            # Connection: close): clients, and a balancer, take their next requests elsewhere.
+            self._runner.drain()
         drain = self.config.drain_timeout
         if runner is not None:
             # Running asynchronous requests end as the pools drain; the rest stay queued.

@@ -34,7 +34,7 @@ import json
 import logging
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from aiohttp import hdrs, web, web_protocol, web_response
@@ -126,7 +126,14 @@ def _raw_error(error: MMServerError, reason: str, extra: str = "") -> bytes:
 class _Policy:
     """One server's connection rules and its counts of what they refused."""
 
-    def __init__(self, config: ServerConfig, request_ids: RequestIds) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        request_ids: RequestIds,
+        draining: Callable[[], bool] = lambda: False,
+    ) -> None:
+        #: Whether the server drains: every answer then closes its connection.
+        self.draining = draining
         self.max_connections = config.max_connections or default_max_connections()
         self.header_timeout = config.header_timeout
         self.send_timeout = config.send_timeout
@@ -259,6 +266,8 @@ class _Connection(web_protocol.RequestHandler):
             self._message_tail = b""
             self._close = True
             resp.force_close()
+        if self._policy.draining():
+            resp.force_close()  # Connection: close, and closed once written
         unread = not request.content.is_eof()
         if unread:
             # Answered before its body was read whole: what more arrives is dropped unparsed
@@ -386,6 +395,13 @@ class _Server(web.Server):
         if self.lean is not None:
             self.lean.close_all()
 
+    def drain(self) -> None:
+        """The server drains: every answer from now on closes its connection (``Connection:
+        close``), and kept-alive connections left idle are closed
+        (:meth:`~mmserver.api.lean.connection.LeanFront.drain`)."""
+        if self.lean is not None:
+            self.lean.drain()
+
     async def shutdown(self, timeout: float | None = None) -> None:
         if self.lean is None:
             await super().shutdown(timeout)
@@ -414,12 +430,18 @@ class HttpRunner(web.AppRunner):
         server.__class__ = _Server
         assert isinstance(server, _Server)
         config = state.config
-        server.policy = _Policy(config, state.request_ids)
+        server.policy = _Policy(config, state.request_ids, lambda: not state.wlm.accepting)
         lean = config.lean_http and config.keepalive_timeout > 0
         server.lean = (
             LeanFront(state, server.handed_over, server.refuse_past_limit) if lean else None
         )
         return server
+
+    def drain(self) -> None:
+        """The server drains (:meth:`_Server.drain`)."""
+        server = self.server
+        if isinstance(server, _Server):
+            server.drain()
 
     @property
     def policy(self) -> _Policy:

@@ -150,3 +150,73 @@ async def test_work_held_in_a_backend_past_the_drain_does_not_hold_the_stop(
         log = server.log()
         assert "mmserver stopped" in log and "Traceback" not in log
         assert "exception was never retrieved" not in log
+
+
+async def _send(writer: asyncio.StreamWriter, path: str, body: bytes = b"[[1.0]]") -> None:
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP answer off a kept-alive connection: status, headers (lower-case), body."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {
+        name.strip().lower(): value.strip()
+        for name, _, value in (line.partition(":") for line in lines[1:] if line)
+    }
+    body = await reader.readexactly(int(headers["content-length"]))
+    return status, headers, body
+
+
+async def test_a_drain_tells_kept_alive_clients_to_go_elsewhere(tmp_path: Path) -> None:
+    """SIGTERM: an idle kept-alive connection is closed at once (not at the drain's end), the
+    answer owed on a busy one says Connection: close and the connection closes after it, and a
+    request on a new connection is answered 503 with Retry-After and Connection: close."""
+    root = tmp_path / "store"
+    root.mkdir()
+    make_linear_archive(root / "sklearn-0.tar.gz")
+    gate = tmp_path / "gate"
+    make_gated_dir(root / "gated", gate, maxWorkers=1)
+    async with ServerProcess(
+        root, tmp_path / "server.log", "--backend-processes", "1", "--drain-timeout", "120"
+    ) as server:
+        host, port = "127.0.0.1", server.port
+        idle_reader, idle_writer = await asyncio.open_connection(host, port)
+        await _send(idle_writer, "/predictions/sklearn-0")
+        status, headers, _ = await _answer(idle_reader)
+        assert status == 200 and headers.get("connection", "").lower() != "close"
+        busy_reader, busy_writer = await asyncio.open_connection(host, port)
+        await _send(busy_writer, "/predictions/gated", b"[[3.0]]")
+        async with aiohttp.ClientSession() as session:
+            await until(lambda: busy(session, server.url, "gated"), 60, "the gated batch sent")
+        server.signal(signal.SIGTERM)
+        # The idle connection is closed by the server while the drain still waits (the gate).
+        assert await asyncio.wait_for(idle_reader.read(), 30) == b""
+        # A new connection while the drain lasts: 503, Retry-After, Connection: close.
+        fresh_reader, fresh_writer = await asyncio.open_connection(host, port)
+        await _send(fresh_writer, "/predictions/sklearn-0")
+        status, headers, body = await _answer(fresh_reader)
+        assert status == 503 and json.loads(body)["type"] == "WlmShutdownException"
+        assert headers["retry-after"] == "1" and headers["connection"].lower() == "close"
+        assert await asyncio.wait_for(fresh_reader.read(), 30) == b""
+        # So does one aiohttp answers (not an inference request).
+        ping_reader, ping_writer = await asyncio.open_connection(host, port)
+        ping_writer.write(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = await _answer(ping_reader)
+        assert status == 503 and headers["connection"].lower() == "close"
+        assert await asyncio.wait_for(ping_reader.read(), 30) == b""
+        # The busy connection's answer comes once the gate opens, saying it is the last.
+        gate.touch()
+        status, headers, body = await _answer(busy_reader)
+        assert status == 200 and json.loads(body) == {"predictions": [6.0]}
+        assert headers["connection"].lower() == "close"
+        assert await asyncio.wait_for(busy_reader.read(), 30) == b""
+        for writer in (idle_writer, busy_writer, fresh_writer, ping_writer):
+            writer.close()
+        assert await server.wait(60) == 0

@@ -90,6 +90,8 @@ _HAND = -1
 _BODY_TO_COME = -2
 #: Seconds between looks at the lean connections' idle time.
 _SWEEP_S = 1.0
+#: While the server drains, a kept-alive connection idle this long is closed.
+DRAIN_IDLE_S = 1.0
 #: Paths whose route a lean front remembers (then it forgets them all and starts again).
 _ROUTES_KEPT = 4096
 
@@ -128,6 +130,9 @@ class LeanConnection(asyncio.Protocol):
         #: Bytes kept for aiohttp while the answers before them are written (None: serving).
         self._held: bytes | None = None
         self._closing = False  # write the answers owed, then close
+        #: Whether an answer was written: a kept-alive connection, not one whose first
+        #: request may still be on its way.
+        self.answered = False
         #: Bytes received and not taken yet: requests that came while :data:`_MAX_OWED`
         #: answers were owed, or the start of a request the next read completes.
         self._unread = b""
@@ -412,9 +417,15 @@ class LeanConnection(asyncio.Protocol):
         ready = [cast(bytes, answers.popleft().data)]
         while answers and answers[0].data is not None:
             ready.append(cast(bytes, answers.popleft().data))
+        if not self.state.wlm.accepting and not self._closing:
+            self.close_after_answers()  # the server drains: clients go elsewhere
+        if self._closing and not answers:
+            # The last answer before the connection closes says so.
+            ready[-1] = ready[-1].replace(b"\r\n", b"\r\nConnection: close\r\n", 1)
         transport = self.transport
         if transport is not None:
             transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
+            self.answered = True
         if not answers:
             self.idle_since = time.monotonic()
             if self._held is not None or self._closing:
@@ -482,10 +493,15 @@ class LeanConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """Take no more requests; close once the answers owed are written."""
-        self._closing = True
-        self._held = None
+        self.close_after_answers()
         if not self._answers and self.transport is not None:
             self.transport.close()
+
+    def close_after_answers(self) -> None:
+        """Take no more requests: the last answer owed says ``Connection: close``, and the
+        connection closes once it is written."""
+        self._closing = True
+        self._held = None
 
     async def shutdown(self, timeout: float | None) -> None:
         """:meth:`close`, and wait for the connection to end (aborted after ``timeout``)."""
@@ -515,6 +531,7 @@ class LeanFront:
         self.refuse_past_limit = refuse_past_limit
         self.max_request_size = config.max_request_size
         self.keepalive_timeout = config.keepalive_timeout
+        self._draining = False
         self.send_timeout = config.send_timeout
         self.access_log = state.access_log
         #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.lean.asynchronous`).
@@ -566,17 +583,29 @@ class LeanFront:
         now = time.monotonic()
         oldest = now - self.keepalive_timeout
         stalled = now - _SWEEP_S
+        self._close_idle(oldest)
         for conn in list(self.connections):
-            if conn.idle_since < oldest and conn.idle:
-                conn.close()
-            else:
-                conn.hand_off_stalled(stalled)
+            conn.hand_off_stalled(stalled)
         if self.connections:
             self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
 
     def close_all(self) -> None:
         for conn in list(self.connections):
             conn.close()
+
+    def drain(self) -> None:
+        """The server drains: close the kept-alive connections idle for :data:`DRAIN_IDLE_S`
+        now, and those that become so from now on (their clients go elsewhere, not to a 503).
+        A connection that has not been answered yet is kept: its first request may be on its
+        way, and is answered (503, ``Connection: close``)."""
+        self.keepalive_timeout = min(self.keepalive_timeout, DRAIN_IDLE_S)
+        self._draining = True
+        self._close_idle(time.monotonic() - DRAIN_IDLE_S)
+
+    def _close_idle(self, oldest: float) -> None:
+        for conn in list(self.connections):
+            if conn.idle_since < oldest and conn.idle and (conn.answered or not self._draining):
+                conn.close()
 
     async def shutdown(self, timeout: float | None) -> None:
         if self._sweeper is not None:
