@@ -22,7 +22,7 @@ from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
 from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 from mmserver.codecs.requests import Request
-from mmserver.ops import heap
+from mmserver.ops import heap, logs
 from mmserver.procs.framing import FrameReader, frame, send_frame
 from mmserver.store.local import tree_size
 
@@ -84,6 +84,8 @@ class Models:
         self.predictors: dict[str, Any] = {}
         self._clock = clock
         self._long: set[str] = set()  # models whose last batch was long
+        #: The model the process runs now, or ran last: what its log lines name.
+        self.running: str | None = None
         #: Whether the heap was trimmed since it last freed much: after a load or an unload
         #: (each ends with a trim), until a failed load or a large batch.
         self._trimmed = False
@@ -95,6 +97,7 @@ class Models:
         existing = self.predictors.get(spec.key)
         if existing is not None:
             return LoadInfo(0)
+        self.running = spec.key.split("#")[0]
         started = time.perf_counter()
         # Measured from a trimmed heap: freed pages that the allocator kept (from models
         # unloaded, batches answered) would otherwise be reused by this load, which would then
@@ -179,6 +182,7 @@ class Models:
         predictor = self.predictors.get(key)
         if predictor is None:
             raise errors.BackendDied(f"model {name} is not loaded in this backend")
+        self.running = name
         rows = 0
 
         def predict(batch: Any, output: str | None = None) -> Any:
@@ -257,6 +261,7 @@ def child_main(
     sock.setblocking(True)
     reader = FrameReader(sock)
     models = Models()
+    logs.setup_backend(lambda: models.running)  # as the server's log, each line naming the model
     # The frontend may write several messages in one frame (the batches of one turn of its
     # event loop); each is answered as soon as it is done. Holding a reply for the next
     # batch's, to send both in one system call, cost 8 to 11 % of the closed loop's requests a

@@ -161,13 +161,16 @@ class ProcessLifetime:
                 )
             self._metrics.backend_restarts.inc()
             recycling, self._recycling = self._recycling, None
+            running = running_models(crashed)
             log.log(
                 logging.INFO if recycling else logging.WARNING,
-                "%s %s; starting a replacement to reload %d model(s) and resend %d message(s)",
+                "%s %s%s; starting a replacement to reload %d model(s) and resend %d message(s)",
                 described,
                 f"replaced: {recycling}" if recycling else "died",
+                f" while running model(s) {', '.join(running)}" if running else "",
                 len(loads.loaded),
                 len(slot.held),
+                extra={"model": running[0]} if len(running) == 1 else None,
             )
             await process.throttle()  # a crash loop: do not spin
             try:
@@ -197,3 +200,17 @@ class ProcessLifetime:
                 log.error("reloading %s into %s failed: %s", spec.key, process.describe(), result)
             else:
                 loads.charge(spec.key, result)
+
+
+def running_models(pending: list[Pending]) -> list[str]:
+    """The models whose batches or loads ``pending`` (a dead process's messages in flight)
+    were, in order, each once."""
+    names: dict[str, None] = {}
+    for each in pending:
+        message = each.message
+        key: Any = message[1] if len(message) > 1 else None
+        if isinstance(key, LoadSpec):
+            key = key.key
+        if isinstance(key, str):
+            names[key.split("#")[0]] = None
+    return list(names)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import json
 import logging
+import os
 import sys
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 
 #: The record attributes a JSON line carries besides the fixed ones, when a record has them.
 #: (The access log writes its own lines, with these and its own fields:
@@ -73,11 +76,77 @@ def replay(records: Iterable[logging.LogRecord]) -> None:
         logging.getLogger(record.name).handle(record)
 
 
+#: The variables that carry the log's level and format to the processes the server starts (the
+#: backend processes read them: :func:`setup_backend`); the options' own environment names.
+LEVEL_VARIABLE, FORMAT_VARIABLE = "MMSERVER_LOG_LEVEL", "MMSERVER_LOG_FORMAT"
+
+
 def setup(level: str, log_format: str = "text") -> None:
-    """Log records of ``level`` and above to stderr, as ``log_format`` says."""
+    """Log records of ``level`` and above to stderr, as ``log_format`` says; the processes the
+    server starts from now on log the same way."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    os.environ[LEVEL_VARIABLE], os.environ[FORMAT_VARIABLE] = level, log_format
+
+
+class _Running(logging.Filter):
+    """Names the model a backend process runs in the records that do not name one."""
+
+    def __init__(self, model: Callable[[], str | None]) -> None:
+        super().__init__()
+        self._model = model
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "model", None) is None:
+            record.model = self._model()
+        return True
+
+
+def setup_backend(model: Callable[[], str | None]) -> None:
+    """A backend process's log, as the server's (:func:`setup`), each record naming the model
+    the process runs (``model()``), Python's warnings included. With the JSON format, whatever
+    the process writes to its standard output and error (a model's ``print``, a native
+    library's messages) becomes a record too, a line each, so that every line of the log is
+    JSON: output at ``INFO``, errors at ``WARNING``, logger ``mmserver.model.output``."""
+    level = os.environ.get(LEVEL_VARIABLE, "INFO")
+    json_lines = os.environ.get(FORMAT_VARIABLE, "text") == "json"
+    stream = sys.stderr
+    if json_lines:
+        stream = os.fdopen(os.dup(2), "w", buffering=1)  # the log's own way out
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(_Running(model))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    logging.captureWarnings(True)
+    if not json_lines:
+        return
+    output = logging.getLogger(OUTPUT_LOGGER)
+    for fd, at in ((1, logging.INFO), (2, logging.WARNING)):
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        threading.Thread(
+            target=_lines, args=(read, output, at), name=f"mmserver-output-{fd}", daemon=True
+        ).start()
+    for text in (sys.stdout, sys.stderr):
+        if isinstance(text, io.TextIOWrapper):
+            text.reconfigure(line_buffering=True)  # a print is a line of the log when printed
+
+
+#: The logger of what a backend process writes to its standard output and error.
+OUTPUT_LOGGER = "mmserver.model.output"
+
+
+def _lines(fd: int, logger: logging.Logger, level: int) -> None:
+    """Log each line written to the pipe ``fd`` until it closes."""
+    with os.fdopen(fd, "rb") as pipe:
+        for raw in pipe:
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if text:
+                logger.log(level, "%s", text)

@@ -42,6 +42,57 @@ async def test_json_lines_with_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     assert early[0]["logger"] == "mmserver.config.server"
 
 
+_TALKATIVE = """\
+import sys
+import warnings
+
+
+def load(model_dir, properties):
+    print("loading the talkative model")
+    return None
+
+
+def predict(model, batch):
+    print("predicting", len(batch), "row(s)")
+    print("a native library's complaint", file=sys.stderr)
+    warnings.warn("this estimator will change its default", FutureWarning)
+    return [float(row[0]) for row in batch]
+"""
+
+
+async def test_what_backend_processes_write_is_json_too_with_the_model(tmp_path: Path) -> None:
+    """A model's prints, what it writes to stderr and Python's warnings in a backend process
+    are JSON lines of the log, each naming the model."""
+    store = one_model_store(tmp_path)
+    talkative = store / "talkative"
+    talkative.mkdir()
+    (talkative / "model.py").write_text(_TALKATIVE)
+    async with (
+        ServerProcess(
+            store, tmp_path / "server.log", "--log-format", "json", "--backend-processes", "1"
+        ) as server,
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(f"{server.url}/predictions/talkative", json=[[1.5]]) as response:
+            assert response.status == 200, await response.text()
+        await predict_ok(session, server.url)
+        server.signal(signal.SIGTERM)
+        assert await server.wait(30) == 0
+    lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
+    said = {
+        (line["logger"], line["level"], line["message"]): line.get("model")
+        for line in lines
+        if line["logger"] in ("mmserver.model.output", "py.warnings")
+    }
+    assert said[("mmserver.model.output", "INFO", "loading the talkative model")] == "talkative"
+    assert said[("mmserver.model.output", "INFO", "predicting 1 row(s)")] == "talkative"
+    assert said[("mmserver.model.output", "WARNING", "a native library's complaint")] == (
+        "talkative"
+    )
+    warned = [m for (logger, _, m) in said if logger == "py.warnings"]
+    assert any("FutureWarning: this estimator will change its default" in m for m in warned)
+
+
 def test_a_record_with_a_request_id_and_an_exception() -> None:
     try:
         raise ValueError("bad row")

@@ -7,6 +7,7 @@ so the tests wait on conditions, not on guessed durations.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -387,14 +388,21 @@ async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
         assert len(wlm.backend.pids()) == 2
 
 
-async def test_a_process_that_exits_fails_only_its_batch(store: Path) -> None:
+async def test_a_process_that_exits_fails_only_its_batch(
+    store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     make_exiting_dir(store / "fragile", maxWorkers=1)
+    caplog.set_level(logging.WARNING, logger="mmserver.backend.lifetime")
     async with running(store, backend_processes=1) as wlm:
         assert value(await wlm.submit("fragile", rows([[1.0]])).answer) == 2.0
         assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
         with pytest.raises(errors.BackendDied, match=r"exit code 3\)") as info:
             await wlm.submit("fragile", rows([[-1.0]])).answer
         assert "died while running this request" in info.value.message
+        # The log says which model it was running, and names it as the line's model.
+        [died] = [r for r in caplog.records if "died while running model(s)" in r.getMessage()]
+        assert "exit code 3) died while running model(s) fragile;" in died.getMessage()
+        assert died.model == "fragile"  # type: ignore[attr-defined]
         # Both models were reloaded into the replacement and keep serving.
         assert value(await wlm.submit("fragile", rows([[4.0]])).answer) == 8.0
         assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
