@@ -7,12 +7,14 @@ sense, on the DJL path (which does not).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from mmserver.api import dataplane
 from mmserver.api.middleware import answers_errors
 from mmserver.config.server import MAX_BATCH_DELAY_MS, ServerConfig
 from mmserver.errors import ConfigError
@@ -212,13 +214,35 @@ async def test_415_unsupported_content_type(server: Harness, content_type: str) 
 # ------------------------------------------------------------------------------------------------
 
 
-async def test_424_model_raised(server: Harness) -> None:
+async def test_424_model_raised(
+    server: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.WARNING, logger="mmserver.api.dataplane")
+    monkeypatch.setattr(dataplane, "MODEL_ERRORS", dataplane.ModelErrors())
     response = await server.post("/models/raising-handler/invoke", "[[0.5]]")
     await check(
         response, 424, "TranslateException", "ValueError: feature 0 is out of range", "ModelError"
     )
+    for _ in range(3):
+        response = await server.post("/predictions/raising-handler", "[[0.5]]")
+        await check(
+            response, 424, "TranslateException", "ValueError: feature 0 is out of range", None
+        )
+    # One line a minute for the model, with the error, not one a request.
+    raised = [
+        r for r in caplog.records if r.getMessage().startswith("model raising-handler raised")
+    ]
+    assert len(raised) == 1
+    assert "ValueError: feature 0 is out of range" in raised[0].getMessage()
+    assert raised[0].model == "raising-handler"  # type: ignore[attr-defined]
+    # The next minute's line counts what the minute before did not write.
+    monkeypatch.setattr(dataplane.MODEL_ERRORS, "every_s", 0.0)
     response = await server.post("/predictions/raising-handler", "[[0.5]]")
-    await check(response, 424, "TranslateException", "ValueError: feature 0 is out of range", None)
+    assert response.status == 424
+    raised = [
+        r for r in caplog.records if r.getMessage().startswith("model raising-handler raised")
+    ]
+    assert len(raised) == 2 and raised[1].getMessage().endswith("; 3 more in the last 0 s")
 
 
 async def test_500_model_failed_to_load(server: Harness) -> None:
