@@ -34,7 +34,7 @@ import json
 import logging
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from aiohttp import hdrs, web, web_protocol, web_response
@@ -126,14 +126,10 @@ def _raw_error(error: MMServerError, reason: str, extra: str = "") -> bytes:
 class _Policy:
     """One server's connection rules and its counts of what they refused."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        request_ids: RequestIds,
-        draining: Callable[[], bool] = lambda: False,
-    ) -> None:
-        #: Whether the server drains: every answer then closes its connection.
-        self.draining = draining
+    def __init__(self, config: ServerConfig, request_ids: RequestIds) -> None:
+        #: Whether the server drains (:meth:`_Server.drain`): every answer then closes its
+        #: connection.
+        self.draining = False
         self.max_connections = config.max_connections or default_max_connections()
         self.header_timeout = config.header_timeout
         self.send_timeout = config.send_timeout
@@ -266,7 +262,7 @@ class _Connection(web_protocol.RequestHandler):
             self._message_tail = b""
             self._close = True
             resp.force_close()
-        if self._policy.draining():
+        if self._policy.draining:
             resp.force_close()  # Connection: close, and closed once written
         unread = not request.content.is_eof()
         if unread:
@@ -399,6 +395,7 @@ class _Server(web.Server):
         """The server drains: every answer from now on closes its connection (``Connection:
         close``), and kept-alive connections left idle are closed
         (:meth:`~mmserver.api.lean.connection.LeanFront.drain`)."""
+        self.policy.draining = True
         if self.lean is not None:
             self.lean.drain()
 
@@ -430,7 +427,7 @@ class HttpRunner(web.AppRunner):
         server.__class__ = _Server
         assert isinstance(server, _Server)
         config = state.config
-        server.policy = _Policy(config, state.request_ids, lambda: not state.wlm.accepting)
+        server.policy = _Policy(config, state.request_ids)
         lean = config.lean_http and config.keepalive_timeout > 0
         server.lean = (
             LeanFront(state, server.handed_over, server.refuse_past_limit) if lean else None

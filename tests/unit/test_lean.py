@@ -84,8 +84,6 @@ class Wlm:
     """Records what is submitted; the answers are set by the test."""
 
     jobs: list[Submitted] = field(default_factory=list)
-    #: False once the server drains: answers then close their connections.
-    accepting: bool = True
 
     def submit(self, name: str, job: Any, client_gone: Any) -> Submitted:
         answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
@@ -155,7 +153,7 @@ async def test_whole_requests_are_taken_in_order_with_their_bodies_and_headers()
 async def test_while_the_server_drains_the_last_answer_closes_the_connection() -> None:
     s = lean()
     s.conn.data_received(request(body=b"[[1.0]]") + request(body=b"[[2.0]]"))
-    s.wlm.accepting = False  # the drain begins with both requests taken
+    s.front.drain()  # the drain begins with both requests taken
     await answer(s.wlm.jobs[0], b"[2.0]")
     # The first answer is not the last: written as ever, the connection kept.
     assert b"Connection: close" not in b"".join(s.transport.written) and not s.transport.closed

@@ -417,7 +417,7 @@ class LeanConnection(asyncio.Protocol):
         ready = [cast(bytes, answers.popleft().data)]
         while answers and answers[0].data is not None:
             ready.append(cast(bytes, answers.popleft().data))
-        if not self.state.wlm.accepting and not self._closing:
+        if self.front.draining and not self._closing:
             self.close_after_answers()  # the server drains: clients go elsewhere
         if self._closing and not answers:
             # The last answer before the connection closes says so.
@@ -531,7 +531,8 @@ class LeanFront:
         self.refuse_past_limit = refuse_past_limit
         self.max_request_size = config.max_request_size
         self.keepalive_timeout = config.keepalive_timeout
-        self._draining = False
+        #: Whether the server drains (:meth:`drain`): every answer closes its connection.
+        self.draining = False
         self.send_timeout = config.send_timeout
         self.access_log = state.access_log
         #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.lean.asynchronous`).
@@ -599,12 +600,12 @@ class LeanFront:
         A connection that has not been answered yet is kept: its first request may be on its
         way, and is answered (503, ``Connection: close``)."""
         self.keepalive_timeout = min(self.keepalive_timeout, DRAIN_IDLE_S)
-        self._draining = True
+        self.draining = True
         self._close_idle(time.monotonic() - DRAIN_IDLE_S)
 
     def _close_idle(self, oldest: float) -> None:
         for conn in list(self.connections):
-            if conn.idle_since < oldest and conn.idle and (conn.answered or not self._draining):
+            if conn.idle_since < oldest and conn.idle and (conn.answered or not self.draining):
                 conn.close()
 
     async def shutdown(self, timeout: float | None) -> None:
