@@ -340,12 +340,11 @@ def load_pickle(path: Path, trust: Trust, on_skew: str = skew.REFUSE) -> tuple[A
         raise ModelLoadError(skew.unreadable(path.name, path, reason(exc))) from None
     trained = skew.trained_with(caught)
     skew.check(path.name, trained, on_skew)
-    said = skew.said_once(path.name, caught)  # one line, not one per estimator of a pipeline
-    for w in caught:
-        if w not in said.replaced:
-            _report(path, w)
-    if said.line:
-        _report_text(path, said.line)
+    line, others = skew.said_once(path.name, caught)  # one line, not one per estimator
+    for w in others:
+        _report(path, w)
+    if line:
+        _report_text(path, line)
     return model, trained
 
 

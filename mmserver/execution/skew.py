@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from mmserver.config.model import SKEW_CHOICES
@@ -62,30 +61,25 @@ def trained_with(caught: Iterable[warnings.WarningMessage]) -> dict[str, str]:
     return found
 
 
-@dataclass(frozen=True)
-class Said:
-    """scikit-learn's version warnings of one unpickling (one per estimator, a pipeline's steps
-    each) said as one ``line``; ``replaced``: the warnings it stands for."""
-
-    line: str
-    replaced: tuple[warnings.WarningMessage, ...]
-
-
-def said_once(file: str, caught: Iterable[warnings.WarningMessage]) -> Said:
-    """The version warnings among ``caught`` as one line naming the versions and the
-    estimators (empty when there are none)."""
+def said_once(
+    file: str, caught: list[warnings.WarningMessage]
+) -> tuple[str, list[warnings.WarningMessage]]:
+    """scikit-learn's version warnings among ``caught`` (one per estimator, a pipeline's steps
+    each) as one line naming the versions and the estimators (empty when there are none), and
+    the other warnings."""
     versions = [w for w in caught if hasattr(w.message, "original_sklearn_version")]
+    others = [w for w in caught if w not in versions]
     if not versions:
-        return Said("", ())
+        return "", others
     first = versions[0].message
-    names = list(dict.fromkeys(str(getattr(w.message, "estimator_name", "?")) for w in versions))
+    names = dict.fromkeys(str(getattr(w.message, "estimator_name", "?")) for w in versions)
     line = (
         f"{type(first).__name__}: {file} was pickled by {SKLEARN} "
         f"{getattr(first, 'original_sklearn_version', '?')} and is read by "
         f"{getattr(first, 'current_sklearn_version', '?')} ({len(versions)} "
         f"estimator(s): {', '.join(names)})"
     )
-    return Said(line, tuple(versions))
+    return line, others
 
 
 def skewed(trained: dict[str, str]) -> dict[str, tuple[str, str]]:
