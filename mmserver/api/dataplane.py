@@ -127,7 +127,7 @@ class Exchange:
         shown = shown_error(error, method, path, self.rid)
         label = failure_label(self.name, self.submission, error)
         if isinstance(shown, ModelError):
-            MODEL_ERRORS.raised(label, shown, self.rid)
+            self.state.model_errors.raised(label, shown.message, self.rid)
         self.state.observe_request(label, shown.status_code, time.perf_counter() - self.start)
         return shown
 
@@ -160,45 +160,6 @@ def shown_error(error: BaseException, method: str, path: str, rid: str) -> MMSer
             log_server_error(method, path, error, rid)
         return error
     return unexpected(method, path, rid, error)
-
-
-class ModelErrors:
-    """One warning line a minute for each model whose own code raises (answered 424), with
-    the error and how many more it raised meanwhile: a model failing on every request says so
-    without a line per request."""
-
-    #: Seconds between two lines of one model.
-    every_s = 60.0
-    #: Models remembered at most (the oldest lines' are forgotten first).
-    MAX_MODELS = 10_000
-
-    def __init__(self) -> None:
-        #: By model: when its last line was written, and the errors since, not written.
-        self._seen: dict[str, tuple[float, int]] = {}
-
-    def raised(self, model: str, error: MMServerError, rid: str) -> None:
-        now = time.monotonic()
-        last = self._seen.get(model)
-        if last is not None and now - last[0] < self.every_s:
-            self._seen[model] = (last[0], last[1] + 1)
-            return
-        more = last[1] if last is not None else 0
-        if len(self._seen) >= self.MAX_MODELS:
-            del self._seen[next(iter(self._seen))]
-        self._seen.pop(model, None)
-        self._seen[model] = (now, 0)
-        log.warning(
-            "model %s raised: %s (%s)%s",
-            model,
-            error.message,
-            rid,
-            f"; {more} more in the last {self.every_s:.0f} s" if more else "",
-            extra={"model": model, "request_id": rid},
-        )
-
-
-#: The server's log of models that raise.
-MODEL_ERRORS = ModelErrors()
 
 
 def log_server_error(method: str, path: str, error: MMServerError, rid: str) -> None:

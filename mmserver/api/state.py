@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from mmserver.config.server import ServerConfig
 from mmserver.errors import RequestTooLarge
+from mmserver.ops.logs import ModelErrorLog
 from mmserver.ops.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class ApiState:
     asynchronous: AsyncInference | None = None
     #: The data capture, when the server has a ``capture_path``.
     capture: Capture | None = None
+    #: The lines of models whose own code raises.
+    model_errors: ModelErrorLog = field(default_factory=ModelErrorLog)
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 #: The record attributes a JSON line carries besides the fixed ones, when a record has them.
@@ -46,6 +47,45 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_text:
             line["exception"] = record.exc_text
         return json.dumps(line, default=str)
+
+
+#: The logger of what models do that the operator should see (their errors, their output).
+MODEL_LOGGER = "mmserver.model"
+
+
+class ModelErrorLog:
+    """One warning line a minute for each model whose own code raises (answered 424), with
+    the error and how many more it raised meanwhile: a model failing on every request says so
+    without a line per request. One per server (:class:`~mmserver.api.state.ApiState`)."""
+
+    #: Seconds between two lines of one model.
+    every_s = 60.0
+    #: Models remembered at most (the one whose line is oldest is forgotten first).
+    MAX_MODELS = 10_000
+
+    def __init__(self) -> None:
+        #: By model, oldest line first: when its last line was written, and the errors since.
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def raised(self, model: str, message: str, rid: str) -> None:
+        now = time.monotonic()
+        last = self._seen.get(model)
+        if last is not None and now - last[0] < self.every_s:
+            self._seen[model] = (last[0], last[1] + 1)
+            return
+        more = last[1] if last is not None else 0
+        self._seen.pop(model, None)
+        if len(self._seen) >= self.MAX_MODELS:
+            del self._seen[next(iter(self._seen))]
+        self._seen[model] = (now, 0)
+        logging.getLogger(MODEL_LOGGER).warning(
+            "model %s raised: %s (%s)%s",
+            model,
+            message,
+            rid,
+            f"; {more} more in the last {self.every_s:.0f} s" if more else "",
+            extra={"model": model, "request_id": rid},
+        )
 
 
 class _Held(logging.Handler):

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mmserver.api import dataplane
 from mmserver.api.middleware import answers_errors
+from mmserver.api.web import STATE
 from mmserver.config.server import MAX_BATCH_DELAY_MS, ServerConfig
 from mmserver.errors import ConfigError
 from tests.integration.gate import Gate
@@ -218,7 +218,7 @@ async def test_424_model_raised(
     server: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.WARNING, logger="mmserver.api.dataplane")
-    monkeypatch.setattr(dataplane, "MODEL_ERRORS", dataplane.ModelErrors())
+    lines = server.client.app[STATE].model_errors
     response = await server.post("/models/raising-handler/invoke", "[[0.5]]")
     await check(
         response, 424, "TranslateException", "ValueError: feature 0 is out of range", "ModelError"
@@ -236,7 +236,7 @@ async def test_424_model_raised(
     assert "ValueError: feature 0 is out of range" in raised[0].getMessage()
     assert raised[0].model == "raising-handler"  # type: ignore[attr-defined]
     # The next minute's line counts what the minute before did not write.
-    monkeypatch.setattr(dataplane.MODEL_ERRORS, "every_s", 0.0)
+    monkeypatch.setattr(lines, "every_s", 0.0)
     response = await server.post("/predictions/raising-handler", "[[0.5]]")
     assert response.status == 424
     raised = [
