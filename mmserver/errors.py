@@ -263,9 +263,6 @@ class NoCapacity(ServiceUnavailable, ResourceError):
         super().__init__(f"{room}; retry later")
         self.room = room
 
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "1"}
-
 
 class ShuttingDown(ServiceUnavailable, ResourceError):
     """The server, or the model, is stopping."""

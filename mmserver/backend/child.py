@@ -97,7 +97,7 @@ class Models:
         existing = self.predictors.get(spec.key)
         if existing is not None:
             return LoadInfo(0)
-        self.running = spec.key.split("#")[0]
+        name = self.running = spec.key.split("#")[0]
         started = time.perf_counter()
         # Measured from a trimmed heap: freed pages that the allocator kept (from models
         # unloaded, batches answered) would otherwise be reused by this load, which would then
@@ -112,7 +112,6 @@ class Models:
         # describe), not to the process's stderr, once each.
         with warnings.catch_warnings(record=True) as caught, collecting_warnings() as files:
             warnings.simplefilter("always")
-            name = spec.key.split("#")[0]
             predictor = load_predictor(spec.model_dir, spec.config, name)
             probe = self._probe(predictor)  # what its first predictions keep counts too
             self.predictors[spec.key] = predictor

@@ -10,6 +10,7 @@ the signature's columns, and the model's describe shows the example.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,22 @@ class Flavour:
 
 
 def read(path: Path) -> dict[str, Any]:
-    """The MLmodel file at ``path``. Raises :class:`ModelLoadError` saying what is wrong."""
+    """The MLmodel file at ``path`` (parsed once for each version of the file: a load reads it
+    for its model's file, its columns and its example). Raises :class:`ModelLoadError` saying
+    what is wrong. The mapping is shared: read it, do not change it."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"{MLMODEL} cannot be read: {type(exc).__name__}: {exc}") from None
+    return _parsed(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text("utf-8"))
+        data = yaml.safe_load(Path(path).read_text("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ModelLoadError(f"{MLMODEL} cannot be read: {type(exc).__name__}: {exc}") from None
     if not isinstance(data, dict):
@@ -96,14 +108,15 @@ def signature_columns(data: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def input_example(folder: Path, data: dict[str, Any]) -> Any | None:
     """The input example saved beside the model (MLflow's ``input_example.json``), as JSON, or
-    ``None`` without one (or one too large to show)."""
+    ``None`` without one (or one too large to show, or a link: it may point at another model's
+    files)."""
     info = data.get("saved_input_example_info")
     name = info.get("artifact_path") if isinstance(info, dict) else None
     if not isinstance(name, str) or "/" in name or name.startswith("."):
         return None
     path = folder / name
     try:
-        if path.stat().st_size > MAX_EXAMPLE_BYTES:
+        if path.is_symlink() or path.stat().st_size > MAX_EXAMPLE_BYTES:
             return None
         return json.loads(path.read_text("utf-8"))
     except (OSError, ValueError):

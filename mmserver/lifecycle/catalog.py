@@ -375,7 +375,7 @@ class Catalog:
             if record is None:
                 listing.append(ModelListing(name, url, ModelStatus.UNLOADED))
             else:
-                skew = skew_of(record.signature) if record.signature else ""
+                skew = skew_of(record.signature)
                 listing.append(ModelListing(name, record.url or url, record.status, skew))
         return listing, more
 
@@ -412,6 +412,7 @@ class Catalog:
         source = entry.url if entry is not None else record.source if record is not None else None
         url = (record.url if record is not None else None) or str(source)
         failure = record.failure if record is not None else None
+        signed = (record.signature if record is not None else None) or {}
         view = ModelView(
             name=name,
             url=url,
@@ -419,12 +420,12 @@ class Catalog:
             config=config,
             startup=record.startup if record is not None else False,
             error=failure.error.message if failure is not None else None,
-            inputs=(record.signature or {}).get("inputs") if record is not None else None,
+            inputs=signed.get("inputs"),
             warnings=record.warnings if record is not None else (),
-            file_format=(record.signature or {}).get("format") if record is not None else None,
-            trained_with=(record.signature or {}).get("trained_with") if record else None,
-            served_with=(record.signature or {}).get("served_with") if record else None,
-            input_example=(record.signature or {}).get("input_example") if record else None,
+            file_format=signed.get("format"),
+            trained_with=signed.get("trained_with"),
+            served_with=signed.get("served_with"),
+            input_example=signed.get("input_example"),
         )
         if pool is None:
             return view

@@ -77,6 +77,8 @@ class Room:
         self._changed = asyncio.Event()
         #: Set when a load ended: the memory watch reads the backends' memory then.
         self._loaded_one = asyncio.Event()
+        #: The memory watch's next tick (:meth:`watch_memory`).
+        self._ticker: asyncio.TimerHandle | None = None
         #: Set by :meth:`close`: loads stop waiting for room.
         self._closed = False
 
@@ -205,13 +207,12 @@ class Room:
         budget (:meth:`keep_in_budget`). One timer ticks the seconds: a timeout around each wait
         would be made and unmade after every load."""
         loop = asyncio.get_running_loop()
-        ticker: list[asyncio.TimerHandle] = []
 
         def tick() -> None:
             self._loaded_one.set()
-            ticker[:] = [loop.call_later(MEMORY_WATCH_S, tick)]
+            self._ticker = loop.call_later(MEMORY_WATCH_S, tick)
 
-        ticker.append(loop.call_later(MEMORY_WATCH_S, tick))
+        self._ticker = loop.call_later(MEMORY_WATCH_S, tick)
         try:
             while True:
                 await self._loaded_one.wait()
@@ -225,7 +226,7 @@ class Room:
                 # cost more than the loads' own bookkeeping.
                 await asyncio.sleep(MEMORY_CHECK_GAP_S)
         finally:
-            ticker[0].cancel()
+            self._ticker.cancel()
 
     async def keep_in_budget(self) -> None:
         """Replace each backend process that holds more than its share of the budget
