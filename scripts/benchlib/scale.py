@@ -334,9 +334,8 @@ def run(
     finally:
         server.stop()
     if baseline is not None:
-        compare_cold(
-            result, model_store, names[:loaded], settings, cache, out, extra, exe, baseline
-        )
+        runs = ColdRuns(model_store, names[:loaded], settings, cache, out, extra)
+        compare_cold(result, runs, exe, baseline)
         log(
             f"scale: the baseline's {loaded:,} cold loads at "
             f"{result['baseline_cold']['loads_per_s']:.0f}/s: mmserver "
@@ -365,17 +364,42 @@ def run(
     return result
 
 
-def compare_cold(
-    result: dict[str, Any],
-    model_store: Path,
-    names: list[str],
-    settings: ScaleSettings,
-    cache: Path,
-    out: Path,
-    extra: list[str],
-    exe: Path | None,
-    baseline: Path,
-) -> None:
+@dataclass(frozen=True)
+class ColdRuns:
+    """The cold loads of ``names`` on fresh servers of a build, on the store, as the first
+    run's (its options ``extra``; caches under ``cache``, logs in ``out``)."""
+
+    model_store: Path
+    names: list[str]
+    settings: ScaleSettings
+    cache: Path
+    out: Path
+    extra: list[str]
+
+    def run(self, exe: Path | None, label: str, pair: int) -> dict[str, Any]:
+        """The cold loads on a fresh server of the build ``exe`` (``None``: this one), after
+        the same start and listing as the first run's."""
+        server = servers.mmserver(
+            self.model_store,
+            self.cache / f"{label}-cold-{pair}",
+            self.out / f"{label}-cold-{pair}-server.log",
+            ["--max-loaded-models", str(len(self.names) + 100), *self.extra],
+            exe,
+        )
+        try:
+            _start(server)
+            pages(server)
+            cpu_before = cpu.tree_cpu(server.pid)
+            result = cold_loads(server, self.names, self.settings.clients)
+            result["cpu_ms_per_load"] = cpu_per_load(
+                server.pid, cpu_before, cpu.tree_cpu(server.pid), len(self.names)
+            )
+            return result
+        finally:
+            server.stop()
+
+
+def compare_cold(result: dict[str, Any], runs: ColdRuns, exe: Path | None, baseline: Path) -> None:
     """The same cold loads on the ``--baseline-exe`` build, in pairs with mmserver's: the first
     pair is the run above and the baseline after it; each further pair (``--runs``) starts
     fresh servers of both, the baseline first in every other pair (a run leaves the file system
@@ -383,15 +407,14 @@ def compare_cold(
     ``baseline_cold`` the baseline's median run."""
     mine: list[dict[str, Any]] = [result["cold"]]
     theirs: list[dict[str, Any]] = []
-    for pair in range(settings.runs):
+    for pair in range(runs.settings.runs):
         order = [("baseline", baseline), ("mmserver", exe)]
         if pair % 2 == 0:
             order.reverse()
         for label, built in order:
             if pair == 0 and label == "mmserver":
                 continue  # the run above
-            run = cold_only(model_store, names, settings, cache, out, extra, built, label, pair)
-            (theirs if label == "baseline" else mine).append(run)
+            (theirs if label == "baseline" else mine).append(runs.run(built, label, pair))
     ratios = [m["loads_per_s"] / t["loads_per_s"] for m, t in zip(mine, theirs, strict=True)]
     result["cold_pairs"] = [
         {"mmserver": m["loads_per_s"], "baseline": t["loads_per_s"], "ratio": r}
@@ -410,39 +433,6 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if spent:
         chosen["cpu_ms_per_load"] = {k: statistics.median(c[k] for c in spent) for k in spent[0]}
     return chosen
-
-
-def cold_only(
-    model_store: Path,
-    names: list[str],
-    settings: ScaleSettings,
-    cache: Path,
-    out: Path,
-    extra: list[str],
-    exe: Path | None,
-    label: str,
-    pair: int,
-) -> dict[str, Any]:
-    """The cold loads of ``names`` on a fresh server of the build ``exe`` (``None``: this one),
-    after the same start and listing as the first run's."""
-    server = servers.mmserver(
-        model_store,
-        cache / f"{label}-cold-{pair}",
-        out / f"{label}-cold-{pair}-server.log",
-        ["--max-loaded-models", str(len(names) + 100), *extra],
-        exe,
-    )
-    try:
-        _start(server)
-        pages(server)
-        cpu_before = cpu.tree_cpu(server.pid)
-        result = cold_loads(server, names, settings.clients)
-        result["cpu_ms_per_load"] = cpu_per_load(
-            server.pid, cpu_before, cpu.tree_cpu(server.pid), len(names)
-        )
-        return result
-    finally:
-        server.stop()
 
 
 def lines(section: dict[str, Any]) -> list[str]:
