@@ -26,6 +26,7 @@ from mmserver.asynchronous import AsyncInference
 from mmserver.config.server import ServerConfig
 from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
+from mmserver.tenancy.gate import TenantGate
 
 if TYPE_CHECKING:
     from mmserver.manager.wlm import WorkLoadManager
@@ -39,6 +40,8 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     app = web.Application(client_max_size=config.max_request_size)
     access = AccessLog(config.log_format) if config.access_log else None
     state = app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics, access_log=access)
+    if config.tenants.strip():
+        state.tenants = TenantGate(config.tenants, config.management_token)
     if config.async_enabled:
         state.asynchronous = AsyncInference(config, wlm, metrics, without_paths=state.without_paths)
     if config.capture_path.strip():

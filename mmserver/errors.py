@@ -170,7 +170,7 @@ class Unauthorized(MMServerError):
 
 class Forbidden(MMServerError):
     status_code = 403
-    amzn_error_type = None
+    amzn_error_type: str | None = None
 
 
 class ModelError(MMServerError):

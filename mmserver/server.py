@@ -49,7 +49,9 @@ class Server:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.metrics = Metrics(model_label=config.metrics_model_label)
+        self.metrics = Metrics(
+            model_label=config.metrics_model_label, tenant_label=bool(config.tenants.strip())
+        )
         self.store = open_store(config, in_use=self._holds_files)
         self.wlm = WorkLoadManager(config, self.store, self.metrics)
         self.app = build_app(config, self.wlm, self.metrics)
@@ -84,6 +86,14 @@ class Server:
             self._runner, self.config.host, self.config.port, backlog=1024, reuse_address=True
         )
         await site.start()
+        tenants = self.app[STATE].tenants
+        if tenants is not None:
+            tenants.watch()
+            log.info(
+                "serving %d tenants from %s (read again on SIGHUP and when it changes)",
+                len(tenants.tenants.by_name),
+                tenants.path,
+            )
         config = self.config
         if config.grpc_port:
             # Imported only here: grpcio and the messages cost a start a few tenths of a second.
@@ -114,7 +124,10 @@ class Server:
         log.info(
             "shutting down: draining accepted requests (up to %.0f s)", self.config.drain_timeout
         )
-        runner = self.app[STATE].asynchronous
+        state = self.app[STATE]
+        if state.tenants is not None:
+            state.tenants.stop()
+        runner = state.asynchronous
         if runner is not None:
             runner.close()  # no asynchronous request accepted or started from now on
         self.wlm.begin_shutdown()
@@ -155,6 +168,9 @@ async def _serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    tenants = server.app[STATE].tenants
+    if tenants is not None:
+        loop.add_signal_handler(signal.SIGHUP, tenants.reload, "SIGHUP")
     server.claim()  # a folder in use ends the start here, with nothing to stop
     try:
         await server.start()

@@ -1,6 +1,7 @@
 """Who may change the server's models, whatever the transport: the management token, checked
 on an HTTP header or gRPC's ``authorization`` metadata, and the refusal at start of a
-configuration that would expose the management calls."""
+configuration that would expose the management calls; on a server with tenants, who may see
+which models (:func:`viewer`, :func:`check_visible`) and ``/metrics`` (:func:`check_metrics`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import hmac
 
 from mmserver.config.server import ServerConfig
 from mmserver.errors import ConfigError, Unauthorized
+from mmserver.tenancy.gate import OPERATOR, AccessDenied, NotAuthenticated, TenantGate
+from mmserver.tenancy.tenants import Tenant
 
 
 def management_open(config: ServerConfig) -> bool:
@@ -48,3 +51,46 @@ def check_authorization(config: ServerConfig, authorization: str | None) -> None
         raise Unauthorized(
             "this management call needs the header 'Authorization: Bearer <management token>'"
         )
+
+
+def viewer(gate: TenantGate | None, authorization: str | None) -> Tenant | None:
+    """Who asks for a listing or a model's metadata: ``None`` on a server without tenants
+    (everyone sees every model), otherwise the tenant of the bearer token or the operator
+    (:data:`~mmserver.tenancy.gate.OPERATOR`); :class:`NotAuthenticated` for anyone else."""
+    if gate is None:
+        return None
+    caller = gate.bearer(authorization)
+    if caller is None:
+        raise NotAuthenticated(
+            "this server serves tenants: send 'Authorization: Bearer <your token>' to see its "
+            "models"
+        )
+    return caller
+
+
+def check_visible(gate: TenantGate | None, caller: Tenant | None, name: str) -> None:
+    """Raise :class:`AccessDenied` unless ``caller`` (:func:`viewer`) may see model ``name``."""
+    if gate is not None and caller is not None and not gate.may_see(caller, name):
+        raise AccessDenied(f"tenant {caller.name} may not see model {name.partition('/')[0]}")
+
+
+def shows_paths(caller: Tenant | None) -> bool:
+    """Whether ``caller`` is shown a model's location on the server's disk (``modelUrl``): on
+    a server without tenants everyone is, with tenants only the operator."""
+    return caller is None or caller is OPERATOR
+
+
+def check_metrics(config: ServerConfig, gate: TenantGate | None, authorization: str | None) -> None:
+    """``/metrics`` of a server with tenants takes the management token or ``metrics_token``
+    (it names every tenant's models); without tenants it is open."""
+    if gate is None:
+        return
+    scheme, _, credentials = (authorization or "").strip().partition(" ")
+    offered = credentials.strip().encode("utf-8", "surrogateescape")
+    for token in (config.management_token, config.metrics_token):
+        if token and scheme.lower() == "bearer" and hmac.compare_digest(offered, token.encode()):
+            return
+    raise NotAuthenticated(
+        "/metrics of a server with tenants needs 'Authorization: Bearer <management token or "
+        "metrics_token>'"
+    )

@@ -19,6 +19,7 @@ from mmserver.api.web import STATE, read_body
 from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
 from mmserver.asynchronous.requests import FAILURE_LOCATION, OUTPUT_LOCATION
 from mmserver.errors import NotFound
+from mmserver.tenancy.gate import OPERATOR, AccessDenied
 
 
 def _runner(request: web.Request) -> AsyncInference:
@@ -35,9 +36,21 @@ async def invoke_async(request: web.Request) -> web.Response:
     locations once the request is journaled."""
     runner = _runner(request)
     headers = request.headers
-    config = request.app[STATE].config
+    state = request.app[STATE]
+    config = state.config
     body = await read_body(request, config.max_request_size, config.body_timeout)
     asked = AsyncRequest.from_headers(request.match_info["endpoint"], headers.get)
+    gate = state.tenants
+    if gate is not None:
+        caller = gate.authenticate(True, request.method, request.raw_path, headers.get, body)
+        release = gate.admit(caller, asked.model)  # its rate; no place held while queued
+        if release is not None:
+            release(None)
+        if asked.input_location is not None and caller is not OPERATOR:
+            raise AccessDenied(
+                f"tenant {caller.name}: a tenant's asynchronous request carries its input in "
+                "the body (InputLocation names the server's storage, which is not a tenant's)"
+            )
     invocation, _ = await runner.accept(asked, body)
     return web.json_response(
         {"InferenceId": invocation.id},
@@ -48,7 +61,16 @@ async def invoke_async(request: web.Request) -> web.Response:
 
 async def async_status(request: web.Request) -> web.Response:
     """The state of one asynchronous request and where its answer is (or will be)."""
-    invocation = await _runner(request).status(request.match_info["inference_id"])
+    state = request.app[STATE]
+    runner = _runner(request)
+    gate = state.tenants
+    caller = None
+    if gate is not None:
+        caller = gate.authenticate(True, request.method, request.raw_path, request.headers.get, b"")
+    inference_id = request.match_info["inference_id"]
+    invocation = await runner.status(inference_id)
+    if gate is not None and caller is not None and not gate.may_see(caller, invocation.model):
+        raise NotFound(f"no asynchronous request has inference id {inference_id!r}")
     return web.json_response(describe(invocation))
 
 

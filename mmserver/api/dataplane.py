@@ -38,10 +38,13 @@ from mmserver.errors import (
 )
 from mmserver.ops.capture import Capture, Record
 from mmserver.store.names import normalize_name
+from mmserver.tenancy.gate import NOBODY
+from mmserver.tenancy.sigv4 import Header
 
 if TYPE_CHECKING:
     from mmserver.api.state import ApiState
     from mmserver.manager.wlm import Submission
+    from mmserver.tenancy.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ _UNRESOLVED_ERRORS = (InvalidModelName, ModelNotFound, ShuttingDown)
 class Exchange:
     """One inference request from its arrival until it is answered and counted."""
 
-    __slots__ = ("job", "name", "protocol", "rid", "start", "state", "submission")
+    __slots__ = ("caller", "job", "name", "protocol", "rid", "start", "state", "submission")
 
     def __init__(self, state: ApiState, protocol: Protocol, rid: str) -> None:
         self.state = state
@@ -64,6 +67,16 @@ class Exchange:
         self.name = UNRESOLVED
         self.job: Request | None = None
         self.submission: Submission | None = None
+        #: Who calls, when the server has tenants (:meth:`authenticate`).
+        self.caller: Tenant | None = None
+
+    def authenticate(self, method: str, target: str | bytes, header: Header, body: bytes) -> None:
+        """Find who calls (the server has tenants: :mod:`mmserver.tenancy.gate`), or raise the
+        refusal of the route's protocol. ``target``: the path and query as sent; ``header``: a
+        request header's value by its lower-case name."""
+        gate = self.state.tenants
+        assert gate is not None
+        self.caller = gate.authenticate(self.protocol.amzn_errors, method, target, header, body)
 
     def submit(
         self,
@@ -80,11 +93,24 @@ class Exchange:
         request's routing key (a canary rollout sends the same key to the same version)."""
         self.name = name
         self.job = job = self.protocol.make_job(body, content_type, accept, header_length)
-        wlm = self.state.wlm
-        if routing is None:
-            self.submission = submission = wlm.submit(name, job, client_gone)
-        else:
-            self.submission = submission = wlm.submit(name, job, client_gone, routing=routing)
+        state = self.state
+        release = None
+        if state.tenants is not None:
+            if self.caller is None:
+                raise AssertionError("a door of a server with tenants submitted unauthenticated")
+            release = state.tenants.admit(self.caller, name)
+        wlm = state.wlm
+        try:
+            if routing is None:
+                self.submission = submission = wlm.submit(name, job, client_gone)
+            else:
+                self.submission = submission = wlm.submit(name, job, client_gone, routing=routing)
+        except BaseException:
+            if release is not None:
+                release(None)
+            raise
+        if release is not None:
+            submission.answer.add_done_callback(release)
         return submission.answer
 
     def answered(self, answer: bytes) -> tuple[bytes | memoryview, str, dict[str, str] | None]:
@@ -94,7 +120,11 @@ class Exchange:
         rendered = self.protocol.render(answer, job)
         requests = self.submission.requests
         if requests is not None:
-            requests.answered(time.perf_counter() - self.start)
+            caller = self.caller
+            if caller is None:
+                requests.answered(time.perf_counter() - self.start)
+            else:
+                requests.answered(time.perf_counter() - self.start, caller.name)
         capture = self.state.capture
         if capture is not None:
             self._capture(capture, rendered)
@@ -128,7 +158,13 @@ class Exchange:
         label = failure_label(self.name, self.submission, error)
         if isinstance(shown, ModelError):
             self.state.model_errors.raised(label, shown.message, self.rid)
-        self.state.observe_request(label, shown.status_code, time.perf_counter() - self.start)
+        caller = self.caller
+        self.state.observe_request(
+            label,
+            shown.status_code,
+            time.perf_counter() - self.start,
+            NOBODY if caller is None else caller.name,
+        )
         return shown
 
 

@@ -58,6 +58,8 @@ def inference_handler(route: Route) -> Handler:
                 request[MODEL_KEY] = name
             config = state.config
             body = await read_body(request, config.max_request_size, config.body_timeout)
+            if state.tenants is not None:
+                exchange.authenticate(request.method, request.raw_path, headers.get, body)
             transport = request.transport
             answer = await exchange.submit(
                 name,

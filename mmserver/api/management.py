@@ -2,8 +2,10 @@
 
 Parameters come from the query string or from a JSON (or form) body; the body wins where both
 name a key. DJL's names are used: ``min_worker``, ``max_worker``, ``batch_size``,
-``max_batch_delay`` (ms), ``max_idle_time`` (s), ``job_queue_size``, ``synchronous``. Unknown
-parameters (DJL's ``engine``, ``model_version`` ...) are ignored. A configuration the model cannot
+``max_batch_delay`` (ms), ``max_idle_time`` (s), ``job_queue_size``, ``synchronous``.
+``PUT /models/{model}`` refuses a parameter it does not take (400, with the closest name it
+does); ``POST /models`` ignores those of DJL's it has no use for (``engine``,
+``model_version`` ...). A configuration the model cannot
 take (``min_worker`` above ``max_worker``, say) is answered 400. ``max_worker=0`` is taken, as
 DJL takes it: the model keeps no worker and its requests are answered 503 until it is given some.
 
@@ -19,17 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import difflib
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
+from mmserver.api.access import check_metrics, check_visible, shows_paths, viewer
 from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
 from mmserver.api.repository import bool_param, shown_value
+from mmserver.api.state import ApiState
 from mmserver.api.web import STATE, read_body
 from mmserver.codecs.requests import media_type
 from mmserver.config.model import LEAST, MANAGEMENT_PARAMS, mistyped_keys, out_of_order, short_of
@@ -39,6 +45,7 @@ from mmserver.manager.wlm import ModelView
 from mmserver.policy.rollout import percent_of
 from mmserver.store.names import normalize_name
 from mmserver.store.urls import name_from_url
+from mmserver.tenancy.gate import OPERATOR
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_PAGE = 100
@@ -46,8 +53,10 @@ MAX_PAGE = 100
 # Request parameter -> WorkLoadManager override key.
 #: The parameters of POST /models, each the management name of an option (DJL's spelling).
 _REGISTER_PARAMS = MANAGEMENT_PARAMS
-#: The parameters of PUT /models/{model}: DJL's scale call takes no queue size.
-_RESCALE_PARAMS = {p: name for p, name in MANAGEMENT_PARAMS.items() if name != "job_queue_size"}
+#: The parameters of PUT /models/{model}: every per-model setting a management call changes.
+_RESCALE_PARAMS = MANAGEMENT_PARAMS
+#: What else PUT /models/{model} takes (DJL's scale call sends it; the change is synchronous).
+_RESCALE_OTHER = ("synchronous",)
 
 # DJL's model status (WorkerPoolConfig.Status) for a status of the WorkLoadManager.
 _DJL_STATUS = {ModelStatus.LOADING: "PENDING"}
@@ -62,10 +71,24 @@ async def list_models(request: web.Request) -> web.Response:
     if limit < 1:
         raise InvalidInput(f"parameter limit={limit} must be between 1 and {MAX_PAGE}")
     token = query.get("next_page_token") or None
-    models, more = await request.app[STATE].wlm.list_page(token, limit)
+    state = request.app[STATE]
+    caller = viewer(state.tenants, request.headers.get(hdrs.AUTHORIZATION))
+    if caller is None or caller is OPERATOR:
+        models, more = await state.wlm.list_page(token, limit)
+    else:  # a tenant's few models, paged the same way
+        gate = state.tenants
+        assert gate is not None
+        mine = [
+            m
+            for m in await state.wlm.list_models()
+            if gate.may_see(caller, m.name) and (token is None or m.name > token)
+        ]
+        models, more = mine[:limit], len(mine) > limit
+    paths = shows_paths(caller)
     listed = []
     for m in models:
-        row = {"modelName": m.name, "modelUrl": m.url, "status": _djl_status(m.status)}
+        url = m.url if paths else state.without_paths(m.url)
+        row = {"modelName": m.name, "modelUrl": url, "status": _djl_status(m.status)}
         if m.skew:
             row["versionSkew"] = m.skew
         listed.append(row)
@@ -81,8 +104,12 @@ async def describe_model(request: web.Request) -> web.Response:
     ``version`` (DJL leaves a null one out); a model with versions is one workflow per version
     (or the one named), each with its ``version``, and the rollout: which version is the
     default (``isDefault``) and why (``defaultFrom``)."""
-    wlm = request.app[STATE].wlm
+    state = request.app[STATE]
+    wlm = state.wlm
     name = normalize_name(request.match_info["model"])
+    caller = viewer(state.tenants, request.headers.get(hdrs.AUTHORIZATION))
+    check_visible(state.tenants, caller, name)
+    shown = _describe if shows_paths(caller) else functools.partial(_describe, hide=state)
     asked = request.match_info.get("version")
     if asked is not None:
         await wlm.versions.resolve(
@@ -91,11 +118,11 @@ async def describe_model(request: web.Request) -> web.Response:
     rollout = await wlm.versions.rollout_of(name)
     if rollout is None:
         model = await wlm.catalog.describe(name)
-        return web.json_response([{"workflowName": name, "models": [_describe(model)]}])
+        return web.json_response([{"workflowName": name, "models": [shown(model)]}])
     versions = rollout.versions if asked is None else (int(asked),)
     workflows = []
     for version in versions:
-        described = _describe(await wlm.catalog.describe(rollout.key(version)))
+        described = shown(await wlm.catalog.describe(rollout.key(version)))
         described["modelName"] = name
         described["version"] = str(version)
         described["isDefault"] = version == rollout.default
@@ -114,13 +141,14 @@ def _target(request: web.Request) -> str:
     return versioned(name, request.match_info.get("version"))
 
 
-def _describe(model: ModelView) -> dict[str, Any]:
+def _describe(model: ModelView, hide: ApiState | None = None) -> dict[str, Any]:
     """The fields of DJL's ``DescribeWorkflowResponse.Model``, and the server's own (memory,
-    lane and cost, predict paths, the last load's error)."""
+    lane and cost, predict paths, the last load's error); with ``hide``, its URL and error
+    without the server's folders (a tenant's view)."""
     config = model.config
     result: dict[str, Any] = {
         "modelName": model.name,
-        "modelUrl": model.url,
+        "modelUrl": model.url if hide is None else hide.without_paths(model.url),
         "batchSize": config.batch_size,
         "maxBatchDelayMillis": config.max_batch_delay,
         "maxIdleSeconds": config.max_idle_time,
@@ -182,7 +210,7 @@ def _describe(model: ModelView) -> dict[str, Any]:
     if said:
         result["warnings"] = said
     if model.error is not None:
-        result["error"] = model.error
+        result["error"] = model.error if hide is None else hide.without_paths(model.error)
     return result
 
 
@@ -251,7 +279,11 @@ async def rescale_model(request: web.Request) -> web.Response:
     """``PUT /models/{model}``: change workers and batching of a model live."""
     authorize(request)
     name = _target(request)
-    overrides = _overrides(await request_params(request), _RESCALE_PARAMS)
+    params = await request_params(request)
+    _refuse_unknown(params, (*_RESCALE_PARAMS, *_RESCALE_OTHER), f"PUT /models/{name}")
+    if "synchronous" in params:
+        bool_param(params, "synchronous", default=True)
+    overrides = _overrides(params, _RESCALE_PARAMS)
     config = await request.app[STATE].wlm.rescale(name, overrides)
     return web.json_response(
         {
@@ -317,6 +349,7 @@ def share_handler(role: str) -> Handler:
 async def metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: Prometheus text, rendered in a thread so the event loop keeps serving."""
     state = request.app[STATE]
+    check_metrics(state.config, state.tenants, request.headers.get(hdrs.AUTHORIZATION))
     # Reads loop-owned state: a few gauge sets, or a few per loaded model with the label "all".
     state.wlm.refresh_metrics()
     if state.asynchronous is not None:
@@ -352,6 +385,19 @@ async def request_params(request: web.Request) -> dict[str, Any]:
         raise InvalidInput("the body must be a JSON object of parameters")
     params.update(data)
     return params
+
+
+def _refuse_unknown(params: Mapping[str, Any], known: Sequence[str], call: str) -> None:
+    """Raise :class:`InvalidInput` for a parameter ``call`` does not take, with the closest
+    one it does (as a ``serving.properties`` key is refused)."""
+    for key in params:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidInput(
+                f"{call} does not take parameter {shown_value(key)}{hint} It takes "
+                f"{', '.join(known)}"
+            )
 
 
 def _overrides(params: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:

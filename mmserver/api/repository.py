@@ -18,6 +18,8 @@ from mmserver.store.properties import boolean
 
 if TYPE_CHECKING:
     from mmserver.manager.wlm import WorkLoadManager
+    from mmserver.tenancy.gate import TenantGate
+    from mmserver.tenancy.tenants import Tenant
 
 
 SERVER_NAME = "mmserver"
@@ -125,12 +127,20 @@ def describe(name: str, signature: dict[str, Any] | None) -> dict[str, Any]:
     return metadata
 
 
-async def index_of(wlm: WorkLoadManager, only_ready: bool) -> list[dict[str, str]]:
+async def index_of(
+    wlm: WorkLoadManager,
+    only_ready: bool,
+    gate: TenantGate | None = None,
+    caller: Tenant | None = None,
+) -> list[dict[str, str]]:
     """The repository index: every model of the store and every registered one, with its
     version, state (Triton's names) and the reason for it (a model with versions the server
-    has read: a row per version); the loaded ones only when ``only_ready``."""
+    has read: a row per version); the loaded ones only when ``only_ready``; on a server with
+    tenants, those ``caller`` may see."""
     index = []
     for model in await wlm.list_models():
+        if gate is not None and caller is not None and not gate.may_see(caller, model.name):
+            continue
         rollout = wlm.versions.rollouts.get(model.name)
         rows = (
             [(model.name, VERSION, model.status)]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from mmserver.asynchronous import AsyncInference
     from mmserver.manager.wlm import WorkLoadManager
     from mmserver.ops.capture import Capture
+    from mmserver.tenancy.gate import TenantGate
 
 
 #: The header naming a request: every answer has it (as DJL Serving's do), with the client's own
@@ -57,6 +58,8 @@ class ApiState:
     capture: Capture | None = None
     #: The lines of models whose own code raises.
     model_errors: ModelErrorLog = field(default_factory=ModelErrorLog)
+    #: The tenants, when the server has a ``tenants`` file.
+    tenants: TenantGate | None = None
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:
@@ -75,10 +78,15 @@ class ApiState:
         # "in the model store (/srv/models)" loses its path, and says the store once.
         return text.replace("the model store (the model store)", "the model store")
 
-    def observe_request(self, model: str, code: int, seconds: float) -> None:
-        """Count one answered inference request and its time in the server."""
-        self.metrics.requests.labels(model, str(code)).inc()
-        self.metrics.request_seconds.labels(model).observe(seconds)
+    def observe_request(self, model: str, code: int, seconds: float, tenant: str = "-") -> None:
+        """Count one answered inference request (of ``tenant``, when the server has tenants)
+        and its time in the server."""
+        metrics = self.metrics
+        if metrics.tenant_label:
+            metrics.requests.labels(model, str(code), tenant).inc()
+        else:
+            metrics.requests.labels(model, str(code)).inc()
+        metrics.request_seconds.labels(model).observe(seconds)
 
 
 def too_large(length: int | None, limit: int) -> RequestTooLarge:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
+from mmserver.api.access import check_visible, viewer
 from mmserver.api.management import request_params
 from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
@@ -82,6 +83,7 @@ async def model_ready(request: web.Request) -> web.Response:
     """200 when the model is loaded; 400 saying why not (it loads on its first request, or on
     a repository load); 404 for a model the server does not know."""
     name = _model_of(request)
+    _check_visible(request, name)
     reason = await not_ready_reason(request.app[STATE].wlm, name)
     if reason is not None:
         raise ModelNotReady(reason)
@@ -90,12 +92,20 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def model_metadata(request: web.Request) -> web.Response:
     """The model's name, version, platform, inputs and outputs; loads the model if needed."""
-    return web.json_response(await metadata_of(request.app[STATE].wlm, _model_of(request)))
+    name = _model_of(request)
+    _check_visible(request, name)
+    return web.json_response(await metadata_of(request.app[STATE].wlm, name))
 
 
 # ------------------------------------------------------------------------------------------------
 # What both doors answer (REST here, gRPC in mmserver.api.grpc.service)
 # ------------------------------------------------------------------------------------------------
+
+
+def _check_visible(request: web.Request, name: str) -> None:
+    """Raise unless the caller may see model ``name`` (a server with tenants)."""
+    gate = request.app[STATE].tenants
+    check_visible(gate, viewer(gate, request.headers.get(hdrs.AUTHORIZATION)), name)
 
 
 def _model_of(request: web.Request) -> str:
@@ -111,8 +121,10 @@ def _model_of(request: web.Request) -> str:
 async def repository_index(request: web.Request) -> web.Response:
     """Every model of the store and every registered one, with its state; ``{"ready": true}``
     in the body keeps the loaded ones only."""
+    state = request.app[STATE]
+    caller = viewer(state.tenants, request.headers.get(hdrs.AUTHORIZATION))
     only_ready = bool_param(await request_params(request), "ready", default=False)
-    return web.json_response(await index_of(request.app[STATE].wlm, only_ready))
+    return web.json_response(await index_of(state.wlm, only_ready, state.tenants, caller))
 
 
 async def repository_load(request: web.Request) -> web.Response:

@@ -201,6 +201,18 @@ class ServerConfig:
         "0 = the file-descriptor limit minus 256 (kept for backends, archives and scrapes).",
     )
     management_token: str = _opt("", "Bearer token required by POST/PUT/DELETE on /models.")
+    tenants: str = _opt(
+        "",
+        "YAML file of the tenants: each one's model name patterns, SigV4 access keys and bearer "
+        "tokens, rate and requests in flight. Set: every inference and listing call needs a "
+        "tenant's credentials or the management token. Read again on SIGHUP and when it "
+        "changes; empty = no tenants, every caller serves every model.",
+    )
+    metrics_token: str = _opt(
+        "",
+        "Bearer token GET /metrics takes besides the management token when tenants are "
+        "configured (a scraper's); without tenants /metrics is open.",
+    )
     allowed_model_roots: str = _opt(
         "", "Comma-separated directories POST /models may load from; empty = the model store."
     )

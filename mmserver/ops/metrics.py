@@ -354,16 +354,27 @@ class ModelRequests:
     """One model's series of answered requests, which the HTTP layer counts each answer in
     (looked up once, when the model loads, not per request)."""
 
-    __slots__ = ("_answered", "_seconds", "model")
+    __slots__ = ("_answered", "_by_tenant", "_requests", "_seconds", "model")
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.model = model
-        self._answered = metrics.requests.labels(model, "200")
+        self._requests = metrics.requests
+        self._answered = None if metrics.tenant_label else metrics.requests.labels(model, "200")
+        #: Its 200 series of each tenant (with tenants).
+        self._by_tenant: dict[str, CounterChild] = {}
         self._seconds = metrics.request_seconds.labels(model)
 
-    def answered(self, seconds: float) -> None:
-        """Count one request answered 200 after ``seconds`` in the server."""
-        self._answered.inc()
+    def answered(self, seconds: float, tenant: str = UNRESOLVED) -> None:
+        """Count one request of ``tenant`` (with tenants configured) answered 200 after
+        ``seconds`` in the server."""
+        answered = self._answered
+        if answered is None:
+            answered = self._by_tenant.get(tenant)
+            if answered is None:
+                answered = self._by_tenant[tenant] = self._requests.labels(
+                    self.model, "200", tenant
+                )
+        answered.inc()
         self._seconds.observe(seconds)
 
 
@@ -377,7 +388,13 @@ class Metrics:
     at unload), so the series are bounded by the models loaded, not by the store.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None, model_label: str = "all") -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        model_label: str = "all",
+        *,
+        tenant_label: bool = False,
+    ) -> None:
         if model_label not in MODEL_LABEL_CHOICES:
             raise ValueError(
                 f"model_label={model_label!r} must be one of {', '.join(MODEL_LABEL_CHOICES)}"
@@ -387,10 +404,13 @@ class Metrics:
         self._live: set[str] = {UNRESOLVED}
         every = model_label == "all"
         live = self._live
+        #: ``mmserver_requests_total`` has a ``tenant`` label (the server has tenants).
+        self.tenant_label = tenant_label
         self.requests = CounterFamily(
             "mmserver_requests",
-            "Requests answered, by model and status code.",
-            ["model", "code"],
+            "Requests answered, by model and status code"
+            + (" and tenant." if tenant_label else "."),
+            ["model", "code", "tenant"] if tenant_label else ["model", "code"],
             models=live,
             labelled=model_label != "none",
         )

@@ -37,6 +37,7 @@ from benchlib import (
     servers,
     store,
     tabular,
+    tenantsbench,
     transformbench,
     trees,
 )
@@ -58,10 +59,11 @@ SECTIONS = (
     "async",
     "transform",
     "rollout",
+    "tenants",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own, or
 #: need packages of their own (onnx: skl2onnx and onnxruntime).
-OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx")
+OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx", "tenants")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -395,6 +397,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.sections == ["rollout"]:
             return raw
+    if "tenants" in args.sections:
+        with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
+            raw["tenants"] = tenantsbench.run(
+                model_store, Path(tmp), args.out, args.server_arg, args.server_exe, settings, _log
+            )
+        if args.sections == ["tenants"]:
+            return raw
     if "batching" in args.sections:
         store.ensure_forests(model_store)
     if "neighbour" in args.sections:
@@ -574,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n"
     if "rollout" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(rollout.summary_lines(raw["rollout"])) + "\n"
+    if "tenants" in raw:
+        text = text.rstrip("\n") + "\n" + "\n".join(tenantsbench.summary_lines(raw["tenants"]))
+        text += "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
     text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
     print(text, end="")

@@ -204,7 +204,9 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
         # trusts them by name, as a server must be told to.
         settings = trusting(Path(settings["model_store"]), settings)
         config = ServerConfig(**settings)
-        metrics = Metrics(model_label=config.metrics_model_label)
+        metrics = Metrics(
+            model_label=config.metrics_model_label, tenant_label=bool(config.tenants.strip())
+        )
         store = ModelStore(
             config.store_path,
             config.cache_path,
@@ -292,9 +294,11 @@ def watch_body_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     return reading
 
 
-async def hold_gate(harness: Harness, gate: gate_module.Gate, path: str) -> asyncio.Task[Any]:
+async def hold_gate(
+    harness: Harness, gate: gate_module.Gate, path: str, **headers: str
+) -> asyncio.Task[Any]:
     """Send a request to a gated model and return once its prediction waits at the gate."""
-    task = asyncio.ensure_future(harness.post(path, "[[0.5]]"))
+    task = asyncio.ensure_future(harness.post(path, "[[0.5]]", **headers))
     entered = await asyncio.to_thread(gate.wait_entered)
     assert entered, "the gated model was not called"
     return task

@@ -815,3 +815,39 @@ async def test_a_failure_names_no_server_folder(
     for shown in (failure["message"], described["Error"]):
         assert "no-such-input.json does not exist" in shown
         assert str(store_root) not in shown
+
+
+async def test_a_tenants_asynchronous_requests_follow_its_rules(
+    serve: Serve, folders: dict[str, Path]
+) -> None:
+    from tests.integration.test_tenants import MANAGEMENT, TENANTS, runtime
+
+    tenants = folders["state"].parent / "tenants.yaml"
+    await asyncio.to_thread(tenants.write_text, TENANTS)
+    harness = await serve_async(serve, folders, tenants=str(tenants), management_token=MANAGEMENT)
+    acme = runtime(harness, "AKIAACME00000001", "acme-secret")
+    response = await invoke_async(
+        acme, EndpointName="sklearn-1", Body=b"[[0.5]]", ContentType="application/json"
+    )
+    inference_id = response["InferenceId"]
+    path = f"/async-invocations/{inference_id}"
+    assert (await harness.client.get(path)).status == 403  # no signature: SageMaker's refusal
+    seen = await harness.client.get(path, headers={"Authorization": "Bearer tok-beta-0001"})
+    assert seen.status == 404  # another tenant's request is none it knows of
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 20
+    while True:
+        own = await harness.client.get(path, headers={"Authorization": "Bearer tok-acme-0001"})
+        assert own.status == 200
+        if (await own.json())["Status"] in ENDED:
+            break
+        assert loop.time() < give_up
+        await asyncio.sleep(0.01)
+    assert (await own.json())["Status"] == "done"
+    for kwargs in (
+        {"EndpointName": "sklearn-2", "Body": b"[[0.5]]"},
+        {"EndpointName": "sklearn-1", "InputLocation": (folders["inputs"] / "x.csv").as_uri()},
+    ):
+        with pytest.raises(ClientError) as caught:
+            await invoke_async(acme, ContentType="application/json", **kwargs)
+        assert caught.value.response["Error"]["Code"] == "AccessDeniedException"

@@ -515,3 +515,38 @@ def _fields(descriptor: Any) -> list[Any]:
 
 def _nested(field: Any) -> Any:
     return _fields(field.message_type) if field.message_type is not None else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Tenants
+# ------------------------------------------------------------------------------------------------
+
+
+async def test_tenants_call_with_a_token_in_the_metadata(
+    grpc_serve: GrpcServe, tmp_path: Path
+) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        'tenants:\n  acme: {models: ["sklearn-1*"], tokens: ["tok-acme-0001"]}\n'
+        '  beta: {models: ["sklearn-2"], tokens: ["tok-beta-0001"]}\n'
+    )
+    node = await grpc_serve(tenants=str(tenants), management_token="the-management-token")
+    acme = {"authorization": "Bearer tok-acme-0001"}
+    request = infer("sklearn-1", fp64(np.array([[0.5]])))
+    response = await node.call("ModelInfer", request, **acme)
+    [answer] = outputs_of(response).values()
+    assert answer.ravel().tolist() == [pytest.approx(2.0, abs=0.05)]
+    message = await node.error("ModelInfer", request, grpc.StatusCode.UNAUTHENTICATED)
+    assert "send 'Authorization: Bearer <your token>'" in message
+    other = infer("sklearn-2", fp64(np.array([[0.5]])))
+    message = await node.error("ModelInfer", other, grpc.StatusCode.PERMISSION_DENIED, **acme)
+    assert "tenant acme may not invoke model sklearn-2" in message
+    index = await node.call("RepositoryIndex", pb.RepositoryIndexRequest(), **acme)
+    names = [m.name for m in index.models]
+    assert len(names) == 111 and all(n.startswith("sklearn-1") for n in names)
+    await node.error(
+        "ModelMetadata",
+        pb.ModelMetadataRequest(name="sklearn-2"),
+        grpc.StatusCode.PERMISSION_DENIED,
+        **acme,
+    )

@@ -35,7 +35,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
-from mmserver.api.access import check_authorization
+from mmserver.api.access import check_authorization, check_visible, viewer
 from mmserver.api.dataplane import Exchange, shown_error, shown_message
 from mmserver.api.grpc.proto import grpc_service_pb2 as pb
 from mmserver.api.grpc.tensors import infer_body, infer_response, json_parameters
@@ -195,6 +195,8 @@ class GrpcServer:
             request = parse(pb.ModelInferRequest, message)
             name = versioned(request.model_name, request.model_version or None)
             body, header_length = infer_body(request)
+            if state.tenants is not None:
+                exchange.authenticate("POST", "", functools.partial(_metadata, context), b"")
             answer = await exchange.submit(
                 name, body, None, None, str(header_length), context.cancelled
             )
@@ -227,6 +229,7 @@ class GrpcServer:
         self, request: pb.ModelReadyRequest, context: Context
     ) -> pb.ModelReadyResponse:
         name = versioned(request.name, request.version or None)
+        self.check_visible(context, name)
         reason = await not_ready_reason(self.state.wlm, name)
         return pb.ModelReadyResponse(ready=reason is None)
 
@@ -241,6 +244,7 @@ class GrpcServer:
         self, request: pb.ModelMetadataRequest, context: Context
     ) -> pb.ModelMetadataResponse:
         name = versioned(request.name, request.version or None)
+        self.check_visible(context, name)
         metadata = await metadata_of(self.state.wlm, name)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
@@ -255,7 +259,9 @@ class GrpcServer:
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, context: Context
     ) -> pb.RepositoryIndexResponse:
-        index = await index_of(self.state.wlm, request.ready)
+        gate = self.state.tenants
+        caller = viewer(gate, _metadata(context, AUTHORIZATION))
+        index = await index_of(self.state.wlm, request.ready, gate, caller)
         model = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(models=[model(**m) for m in index])
 
@@ -291,6 +297,11 @@ class GrpcServer:
             shown_message(self.state, error, rid),
             trailing_metadata=((REQUEST_ID, rid),),
         )
+
+    def check_visible(self, context: Context, name: str) -> None:
+        """Raise unless the call's caller may see model ``name`` (a server with tenants)."""
+        gate = self.state.tenants
+        check_visible(gate, viewer(gate, _metadata(context, AUTHORIZATION)), name)
 
     def authorize(self, context: Context) -> None:
         """The management access rule of the HTTP repository calls, for this call."""

@@ -372,6 +372,8 @@ class LeanConnection(asyncio.Protocol):
         assert transport is not None
         try:
             name = route.model_name(params, None if target is None else _text(target), None)
+            if self.front.tenants:
+                exchange.authenticate("POST", self._url, self._header, body)
             answer = exchange.submit(
                 name,
                 body,
@@ -385,6 +387,11 @@ class LeanConnection(asyncio.Protocol):
             self.flush()
             return
         answer.add_done_callback(exchange)
+
+    def _header(self, name: str) -> str | None:
+        """The value of the request's header ``name`` (lower case)."""
+        value = self._fields.get(_field_name(name))
+        return None if value is None else _text(value)
 
     def _serve_async(self, endpoint: str, body: bytes, fields: dict[bytes, bytes]) -> None:
         front = self.front
@@ -536,7 +543,11 @@ class LeanFront:
         self.send_timeout = config.send_timeout
         self.access_log = state.access_log
         #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.lean.asynchronous`).
-        self.takes_async = state.asynchronous is not None and state.access_log is None
+        self.takes_async = (
+            state.asynchronous is not None and state.access_log is None and state.tenants is None
+        )
+        #: Whether the server has tenants: each request is authenticated.
+        self.tenants = state.tenants is not None
         self.connections: set[LeanConnection] = set()
         #: Connections handed to aiohttp so far.
         self.handed_over = 0

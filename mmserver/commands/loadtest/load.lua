@@ -70,20 +70,31 @@ local thread_rate = env_number("BENCH_THREAD_RATE", 0)
 local seed = env_number("BENCH_SEED", 1)
 local start = env_number("BENCH_START", 0)
 
+-- Every request's Authorization header (a tenant's bearer token), when set.
+local authorization = os.getenv("BENCH_AUTHORIZATION") or ""
+
+local function with_auth(headers)
+    if authorization ~= "" then
+        headers["Authorization"] = authorization
+    end
+    return headers
+end
+
 -- The V2 (Open Inference Protocol) form of the default body's one row.
 -- Requests, built once: request() only picks one.
 local function build_request(name)
     if api == "sagemaker" then
-        return wrk.format("POST", "/invocations", {
+        return wrk.format("POST", "/invocations", with_auth({
             ["Content-Type"] = "application/json",
             ["X-Amzn-SageMaker-Target-Model"] = name .. ".tar.gz",
-        }, body)
+        }), body)
     end
     if api == "v2" or api == "mlserver" then
         return wrk.format("POST", "/v2/models/" .. name .. "/infer",
-            {["Content-Type"] = "application/json"}, body)
+            with_auth({["Content-Type"] = "application/json"}), body)
     end
-    return wrk.format("POST", "/predictions/" .. name, {["Content-Type"] = content_type}, body)
+    return wrk.format("POST", "/predictions/" .. name,
+        with_auth({["Content-Type"] = content_type}), body)
 end
 
 -- Built in init(): wrk sets the Host header only then.

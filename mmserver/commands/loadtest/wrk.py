@@ -56,6 +56,7 @@ class Load:
     body_file: str = ""  # the body read from this file instead (djl API; any size)
     content_type: str = "application/json"  # of the djl API's body
     timeout_s: int = 0  # a request's timeout; 0 = WRK_TIMEOUT_S
+    authorization: str = ""  # the Authorization header of every request (a tenant's token)
 
 
 @dataclass
@@ -154,6 +155,7 @@ def command(load: Load) -> tuple[list[str], dict[str, str]]:
         BENCH_BODY=load.body if load.raw_body else request_body(load.api, load.body),
         BENCH_BODY_FILE=load.body_file,
         BENCH_CONTENT_TYPE=load.content_type,
+        BENCH_AUTHORIZATION=load.authorization,
     )
     return argv, env
 

@@ -1,0 +1,266 @@
+"""The door every inference request of a server with tenants passes: who calls
+(:meth:`TenantGate.authenticate`), and whether it may call this model now
+(:meth:`TenantGate.admit`).
+
+Who calls:
+
+- ``Authorization: Bearer <token>``: the tenant with that token, or the operator for the
+  management token (every model, no limits);
+- on the SageMaker paths, AWS Signature Version 4 (:mod:`mmserver.tenancy.sigv4`);
+- anything else is refused: 401 with ``WWW-Authenticate: Bearer`` (DJL, V2, gRPC's
+  ``UNAUTHENTICATED``), SageMaker's 403 codes on its paths.
+
+Whether it may: the model's name matches one of the tenant's patterns (otherwise 403,
+``AccessDeniedException``); the tenant's token bucket has a token (``requests_per_second``,
+``burst``) and it has fewer than ``max_concurrent`` requests in flight (otherwise 429 with
+``Retry-After``, ``ThrottlingException`` on the SageMaker paths, which botocore retries by its
+own policy). A request holds its place until its answer is settled, however it ends.
+
+The file is read again on SIGHUP and when it changes (looked at every second); a file that is
+refused keeps the tenants in force and logs every fault with its line. A tenant whose limits are
+unchanged by a reload keeps its bucket and its requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mmserver.errors import ConfigError, Forbidden, InvalidModelName, TooManyRequests, Unauthorized
+from mmserver.store.names import normalize_name
+from mmserver.tenancy import sigv4
+from mmserver.tenancy.tenants import RESERVED, Tenant, Tenants, parse_tenants, token_digest
+
+log = logging.getLogger("mmserver.tenants")
+
+#: The caller of the management token: every model, no limits. Its requests are counted under
+#: the ``tenant`` label ``management`` (which no tenant of the file may be called).
+OPERATOR = Tenant(RESERVED, ("*",), {})
+#: The ``tenant`` label of a request no caller was found for.
+NOBODY = "-"
+#: Seconds between looks at the file's modification time.
+WATCH_S = 1.0
+#: Authorization values, and model names per tenant, remembered at most (then forgotten).
+_KEPT = 4096
+
+
+class NotAuthenticated(Unauthorized):
+    """A request on a tenant's door without a token the server knows."""
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="mmserver"'}
+
+
+class AccessDenied(Forbidden):
+    """A tenant's request for a model outside its patterns."""
+
+    amzn_error_type = "AccessDeniedException"
+
+
+class Throttled(TooManyRequests):
+    """A tenant over its rate or its ``max_concurrent``."""
+
+
+class Limits:
+    """One tenant's token bucket and its requests in flight."""
+
+    __slots__ = ("burst", "in_flight", "max_concurrent", "rate", "stamp", "tokens")
+
+    def __init__(self, tenant: Tenant) -> None:
+        self.rate, self.burst, self.max_concurrent = tenant.settings()
+        self.tokens = self.burst
+        self.stamp = time.monotonic()
+        self.in_flight = 0
+
+    def take(self, name: str) -> None:
+        """Take one request's place, or raise :class:`Throttled`."""
+        if self.max_concurrent and self.in_flight >= self.max_concurrent:
+            raise Throttled(
+                f"tenant {name} has {self.in_flight} requests in flight, its max_concurrent; "
+                "retry when one is answered"
+            )
+        if self.rate:
+            now = time.monotonic()
+            tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            if tokens < 1.0:
+                self.tokens = tokens
+                wait = max(1, math.ceil((1.0 - tokens) / self.rate))
+                raise Throttled(
+                    f"tenant {name} is over its rate of {self.rate:g} requests per second "
+                    f"(burst {self.burst:g}); retry in {wait} s",
+                    retry_after=wait,
+                )
+            self.tokens = tokens - 1.0
+        self.in_flight += 1
+
+    def release(self, _: object = None) -> None:
+        """A request's place is free (its answer settled); takes a future's done callback."""
+        self.in_flight -= 1
+
+
+class TenantGate:
+    """The tenants in force, their limits, and their file's watch."""
+
+    def __init__(self, path: str | Path, management_token: str = "") -> None:
+        self.path = Path(path).expanduser()
+        self.management_token = management_token
+        self.keys = sigv4.SigningKeys()
+        self._limits: dict[str, Limits] = {}
+        #: The caller of each ``Authorization`` value a bearer token was found for: a request
+        #: then costs a dictionary lookup (forgotten when the file is read again).
+        self._known: dict[str, Tenant] = {}
+        self._seen: tuple[int, int, int] | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self.tenants = self._read()  # a refused file stops the start (ConfigError)
+        self._apply(self.tenants)
+
+    # -- the file ---------------------------------------------------------------------------
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _read(self) -> Tenants:
+        self._seen = self._stamp()
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the tenants file {self.path}: {exc}") from None
+        return parse_tenants(text, str(self.path), self.management_token)
+
+    def _apply(self, tenants: Tenants) -> None:
+        kept = self._limits
+        limits: dict[str, Limits] = {}
+        for tenant in tenants:
+            old = kept.get(tenant.name)
+            if old is not None and (old.rate, old.burst, old.max_concurrent) == tenant.settings():
+                limits[tenant.name] = old
+            elif tenant.rate or tenant.max_concurrent:
+                fresh = Limits(tenant)
+                if old is not None:
+                    fresh.in_flight = old.in_flight  # their answers release this one
+                limits[tenant.name] = fresh
+        self._limits = limits
+        self._known.clear()  # a token of the old file may be none of the new one's
+        self.tenants = tenants
+
+    def reload(self, why: str) -> bool:
+        """Read the file again (``why``: what asked, for the log); a refused file keeps the
+        tenants in force. Whether the new file is in force."""
+        try:
+            tenants = self._read()
+        except ConfigError as exc:
+            log.error("%s: the tenants in force are kept. %s", why, exc.message)
+            return False
+        self._apply(tenants)
+        log.info(
+            "tenants file %s read again (%s): %d tenants", self.path, why, len(tenants.by_name)
+        )
+        return True
+
+    def watch(self) -> None:
+        """Look at the file every :data:`WATCH_S` seconds and read it again when it changed."""
+        self._watch = asyncio.get_running_loop().call_later(WATCH_S, self._look)
+
+    def _look(self) -> None:
+        if self._stamp() != self._seen:
+            self.reload("the file changed")
+        self.watch()
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def bearer(self, authorization: str | None) -> Tenant | None:
+        """The caller of an ``Authorization`` value if it is a bearer token the server knows
+        (the management token: :data:`OPERATOR`)."""
+        scheme, _, credentials = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        offered = credentials.strip().encode("utf-8", "surrogateescape")
+        token = self.management_token
+        if token and hmac.compare_digest(offered, token.encode()):
+            return OPERATOR
+        return self.tenants.by_token.get(token_digest(offered))
+
+    def authenticate(
+        self,
+        sagemaker: bool,
+        method: str,
+        target: str | bytes,
+        header: sigv4.Header,
+        body: bytes,
+    ) -> Tenant:
+        """The caller of a request (see the module docstring); ``sagemaker``: it came on a
+        SageMaker path, where SigV4 is taken and the refusals are SageMaker's."""
+        authorization = header("authorization")
+        if authorization is not None:
+            known = self._known.get(authorization)
+            if known is not None:
+                return known
+        caller = self.bearer(authorization)
+        if caller is not None:
+            assert authorization is not None
+            known_values = self._known
+            if len(known_values) >= _KEPT:
+                known_values.clear()
+            known_values[authorization] = caller
+            return caller
+        if sagemaker:
+            if (authorization or "").strip()[:7].lower() == "bearer ":
+                raise sigv4.SignatureRefused(
+                    "UnrecognizedClientException", "the bearer token is not one the server knows"
+                )
+            if isinstance(target, bytes):
+                target = target.decode("ascii", "surrogateescape")
+            return sigv4.verify(self.tenants, self.keys, method, target, header, body)
+        if authorization:
+            raise NotAuthenticated("the bearer token is not one the server knows")
+        raise NotAuthenticated(
+            "this server serves tenants: send 'Authorization: Bearer <your token>'"
+        )
+
+    def admit(self, caller: Tenant, name: str) -> Callable[[object], None] | None:
+        """Let ``caller`` call model ``name`` (``NAME``, ``NAME/2``, ``NAME.tar.gz``) now, or
+        raise (:class:`AccessDenied`, :class:`Throttled`); what to call once its answer is
+        settled (``None``: nothing)."""
+        if caller is OPERATOR:
+            return None
+        seen = caller.seen
+        allowed = seen.get(name)
+        if allowed is None:
+            allowed = caller.may_invoke(normalize_name(name.partition("/")[0]))
+            if len(seen) >= _KEPT:
+                seen.clear()
+            seen[name] = allowed
+        if not allowed:
+            model = normalize_name(name.partition("/")[0])
+            raise AccessDenied(f"tenant {caller.name} may not invoke model {model}")
+        limits = self._limits.get(caller.name)
+        if limits is None:
+            return None
+        limits.take(caller.name)
+        return limits.release
+
+    def may_see(self, caller: Tenant, name: str) -> bool:
+        """Whether ``caller`` is shown model ``name`` in listings and metadata."""
+        if caller is OPERATOR:
+            return True
+        try:
+            model = normalize_name(name.partition("/")[0])
+        except InvalidModelName:
+            return False
+        return caller.may_invoke(model)
