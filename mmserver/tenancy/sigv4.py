@@ -23,9 +23,6 @@ import hmac
 import time
 from collections.abc import Callable
 
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-
 from mmserver.errors import Forbidden
 from mmserver.tenancy.tenants import Tenant, Tenants
 
@@ -155,6 +152,10 @@ def verify(
         raise SignatureRefused(
             "InvalidSignatureException", "X-Amz-Content-SHA256 is not the SHA-256 of the body"
         )
+    # Imported at the first signed request: botocore's signer costs a server's start 0.1 s.
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+
     request = AWSRequest(
         method=method, url=f"http://{headers['host']}{target}", headers=headers, data=body
     )
