@@ -5,19 +5,26 @@ which models (:func:`viewer`, :func:`check_visible`) and ``/metrics`` (:func:`ch
 
 from __future__ import annotations
 
-import hmac
-
 from mmserver.config.server import ServerConfig
 from mmserver.errors import ConfigError, Unauthorized
-from mmserver.tenancy.gate import OPERATOR, AccessDenied, NotAuthenticated, TenantGate
+from mmserver.tenancy.gate import (
+    OPERATOR,
+    AccessDenied,
+    NotAuthenticated,
+    TenantGate,
+    bearer_token,
+    same_token,
+)
 from mmserver.tenancy.tenants import Tenant
 
 
 def management_open(config: ServerConfig) -> bool:
-    """Whether state-changing management calls are allowed without a token."""
+    """Whether state-changing management calls are allowed without a token: on a loopback
+    address, unless the server has tenants (they call on the same port, and one must not
+    unload or rescale another's model), or with ``insecure_management``."""
     if config.management_token:
         return False
-    return config.is_loopback or config.insecure_management
+    return (config.is_loopback and not config.tenants.strip()) or config.insecure_management
 
 
 def check_security(config: ServerConfig) -> None:
@@ -41,13 +48,10 @@ def check_authorization(config: ServerConfig, authorization: str | None) -> None
     token = config.management_token
     if not token:
         raise Unauthorized(
-            "management calls on a non-loopback address need a management token, and the "
-            "server has none configured"
+            "management calls on a non-loopback address, or on a server with tenants, need a "
+            "management token, and the server has none configured"
         )
-    scheme, _, credentials = (authorization or "").partition(" ")
-    # Header bytes that are not UTF-8 arrive as surrogates: they compare as their bytes.
-    offered = credentials.strip().encode("utf-8", "surrogateescape")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(offered, token.encode()):
+    if not same_token(bearer_token(authorization), token):
         raise Unauthorized(
             "this management call needs the header 'Authorization: Bearer <management token>'"
         )
@@ -85,11 +89,9 @@ def check_metrics(config: ServerConfig, gate: TenantGate | None, authorization: 
     (it names every tenant's models); without tenants it is open."""
     if gate is None:
         return
-    scheme, _, credentials = (authorization or "").strip().partition(" ")
-    offered = credentials.strip().encode("utf-8", "surrogateescape")
-    for token in (config.management_token, config.metrics_token):
-        if token and scheme.lower() == "bearer" and hmac.compare_digest(offered, token.encode()):
-            return
+    offered = bearer_token(authorization)
+    if same_token(offered, config.management_token) or same_token(offered, config.metrics_token):
+        return
     raise NotAuthenticated(
         "/metrics of a server with tenants needs 'Authorization: Bearer <management token or "
         "metrics_token>'"

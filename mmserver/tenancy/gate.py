@@ -73,10 +73,20 @@ class Limits:
     __slots__ = ("burst", "in_flight", "max_concurrent", "rate", "stamp", "tokens")
 
     def __init__(self, tenant: Tenant) -> None:
-        self.rate, self.burst, self.max_concurrent = tenant.settings()
-        self.tokens = self.burst
-        self.stamp = time.monotonic()
         self.in_flight = 0
+        self.stamp = time.monotonic()
+        self.tokens = tenant.burst
+        self.configure(tenant)
+
+    def configure(self, tenant: Tenant) -> None:
+        """Take ``tenant``'s limits (a reload): the requests in flight stay counted, since
+        their answers release this object; the bucket keeps its tokens up to the new burst."""
+        self.rate, self.burst, self.max_concurrent = (
+            tenant.rate,
+            tenant.burst,
+            tenant.max_concurrent,
+        )
+        self.tokens = min(self.tokens, self.burst)
 
     def take(self, name: str) -> None:
         """Take one request's place, or raise :class:`Throttled`."""
@@ -142,14 +152,14 @@ class TenantGate:
         kept = self._limits
         limits: dict[str, Limits] = {}
         for tenant in tenants:
+            if not (tenant.rate or tenant.max_concurrent):
+                continue
             old = kept.get(tenant.name)
-            if old is not None and (old.rate, old.burst, old.max_concurrent) == tenant.settings():
+            if old is None:
+                limits[tenant.name] = Limits(tenant)
+            else:
+                old.configure(tenant)
                 limits[tenant.name] = old
-            elif tenant.rate or tenant.max_concurrent:
-                fresh = Limits(tenant)
-                if old is not None:
-                    fresh.in_flight = old.in_flight  # their answers release this one
-                limits[tenant.name] = fresh
         self._limits = limits
         self._known.clear()  # a token of the old file may be none of the new one's
         self.tenants = tenants
@@ -187,12 +197,10 @@ class TenantGate:
     def bearer(self, authorization: str | None) -> Tenant | None:
         """The caller of an ``Authorization`` value if it is a bearer token the server knows
         (the management token: :data:`OPERATOR`)."""
-        scheme, _, credentials = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer":
+        offered = bearer_token(authorization)
+        if offered is None:
             return None
-        offered = credentials.strip().encode("utf-8", "surrogateescape")
-        token = self.management_token
-        if token and hmac.compare_digest(offered, token.encode()):
+        if same_token(offered, self.management_token):
             return OPERATOR
         return self.tenants.by_token.get(token_digest(offered))
 
@@ -242,13 +250,12 @@ class TenantGate:
         seen = caller.seen
         allowed = seen.get(name)
         if allowed is None:
-            allowed = caller.may_invoke(normalize_name(name.partition("/")[0]))
+            allowed = caller.may_invoke(_model(name))
             if len(seen) >= _KEPT:
                 seen.clear()
             seen[name] = allowed
         if not allowed:
-            model = normalize_name(name.partition("/")[0])
-            raise AccessDenied(f"tenant {caller.name} may not invoke model {model}")
+            raise AccessDenied(f"tenant {caller.name} may not invoke model {_model(name)}")
         limits = self._limits.get(caller.name)
         if limits is None:
             return None
@@ -260,7 +267,28 @@ class TenantGate:
         if caller is OPERATOR:
             return True
         try:
-            model = normalize_name(name.partition("/")[0])
+            return caller.may_invoke(_model(name))
         except InvalidModelName:
             return False
-        return caller.may_invoke(model)
+
+
+def _model(name: str) -> str:
+    """The model a request's name is of (``NAME/2`` and ``NAME.tar.gz``: ``NAME``); raises
+    :class:`InvalidModelName`."""
+    return normalize_name(name.partition("/")[0])
+
+
+def bearer_token(authorization: str | None) -> bytes | None:
+    """The token of an ``Authorization: Bearer <token>`` value (an HTTP header, gRPC's
+    metadata), as bytes (header bytes that are not UTF-8 arrive as surrogates: they compare as
+    their bytes); ``None`` for any other value."""
+    scheme, _, credentials = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return credentials.strip().encode("utf-8", "surrogateescape")
+
+
+def same_token(offered: bytes | None, token: str) -> bool:
+    """Whether ``offered`` (:func:`bearer_token`) is the configured ``token`` (an empty one is
+    nobody's), compared in constant time."""
+    return bool(token) and offered is not None and hmac.compare_digest(offered, token.encode())

@@ -92,10 +92,6 @@ class Tenant:
         match = self._match
         return match is not None and match.match(model) is not None
 
-    def settings(self) -> tuple[float, float, int]:
-        """What its limits are made of: a reload that keeps them keeps their state."""
-        return (self.rate, self.burst, self.max_concurrent)
-
 
 @dataclass(frozen=True)
 class Tenants:

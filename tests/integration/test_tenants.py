@@ -293,3 +293,20 @@ async def test_put_models_takes_every_setting_and_refuses_an_unknown_one(server:
     assert "does not take parameter 'bogus'" in (await error_of(bogus))["message"]
     typo = await client.put("/models/sklearn-5?max_workers=2")
     assert "did you mean 'max_worker'?" in (await error_of(typo))["message"]
+
+
+async def test_a_tenant_cannot_manage_models_on_loopback_without_the_token(
+    serve: Serve, tenants_file: Path
+) -> None:
+    server = await serve(tenants=str(tenants_file))  # loopback, no management token
+    client = server.client
+    for method, path in (
+        ("PUT", "/models/sklearn-2?max_worker=0"),
+        ("DELETE", "/models/sklearn-2"),
+        ("POST", "/v2/repository/models/sklearn-2/unload"),
+    ):
+        response = await client.request(method, path, headers=ACME)
+        assert response.status == 401, (method, path)
+        body = await response.json()
+        message = body["error"] if path.startswith("/v2/") else body["message"]
+        assert "on a server with tenants, need a management token" in message

@@ -4,6 +4,7 @@ requests signed by botocore itself, then changed one part at a time."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from botocore.auth import SigV4Auth
@@ -12,7 +13,7 @@ from botocore.credentials import Credentials
 
 from mmserver.errors import ConfigError
 from mmserver.tenancy import sigv4
-from mmserver.tenancy.gate import OPERATOR, Limits, Throttled
+from mmserver.tenancy.gate import OPERATOR, Limits, TenantGate, Throttled
 from mmserver.tenancy.tenants import parse_tenants, token_digest
 
 GOOD = """\
@@ -241,3 +242,19 @@ def test_no_signature_or_half_a_signature() -> None:
     assert refused({"host": "h"}).amzn_error_type == "MissingAuthenticationTokenException"
     half = {"host": "h", "authorization": "AWS4-HMAC-SHA256 Credential=x"}
     assert refused(half).amzn_error_type == "IncompleteSignatureException"
+
+
+def test_a_reload_keeps_the_requests_in_flight_that_the_old_file_admitted(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text('tenants: {a: {models: ["a-*"], tokens: ["tok-aaaa-1"], max_concurrent: 1}}')
+    gate = TenantGate(path)
+    first = gate.admit(gate.tenants.by_name["a"], "a-1")
+    assert first is not None
+    path.write_text('tenants: {a: {models: ["a-*"], tokens: ["tok-aaaa-1"], max_concurrent: 2}}')
+    assert gate.reload("test")
+    tenant = gate.tenants.by_name["a"]
+    assert gate.admit(tenant, "a-1") is not None  # 2 in flight: the first one still counts
+    with pytest.raises(Throttled, match="2 requests in flight"):
+        gate.admit(tenant, "a-1")
+    first(None)  # the answer admitted under the old file gives its place back
+    assert gate.admit(tenant, "a-1") is not None
