@@ -18,6 +18,7 @@ from mmserver.api.middleware import Handler, answers_errors
 from mmserver.api.web import STATE, read_body
 from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
 from mmserver.asynchronous.requests import FAILURE_LOCATION, OUTPUT_LOCATION
+from mmserver.asynchronous.runner import unknown_request
 from mmserver.errors import NotFound
 from mmserver.tenancy.gate import OPERATOR, AccessDenied
 
@@ -61,16 +62,15 @@ async def invoke_async(request: web.Request) -> web.Response:
 
 async def async_status(request: web.Request) -> web.Response:
     """The state of one asynchronous request and where its answer is (or will be)."""
-    state = request.app[STATE]
     runner = _runner(request)
-    gate = state.tenants
-    caller = None
-    if gate is not None:
-        caller = gate.authenticate(True, request.method, request.raw_path, request.headers.get, b"")
+    gate = request.app[STATE].tenants
     inference_id = request.match_info["inference_id"]
+    if gate is None:
+        return web.json_response(describe(await runner.status(inference_id)))
+    caller = gate.authenticate(True, request.method, request.raw_path, request.headers.get, b"")
     invocation = await runner.status(inference_id)
-    if gate is not None and caller is not None and not gate.may_see(caller, invocation.model):
-        raise NotFound(f"no asynchronous request has inference id {inference_id!r}")
+    if not gate.may_see(caller, invocation.model):
+        raise unknown_request(inference_id)  # another tenant's: as if there were none
     return web.json_response(describe(invocation))
 
 

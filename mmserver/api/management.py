@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import difflib
-import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -109,7 +108,7 @@ async def describe_model(request: web.Request) -> web.Response:
     name = normalize_name(request.match_info["model"])
     caller = viewer(state.tenants, request.headers.get(hdrs.AUTHORIZATION))
     check_visible(state.tenants, caller, name)
-    shown = _describe if shows_paths(caller) else functools.partial(_describe, hide=state)
+    hide = None if shows_paths(caller) else state
     asked = request.match_info.get("version")
     if asked is not None:
         await wlm.versions.resolve(
@@ -118,11 +117,11 @@ async def describe_model(request: web.Request) -> web.Response:
     rollout = await wlm.versions.rollout_of(name)
     if rollout is None:
         model = await wlm.catalog.describe(name)
-        return web.json_response([{"workflowName": name, "models": [shown(model)]}])
+        return web.json_response([{"workflowName": name, "models": [_describe(model, hide)]}])
     versions = rollout.versions if asked is None else (int(asked),)
     workflows = []
     for version in versions:
-        described = shown(await wlm.catalog.describe(rollout.key(version)))
+        described = _describe(await wlm.catalog.describe(rollout.key(version)), hide)
         described["modelName"] = name
         described["version"] = str(version)
         described["isDefault"] = version == rollout.default

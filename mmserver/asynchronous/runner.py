@@ -314,7 +314,7 @@ class AsyncInference:
         """The journal's row of request ``inference_id`` (:class:`errors.NotFound` if none)."""
         row = await self._writer.call(self._writer.current().get, inference_id)
         if row is None:
-            raise errors.NotFound(f"no asynchronous request has inference id {inference_id!r}")
+            raise unknown_request(inference_id)
         return row
 
     # Metrics ----------------------------------------------------------------------------------
@@ -322,3 +322,8 @@ class AsyncInference:
     def refresh_metrics(self) -> None:
         """Set the gauges of the queued requests (called before a scrape)."""
         self._dispatcher.refresh_metrics()
+
+
+def unknown_request(inference_id: str) -> errors.NotFound:
+    """The answer for an inference id the caller has no request of."""
+    return errors.NotFound(f"no asynchronous request has inference id {inference_id!r}")

@@ -542,7 +542,8 @@ class LeanFront:
         self.draining = False
         self.send_timeout = config.send_timeout
         self.access_log = state.access_log
-        #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.lean.asynchronous`).
+        #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.lean.asynchronous`):
+        #: with tenants, aiohttp's handler takes it (it checks the caller's rules).
         self.takes_async = (
             state.asynchronous is not None and state.access_log is None and state.tenants is None
         )
