@@ -33,7 +33,7 @@ from typing import Any
 from proctools import HOST
 
 from benchlib import report
-from benchlib.loads import Log, Settings, describe_run
+from benchlib.loads import Log, Settings, describe_run, rotated
 from benchlib.servers import Server
 from mmserver.commands.loadtest import wrk
 
@@ -214,8 +214,7 @@ def section(
     for run in range(settings.runs):
         for pattern in patterns:
             chosen = [c for c in cases if c[2].pattern == pattern]
-            shift = run % len(chosen)
-            for name, target, load in chosen[shift:] + chosen[:shift]:
+            for name, target, load in rotated(chosen, run):
                 grpc_load = name.endswith("grpc")
                 result = wrk.run(
                     load,

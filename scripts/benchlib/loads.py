@@ -10,10 +10,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchlib.servers import Server
 from mmserver.commands.loadtest import cpu, wrk
@@ -153,8 +153,17 @@ def _alternating(
     targets = [("mmserver", server)] + ([("floor", floor)] if floor else [])
     if peer is not None:
         targets.append((peer.name, peer))
-    shift = run % len(targets)
-    return targets[shift:] + targets[:shift]
+    return rotated(targets, run)
+
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], run: int) -> list[T]:
+    """``items`` in the order of run ``run``: rotated by one each run, so no case is always
+    measured first (on a machine growing busier or quieter)."""
+    shift = run % len(items)
+    return [*items[shift:], *items[:shift]]
 
 
 def _schedule(

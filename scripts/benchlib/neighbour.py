@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from benchlib import scale
-from benchlib.loads import Log, Settings, describe_run
+from benchlib.loads import Log, Settings, describe_run, rotated
 from benchlib.servers import Server
 from benchlib.store import HEAVY_FEATURES, HEAVY_MODEL
 from mmserver.commands.loadtest import cpu, wrk
@@ -144,8 +144,7 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     out[COLD_LOADS] = []
     for r in range(settings.runs):
         log(f"neighbour, run {r + 1}/{settings.runs}")
-        order = CASES[r % len(CASES) :] + CASES[: r % len(CASES)]
-        for case in order:
+        for case in rotated(CASES, r):
             cpu.wait_quiet(settings.quiet_wait_s)
             if case == "light alone":
                 load = _light(server, settings, r)

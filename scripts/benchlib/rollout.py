@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import servers
-from benchlib.loads import Log, Settings, describe_run
+from benchlib.loads import Log, Settings, describe_run, rotated
 from mmserver.commands.loadtest import wrk
 from mmserver.commands.loadtest.client import JSON_HEADERS, Client
 
@@ -167,8 +167,7 @@ def run(
             _warm(capture_client)
             for r in range(settings.runs):
                 result: dict[str, Any] = {}
-                for i in range(len(CASES)):
-                    case = CASES[(i + r) % len(CASES)]
+                for case in rotated(CASES, r):
                     target = capturing if case == "capture" else server
                     if case != "capture":
                         _set_case(client, case)

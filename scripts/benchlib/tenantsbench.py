@@ -20,13 +20,12 @@ Targets: hot throughput with tenants >= 0.9 x without; the neighbour's p99 besid
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 from benchlib import servers
-from benchlib.loads import Log, Settings, describe_run
-from mmserver.commands.loadtest import wrk
+from benchlib.loads import Log, Settings, describe_run, rotated
+from mmserver.commands.loadtest import cpu, wrk
 from mmserver.commands.loadtest.client import JSON_HEADERS, Client
 
 CASES = ("without tenants", "with tenants", "neighbour alone", "neighbour beside flood")
@@ -104,22 +103,14 @@ def _single(
 
 
 def _beside_flood(load: wrk.Load, flood: wrk.Load, pid: int, quiet_s: float) -> wrk.WrkResult:
-    """``load`` measured while ``flood`` runs (started first, ended after)."""
-    started = threading.Event()
-    result: dict[str, wrk.WrkResult] = {}
-
-    def flooding() -> None:
-        proc = wrk.start(flood)
-        started.set()
-        result["flood"] = wrk.finish(proc, flood)
-
-    thread = threading.Thread(target=flooding, name="bench-flood")
-    thread.start()
-    started.wait(10)
+    """``load`` measured while ``flood`` runs: the machine quiet first, then the flood started,
+    then ``load`` (the flood, longer, ends after it)."""
+    cpu.wait_quiet(quiet_s)
+    flooding = wrk.start(flood)
     try:
-        return wrk.run(load, pid, quiet_s)
+        return wrk.run(load, pid)
     finally:
-        thread.join(flood.duration_s + 30)
+        wrk.finish(flooding, flood)
 
 
 def run(
@@ -149,8 +140,7 @@ def run(
         _warm(tenanted, TOKENS["all"])
         for r in range(settings.runs):
             result: dict[str, Any] = {}
-            for i in range(len(CASES)):
-                case = CASES[(i + r) % len(CASES)]
+            for case in rotated(CASES, r):
                 if case == "without tenants":
                     load = _load(plain, settings, r)
                     measured = wrk.run(load, plain.pid, settings.quiet_wait_s)
