@@ -10,6 +10,7 @@ headers the output and failure locations, where botocore reads them. On a server
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -20,7 +21,7 @@ from mmserver.asynchronous import AsyncInference, AsyncRequest, Invocation
 from mmserver.asynchronous.requests import FAILURE_LOCATION, OUTPUT_LOCATION
 from mmserver.asynchronous.runner import unknown_request
 from mmserver.errors import NotFound
-from mmserver.tenancy.gate import OPERATOR, AccessDenied
+from mmserver.tenancy.gate import OPERATOR, THROTTLE_HOLD_S, AccessDenied, Throttled
 
 
 def _runner(request: web.Request) -> AsyncInference:
@@ -44,7 +45,11 @@ async def invoke_async(request: web.Request) -> web.Response:
     gate = state.tenants
     if gate is not None:
         caller = gate.authenticate(True, request.method, request.raw_path, headers.get, body)
-        release = gate.admit(caller, asked.model)  # its rate; no place held while queued
+        try:
+            release = gate.admit(caller, asked.model)  # its rate; no place held while queued
+        except Throttled:
+            await asyncio.sleep(THROTTLE_HOLD_S)  # see mmserver.tenancy.gate
+            raise
         if release is not None:
             release(None)
         if asked.input_location is not None and caller is not OPERATOR:

@@ -21,6 +21,7 @@ from mmserver.api.protocols import ROUTING_KEY, TARGET_MODEL, Route
 from mmserver.api.state import REQUEST_ID
 from mmserver.api.web import STATE, read_body, request_id
 from mmserver.codecs.v2 import HEADER_LENGTH
+from mmserver.tenancy.gate import THROTTLE_HOLD_S, Throttled
 
 _HEALTHY = b'{"status": "Healthy"}'
 _UNHEALTHY = (
@@ -75,6 +76,8 @@ def inference_handler(route: Route) -> Handler:
             raise  # the server is stopping or the client left: no answer, nothing to count
         except Exception as exc:
             shown = exchange.failed(exc, request.method, request.path)
+            if isinstance(exc, Throttled):
+                await asyncio.sleep(THROTTLE_HOLD_S)  # see mmserver.tenancy.gate
             error_body, error_headers = render_error(state, shown, exchange.rid, protocol)
             return web.Response(
                 status=shown.status_code,

@@ -2,7 +2,8 @@
 
 Parameters come from the query string or from a JSON (or form) body; the body wins where both
 name a key. DJL's names are used: ``min_worker``, ``max_worker``, ``batch_size``,
-``max_batch_delay`` (ms), ``max_idle_time`` (s), ``job_queue_size``, ``synchronous``.
+``max_batch_delay`` (ms), ``max_idle_time`` (s), ``job_queue_size``, ``synchronous``; and the
+server's own ``pinned`` on ``PUT /models/{model}``.
 ``PUT /models/{model}`` refuses a parameter it does not take (400, with the closest name it
 does); ``POST /models`` ignores those of DJL's it has no use for (``engine``,
 ``model_version`` ...). A configuration the model cannot
@@ -54,8 +55,9 @@ MAX_PAGE = 100
 _REGISTER_PARAMS = MANAGEMENT_PARAMS
 #: The parameters of PUT /models/{model}: every per-model setting a management call changes.
 _RESCALE_PARAMS = MANAGEMENT_PARAMS
-#: What else PUT /models/{model} takes (DJL's scale call sends it; the change is synchronous).
-_RESCALE_OTHER = ("synchronous",)
+#: What else PUT /models/{model} takes: ``synchronous`` (DJL's scale call sends it; the change
+#: is synchronous) and ``pinned`` (true: load the model and never evict it; false: unpin it).
+_RESCALE_OTHER = ("synchronous", "pinned")
 
 # DJL's model status (WorkerPoolConfig.Status) for a status of the WorkLoadManager.
 _DJL_STATUS = {ModelStatus.LOADING: "PENDING"}
@@ -155,6 +157,7 @@ def _describe(model: ModelView, hide: ApiState | None = None) -> dict[str, Any]:
         "requestInQueue": model.queued,
         "status": _describe_status(model),
         "loadedAtStartup": model.startup,
+        "pinned": model.pinned,
         "workerGroups": [
             {
                 "device": {"deviceType": "cpu", "deviceId": -1},
@@ -282,14 +285,21 @@ async def rescale_model(request: web.Request) -> web.Response:
     _refuse_unknown(params, (*_RESCALE_PARAMS, *_RESCALE_OTHER), f"PUT /models/{name}")
     if "synchronous" in params:
         bool_param(params, "synchronous", default=True)
+    wlm = request.app[STATE].wlm
     overrides = _overrides(params, _RESCALE_PARAMS)
-    config = await request.app[STATE].wlm.rescale(name, overrides)
-    return web.json_response(
-        {
-            "status": f'Workflow "{name}" worker scaled. New Worker configuration '
-            f"min workers:{config.min_workers} max workers:{config.max_workers}"
-        }
+    answer: dict[str, Any] = {}
+    if "pinned" in params:
+        pinned = bool_param(params, "pinned", default=True)
+        key = await wlm.pin(name, pinned)
+        answer = {"status": f'Model "{key}" {"pinned" if pinned else "unpinned"}', "pinned": pinned}
+        if not overrides:
+            return web.json_response(answer)
+    config = await wlm.rescale(name, overrides)
+    answer["status"] = (
+        f'Workflow "{name}" worker scaled. New Worker configuration '
+        f"min workers:{config.min_workers} max workers:{config.max_workers}"
     )
+    return web.json_response(answer)
 
 
 async def unload_model(request: web.Request) -> web.Response:

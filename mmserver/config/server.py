@@ -46,7 +46,7 @@ from mmserver.config.model import (
     server_option,
     short_of,
 )
-from mmserver.config.trust import Trust, server_trust
+from mmserver.config.trust import Trust, model_patterns, server_trust
 from mmserver.errors import ConfigError
 from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
@@ -125,6 +125,12 @@ class ServerConfig:
         "host; 0 = none. 8081 is KServe's and MLServer's.",
     )
     load_models: str = _opt("NONE", "Models to load at start: ALL, NONE or a comma-separated list.")
+    pinned_models: str = _opt(
+        "",
+        "Glob patterns (comma-separated) of model names loaded at start and never evicted: their "
+        "memory is counted first, and a set that does not fit the budget or max_loaded_models "
+        "stops the start. PUT /models/NAME?pinned=true pins one more while the server runs.",
+    )
     backend_processes: int = _opt(
         cpu_count(),
         "Backend processes running predictions; 0 runs them in threads (development). The "
@@ -368,6 +374,7 @@ class ServerConfig:
                 f"option grpc_port={self.grpc_port}: must be between 1 and 65535 and not port "
                 "(0 = no gRPC)"
             )
+        model_patterns("pinned_models", self.pinned_models)
         if self.metrics_model_label not in MODEL_LABEL_CHOICES:
             raise ConfigError(
                 f"option metrics_model_label={self.metrics_model_label!r}: must be one of "
@@ -514,6 +521,11 @@ class ServerConfig:
             trust=self.trust,
             on_version_skew=self.on_version_skew,
         )
+
+    @property
+    def pinned(self) -> tuple[str, ...]:
+        """The ``pinned_models`` patterns."""
+        return model_patterns("pinned_models", self.pinned_models)
 
     @property
     def trust(self) -> Trust:

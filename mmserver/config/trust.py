@@ -46,10 +46,9 @@ class Trust:
         name (a version's name is its model's: ``NAME/2`` is ``NAME``)."""
         if self.full:
             return self
-        base = name.split("/", 1)[0]
-        for pattern in self.models:
-            if fnmatch.fnmatchcase(base, pattern) or fnmatch.fnmatchcase(name, pattern):
-                return replace(self, full=True, because=f"trusted_models={pattern}")
+        pattern = matching(self.models, name)
+        if pattern is not None:
+            return replace(self, full=True, because=f"trusted_models={pattern}")
         return self
 
     def granted(self, because: str) -> Trust:
@@ -71,6 +70,29 @@ def split_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def model_patterns(option: str, text: str) -> tuple[str, ...]:
+    """The glob patterns of model names of ``option``'s comma-separated value (each checked:
+    :class:`ConfigError` naming the option and the item it cannot take)."""
+    return tuple(
+        _checked(
+            option,
+            text,
+            _PATTERN,
+            "a model name or a glob pattern of model names (letters, digits, _ . - / and * ? [ ])",
+        )
+    )
+
+
+def matching(patterns: tuple[str, ...], name: str) -> str | None:
+    """The first of ``patterns`` that matches model ``name`` (a version's name is its model's:
+    ``NAME/2`` is ``NAME``), or ``None``."""
+    base = name.split("/", 1)[0]
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(base, pattern) or fnmatch.fnmatchcase(name, pattern):
+            return pattern
+    return None
+
+
 def server_trust(trusted_types: str, trusted_models: str, isolated: bool = True) -> Trust:
     """Every model's trust from the server's two options (each checked: :class:`ConfigError`
     naming the option and the value it cannot take)."""
@@ -80,13 +102,8 @@ def server_trust(trusted_types: str, trusted_models: str, isolated: bool = True)
         _DOTTED,
         "an importable name (module.Name, e.g. fractions.Fraction)",
     )
-    models = _checked(
-        "trusted_models",
-        trusted_models,
-        _PATTERN,
-        "a model name or a glob pattern of model names (letters, digits, _ . - / and * ? [ ])",
-    )
-    return Trust(types=frozenset(types), models=tuple(models), isolated=isolated)
+    models = model_patterns("trusted_models", trusted_models)
+    return Trust(types=frozenset(types), models=models, isolated=isolated)
 
 
 def _checked(option: str, text: str, form: re.Pattern[str], what: str) -> list[str]:

@@ -28,6 +28,7 @@ from cachetools import LRUCache
 
 from mmserver import errors
 from mmserver.config.server import RESCALABLE, ModelConfig, ServerConfig
+from mmserver.config.trust import matching
 from mmserver.execution.families import wanted_files
 from mmserver.lifecycle.record import Failure, ModelRecord, ModelStatus
 from mmserver.ops.metrics import Metrics
@@ -66,6 +67,8 @@ class ModelView:
     status: ModelStatus
     config: ModelConfig
     startup: bool
+    #: Never evicted (``pinned_models``, ``PUT /models/NAME?pinned=true``).
+    pinned: bool = False
     queued: int = 0
     workers: tuple[WorkerView, ...] = ()
     #: Of a loaded model: its memory, lane, measured cost, and the predict paths its first load
@@ -307,6 +310,7 @@ class Catalog:
         if record is None:
             return
         record.startup = False
+        record.pinned = False
         record.registered = None
         self._registered.discard(name)
         record.overrides = None
@@ -419,6 +423,8 @@ class Catalog:
             status=record.status if record is not None else ModelStatus.UNLOADED,
             config=config,
             startup=record.startup if record is not None else False,
+            pinned=(record is not None and record.pinned)
+            or matching(self.config.pinned, name) is not None,
             error=failure.error.message if failure is not None else None,
             inputs=signed.get("inputs"),
             warnings=record.warnings if record is not None else (),

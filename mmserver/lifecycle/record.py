@@ -90,6 +90,8 @@ class ModelRecord:
     warnings: tuple[str, ...] = ()
     #: Named by ``load_models``: loaded at start.
     startup: bool = False
+    #: Pinned by a management call (``PUT /models/NAME?pinned=true``): never evicted.
+    pinned: bool = False
     #: What its loads measured (shared with the catalog's memory of models it forgot).
     measured: Measured = field(default_factory=Measured)
 
@@ -110,4 +112,5 @@ class ModelRecord:
             or self.registered is not None
             or bool(self.overrides)
             or self.startup
+            or self.pinned
         )

@@ -1,10 +1,12 @@
 """Room: the loaded models, least recently used first, and the memory they may take.
 
-The room owns the loaded models' pools in their LRU order, the counts kept as they change (how
-many are loaded, the memory counted for them, the models in each lane, the jobs queued), the
-memory budget, the room reserved by loads under way, and the memory watch. It makes room for a
-load by unloading least recently used idle models (the choice is :func:`~mmserver.policy.eviction.
-choose_victims`, a pure function: a new eviction policy goes there), and unloads a model
+The room owns the loaded models' pools in their LRU order, which of them are pinned (never
+evicted: ``pinned_models`` patterns and management pins; their memory is counted first), the
+counts kept as they change (how many are loaded, the memory counted for them, the models in each
+lane, the jobs queued), the memory budget, the room reserved by loads under way, and the memory
+watch. It makes room for a load by unloading least recently used idle models that are not pinned
+(the choice is :func:`~mmserver.policy.eviction.choose_victims`, a pure function: a new eviction
+policy goes there), and unloads a model
 (READY → UNLOADING → UNLOADED). It hears of each pool's changes through
 :class:`~mmserver.serving.pool.PoolEvents`, which it implements.
 """
@@ -19,6 +21,7 @@ import os
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
 from mmserver.config.server import ServerConfig
+from mmserver.config.trust import matching
 from mmserver.lifecycle.catalog import Catalog
 from mmserver.lifecycle.record import ModelRecord, ModelStatus
 from mmserver.ops import capacity
@@ -66,6 +69,9 @@ class Room:
         self.loaded: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
         #: The sum of their pools' accounted_bytes.
         self._loaded_bytes = 0
+        #: The loaded models that are never evicted (:meth:`pinned_by`).
+        self.pinned: set[str] = set()
+        self._pins = config.pinned
         #: The jobs queued for every model, and the loaded models in each lane (the metrics'
         #: server-wide gauges, kept as they change).
         self.queued = Tally()
@@ -112,9 +118,53 @@ class Room:
         """A model is loaded (READY): count it, the most recently used."""
         self.loaded[pool.name] = pool
         self.loaded.move_to_end(pool.name)
+        if self.pinned_by(pool.name):
+            self.pinned.add(pool.name)
         self.lanes[pool.lane] += 1
         self._loaded_bytes += pool.accounted_bytes
         self.metrics.models_loaded.set(len(self.loaded))
+
+    def pinned_by(self, name: str) -> str | None:
+        """What pins model ``name`` (``pinned_models=PATTERN``, ``PUT /models/NAME?pinned=true``)
+        or ``None``."""
+        pattern = matching(self._pins, name)
+        if pattern is not None:
+            return f"pinned_models={pattern}"
+        record = self.catalog.get(name)
+        return "a management call" if record is not None and record.pinned else None
+
+    def pinned_bytes(self) -> int:
+        """The memory counted for the pinned models."""
+        return sum(self.loaded[name].accounted_bytes for name in self.pinned)
+
+    def pin(self, name: str) -> None:
+        """Pin loaded model ``name`` (its record says so already), or raise
+        :class:`errors.InsufficientMemory` (its record unmarked) when the pinned models would
+        pass ``max_loaded_models`` or the memory budget."""
+        pool = self.loaded[name]
+        total = self.pinned_bytes() + (0 if name in self.pinned else pool.accounted_bytes)
+        why = self.too_many_pins(name)
+        if why is None and total > self.budget_bytes:
+            why = (
+                f"the pinned models would take {total / 2**20:.0f} MiB, over the memory budget "
+                f"of {self.budget_bytes / 2**20:.0f} MiB"
+            )
+        if why is not None:
+            record = self.catalog.get(name)
+            if record is not None:
+                record.pinned = False
+            self.pinned.discard(name)
+            raise errors.InsufficientMemory(f"model {name} cannot be pinned: {why}")
+        self.pinned.add(name)
+
+    def too_many_pins(self, name: str) -> str | None:
+        """Why model ``name`` cannot be pinned with the models pinned now, counting them (or
+        ``None``)."""
+        pins = len(self.pinned | {name})
+        limit = self.config.max_loaded_models
+        if limit and pins > limit:
+            return f"{pins} pinned models would pass max_loaded_models={limit}"
+        return None
 
     def used_bytes(self) -> int:
         """The memory counted for the loaded models: the sum of their ``accounted_bytes``,
@@ -130,6 +180,7 @@ class Room:
     def forget_all(self) -> None:
         """The server has stopped every pool (:meth:`WorkLoadManager.stop`)."""
         self.loaded.clear()
+        self.pinned.clear()
         self._loaded_bytes = 0
         self.lanes.clear()
 
@@ -163,7 +214,10 @@ class Room:
         give_up_at = loop.time() + self.wait_seconds
         while True:
             victims = choose_victims(
-                (Candidate(n, p.memory_bytes, p.busy) for n, p in self.loaded.items()),
+                (
+                    Candidate(n, p.memory_bytes, p.busy, n in self.pinned)
+                    for n, p in self.loaded.items()
+                ),
                 loaded=len(self.loaded) + self._reserved_count,
                 used_bytes=self.used_bytes() + self._reserved_bytes + self.unaccounted(),
                 need_bytes=need,
@@ -183,8 +237,10 @@ class Room:
             except TimeoutError:
                 pass
         if victims is None:
+            pinned = f" or pinned ({len(self.pinned)} pinned)" if self.pinned else ""
             raise errors.NoCapacity(
-                f"no room to load model {name}: {len(self.loaded)} model(s) loaded, all busy "
+                f"no room to load model {name}: {len(self.loaded)} model(s) loaded, all busy"
+                f"{pinned} "
                 f"(max_loaded_models={self.config.max_loaded_models or 'unlimited'}, "
                 f"memory budget {self.budget_bytes // 2**20} MiB)"
             )
@@ -257,7 +313,10 @@ class Room:
             used = self.used_bytes() + self._reserved_bytes + unaccounted
             if used <= budget:
                 return
-            victim = next((n for n, p in self.loaded.items() if not p.busy), None)
+            pinned = self.pinned
+            victim = next(
+                (n for n, p in self.loaded.items() if not p.busy and n not in pinned), None
+            )
             if victim is None:
                 return
             await self.unload(
@@ -280,6 +339,7 @@ class Room:
         pool, record.pool = record.pool, None
         record.become(ModelStatus.UNLOADING)
         del self.loaded[name]
+        self.pinned.discard(name)
         self.lanes[pool.lane] -= 1
         self._loaded_bytes -= pool.accounted_bytes
         self.metrics.models_loaded.set(len(self.loaded))

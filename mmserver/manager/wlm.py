@@ -30,6 +30,7 @@ from mmserver import errors
 from mmserver.backend import BackendPool
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig, ServerConfig
+from mmserver.config.trust import matching
 from mmserver.lifecycle.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.lifecycle.files import UNPACK_PROCESSES, FileWork
 from mmserver.lifecycle.loading import Loader
@@ -119,7 +120,8 @@ class WorkLoadManager:
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the backend processes, then load the models named by ``load_models``."""
+        """Start the backend processes, then load the models named by ``load_models`` and
+        the pinned ones (:meth:`_load_pinned`)."""
         await self.backend.start()
         await self.versions.open()
         self.files.bind(asyncio.get_running_loop())
@@ -131,8 +133,12 @@ class WorkLoadManager:
         if self.backend.context is not None:
             self._background(self.room.watch_memory(), "mmserver-memory-watch")
         wanted = self.config.load_models.strip()
-        if wanted.upper() == "NONE" or not wanted:
-            return
+        if wanted and wanted.upper() != "NONE":
+            await self._load_named(wanted)
+        await self._load_pinned()
+
+    async def _load_named(self, wanted: str) -> None:
+        """Load the models ``load_models`` names (a failed load is logged)."""
         if wanted.upper() == "ALL":
             names = [model.name for model in await self.list_models()]
         else:
@@ -144,6 +150,48 @@ class WorkLoadManager:
                 await self.loader.get_pool(key)
             except errors.MMServerError as exc:
                 log.error("model %s not loaded at start: %s", name, exc.message)
+
+    async def _load_pinned(self) -> None:
+        """Load the models of the store that ``pinned_models`` matches. A set that does not fit
+        (more models than ``max_loaded_models``, more memory than the budget) stops the start
+        (:class:`errors.ConfigError`, naming the total); a model whose load fails is logged and
+        loaded at its first request."""
+        patterns = self.config.pinned
+        if not patterns:
+            return
+        option = f"option pinned_models={self.config.pinned_models}"
+        names = [m.name for m in await self.list_models() if matching(patterns, m.name)]
+        if not names:
+            log.warning("%s matches no model of the store", option)
+            return
+        limit = self.config.max_loaded_models
+        if limit and len(names) > limit:
+            raise errors.ConfigError(
+                f"{option}: it pins {len(names)} models ({_some(names)}), more than "
+                f"max_loaded_models={limit}"
+            )
+        log.info("loading %d pinned models (%s)", len(names), _some(names))
+        room = self.room
+        for name in names:
+            try:
+                await self.loader.get_pool(await self.versions.resolve(name))
+            except errors.NoCapacity:
+                raise errors.ConfigError(
+                    self._pins_over(option, f"when model {name} could not load")
+                ) from None
+            except errors.MMServerError as exc:
+                log.error("pinned model %s not loaded at start: %s", name, exc.message)
+        if room.pinned_bytes() > room.budget_bytes:
+            raise errors.ConfigError(self._pins_over(option, "once loaded"))
+
+    def _pins_over(self, option: str, when: str) -> str:
+        room = self.room
+        return (
+            f"{option}: the pinned models do not fit the memory budget of "
+            f"{room.budget_bytes / 2**20:.0f} MiB ({room.budget.source}): {len(room.pinned)} of "
+            f"them took {room.pinned_bytes() / 2**20:.0f} MiB {when}; pin fewer models or raise "
+            "max_memory_mb"
+        )
 
     def _background(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``work`` in a task of its own, cancelled by :meth:`stop`."""
@@ -346,6 +394,40 @@ class WorkLoadManager:
         log.info("model %s rescaled: %s", name, overrides)
         return config
 
+    async def pin(self, name: str, pinned: bool) -> str:
+        """Pin model ``name`` (loading it if needed; no room is 507) or unpin it; its key.
+        A model a ``pinned_models`` pattern pins cannot be unpinned by a call (400)."""
+        self._refuse_if_stopping()
+        key = await self.versions.resolve(name)
+        if not pinned:
+            by = matching(self.config.pinned, key)
+            if by is not None:
+                raise errors.InvalidInput(
+                    f"model {key} is pinned by option pinned_models={by}; change the option "
+                    "to unpin it"
+                )
+            record = self.catalog.get(key)
+            if record is not None:
+                record.pinned = False
+                self.catalog.drop_if_unkept(record)
+            self.room.pinned.discard(key)
+            return key
+        why = self.room.too_many_pins(key)
+        if why is not None:
+            raise errors.InsufficientMemory(f"model {key} cannot be pinned: {why}")
+        self.catalog.record(key).pinned = True
+        try:
+            pool = await self._get_pool_for_management(key)
+        except BaseException:
+            record = self.catalog.get(key)
+            if record is not None:
+                record.pinned = False
+                self.catalog.drop_if_unkept(record)
+            raise
+        self.room.pin(pool.name)
+        log.info("model %s pinned by a management call", key)
+        return key
+
     async def unload(self, name: str) -> None:
         """Unload a model or version (answering what it has queued first) and forget its
         registration. A model with versions: every version of it that is loaded."""
@@ -379,3 +461,9 @@ class WorkLoadManager:
         path)."""
         self.room.refresh_metrics()
         self.metrics.processes.set_backends(self.backend.processes())
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    """The first ``shown`` of ``names``, and how many more."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")

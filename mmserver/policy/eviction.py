@@ -1,4 +1,5 @@
-"""Which loaded models to unload to make room: least recently used first, never a busy one.
+"""Which loaded models to unload to make room: least recently used first, never a busy or a
+pinned one.
 
 A pure function over a snapshot, so the policy is tested with tables; the WorkLoadManager applies
 its answer.
@@ -17,6 +18,7 @@ class Candidate:
     name: str
     memory_bytes: int
     busy: bool  # has queued or running jobs
+    pinned: bool = False  # never evicted (pinned_models, PUT /models/NAME?pinned=true)
 
 
 def choose_victims(
@@ -32,7 +34,7 @@ def choose_victims(
     ``need_bytes`` fits under ``max_models`` (0 = no limit) and ``budget_bytes``.
 
     Returns ``[]`` when it fits already and ``None`` when it cannot fit even after unloading
-    every idle model. ``lru_order`` starts with the least recently used model.
+    every idle model that is not pinned. ``lru_order`` starts with the least recently used model.
     """
 
     def fits(count: int, used: int) -> bool:
@@ -44,7 +46,7 @@ def choose_victims(
         return []
     victims: list[str] = []
     for candidate in lru_order:
-        if candidate.busy:
+        if candidate.busy or candidate.pinned:
             continue
         victims.append(candidate.name)
         loaded -= 1

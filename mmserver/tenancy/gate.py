@@ -16,6 +16,14 @@ Whether it may: the model's name matches one of the tenant's patterns (otherwise
 ``Retry-After``, ``ThrottlingException`` on the SageMaker paths, which botocore retries by its
 own policy). A request holds its place until its answer is settled, however it ends.
 
+A 429 for a tenant's limits is sent after :data:`THROTTLE_HOLD_S`, and its connection reads
+nothing else meanwhile (every door: the lean path, aiohttp, gRPC, ``InvokeEndpointAsync``). A
+client that retries at once, without the wait ``Retry-After`` asks for, then sends one request per
+hold and connection: a flood costs the server a few answers a second, not every answer its event
+loop can make, so the other tenants' requests are not slowed by it. The answer is held, rather
+than sent at once with the connection's next read delayed, because a proxy in front (the chart's
+HAProxy) gives an idle connection to its next client, who would wait for another's limits.
+
 The file is read again on SIGHUP and when it changes (looked at every second); a file that is
 refused keeps the tenants in force and logs every fault with its line. A tenant whose limits are
 unchanged by a reload keeps its bucket and its requests in flight.
@@ -42,6 +50,8 @@ log = logging.getLogger("mmserver.tenants")
 #: The caller of the management token: every model, no limits. Its requests are counted under
 #: the ``tenant`` label ``management`` (which no tenant of the file may be called).
 OPERATOR = Tenant(RESERVED, ("*",), {})
+#: Seconds a 429 for a tenant's limits is held before it is sent (see the module docstring).
+THROTTLE_HOLD_S = 0.25
 #: The ``tenant`` label of a request no caller was found for.
 NOBODY = "-"
 #: Seconds between looks at the file's modification time.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import STORE_COUNT, Harness, describe, error_of, wait_until
+from tests.integration.harness import STORE_COUNT, Harness, Serve, describe, error_of, wait_until
 
 
 async def names_listed(harness: Harness) -> set[str]:
@@ -325,6 +325,46 @@ async def test_rescale_refused(
     body = await error_of(response)
     assert body["type"] == "BadRequestException"
     assert message in body["message"]
+
+
+async def test_a_pinned_model_outlives_churn_until_it_is_unpinned(serve: Serve) -> None:
+    server = await serve(max_loaded_models=3, pinned_models="sklearn-9")
+    assert (await describe(server, "sklearn-9"))["pinned"] is True  # the option's, at start
+    response = await server.client.put("/models/sklearn-50", params={"pinned": "true"})
+    assert response.status == 200
+    assert await response.json() == {"status": 'Model "sklearn-50" pinned', "pinned": True}
+    info = await describe(server, "sklearn-50")
+    assert (info["status"], info["pinned"]) == ("Healthy", True)
+    for i in range(60, 70):  # one place left for the others: each load evicts the one before
+        assert (await server.post(f"/predictions/sklearn-{i}", "[[0.5]]")).status == 200
+    loaded = server.wlm.room.loaded
+    assert list(loaded) == ["sklearn-9", "sklearn-50", "sklearn-69"]
+    # A pin with a setting: both apply.
+    both = await server.client.put("/models/sklearn-50", params={"pinned": "1", "max_worker": "1"})
+    assert both.status == 200
+    assert (await both.json())["pinned"] is True
+    # The option's pin is the operator's: a call does not undo it.
+    refused = await server.client.put("/models/sklearn-9", params={"pinned": "false"})
+    assert refused.status == 400
+    assert (
+        "model sklearn-9 is pinned by option pinned_models=sklearn-9"
+        in (await error_of(refused))["message"]
+    )
+    # Three pins fit max_loaded_models=3; a fourth does not, and is refused before it loads.
+    assert (await server.client.put("/models/sklearn-69", params={"pinned": "true"})).status == 200
+    too_many = await server.client.put("/models/sklearn-70", params={"pinned": "true"})
+    assert too_many.status == 507
+    assert "sklearn-70" not in loaded
+    assert (
+        "model sklearn-70 cannot be pinned: 4 pinned models would pass max_loaded_models=3"
+        in (await error_of(too_many))["message"]
+    )
+    bad = await server.client.put("/models/sklearn-50", params={"pinned": "maybe"})
+    assert bad.status == 400
+    assert "parameter pinned must be true or false, got 'maybe'" in (await error_of(bad))["message"]
+    unpinned = await server.client.put("/models/sklearn-50", params={"pinned": "false"})
+    assert await unpinned.json() == {"status": 'Model "sklearn-50" unpinned', "pinned": False}
+    assert (await describe(server, "sklearn-50"))["pinned"] is False
 
 
 async def test_rescale_and_unload_unknown_model(server: Harness) -> None:

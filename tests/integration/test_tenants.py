@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,12 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from mmserver.api.web import STATE
+from mmserver.tenancy.gate import THROTTLE_HOLD_S
 from tests.integration import gate as gate_module
 from tests.integration.harness import Harness, Serve, describe, error_of, hold_gate
+from tests.integration.test_hostile_http import Sockets
+from tests.integration.test_hostile_http import sockets as sockets  # the fixture
+from tests.integration.test_lean_http import _STATUS, _exchange, _request
 
 MANAGEMENT = "the-management-token"
 ACME = {"Authorization": "Bearer tok-acme-0001"}
@@ -184,6 +189,24 @@ async def samples_with(
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_429_is_held_and_its_connection_reads_nothing_meanwhile(
+    serve: Serve, tenants_file: Path, sockets: Sockets, lean: bool
+) -> None:
+    server = await serve(tenants=str(tenants_file), management_token=MANAGEMENT, lean_http=lean)
+    request = _request("/predictions/sklearn-2", Authorization=BETA["Authorization"])
+    started = time.monotonic()
+    received = await _exchange(server, sockets, request * 5, 5)
+    held = time.monotonic() - started
+    assert _STATUS.findall(received) == [b"200", b"200", b"429", b"429", b"429"]
+    # Each 429 was held before it was sent, and the next request read only after it: a client
+    # that retries at once sends one request per hold.
+    assert held >= 3 * THROTTLE_HOLD_S
+    assert received.count(b"Retry-After: ") == 3
+    neighbour = await server.post("/predictions/sklearn-1", "[[0.5]]", **ACME)
+    assert neighbour.status == 200
 
 
 async def test_requests_in_flight_past_max_concurrent_are_answered_429(

@@ -46,8 +46,8 @@ async def running(store: Path, **options: Any) -> AsyncIterator[WorkLoadManager]
         Metrics(),
         room_wait_seconds=room_wait,
     )
-    await wlm.start()
     try:
+        await wlm.start()
         yield wlm
     finally:
         await wlm.stop(5.0)
@@ -504,3 +504,67 @@ async def test_churn_leaves_no_per_model_state_behind(store: Path) -> None:
         assert after_pass[1] == after_pass[0]
         assert after_pass[2] == after_pass[0]
         assert sample(wlm, "mmserver_model_loads_total") == 300
+
+
+async def test_pinned_models_load_at_start_and_outlive_churn(store: Path) -> None:
+    async with running(
+        store, backend_processes=0, max_loaded_models=20, pinned_models="sklearn-1, sklearn-2?"
+    ) as wlm:
+        pinned = {"sklearn-1", *(f"sklearn-2{i}" for i in range(10))}
+        assert wlm.room.pinned == pinned  # loaded at start, before any request
+        assert set(wlm.room.loaded) == pinned
+        for _ in range(2):
+            for i in range(100):
+                x = rows([[i / 100]])
+                assert value(await wlm.submit(f"sklearn-{i}", x).answer) == pytest.approx(
+                    2 * i / 100 + 1, abs=0.05
+                )
+                assert len(wlm.room.loaded) <= 20
+                assert pinned <= set(wlm.room.loaded)
+        # The nine places left went round the other models, most recently used last.
+        assert [n for n in wlm.room.loaded if n not in pinned] == [
+            f"sklearn-{i}" for i in range(91, 100)
+        ]
+        assert (await wlm.catalog.describe("sklearn-25")).pinned
+        assert not (await wlm.catalog.describe("sklearn-3")).pinned
+
+
+async def test_a_pin_set_past_max_loaded_models_stops_the_start(store: Path) -> None:
+    with pytest.raises(errors.ConfigError) as refused:
+        async with running(
+            store, backend_processes=0, max_loaded_models=5, pinned_models="sklearn-1*"
+        ):
+            pass
+    assert refused.value.message == (
+        "option pinned_models=sklearn-1*: it pins 11 models (sklearn-1, sklearn-10, sklearn-11, "
+        "sklearn-12, sklearn-13 and 6 more), more than max_loaded_models=5"
+    )
+
+
+async def test_a_pin_set_past_the_memory_budget_stops_the_start(store: Path) -> None:
+    with pytest.raises(errors.ConfigError) as refused:
+        async with running(
+            store,
+            backend_processes=1,
+            max_memory_mb=1,
+            pinned_models="*",
+            room_wait_seconds=0.1,
+        ):
+            pass
+    message = refused.value.message
+    assert message.startswith(
+        "option pinned_models=*: the pinned models do not fit the memory budget of 1 MiB "
+        "(option max_memory_mb): 1 of them took "
+    )
+    assert message.endswith(
+        " MiB when model sklearn-1 could not load; pin fewer models or raise max_memory_mb"
+    )
+
+
+async def test_a_bad_pattern_is_refused_naming_the_option() -> None:
+    with pytest.raises(errors.ConfigError) as refused:
+        ServerConfig(pinned_models="good-*, bad name")
+    assert refused.value.message == (
+        "option pinned_models: 'bad name' is not a model name or a glob pattern of model names "
+        "(letters, digits, _ . - / and * ? [ ])"
+    )

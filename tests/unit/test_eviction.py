@@ -71,3 +71,22 @@ def test_model_larger_than_the_budget_never_fits() -> None:
         )
         is None
     )
+
+
+def test_pinned_models_are_never_victims() -> None:
+    order = [Candidate("old", MB, False, pinned=True), *lru(("mid", 1, False), ("new", 1, False))]
+    assert choose_victims(
+        order, loaded=3, used_bytes=3 * MB, need_bytes=MB, max_models=3, budget_bytes=100 * MB
+    ) == ["mid"]
+    only_pinned = [Candidate("a", MB, False, pinned=True), Candidate("b", MB, False, pinned=True)]
+    assert (
+        choose_victims(
+            only_pinned,
+            loaded=2,
+            used_bytes=2 * MB,
+            need_bytes=MB,
+            max_models=2,
+            budget_bytes=100 * MB,
+        )
+        is None
+    )

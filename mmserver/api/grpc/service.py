@@ -51,6 +51,7 @@ from mmserver.api.repository import (
 from mmserver.api.state import ApiState, too_large
 from mmserver.codecs.v2 import HEADER_LENGTH
 from mmserver.errors import InvalidInput, MMServerError
+from mmserver.tenancy.gate import THROTTLE_HOLD_S, Throttled
 
 #: The service's name on the wire (Triton's and KServe's package ``inference``).
 SERVICE = "inference.GRPCInferenceService"
@@ -205,6 +206,8 @@ class GrpcServer:
             raise  # the server is stopping or the client left: no answer, nothing to count
         except Exception as exc:
             shown = exchange.failed(exc, "gRPC", f"/{SERVICE}/ModelInfer")
+            if isinstance(exc, Throttled):
+                await asyncio.sleep(THROTTLE_HOLD_S)  # see mmserver.tenancy.gate
             await self.abort(context, shown, exchange.rid)
             raise AssertionError("abort returns only by raising") from None
         length = int(headers[HEADER_LENGTH]) if headers is not None else len(answered)

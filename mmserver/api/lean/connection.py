@@ -62,6 +62,7 @@ from mmserver.api.lean.asynchronous import LeanAsyncExchange
 from mmserver.api.lean.flow import LeanFlow
 from mmserver.api.protocols import INVOKE_ASYNC, ROUTING_KEY, Route, match_lean
 from mmserver.api.state import ApiState
+from mmserver.tenancy.gate import THROTTLE_HOLD_S, Throttled
 
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
@@ -151,6 +152,8 @@ class LeanConnection(asyncio.Protocol):
         self._length = 0
         #: The lean route of the request whose head was fed, with its placeholders' values.
         self._route: tuple[Route, dict[str, str]] | None = None
+        #: While set, a tenant's 429 is held and nothing more is read (:meth:`_hold`).
+        self._cooling: asyncio.TimerHandle | None = None
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -168,6 +171,9 @@ class LeanConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
+        if self._cooling is not None:
+            self._cooling.cancel()
+            self._cooling = None
         self.front.connections.discard(self)
         if self.flow is not None:
             self.flow.stop()
@@ -197,6 +203,7 @@ class LeanConnection(asyncio.Protocol):
             or flow.write_paused
             or self._held is not None
             or self._closing
+            or self._cooling is not None
             or len(self._answers) > _MAX_OWED // 2
         ):
             return
@@ -243,7 +250,7 @@ class LeanConnection(asyncio.Protocol):
         taken = 0
         with memoryview(data) as view:  # httptools is fed slices of it, not copies
             while pos < size:
-                if len(self._answers) >= _MAX_OWED:
+                if len(self._answers) >= _MAX_OWED or self._cooling is not None:
                     self._unread = data[pos:]
                     assert self.flow is not None
                     self.flow.pause_reading()
@@ -384,9 +391,29 @@ class LeanConnection(asyncio.Protocol):
             )
         except Exception as exc:
             exchange.fail(exc)
+            if isinstance(exc, Throttled):
+                self._hold(exchange)
             self.flush()
             return
         answer.add_done_callback(exchange)
+
+    def _hold(self, exchange: LeanExchange) -> None:
+        """Hold ``exchange``'s answer, a tenant's 429, for :data:`THROTTLE_HOLD_S`, and read
+        nothing more meanwhile (see :mod:`mmserver.tenancy.gate`)."""
+        flow = self.flow
+        assert flow is not None
+        answer, exchange.data = exchange.data, None
+        assert answer is not None  # made by fail()
+        flow.pause_reading()
+        self._cooling = asyncio.get_running_loop().call_later(
+            THROTTLE_HOLD_S, self._held_answer, exchange, answer
+        )
+
+    def _held_answer(self, exchange: LeanExchange, answer: bytes) -> None:
+        self._cooling = None
+        exchange.data = answer
+        self.flush()
+        self._read_on()
 
     def _header(self, name: str) -> str | None:
         """The value of the request's header ``name`` (lower case)."""
