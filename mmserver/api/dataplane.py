@@ -37,6 +37,7 @@ from mmserver.errors import (
     ShuttingDown,
 )
 from mmserver.ops.capture import Capture, Record
+from mmserver.serving.jobs import PRIORITY
 from mmserver.store.names import normalize_name
 from mmserver.tenancy.gate import NOBODY
 from mmserver.tenancy.sigv4 import Header
@@ -95,13 +96,18 @@ class Exchange:
         self.job = job = self.protocol.make_job(body, content_type, accept, header_length)
         state = self.state
         release = None
+        caller = self.caller
         if state.tenants is not None:
-            if self.caller is None:
+            if caller is None:
                 raise AssertionError("a door of a server with tenants submitted unauthenticated")
-            release = state.tenants.admit(self.caller, name)
+            release = state.tenants.admit(caller, name)
         wlm = state.wlm
         try:
-            if routing is None:
+            if caller is not None and caller.priority != "normal":
+                self.submission = submission = wlm.submit(
+                    name, job, client_gone, routing=routing, priority=PRIORITY[caller.priority]
+                )
+            elif routing is None:
                 self.submission = submission = wlm.submit(name, job, client_gone)
             else:
                 self.submission = submission = wlm.submit(name, job, client_gone, routing=routing)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import os
+from collections.abc import Iterable, Iterator
 
 from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo
@@ -28,7 +30,7 @@ from mmserver.ops import capacity
 from mmserver.ops.capacity import Limit
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.eviction import Candidate, choose_victims
-from mmserver.serving.jobs import Tally
+from mmserver.serving.jobs import HIGH, LOW, NORMAL, Tally
 from mmserver.serving.pool import ModelPool
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,9 @@ class Room:
         self._loaded_bytes = 0
         #: The loaded models that are never evicted (:meth:`pinned_by`).
         self.pinned: set[str] = set()
+        #: The loaded models whose last request came with a priority other than normal (its
+        #: tenant's), and that priority: under memory pressure low ones go first, high last.
+        self.ranks: dict[str, int] = {}
         self._pins = config.pinned
         #: The jobs queued for every model, and the loaded models in each lane (the metrics'
         #: server-wide gauges, kept as they change).
@@ -181,6 +186,7 @@ class Room:
         """The server has stopped every pool (:meth:`WorkLoadManager.stop`)."""
         self.loaded.clear()
         self.pinned.clear()
+        self.ranks.clear()
         self._loaded_bytes = 0
         self.lanes.clear()
 
@@ -214,10 +220,7 @@ class Room:
         give_up_at = loop.time() + self.wait_seconds
         while True:
             victims = choose_victims(
-                (
-                    Candidate(n, p.memory_bytes, p.busy, n in self.pinned)
-                    for n, p in self.loaded.items()
-                ),
+                self._candidates(),
                 loaded=len(self.loaded) + self._reserved_count,
                 used_bytes=self.used_bytes() + self._reserved_bytes + self.unaccounted(),
                 need_bytes=need,
@@ -250,6 +253,21 @@ class Room:
         for victim in victims:
             await self.unload(victim, reason=f"evicted (least recently used) to load {name}")
             self.metrics.model_evictions.inc()
+
+    def _candidates(self) -> Iterable[Candidate]:
+        """The loaded models as eviction sees them, in the order it takes them: least recently
+        used first; with models of ranked tenants loaded, those last called with a low priority
+        before the others, and those called with a high one after them."""
+        pinned, loaded, ranks = self.pinned, self.loaded, self.ranks
+
+        def of(level: int | None) -> Iterator[Candidate]:
+            for name, pool in loaded.items():
+                if level is None or ranks.get(name, NORMAL) == level:
+                    yield Candidate(name, pool.memory_bytes, pool.busy, name in pinned)
+
+        if not ranks:
+            return of(None)
+        return itertools.chain(of(LOW), of(NORMAL), of(HIGH))
 
     def release(self, need: int) -> None:
         """A load that reserved ``need`` bytes has ended (loaded or not)."""
@@ -313,10 +331,7 @@ class Room:
             used = self.used_bytes() + self._reserved_bytes + unaccounted
             if used <= budget:
                 return
-            pinned = self.pinned
-            victim = next(
-                (n for n, p in self.loaded.items() if not p.busy and n not in pinned), None
-            )
+            victim = next((c.name for c in self._candidates() if not c.busy and not c.pinned), None)
             if victim is None:
                 return
             await self.unload(
@@ -340,6 +355,7 @@ class Room:
         record.become(ModelStatus.UNLOADING)
         del self.loaded[name]
         self.pinned.discard(name)
+        self.ranks.pop(name, None)
         self.lanes[pool.lane] -= 1
         self._loaded_bytes -= pool.accounted_bytes
         self.metrics.models_loaded.set(len(self.loaded))

@@ -23,6 +23,7 @@ from mmserver.lifecycle.room import Room
 from mmserver.lifecycle.shadow import Shadows
 from mmserver.lifecycle.versions import Versions
 from mmserver.ops.metrics import ModelRequests
+from mmserver.serving.jobs import NORMAL
 from mmserver.serving.pool import ModelPool
 from mmserver.store.names import normalize_target
 
@@ -50,6 +51,7 @@ class Submitter:
 
     def __init__(self, room: Room, loader: Loader, versions: Versions) -> None:
         self._loaded = room.loaded
+        self._ranks = room.ranks
         self._loader = loader
         self._versions = versions
         #: Where requests routed to a model's versions also run on its shadow (set by the
@@ -64,11 +66,14 @@ class Submitter:
         deadline: float | None,
         background: bool = False,
         routing: str | None = None,
+        priority: int = NORMAL,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling). A loaded model named exactly
         ``name`` gets it queued at once; otherwise a task finds (or loads) the model, then
         queues it. Every error is the submission's future's. A ``background`` request (an
-        asynchronous one) does not count toward the model's real-time scale-up."""
+        asynchronous one) does not count toward the model's real-time scale-up. ``priority``:
+        its tenant's (:data:`~mmserver.serving.jobs.PRIORITY`), who is shed first from a full
+        queue, and whose models are evicted first (the room's ``ranks``)."""
         loaded = self._loaded
         pool = loaded.get(name)
         shadow = None
@@ -80,8 +85,12 @@ class Submitter:
                 pool = loaded.get(name)
         if pool is not None:
             loaded.move_to_end(name)
+            if priority != NORMAL:
+                self._ranks[name] = priority
+            elif self._ranks:
+                self._ranks.pop(name, None)
             try:
-                answer = pool.submit(request, deadline, client_gone, None, background)
+                answer = pool.submit(request, deadline, client_gone, None, background, priority)
             except errors.MMServerError as exc:  # the model's queue is full
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_exception(exc)
@@ -92,7 +101,9 @@ class Submitter:
         submission.requests = None
         submission.pool = None
         submission.answer = asyncio.get_running_loop().create_task(
-            self._after_load(name, request, deadline, client_gone, submission, background, routing)
+            self._after_load(
+                name, request, deadline, client_gone, submission, background, routing, priority
+            )
         )
         return submission
 
@@ -105,6 +116,7 @@ class Submitter:
         submission: Submission,
         background: bool,
         routing: str | None,
+        priority: int,
     ) -> bytes:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
         versions = self._versions
@@ -116,4 +128,6 @@ class Submitter:
             if shadow is not None:
                 self.shadows.offer(model, pool.name, shadow, request, submission.answer)
         submission.requests = pool.requests
-        return await pool.submit(request, deadline, client_gone, arrived, background)
+        if priority != NORMAL:
+            self._ranks[pool.name] = priority
+        return await pool.submit(request, deadline, client_gone, arrived, background, priority)

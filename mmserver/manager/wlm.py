@@ -42,6 +42,7 @@ from mmserver.manager.submission import Submission, Submitter
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.rollout import Rollout
 from mmserver.policy.scaling import background_share
+from mmserver.serving.jobs import NORMAL
 from mmserver.serving.pool import ModelPool
 from mmserver.store.names import normalize_name, normalize_target
 from mmserver.store.source import ModelSource
@@ -260,6 +261,7 @@ class WorkLoadManager:
         deadline: float | None = None,
         background: bool = False,
         routing: str | None = None,
+        priority: int = NORMAL,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling), loading the model first if
         needed: every inference path comes in here. The answer's body is the result of the
@@ -272,10 +274,13 @@ class WorkLoadManager:
         ``deadline`` is on the event loop's clock; by default the model's predict_timeout.
         A ``background`` request (an asynchronous one) does not count toward the model's
         real-time scale-up (:mod:`mmserver.policy.scaling`). ``routing``, a routing key, picks the
-        version of a canary rollout (:mod:`mmserver.lifecycle.versions`)."""
+        version of a canary rollout (:mod:`mmserver.lifecycle.versions`). ``priority``: the
+        caller's tenant's (:data:`~mmserver.serving.jobs.PRIORITY`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
-        return self.submitter.submit(name, request, client_gone, deadline, background, routing)
+        return self.submitter.submit(
+            name, request, client_gone, deadline, background, routing, priority
+        )
 
     async def _run_shadow(self, key: str, request: Request) -> bytes:
         """A shadow run of ``request`` on version ``key``: a background job."""

@@ -21,12 +21,24 @@ from mmserver import errors
 from mmserver.backend import Answer
 from mmserver.codecs.requests import Request
 
+#: A request's priority (its tenant's ``priority``): who is shed first when a queue is full.
+LOW, NORMAL, HIGH = 0, 1, 2
+PRIORITY = {"low": LOW, "normal": NORMAL, "high": HIGH}
+
 
 class Job:
     """One request on its way to a model, and the future of its answer. A *background* job
     (an asynchronous request's) does not count toward its model's real-time scale-up."""
 
-    __slots__ = ("background", "client_gone", "deadline", "enqueued_at", "future", "request")
+    __slots__ = (
+        "background",
+        "client_gone",
+        "deadline",
+        "enqueued_at",
+        "future",
+        "priority",
+        "request",
+    )
 
     def __init__(
         self,
@@ -36,6 +48,7 @@ class Job:
         deadline: float,
         client_gone: Callable[[], bool] | None = None,
         background: bool = False,
+        priority: int = NORMAL,
     ) -> None:
         self.request = request
         self.future = future
@@ -43,6 +56,7 @@ class Job:
         self.deadline = deadline
         self.client_gone = client_gone
         self.background = background
+        self.priority = priority
 
     def answer(self, result: Any) -> None:
         if not self.future.done():
@@ -75,8 +89,10 @@ class Tally:
 
 class JobQueue:
     """A bounded FIFO of jobs. ``put`` never blocks: a full queue raises
-    :class:`errors.QueueFull` at once. Its pool takes batches from it (:meth:`take`). Its jobs
-    count in ``tally`` too."""
+    :class:`errors.QueueFull` at once, unless it holds a real-time job of a lower priority than
+    the new one's: the newest of the lowest priority is then answered 503 and the new job takes
+    its place (low goes first, high last). Its pool takes batches from it (:meth:`take`). Its
+    jobs count in ``tally`` too."""
 
     def __init__(self, maxsize: int, tally: Tally | None = None) -> None:
         self.maxsize = maxsize
@@ -84,6 +100,8 @@ class JobQueue:
         self._items: collections.deque[Job] = collections.deque()
         #: The background jobs among those queued.
         self.background = 0
+        #: The queued jobs of a priority other than normal.
+        self.ranked = 0
         self._closed = False
         self._refusal: Callable[[], errors.MMServerError] = _unloading
 
@@ -93,17 +111,54 @@ class JobQueue:
     def put(self, job: Job) -> None:
         if self._closed:
             raise self._refusal()
-        if len(self._items) >= self.maxsize:
+        if len(self._items) >= self.maxsize and not self._shed_for(job):
             raise errors.QueueFull(
                 f"the model's queue is full ({self.maxsize} jobs waiting); retry later"
             )
         self._items.append(job)
+        if job.priority != NORMAL:
+            self.ranked += 1
         tally = self.tally
         tally.jobs += 1
         if job.background:
             self._count_background(1)
         else:
             tally.arrived += 1
+
+    def _shed_for(self, job: Job) -> bool:
+        """Answer 503 the newest queued real-time job of the lowest priority below ``job``'s,
+        to make its place (whether there was one)."""
+        if job.priority == LOW or (job.priority == NORMAL and not self.ranked):
+            return False
+        shed: Job | None = None
+        for queued in reversed(self._items):
+            if (
+                not queued.background
+                and queued.priority < job.priority
+                and (shed is None or queued.priority < shed.priority)
+            ):
+                shed = queued
+                if shed.priority == LOW:
+                    break
+        if shed is None:
+            return False
+        self._items.remove(shed)
+        self._gone([shed])
+        shed.fail(
+            errors.QueueFull(
+                f"the model's queue is full ({self.maxsize} jobs waiting) and a request of a "
+                "higher priority took this one's place; retry later"
+            )
+        )
+        return True
+
+    def _gone(self, jobs: list[Job]) -> None:
+        """Count ``jobs``, taken out, as no longer queued."""
+        self.tally.jobs -= len(jobs)
+        if self.background:
+            self._uncount(jobs)
+        if self.ranked:
+            self.ranked -= sum(1 for job in jobs if job.priority != NORMAL)
 
     def _count_background(self, change: int) -> None:
         self.background += change
@@ -122,10 +177,8 @@ class JobQueue:
         holds more: it is then a batch of its own (:func:`batch_length`)."""
         items = self._items
         length = batch_length((len(job.request[0]) for job in items), count, max_bytes)
-        self.tally.jobs -= length
         taken = [items.popleft() for _ in range(length)]
-        if self.background:
-            self._uncount(taken)
+        self._gone(taken)
         return taken
 
     def close(self, refusal: Callable[[], errors.MMServerError] | None = None) -> None:
@@ -146,9 +199,7 @@ class JobQueue:
         """Take every queued job out (to answer them with an error)."""
         items = list(self._items)
         self._items.clear()
-        self.tally.jobs -= len(items)
-        if self.background:
-            self._uncount(items)
+        self._gone(items)
         return items
 
     def expire(self, now: float) -> tuple[list[Job], float | None]:
@@ -158,9 +209,7 @@ class JobQueue:
         expired = [job for job in items if job.deadline <= now]
         if expired:
             self._items = items = collections.deque(job for job in items if job.deadline > now)
-            self.tally.jobs -= len(expired)
-            if self.background:
-                self._uncount(expired)
+            self._gone(expired)
         return expired, min((job.deadline for job in items), default=None)
 
     def oldest_enqueued_at(self) -> float | None:

@@ -42,7 +42,7 @@ from mmserver.policy.scaling import (
 from mmserver.policy.scheduling import LIGHT, Cost, lane_bounds, lane_for, lane_now
 from mmserver.serving.alarm import Alarm
 from mmserver.serving.binding import Copies
-from mmserver.serving.jobs import Job, JobQueue, Tally, cut_batch, waited_too_long
+from mmserver.serving.jobs import NORMAL, Job, JobQueue, Tally, cut_batch, waited_too_long
 from mmserver.serving.worker import Worker
 from mmserver.serving.workers import WorkerGroup
 
@@ -154,6 +154,7 @@ class ModelPool:
         client_gone: Callable[[], bool] | None,
         arrived: float | None = None,
         background: bool = False,
+        priority: int = NORMAL,
     ) -> asyncio.Future[bytes]:
         """Queue one request (raises :class:`errors.QueueFull` at once when full), then apply
         the scaling rule. The future's result is the answer's body. ``deadline`` is on the event
@@ -161,14 +162,16 @@ class ModelPool:
         arrival, before a load it waited for; by default now). A job still queued at its
         deadline is answered 504 then, not when a batch would have taken it. A ``background``
         job (an asynchronous request's) scales the model by its own rule
-        (:func:`~mmserver.policy.scaling.should_add_background_worker`), not the real-time one."""
+        (:func:`~mmserver.policy.scaling.should_add_background_worker`), not the real-time one.
+        ``priority`` (:data:`~mmserver.serving.jobs.PRIORITY`) says who a full queue sheds
+        first."""
         loop = self._loop
         now = loop.time()
         if deadline is None:
             deadline = (now if arrived is None else arrived) + self.config.predict_timeout
         future: asyncio.Future[bytes] = loop.create_future()
         queue = self.queue
-        queue.put(Job(request, future, now, deadline, client_gone, background))
+        queue.put(Job(request, future, now, deadline, client_gone, background, priority))
         if deadline < self._expiry.at:  # only an earlier deadline moves the alarm
             self._expiry.arm(deadline)
         if self._idle and self._dispatch_handle is None:

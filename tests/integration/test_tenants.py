@@ -20,7 +20,14 @@ from botocore.exceptions import ClientError
 from mmserver.api.web import STATE
 from mmserver.tenancy.gate import THROTTLE_HOLD_S
 from tests.integration import gate as gate_module
-from tests.integration.harness import Harness, Serve, describe, error_of, hold_gate
+from tests.integration.harness import (
+    Harness,
+    Serve,
+    describe,
+    error_of,
+    hold_gate,
+    wait_until,
+)
 from tests.integration.test_hostile_http import Sockets
 from tests.integration.test_hostile_http import sockets as sockets  # the fixture
 from tests.integration.test_lean_http import _STATUS, _exchange, _request
@@ -224,6 +231,46 @@ async def test_requests_in_flight_past_max_concurrent_are_answered_429(
     assert (await held).status == 200
     third = await tenanted.post("/predictions/gated-handler", "[[0.5]]", **gamma)
     assert third.status == 200  # the first one's place was given back with its answer
+
+
+async def test_a_full_queue_sheds_low_priority_first(
+    serve: Serve, tmp_path: Path, gate: gate_module.Gate
+) -> None:
+    tenants = tmp_path / "ranked.yaml"
+    tenants.write_text(
+        "tenants:\n"
+        "  bulk: {models: [gated-handler], tokens: [tok-bulk-0001], priority: low}\n"
+        "  usual: {models: [gated-handler], tokens: [tok-usual-001]}\n"
+        "  vip: {models: [gated-handler], tokens: [tok-vip-00001], priority: high}\n"
+    )
+    server = await serve(tenants=str(tenants), management_token=MANAGEMENT)
+    bulk = {"Authorization": "Bearer tok-bulk-0001"}
+    usual = {"Authorization": "Bearer tok-usual-001"}
+    vip = {"Authorization": "Bearer tok-vip-00001"}
+    path = "/predictions/gated-handler"
+    held = await hold_gate(server, gate, path, **bulk)  # its one worker is busy
+    queue = server.wlm.room.loaded["gated-handler"].queue  # job_queue_size=1
+    queued_low = asyncio.ensure_future(server.post(path, "[[0.5]]", **bulk))
+    await wait_until(lambda: len(queue) == 1)
+    # The queue is full: a normal request takes the low one's place...
+    queued_normal = asyncio.ensure_future(server.post(path, "[[0.5]]", **usual))
+    shed = await queued_low
+    assert shed.status == 503
+    assert (
+        "a request of a higher priority took this one's place" in (await error_of(shed))["message"]
+    )
+    # ... a high one the normal one's; a low one finds no place below its own.
+    queued_high = asyncio.ensure_future(server.post(path, "[[0.5]]", **vip))
+    assert (await queued_normal).status == 503
+    refused = await server.post(path, "[[0.5]]", **bulk)
+    assert refused.status == 503
+    assert (
+        "the model's queue is full (1 jobs waiting); retry later"
+        in (await error_of(refused))["message"]
+    )
+    gate.open()
+    assert (await held).status == 200
+    assert (await queued_high).status == 200
 
 
 async def test_a_tenant_lists_and_describes_its_own_models_only(tenanted: Harness) -> None:

@@ -22,6 +22,7 @@ from mmserver.config.server import ServerConfig
 from mmserver.lifecycle.record import ModelStatus
 from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops.metrics import Metrics
+from mmserver.serving.jobs import HIGH, LOW, NORMAL
 from mmserver.store.local import ModelStore
 from tests.behaviour_models import (
     make_exiting_dir,
@@ -568,3 +569,19 @@ async def test_a_bad_pattern_is_refused_naming_the_option() -> None:
         "option pinned_models: 'bad name' is not a model name or a glob pattern of model names "
         "(letters, digits, _ . - / and * ? [ ])"
     )
+
+
+async def test_under_memory_pressure_low_priority_models_go_first(store: Path) -> None:
+    async with running(store, backend_processes=0, max_loaded_models=3) as wlm:
+        for name, priority in (("sklearn-1", HIGH), ("sklearn-2", NORMAL), ("sklearn-3", LOW)):
+            await wlm.submit(name, X, priority=priority).answer
+        assert list(wlm.room.loaded) == ["sklearn-1", "sklearn-2", "sklearn-3"]
+        # Least recently used first would take sklearn-1: its last caller's priority was high.
+        await wlm.submit("sklearn-4", X).answer
+        assert list(wlm.room.loaded) == ["sklearn-1", "sklearn-2", "sklearn-4"]
+        await wlm.submit("sklearn-5", X).answer  # then the normal ones, oldest first
+        assert list(wlm.room.loaded) == ["sklearn-1", "sklearn-4", "sklearn-5"]
+        await wlm.submit("sklearn-1", X).answer  # a normal request: it ranks as any other now
+        await wlm.submit("sklearn-6", X).answer
+        assert list(wlm.room.loaded) == ["sklearn-5", "sklearn-1", "sklearn-6"]
+        assert wlm.room.ranks == {}
