@@ -18,6 +18,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from mmserver.api.web import STATE
+from mmserver.commands.transform.failures import TransformError
+from mmserver.commands.transform.sender import Sender
 from mmserver.tenancy.gate import THROTTLE_HOLD_S
 from tests.integration import gate as gate_module
 from tests.integration.harness import (
@@ -271,6 +273,22 @@ async def test_a_full_queue_sheds_low_priority_first(
     gate.open()
     assert (await held).status == 200
     assert (await queued_high).status == 200
+
+
+async def test_a_transform_job_sends_its_token(tenanted: Harness) -> None:
+    async with Sender(
+        tenanted.url, "sklearn-1", "application/json", 1, 30.0, "tok-acme-0001"
+    ) as sender:
+        body, kind = await sender.send(b"[[0.5], [1.0]]", "application/json")
+    assert kind == "application/json"
+    assert json.loads(body) == {
+        "predictions": [pytest.approx(2.0, abs=0.05), pytest.approx(3.0, abs=0.05)]
+    }
+    async with Sender(tenanted.url, "sklearn-1", "application/json", 1, 30.0) as anonymous:
+        with pytest.raises(TransformError) as refused:
+            await anonymous.send(b"[[0.5]]", "application/json")
+    assert "the server refused the job's credentials (401: " in refused.value.args[0]
+    assert "give --token (or MMSERVER_TOKEN)" in refused.value.args[0]
 
 
 async def test_a_tenant_lists_and_describes_its_own_models_only(tenanted: Harness) -> None:

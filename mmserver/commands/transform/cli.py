@@ -121,7 +121,14 @@ async def _run(
                 options.backend_processes or cpus().value
             )
         sender = await stack.enter_async_context(
-            Sender(url, options.model, options.request_accept, concurrency, options.timeout)
+            Sender(
+                url,
+                options.model,
+                options.request_accept,
+                concurrency,
+                options.timeout,
+                options.token,
+            )
         )
         tally.started = loop.time()
         shown = asyncio.create_task(display.run(), name="transform-progress")

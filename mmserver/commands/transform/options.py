@@ -66,6 +66,13 @@ class TransformOptions:
         "end.",
         metavar="URL",
     )
+    token: str = _opt(
+        "",
+        "A bearer token sent with every request (Authorization: Bearer): a tenant's token or the "
+        "management token, for a server with tenants. MMSERVER_TOKEN in the environment gives "
+        "it without showing it in the process list.",
+        metavar="TOKEN",
+    )
     model_store: str = _opt(
         "./model_store",
         "The model store of the server started without --url (a folder or s3://bucket/prefix).",
@@ -259,6 +266,8 @@ def parse(argv: Sequence[str]) -> TransformOptions:
     raises :class:`TransformError`."""
     args = build_parser().parse_args(list(argv))
     values = {f.name: getattr(args, f.name) for f in TransformOptions.options()}
+    if not values["token"]:
+        values["token"] = os.environ.get("MMSERVER_TOKEN", "")
     return TransformOptions(**values).check()
 
 

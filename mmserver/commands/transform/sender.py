@@ -45,11 +45,21 @@ def _message(status: int, body: bytes) -> str:
 
 
 class Sender:
-    """Sends payloads to ``url``; at most ``concurrency`` connections. An async context
-    manager: the connections are closed on exit."""
+    """Sends payloads to ``url``; at most ``concurrency`` connections; with ``token``, each with
+    ``Authorization: Bearer <token>``. An async context manager: the connections are closed on
+    exit."""
 
-    def __init__(self, url: str, model: str, accept: str, concurrency: int, timeout: float):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        accept: str,
+        concurrency: int,
+        timeout: float,
+        token: str = "",
+    ):
         self.base = url.rstrip("/")
+        self._authorization = {"Authorization": f"Bearer {token}"} if token else {}
         self.path = model_path(model)
         self.model = model
         self.accept = accept
@@ -75,7 +85,7 @@ class Sender:
         :class:`FileFailed` for a refused payload, :class:`TransformError` when the job cannot
         go on (unknown model, server unreachable or busy after every attempt)."""
         assert self._exchanges is not None, "used outside its async with"
-        headers = {"Content-Type": content_type, "Accept": self.accept}
+        headers = {"Content-Type": content_type, "Accept": self.accept, **self._authorization}
         pause = 0.1
         for attempt in range(1, ATTEMPTS + 1):
             try:
@@ -102,6 +112,12 @@ class Sender:
                 if answer.status == 404:
                     raise TransformError(
                         f"model {self.model!r} at {self.base}: {_message(404, answer.body)}"
+                    )
+                if answer.status in (401, 403):
+                    raise TransformError(
+                        f"model {self.model!r} at {self.base}: the server refused the job's "
+                        f"credentials ({answer.status}: {_message(answer.status, answer.body)}); "
+                        "give --token (or MMSERVER_TOKEN) a token that may call the model"
                     )
                 if answer.status not in _RETRIED or attempt == ATTEMPTS:
                     raise FileFailed(
