@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from mmserver.api import asynchronous, inference, management, v2
+from mmserver.api import asynchronous, inference, management, pages, v2
 from mmserver.api.access import check_security
 from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, unmatched
@@ -61,6 +61,7 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
         **management.HANDLERS,
         **v2.HANDLERS,
         **asynchronous.HANDLERS,
+        **pages.HANDLERS,
     }
     for route in ROUTES:
         if route.operation == INFER:

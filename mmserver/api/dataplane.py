@@ -161,7 +161,10 @@ class Exchange:
         """The error the client is shown for ``error`` (:func:`shown_error`), counted as
         failed."""
         shown = shown_error(error, method, path, self.rid)
-        label = failure_label(self.name, self.submission, error)
+        submission = self.submission
+        if submission is not None and submission.requests is not None:
+            submission.requests.failed()
+        label = failure_label(self.name, submission, error)
         if isinstance(shown, ModelError):
             self.state.model_errors.raised(label, shown.message, self.rid)
         caller = self.caller

@@ -187,6 +187,16 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v2/repository/index", V2, "repository_index"),
     Route("POST", "/v2/repository/models/{model}/load", V2, "repository_load"),
     Route("POST", "/v2/repository/models/{model}/unload", V2, "repository_unload"),
+    # Pages for people: the API in OpenAPI 3.1 (mmserver.api.openapi), its browsable page, a
+    # model's page where it can be called, and the status page (mmserver.api.pages).
+    Route("GET", "/openapi.json", DJL, "openapi"),
+    Route("OPTIONS", "/", DJL, "openapi"),
+    Route("GET", "/docs", DJL, "docs"),
+    Route("GET", "/docs/{asset}", DJL, "docs_asset"),
+    Route("GET", _V2_MODEL + "/docs", V2, "model_docs"),
+    Route("GET", _V2_MODEL + "/openapi.json", V2, "model_openapi"),
+    Route("GET", "/status", DJL, "status"),
+    Route("GET", "/status.json", DJL, "status_data"),
 )
 
 _BY_PATH: dict[str, Route] = {}
@@ -230,8 +240,13 @@ def protocol_of(canonical: str | None, path: str) -> Protocol:
 
 def known_paths() -> str:
     """The paths outside ``/v2`` the server answers, for the 404 answer."""
-    paths = dict.fromkeys(_PATTERN.sub(r"{\1}", r.path) for r in ROUTES if r.protocol is not V2)
+    paths = dict.fromkeys(plain_path(r.path) for r in ROUTES if r.protocol is not V2)
     return ", ".join(paths)
+
+
+def plain_path(path: str) -> str:
+    """A route's path without its placeholders' patterns (``{version:[0-9]+}``: ``{version}``)."""
+    return _PATTERN.sub(r"{\1}", path)
 
 
 #: A placeholder's pattern in a route's path (``{version:[0-9]+}``), left out where the paths

@@ -9,7 +9,7 @@ import itertools
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmserver.config.server import ServerConfig
 from mmserver.errors import RequestTooLarge
@@ -60,6 +60,9 @@ class ApiState:
     model_errors: ModelErrorLog = field(default_factory=ModelErrorLog)
     #: The tenants, when the server has a ``tenants`` file.
     tenants: TenantGate | None = None
+    #: What the status page remembers between calls (:class:`mmserver.api.pages.StatusBoard`),
+    #: made by its first call.
+    status_board: Any = None
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from mmserver.ops.procmetrics import ProcessMetrics
+from mmserver.ops.recent import Recent
 
 # Latency buckets from 0.5 ms to 60 s (an ad bidder's budget is 20 ms, SageMaker's limit 60 s),
 # few enough that a scrape of 1,000 models stays small: every bucket is a series per model.
@@ -354,10 +355,24 @@ class ModelRequests:
     """One model's series of answered requests, which the HTTP layer counts each answer in
     (looked up once, when the model loads, not per request)."""
 
-    __slots__ = ("_answered", "_by_tenant", "_requests", "_seconds", "model")
+    __slots__ = (
+        "_answered",
+        "_by_tenant",
+        "_requests",
+        "_seconds",
+        "answered_total",
+        "failed_total",
+        "model",
+        "recent",
+    )
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.model = model
+        #: Its requests answered (200) and failed since it loaded, and its answer times over
+        #: the last minute (the status page's).
+        self.answered_total = 0
+        self.failed_total = 0
+        self.recent = Recent()
         self._requests = metrics.requests
         self._answered = None if metrics.tenant_label else metrics.requests.labels(model, "200")
         #: Its 200 series of each tenant (with tenants).
@@ -376,6 +391,12 @@ class ModelRequests:
                 )
         answered.inc()
         self._seconds.observe(seconds)
+        self.answered_total += 1
+        self.recent.add(seconds)
+
+    def failed(self) -> None:
+        """Count one request of the model that was answered with an error."""
+        self.failed_total += 1
 
 
 class Metrics:
