@@ -5,8 +5,10 @@ Shutdown order (SIGTERM or SIGINT), written once in :meth:`Server.shutdown`:
 1. report not ready (``/ping`` answers 503) and answer new requests 503 at once; the listener
    stays open meanwhile, because closing it resets every connection still waiting in the
    kernel's accept queue, and those clients have sent their requests;
-2. drain: every accepted request is answered, up to ``drain_timeout`` seconds; what is left then
-   is answered 503; then the workers and the backend processes stop. Asynchronous requests
+2. drain: with a ``state_dir``, the warm set is written first, while every model is still
+   loaded (:mod:`mmserver.lifecycle.warmset`); every accepted request is answered, up to
+   ``drain_timeout`` seconds; what is left then is answered 503; then the workers and the
+   backend processes stop. Asynchronous requests
    (:mod:`mmserver.asynchronous`) are neither accepted nor started from step 1; running ones
    end within the same drain, the others stay in the journal for the next start;
 3. stop listening, and close the HTTP connections once their responses are written; the gRPC

@@ -244,9 +244,10 @@ class ServerConfig:
     state_dir: str = _opt(
         "",
         "Folder of the asynchronous inference journal (SQLite in WAL mode) and of the inline "
-        "inputs it holds, and of the default versions set through the management API "
-        "(rollouts.json); empty = no asynchronous inference (POST .../async-invocations is "
-        "answered 404), and the default versions are kept in cache_dir.",
+        "inputs it holds, of the default versions set through the management API "
+        "(rollouts.json), and of the warm set (warm.json: the models loaded, loaded again at "
+        "the next start); empty = no asynchronous inference (POST .../async-invocations is "
+        "answered 404), no warm set, and the default versions are kept in cache_dir.",
     )
     async_output_path: str = _opt(
         "",

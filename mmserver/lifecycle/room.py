@@ -269,6 +269,20 @@ class Room:
             return of(None)
         return itertools.chain(of(LOW), of(NORMAL), of(HIGH))
 
+    def fits(self, need: int) -> bool:
+        """Whether one more model of ``need`` bytes fits now without unloading any, the loads
+        under way counted (the warm set's restore evicts none,
+        :mod:`mmserver.lifecycle.warmset`)."""
+        victims = choose_victims(
+            (),
+            loaded=len(self.loaded) + self._reserved_count,
+            used_bytes=self.used_bytes() + self._reserved_bytes + self.unaccounted(),
+            need_bytes=need,
+            max_models=self.config.max_loaded_models,
+            budget_bytes=self.budget_bytes,
+        )
+        return victims == []
+
     def release(self, need: int) -> None:
         """A load that reserved ``need`` bytes has ended (loaded or not)."""
         self._reserved_bytes -= need

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from typing import Any
 
 from mmserver import errors
 from mmserver.lifecycle.catalog import Catalog, ModelListing
+from mmserver.ops.statefile import write_atomically
 from mmserver.policy.rollout import FROM_MANAGEMENT, Rollout, Saved, Share, make_rollout
 from mmserver.serving.pool import ModelPool
 from mmserver.store.names import normalize_target, split_version
@@ -250,18 +250,8 @@ class Versions:
         text = json.dumps(data, indent=1) + "\n"
         async with self._writing:
             try:
-                await asyncio.to_thread(_write_atomically, self.state_file, text)
+                await asyncio.to_thread(write_atomically, self.state_file, text)
             except OSError as exc:
                 raise errors.ServiceUnavailable(
                     f"the rollout could not be written to {self.state_file}: {exc}"
                 ) from None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)

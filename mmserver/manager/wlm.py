@@ -10,6 +10,8 @@ that do its jobs, each the one owner of its state:
 - :mod:`mmserver.lifecycle.loading` — loading on demand, one load however many requests wait for it;
 - :mod:`mmserver.lifecycle.versions` — the versions of a model with versions, and which of them a
   request goes to;
+- :mod:`mmserver.lifecycle.warmset` — with a ``state_dir``, the models loaded, saved and loaded
+  again at the next start;
 - :mod:`mmserver.manager.submission` — a request queued for its model: every protocol's handler
   calls :meth:`WorkLoadManager.submit`.
 
@@ -38,6 +40,8 @@ from mmserver.lifecycle.record import ModelStatus
 from mmserver.lifecycle.room import Room
 from mmserver.lifecycle.shadow import Shadows
 from mmserver.lifecycle.versions import Versions
+from mmserver.lifecycle.warmfile import FILE_NAME as WARM_FILE
+from mmserver.lifecycle.warmset import WarmSet
 from mmserver.manager.submission import Submission, Submitter
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.rollout import Rollout
@@ -99,6 +103,11 @@ class WorkLoadManager:
         state_dir = config.state_path if config.state_dir.strip() else config.cache_path
         self.versions = Versions(self.catalog, self.room.loaded, state_dir)
         self.submitter = Submitter(self.room, self.loader, self.versions)
+        #: With a ``state_dir``: the models loaded, saved, and loaded again at the next start.
+        self.warm: WarmSet | None = None
+        if config.state_dir.strip():
+            path = config.state_path / WARM_FILE
+            self.warm = WarmSet(path, self.room, self.catalog, self.loader, self.versions)
         self.shadows = Shadows(
             self._run_shadow,
             background_share(config.backend_processes),
@@ -122,7 +131,8 @@ class WorkLoadManager:
 
     async def start(self) -> None:
         """Start the backend processes, then load the models named by ``load_models`` and
-        the pinned ones (:meth:`_load_pinned`)."""
+        the pinned ones (:meth:`_load_pinned`); then, with a ``state_dir``, begin to load the
+        warm set again (in the background: it does not delay the start)."""
         await self.backend.start()
         await self.versions.open()
         self.files.bind(asyncio.get_running_loop())
@@ -137,9 +147,12 @@ class WorkLoadManager:
         if wanted and wanted.upper() != "NONE":
             await self._load_named(wanted)
         await self._load_pinned()
+        if self.warm is not None:
+            self.warm.start()
 
     async def _load_named(self, wanted: str) -> None:
-        """Load the models ``load_models`` names (a failed load is logged)."""
+        """Load the models ``load_models`` names (``ALL`` or a list; a failed load is
+        logged)."""
         if wanted.upper() == "ALL":
             names = [model.name for model in await self.list_models()]
         else:
@@ -228,6 +241,8 @@ class WorkLoadManager:
             return
         self._stopped = True
         self.begin_shutdown()
+        if self.warm is not None:
+            await self.warm.stop()  # the set as it is, before the models drain
         await self.shadows.stop()
         await self.loader.cancel_all()
         # The pools drain as loaded models: they stay READY, with their series, until the end.

@@ -431,6 +431,15 @@ class ModelPool:
         if started:
             await asyncio.gather(*(w.ready for w in started))
 
+    async def warm(self, workers: int) -> None:
+        """Start workers until the model has ``workers`` (at most ``maxWorkers``), as it had
+        before a restart (:mod:`mmserver.lifecycle.warmset`), and wait for their loads; those
+        above ``minWorkers`` retire when idle, as any do. A worker that fails to load is the
+        pool's to report, as any is; a cancelled wait leaves the workers be."""
+        started = self._group.grow(workers)
+        if started:
+            await asyncio.wait([w.ready for w in started])
+
     async def stop(self, drain_timeout: float | None, unload: bool = True) -> None:
         """Refuse new jobs; let the workers answer what is queued (up to ``drain_timeout``
         seconds; ``None`` = do not wait); answer the rest with 503; stop the workers and unload

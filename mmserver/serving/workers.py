@@ -3,10 +3,11 @@
 A worker starts bound to a slot of the model's lane, a slot with none of the model's workers
 first, least-loaded first (:meth:`BackendPool.bind <mmserver.backend.BackendPool.bind>`); the
 model's copy there is its pool's to load (:mod:`~mmserver.serving.binding`). Workers start for
-``minWorkers``, when the scaling rule asks (:mod:`mmserver.policy.scaling`) and when the model
-moves to another lane; they leave when idle above ``minWorkers`` for ``max_idle_time`` (the
-pool's reaper asks :meth:`WorkerGroup.retire_idle`), above a lowered ``maxWorkers``, when the
-model moved (as soon as they are not running a batch or loading), or when the model unloads.
+``minWorkers``, when the scaling rule asks (:mod:`mmserver.policy.scaling`), when the model
+moves to another lane, and up to the workers it had before a restart (the warm set); they leave
+when idle above ``minWorkers`` for ``max_idle_time`` (the pool's reaper asks
+:meth:`WorkerGroup.retire_idle`), above a lowered ``maxWorkers``, when the model moved (as soon
+as they are not running a batch or loading), or when the model unloads.
 
 Concurrency contract: every method runs on the event loop, called by the model's pool or, as
 they leave, by its workers (:meth:`WorkerGroup.exited`).
@@ -125,6 +126,15 @@ class WorkerGroup:
         )
         worker.start()
         return worker
+
+    def grow(self, workers: int) -> list[Worker]:
+        """Start workers until the model has ``workers``, at most ``maxWorkers`` (the warm set's
+        restore: the workers it had before a restart). The workers started, loading."""
+        host = self._host
+        if host.stopped or host.unloading:
+            return []
+        wanted = min(workers, host.config.max_workers) - len(self.workers)
+        return [self.add("warm set", scaling=False) for _ in range(wanted)]
 
     def follow_lane(self) -> None:
         """The model moved to another lane: its idle and ready workers leave now (the others
