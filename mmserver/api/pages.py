@@ -167,8 +167,12 @@ class StatusBoard:
     tell their CPU use)."""
 
     def __init__(self) -> None:
-        self.started = time.time()
+        #: When the server's process started (the counters' zero), on the wall clock.
+        self.started = psutil.Process().create_time()
         self.readings: collections.deque[tuple[float, float, float, float]] = collections.deque()
+        up = time.time() - self.started
+        if up < RECENT_S:  # the counters started at zero then
+            self.readings.append((time.monotonic() - up, 0.0, 0.0, 0.0))
         self.cpu: dict[int, tuple[float, float]] = {}
         self.processes: dict[int, psutil.Process] = {}
 
@@ -186,22 +190,26 @@ class StatusBoard:
             "load_failures": int(failures - failures0),
         }
 
-    def backend(self, name: str, pid: int, now: float) -> dict[str, Any]:
+    def backend(self, name: str, pid: int) -> dict[str, Any]:
+        """One backend process's row: its CPU use since the last call (at the first, since it
+        started) and its resident memory."""
         row: dict[str, Any] = {"name": name, "pid": pid, "cpu_percent": None, "rss_bytes": None}
+        now = time.time()
         try:
             process = self.processes.get(pid)
             if process is None:
                 process = self.processes[pid] = psutil.Process(pid)
+                self.cpu[pid] = (process.create_time(), 0.0)
             times = process.cpu_times()
             used = times.user + times.system
             row["rss_bytes"] = process.memory_info().rss
         except psutil.Error:
             self.processes.pop(pid, None)
             return row
-        before = self.cpu.get(pid)
+        since, before = self.cpu[pid]
         self.cpu[pid] = (now, used)
-        if before is not None and now > before[0]:
-            row["cpu_percent"] = round(100.0 * (used - before[1]) / (now - before[0]), 1)
+        if now > since:
+            row["cpu_percent"] = round(100.0 * (used - before) / (now - since), 1)
         return row
 
     def forget_except(self, pids: set[int]) -> None:
@@ -260,7 +268,7 @@ def status_of(state: ApiState, name_filter: str = "", page: int = 1) -> dict[str
                 "pinned": name in room.pinned,
             }
         )
-    backends = [board.backend(label, pid, now) for label, pid in wlm.backend.processes()]
+    backends = [board.backend(label, pid) for label, pid in wlm.backend.processes()]
     board.forget_except({row["pid"] for row in backends})
     budget = room.budget
     return {

