@@ -54,35 +54,36 @@ async def test_the_document_is_valid_openapi_and_names_every_route(server: Harne
 
 
 async def test_every_path_of_the_document_is_answered(serve: Serve, tmp_path: Path) -> None:
-    server = await serve(state_dir=str(tmp_path / "state"))
-    accepted = await server.post(
-        "/endpoints/sklearn-1/async-invocations",
-        "[[0.5]]",
-        **{"X-Amzn-SageMaker-Target-Model": "sklearn-1"},
-    )
-    assert accepted.status == 202
+    store = tmp_path / "store"
+    for version in ("1", "2"):
+        make_linear_model(store / "versioned" / version)
+    server = await serve(model_store=str(store), state_dir=str(tmp_path / "state"))
+    target = {"X-Amzn-SageMaker-Target-Model": "versioned"}
+    accepted = await server.post("/endpoints/versioned/async-invocations", "[[0.5]]", **target)
+    assert accepted.status == 202, await accepted.text()
     values = {
-        "model": "sklearn-1",
-        "version": "1",
-        "endpoint": "sklearn-1",
+        "model": "versioned",
+        "version": "2",
+        "endpoint": "versioned",
         "inference_id": (await accepted.json())["InferenceId"],
         "asset": "swagger-ui.css",
     }
     document = await _document(server)
-    for path, item in document["paths"].items():
-        concrete = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
-        for method in item:
-            if method in ("delete", "put", "post") and "invocations" not in concrete:
-                continue  # they change the server: the GETs and OPTIONS say each path is served
-            response = await server.client.request(
-                method.upper(),
-                concrete,
-                data=b"[[0.5]]",
-                headers={"X-Amzn-SageMaker-Target-Model": "sklearn-1"},
-            )
-            assert response.status != 404 or (
-                concrete.startswith(("/models/sklearn-1/1", "/v2/models/sklearn-1/versions/1"))
-            ), f"{method.upper()} {concrete}: {response.status} {await response.text()}"
+    calls = [
+        (method.upper(), re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path))
+        for path, item in document["paths"].items()
+        for method in item
+    ]
+    # The unloads last, a version's before its model's.
+    calls.sort(key=lambda call: (call[0] == "DELETE", -len(call[1]) if call[0] == "DELETE" else 0))
+    for method, concrete in calls:
+        if method == "DELETE":  # something loaded for it to unload
+            assert (await server.post("/predictions/versioned", "[[0.5]]")).status == 200
+        response = await server.client.request(method, concrete, data=b"[[0.5]]", headers=target)
+        assert response.status != 404, (
+            f"{method} {concrete}: {response.status} {await response.text()}"
+        )
+    assert len(calls) == len(ROUTES)
 
 
 async def test_swagger_ui_is_served_from_the_package(server: Harness) -> None:
