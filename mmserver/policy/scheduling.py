@@ -114,8 +114,8 @@ class Cost:
         #: CPU seconds one request of the model takes alone, at the model's mean rows per
         #: request: infinite while nothing is known.
         self.single = math.inf if known is None else known
-        #: CPU seconds of a batch (moving average; ``None`` until one was measured), and the
-        #: fixed part of a batch's and the part of each row (fitted).
+        #: CPU seconds of a batch (moving average; ``None`` until one was measured), and its
+        #: fixed part and the part of each row (fitted; ``None``: nothing known).
         self.per_batch: float | None = None
         self.fixed = 0.0
         self.per_row: float | None = known
