@@ -88,8 +88,8 @@ class ModelPool:
     ) -> None:
         """``key`` names this load of the model in the backend slots. ``measured`` is what an
         earlier load of the model measured, if there was one: the CPU seconds one of its
-        requests took choose the lane its first workers start in, and the memory of one copy is what
-        :attr:`accounted_bytes` counts until this load measures it."""
+        requests took choose the lane its first workers start in, and the memory of one copy is
+        what :attr:`accounted_bytes` counts until this load measures it."""
         measured = measured or Measured()
         known = measured.hold
         self.name = name
