@@ -11,6 +11,8 @@ folder with a ``model.py`` handler, usable in threads and in backend processes a
 - :func:`make_exiting_dir` — ends its backend process with ``os._exit`` on a negative value;
 - :func:`make_spinning_dir` — computes for as many CPU milliseconds as the batch's first value
   says, waits at an optional gate file, appends its name to an optional log, answers ``2 * x``;
+- :func:`make_row_spinning_dir` — computes for ``row_ms`` CPU milliseconds per row of its batch
+  (one row is cheap, a thousand are not), answers ``2 * x``;
 - :func:`make_slow_load_dir` — its load writes its process id to a file, then waits until its
   gate file exists, so a test holds the load in a backend process; answers ``2 * x`` (or what
   the ``predict`` it is given answers).
@@ -189,6 +191,27 @@ def make_spinning_dir(
     if log is not None:
         extra["log"] = log
     return _write(folder, SPINNING, {**extra, **properties})
+
+
+ROW_SPINNING = """\
+import time
+
+
+def load(model_dir, properties):
+    return float(properties["row_ms"]) / 1000.0
+
+
+def predict(row_seconds, batch):
+    end = time.thread_time() + row_seconds * len(batch)
+    while time.thread_time() < end:
+        pass
+    return [2.0 * float(row[0]) for row in batch]
+"""
+
+
+def make_row_spinning_dir(folder: Path, row_ms: float, **properties: object) -> Path:
+    """:data:`ROW_SPINNING`: ``row_ms`` CPU milliseconds a row."""
+    return _write(folder, ROW_SPINNING, {"row_ms": row_ms, **properties})
 
 
 #: A load that announces itself (writing its process id to the file ``started``) and then waits

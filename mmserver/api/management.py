@@ -24,6 +24,7 @@ import asyncio
 import datetime
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -185,6 +186,8 @@ def _describe(model: ModelView, hide: ApiState | None = None) -> dict[str, Any]:
                 "holdPerBatchMillis": _ms(cost.hold),
                 "costPerBatchMillis": _ms(cost.per_batch),
                 "costPerRowMillis": _ms(cost.per_row),
+                "costPerRequestMillis": _ms(cost.single if cost.single < math.inf else None),
+                "rowsPerRequest": round(cost.rows_per_request, 1),
                 "cpuSeconds": round(cost.cpu_seconds, 6),
                 "batches": cost.batches,
                 "batchesWaitedBehind": cost.waited,

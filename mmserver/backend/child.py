@@ -23,6 +23,7 @@ from mmserver.backend.batching import answer_batch
 from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
 from mmserver.codecs.requests import Request
 from mmserver.ops import heap, logs
+from mmserver.policy.scheduling import CPU_CLOCK_ABOVE_S
 from mmserver.procs.framing import FrameReader, frame, send_frame
 from mmserver.store.local import tree_size
 
@@ -41,9 +42,6 @@ LARGE_BATCH_ROWS = 256
 #: process's unaccounted memory): a trim walks the whole heap, and in a stream of cold loads of
 #: small models into a process holding thousands it cost more than the load (0.5 ms at 2,500).
 TRIM_AFTER_BYTES = 1 << 20
-
-#: Batches longer than this (wall time) have their CPU time read from the CPU clock.
-_CPU_CLOCK_ABOVE_S = 0.0005
 
 
 def rss_bytes() -> int:
@@ -151,13 +149,13 @@ class Models:
                 predictor.predict(row)
                 # Timed by the wall clock: a backend process's CPU clock (a system call) cost
                 # more than the two predictions together in a stream of cold loads. One row
-                # takes microseconds, seldom preempted; a time past _CPU_CLOCK_ABOVE_S (a
+                # takes microseconds, seldom preempted; a time past CPU_CLOCK_ABOVE_S (a
                 # preemption, or a model that is slow) is taken again by the CPU clock, so that
                 # a preempted probe does not make a light model look heavy.
                 started = time.perf_counter()
                 predictor.predict(row)
                 took = time.perf_counter() - started
-                if took > _CPU_CLOCK_ABOVE_S:
+                if took > CPU_CLOCK_ABOVE_S:
                     cpu = self._clock()
                     predictor.predict(row)
                     took = min(took, self._clock() - cpu)
@@ -190,7 +188,8 @@ class Models:
             return predictor.predict(batch) if output is None else predictor.output(output, batch)
 
         # The CPU clock costs a system call, twice a batch: it is read for the models whose
-        # last batch was long; a short batch's CPU time is taken as its wall time. A long
+        # last batch was long; a short batch's CPU time is taken as its wall time (the two
+        # equal: the frontend does not count one found long as CPU time). A long
         # batch's wall time leaves out what it spent waiting for a CPU: on a busy machine other
         # processes' work would otherwise count as the model's (and make a light one heavy).
         timed = key in self._long
@@ -213,7 +212,7 @@ class Models:
             held = wall - (cpu_wait_seconds() - waited)
         else:
             cpu = held = wall
-        if wall > _CPU_CLOCK_ABOVE_S:
+        if wall > CPU_CLOCK_ABOVE_S:
             self._long.add(key)
         elif timed:
             self._long.discard(key)

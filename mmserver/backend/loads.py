@@ -35,7 +35,7 @@ class LoadTurn:
     waiting only for the loads written before its turn came, and busy models do not hold back a
     load."""
 
-    __slots__ = ("cost", "loads", "pending", "spec")
+    __slots__ = ("charge", "cost", "loads", "pending", "spec")
 
     def __init__(self, loads: SlotLoads, pending: LoadMessage) -> None:
         self.loads = loads
@@ -43,6 +43,8 @@ class LoadTurn:
         self.pending = pending
         #: Unknown: no batch goes behind it in the pipe.
         self.cost = Cost()
+        #: The loads' share of the slot moves by their own cost (:meth:`SlotLoads.turn`).
+        self.charge = loads.cost.estimate
 
     def waiting(self) -> bool:
         return self.loads.turns.get(self.spec.key) is self and not self.pending.done()

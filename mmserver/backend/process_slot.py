@@ -245,7 +245,7 @@ class ProcessSlot:
             if admits(len(self._inflight), pipe, cost.estimate):
                 # Nobody waits and the pipe has room: it runs now, as the pump would run it.
                 if worker.begin(self.admitted - mark):
-                    self.lane.charge(tag, cost)
+                    self.lane.charge(tag, cost, worker.charge)
                 return
         self._queue(tag, worker, mark)
 
@@ -297,7 +297,7 @@ class ProcessSlot:
                 runq.pop_first()
                 # Every batch admitted since the worker's mark ran, or runs, before its own.
                 if worker.begin(self.admitted - mark):
-                    lane.charge(tag, cost)
+                    lane.charge(tag, cost, worker.charge)
         finally:
             self._pumping = False
         if self._out and self._flush_handle is None:

@@ -26,6 +26,10 @@ class Runnable(Protocol):
 
     @property
     def cost(self) -> Cost: ...
+
+    #: The estimated CPU seconds of what :meth:`begin` sent, which the lane charges its model.
+    charge: float
+
     def waiting(self) -> bool: ...
     def begin(self, waited: int = 0) -> bool: ...
 

@@ -54,6 +54,7 @@ class LoadInfo:
 
 
 #: A batch's answers (one per request), the CPU and wall seconds they took (the wall time less
-#: what the batch spent waiting for a CPU), the rows predicted, and the predict path they took
-#: (``own`` for a custom handler).
+#: what the batch spent waiting for a CPU; both the wall time when the CPU clock was not read:
+#: :data:`~mmserver.policy.scheduling.CPU_CLOCK_ABOVE_S`), the rows predicted, and the predict
+#: path they took (``own`` for a custom handler).
 BatchResult = tuple[list[Answer], float, float, int, str]

@@ -140,13 +140,14 @@ class ServerConfig:
     heavy_processes: int = _opt(
         cpu_count(),
         "Backend processes of the heavy lane, started when a model first needs one: models "
-        "whose batches take more than heavy_batch_ms run there, at a lower CPU priority, so "
-        "they cannot slow the others down; 0 = one lane for every model.",
+        "whose requests take more than heavy_batch_ms of CPU run there, at a lower CPU "
+        "priority, so they cannot slow the others down; 0 = one lane for every model.",
     )
     heavy_batch_ms: float = _opt(
         2.0,
-        "CPU ms per batch (moving average) above which a model moves to the heavy lane; it "
-        "moves back below half of it.",
+        "CPU ms one request of a model takes (its measured fixed part and rows, at its mean "
+        "rows per request) above which the model moves to the heavy lane; it moves back below "
+        "half of it.",
     )
     heavy_nice: int = _opt(
         5,

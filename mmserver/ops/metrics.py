@@ -554,6 +554,14 @@ class Metrics:
             models=live,
             labelled=every,
         )
+        self.model_lane_moves = CounterFamily(
+            "mmserver_model_lane_moves",
+            "Moves of the model between the light and the heavy lane, its measured cost calling "
+            "for the other.",
+            ["model"],
+            models=live,
+            labelled=every,
+        )
         self.heavy_lane_cpus = GaugeFamily(
             "mmserver_heavy_lane_cpus",
             "CPUs the heavy lane's processes may run on now: all of the server's while the light "

@@ -4,26 +4,41 @@ Every backend slot belongs to a *lane*. The light lane's processes run at normal
 heavy lane's processes run at a lower CPU weight (``nice``), so the operating system lets short
 work preempt a long prediction, something Python cannot do inside one process, yet gives the
 heavy lane its share of a busy CPU: light traffic that keeps every CPU busy slows a heavy model
-down, it does not starve it. A model runs in the
-lane its measured cost calls for (:func:`lane_for`): a model whose one-row batch would hold a
-process for more than ``heavy_batch_ms`` (computing, or waiting on something;
-:attr:`Cost.single`) moves to the heavy lane, and back once it takes less than half of that. A
-cheap model that is popular makes large batches, which hold a process longer, but each of its
-requests is still cheap: it stays in the light lane, where it would otherwise move back and
-forth as its traffic rose and fell (each move starts its workers anew). A cost near the
-threshold (between a quarter of it and twice it, where a busy machine's preemptions alone can
-move a model's measure back and forth) moves a model at most once per :data:`LANE_DWELL_S`;
-a cost clearly on one side moves it at once (:func:`may_move`). :func:`lane_now` decides both
-from the cost, the lane, the clock and the last move. When the light lane is idle the heavy
-lane's processes get the whole machine.
+down, it does not starve it. When the light lane is idle the heavy lane's processes get the
+whole machine.
+
+A model runs in the lane its measured cost calls for (:func:`lane_for`): a model one of whose
+requests takes more than ``heavy_batch_ms`` of CPU (:attr:`Cost.single`: the fixed part of a
+batch plus the CPU a row costs times the model's mean rows per request) moves to the heavy
+lane, and back once one takes less than half of that. What counts is a *request* at its real
+size, not one row: a model whose requests all carry 1,000 rows is charged for 1,000 rows and
+runs in the heavy lane, however cheap one row of it is. A cheap model that is popular makes
+large batches, which hold a process longer, but each of its requests is still cheap: it stays
+in the light lane, where it would otherwise move back and forth as its traffic rose and fell
+(each move starts its workers anew).
+
+Lanes are decided on CPU time, never on wall time: another program keeping the machine busy
+stretches a batch's wall time, not its CPU time, and a cheap model preempted by it is still
+cheap. A backend reads its CPU clock only for a model whose last batch was long
+(:data:`CPU_CLOCK_ABOVE_S`); a shorter batch reports its wall time as its CPU time. So a batch
+reported that way and longer than that was expected short and is not known: it may have been
+preempted, and is left out of the CPU averages (the backend reads the clock for the next one),
+unless nothing else is known of the model yet.
+
+A cost near the threshold (between a quarter of it and twice it, where a model's measure may
+wander back and forth) moves a model at most once per :data:`LANE_DWELL_S`; a cost clearly on
+one side moves it at once (:func:`may_move`). :func:`lane_now` decides both from the cost, the
+lane, the clock and the last move.
 
 Within a lane, the frontend decides which batch runs next. A worker whose model has queued jobs
 waits in its slot's :class:`RunQueue` (not in the slot's pipe), ordered by start-time fair
-queuing over measured CPU time: a model's next batch is tagged with the virtual time its previous
-batches have used, so a model with a deep queue gets one share of the lane, not all of it, and a
-cheap model's batch goes ahead of an expensive one's. A slot admits another batch into its pipe
-only while what is already there is cheap (:func:`admits`): batches never wait inside a process
-behind an expensive one.
+queuing over CPU time: a model's next batch is tagged with the virtual time its previous batches
+have used, so a model with a deep queue gets one share of the lane, not all of it, and a cheap
+model's batch goes ahead of an expensive one's. A batch is charged its estimated CPU time at its
+real size when it starts (:meth:`Cost.charge`: the fixed part plus its requests' rows), and the
+difference from what it took once that is known. A slot admits another batch into its pipe only
+while what is already there is cheap (:func:`admits`, on how long batches hold the process:
+:attr:`Cost.estimate`): batches never wait inside a process behind an expensive one.
 """
 
 from __future__ import annotations
@@ -40,109 +55,182 @@ HEAVY = "heavy"
 #: between cheap batches while the frontend is busy.
 PIPELINE_BUDGET_S = 0.001
 
-#: Seconds a model stays in a lane before a cost near the threshold may move it again.
-LANE_DWELL_S = 10.0
+#: Seconds a model stays in a lane before a cost near the threshold may move it again: a model
+#: whose cost hovers there moves at most once a minute.
+LANE_DWELL_S = 60.0
+
+#: A batch shorter than this (wall time) reports its wall time as its CPU time: a backend reads
+#: its CPU clock (a system call, twice a batch) only for a model whose last batch was longer.
+CPU_CLOCK_ABOVE_S = 0.0005
 
 #: Weight of the newest batch in the moving averages of a model's cost.
 _ALPHA = 0.2
 #: The variance of the batch sizes (in rows squared) below which they are taken as one size and
-#: the hold is not split (every row is taken to cost the same).
+#: the CPU time is not split into a fixed part and a part per row.
 _STEADY_ROWS = 0.25
 
 
 class Cost:
-    """One model's measured cost: moving averages of the CPU seconds of a batch and of a row, of
-    the seconds a batch holds its backend process (its CPU time or its wall time, whichever is
-    longer: a model that waits on something holds the process as surely as one that computes),
-    the totals, and the model's place in its lane's fair queue (``vfinish``).
+    """One model's measured cost: moving averages of the CPU seconds of its batches, of their
+    rows and of their requests, the CPU seconds fitted to a fixed part and a part per row
+    (least squares over the moving averages), and from them what one of its requests costs
+    alone (:attr:`single`, what chooses its lane) and what a batch of so many requests costs
+    (:meth:`charge`, what its lane's fair queue charges). Besides: the seconds a batch holds its
+    backend process (:attr:`estimate`: its CPU time or its wall time, whichever is longer, for
+    admitting batches behind it), the totals, and the model's place in its lane's fair queue
+    (``vfinish``).
 
-    Updated once per batch on the event loop, so plain attributes: ``estimate`` is what the
-    next batch is expected to hold its process, infinite while nothing is known."""
+    Updated once per batch on the event loop, so plain attributes."""
 
     __slots__ = (
-        "_hh",
+        "_c",
+        "_known",
         "_n",
-        "_nh",
+        "_nc",
         "_nn",
         "_probe",
+        "_requests",
+        "_rows",
         "batches",
         "cpu_seconds",
         "estimate",
+        "fixed",
         "hold",
         "per_batch",
         "per_row",
+        "rows_per_request",
+        "single",
         "vfinish",
         "waited",
     )
 
-    def __init__(self, hold: float | None = None) -> None:
+    def __init__(self, known: float | None = None) -> None:
+        """``known``: the CPU seconds a request of the model took in an earlier load, if any
+        (its first estimate of everything)."""
         #: Seconds a batch holds its process (moving average), ``None`` until one was measured.
-        self.hold = hold
-        self.estimate = math.inf if hold is None else hold
-        #: CPU seconds of a batch and of a row (moving averages).
+        self.hold = known
+        #: What the next batch is expected to hold its process: infinite while nothing is known.
+        self.estimate = math.inf if known is None else known
+        #: CPU seconds one request of the model takes alone, at the model's mean rows per
+        #: request: infinite while nothing is known.
+        self.single = math.inf if known is None else known
+        #: CPU seconds of a batch (moving average; ``None`` until one was measured), and its
+        #: fixed part and the part of each row (fitted; ``None``: nothing known).
         self.per_batch: float | None = None
-        self.per_row: float | None = None
+        self.fixed = 0.0
+        self.per_row: float | None = known
+        #: Rows per request (ratio of the moving averages of a batch's rows and requests).
+        self.rows_per_request = 1.0
         self.cpu_seconds = 0.0
         self.batches = 0
-        #: Batches of other models that ran on a slot while one of this model's waited there.
+        #: Batches of other models that ran on a slot while one of this model's waited.
         self.waited = 0
         self.vfinish = 0.0
-        # Moving averages of a batch's rows, hold, rows squared and rows times hold.
-        self._n = self._hh = self._nn = self._nh = 0.0
+        # Moving averages of a batch's rows and requests (every batch).
+        self._rows = self._requests = 0.0
+        # Moving averages over the batches whose CPU time is known (and the probe row): rows,
+        # CPU seconds, rows squared, rows times CPU seconds; how many points they have.
+        self._n = self._c = self._nn = self._nc = 0.0
+        self._known = 0
         self._probe = 0.0
 
-    def observe(self, cpu_seconds: float, wall_seconds: float, rows: int) -> None:
-        """Count one batch of ``rows`` rows that took ``cpu_seconds`` of CPU and
-        ``wall_seconds`` in its backend."""
+    def observe(
+        self,
+        cpu_seconds: float,
+        wall_seconds: float,
+        rows: int,
+        requests: int = 1,
+        charged: float | None = None,
+    ) -> None:
+        """Count one batch of ``requests`` requests and ``rows`` rows that took ``cpu_seconds``
+        of CPU and ``wall_seconds`` in its backend (equal when the backend did not read its CPU
+        clock: see the module docstring). ``charged``: what its lane charged it when it
+        started (:meth:`charge`), corrected here to what it took."""
         self.cpu_seconds += cpu_seconds
         self.batches += 1
         held = cpu_seconds if cpu_seconds > wall_seconds else wall_seconds
-        per_row = cpu_seconds / rows if rows > 1 else cpu_seconds
         hold = self.hold
         self.hold = self.estimate = held if hold is None else hold + _ALPHA * (held - hold)
-        if self.per_batch is None or self.per_row is None:
-            self.per_batch, self.per_row = cpu_seconds, per_row
-        else:
-            self.per_batch += _ALPHA * (cpu_seconds - self.per_batch)
-            self.per_row += _ALPHA * (per_row - self.per_row)
         n = float(rows if rows > 1 else 1)
-        if self.batches == 1 and not self._probe:
-            self._n, self._hh, self._nn, self._nh = n, held, n * n, n * held
+        k = float(requests if requests > 1 else 1)
+        if self.batches == 1:
+            self._rows, self._requests = n, k
+        else:
+            self._rows += _ALPHA * (n - self._rows)
+            self._requests += _ALPHA * (k - self._requests)
+        self.rows_per_request = self._rows / self._requests
+        if (
+            cpu_seconds == wall_seconds
+            and cpu_seconds > CPU_CLOCK_ABOVE_S
+            and self.single < math.inf
+        ):
+            # Its CPU time is not known (a batch expected short that was long: perhaps
+            # preempted); the next one's is.
+            self._refit()
+            return
+        if charged is not None:
+            self.vfinish += cpu_seconds - charged
+        cpu = cpu_seconds
+        self.per_batch = (
+            cpu if self.per_batch is None else self.per_batch + _ALPHA * (cpu - self.per_batch)
+        )
+        if not self._known:
+            self._n, self._c, self._nn, self._nc = n, cpu, n * n, n * cpu
         else:
             self._n += _ALPHA * (n - self._n)
-            self._hh += _ALPHA * (held - self._hh)
+            self._c += _ALPHA * (cpu - self._c)
             self._nn += _ALPHA * (n * n - self._nn)
-            self._nh += _ALPHA * (n * held - self._nh)
+            self._nc += _ALPHA * (n * cpu - self._nc)
+        self._known += 1
+        self._refit()
 
-    @property
-    def single(self) -> float:
-        """The seconds a batch of one row is expected to hold its process: what the model's
-        lane is chosen by. The batches' holds are fitted to a fixed part and a part per row
-        (least squares over moving averages). While the batches keep one size that cannot be
-        done: the hold of a row's share of a batch, or of the probe row timed at load if that
-        took longer. Before any batch, :attr:`estimate` (the probe's, or the hold remembered
-        from an earlier load)."""
-        if not self.batches:
-            return self.estimate
-        n, hold = self._n, self._hh
+    def _refit(self) -> None:
+        """The fixed part, the part per row and :attr:`single` from the moving averages. The
+        line goes through the mean batch (its rows, its CPU time), with the slope least squares
+        give it (never below 0, never above what leaves no fixed part). While the batches keep
+        one size the slope cannot be found: a request then costs its share of a batch, or the
+        probe row if that took longer, but never more than the batch."""
+        if not self._known:
+            return
+        n, c, m = self._n, self._c, self.rows_per_request
         spread = self._nn - n * n
-        if spread < _STEADY_ROWS:
-            return min(hold, max(self._probe, hold / n))
-        per_row = max(0.0, (self._nh - n * hold) / spread)
-        fixed = max(0.0, hold - per_row * n)
-        return fixed + per_row
+        if spread >= _STEADY_ROWS:
+            per_row = max(0.0, (self._nc - n * c) / spread)
+            if per_row * n > c:
+                per_row = c / n
+            self.fixed, self.per_row = c - per_row * n, per_row
+            self.single = self.fixed + per_row * m
+            return
+        single = min(c, max(self._probe, c * m / n))
+        if n - m > 0.5:  # a line through the request and the batch
+            per_row = (c - single) / (n - m)
+            self.fixed, self.per_row = single - per_row * m, per_row
+        else:
+            self.fixed, self.per_row = 0.0, c / n
+        self.single = single
+
+    def charge(self, requests: int) -> float:
+        """The CPU seconds a batch of ``requests`` of the model's requests is expected to take:
+        the fixed part and the part per row times their rows (the pipeline budget while nothing
+        is known)."""
+        per_row = self.per_row
+        if per_row is None:
+            return PIPELINE_BUDGET_S
+        return self.fixed + per_row * requests * self.rows_per_request
 
     def set_probe(self, seconds: float) -> None:
         """A first estimate, from a probe row timed at load: the averages start from it as
-        from a batch of one row, so that one slow first batch (a preemption in a busy process)
-        moves them by its weight, not all the way."""
+        from a batch of one row, so that one slow first batch moves them by its weight, not all
+        the way."""
         self.hold = self.estimate = self._probe = seconds
-        if not self.batches:
-            self._n, self._hh, self._nn, self._nh = 1.0, seconds, 1.0, seconds
+        if not self._known:
+            self._n, self._c, self._nn, self._nc = 1.0, seconds, 1.0, seconds
+            self._known = 1
+            self._refit()
 
 
 def lane_bounds(lane: str, heavy_batch_s: float) -> tuple[float, float]:
-    """The range of seconds a batch may hold a process for a model to stay in ``lane``: a model
+    """The range of CPU seconds a request may take for a model to stay in ``lane``: a model
     moves to the heavy lane above ``heavy_batch_s`` and back below half of it (hysteresis).
     With no threshold (no heavy lane) every cost stays."""
     if heavy_batch_s <= 0:
@@ -152,39 +240,39 @@ def lane_bounds(lane: str, heavy_batch_s: float) -> tuple[float, float]:
     return heavy_batch_s / 2, math.inf
 
 
-def lane_for(current: str, hold: float | None, heavy_batch_s: float) -> str:
-    """The lane a model whose batches hold a process ``hold`` seconds belongs in, coming from
+def lane_for(current: str, cost: float | None, heavy_batch_s: float) -> str:
+    """The lane a model one of whose requests takes ``cost`` CPU seconds belongs in, coming from
     ``current`` (see :func:`lane_bounds`). A model of unknown cost stays where it is."""
-    if hold is None:
+    if cost is None:
         return current
     low, high = lane_bounds(current, heavy_batch_s)
-    if hold > high:
+    if cost > high:
         return HEAVY
-    if hold < low:
+    if cost < low:
         return LIGHT
     return current
 
 
-def may_move(hold: float, heavy_batch_s: float, in_lane_s: float) -> bool:
-    """Whether a model whose one-row batch holds a process ``hold`` seconds, in its lane for
+def may_move(cost: float, heavy_batch_s: float, in_lane_s: float) -> bool:
+    """Whether a model one of whose requests takes ``cost`` CPU seconds, in its lane for
     ``in_lane_s`` seconds, may move to the lane that cost calls for now: at once when the cost
     is clearly light or heavy (under a quarter of ``heavy_batch_s``, over twice it), otherwise
     once it has been :data:`LANE_DWELL_S` in its lane."""
-    return in_lane_s >= LANE_DWELL_S or hold > 2 * heavy_batch_s or hold < heavy_batch_s / 4
+    return in_lane_s >= LANE_DWELL_S or cost > 2 * heavy_batch_s or cost < heavy_batch_s / 4
 
 
-def lane_now(current: str, hold: float, heavy_batch_s: float, now: float, moved_at: float) -> str:
-    """The lane a model in ``current`` runs in from ``now`` on, its one-row batch holding a
-    process ``hold`` seconds (:attr:`Cost.single`), having last moved at ``moved_at`` (on the
-    same clock; ``-inf``: never): the lane its cost calls for (:func:`lane_for`) if it may move
-    there now (:func:`may_move`), otherwise ``current``."""
-    if may_move(hold, heavy_batch_s, now - moved_at):
-        return lane_for(current, hold, heavy_batch_s)
+def lane_now(current: str, cost: float, heavy_batch_s: float, now: float, moved_at: float) -> str:
+    """The lane a model in ``current`` runs in from ``now`` on, one of its requests taking
+    ``cost`` CPU seconds (:attr:`Cost.single`), having last moved at ``moved_at`` (on the same
+    clock; ``-inf``: never): the lane its cost calls for (:func:`lane_for`) if it may move there
+    now (:func:`may_move`), otherwise ``current``."""
+    if may_move(cost, heavy_batch_s, now - moved_at):
+        return lane_for(current, cost, heavy_batch_s)
     return current
 
 
 def admits(inflight: int, inflight_cost: float, estimate: float) -> bool:
-    """Whether a slot with ``inflight`` batches of ``inflight_cost`` estimated CPU seconds in its
+    """Whether a slot with ``inflight`` batches of ``inflight_cost`` estimated seconds in its
     pipe takes one more of ``estimate`` seconds now: always when the pipe is empty, otherwise
     only while all of it stays within :data:`PIPELINE_BUDGET_S`."""
     return inflight == 0 or inflight_cost + estimate <= PIPELINE_BUDGET_S
@@ -204,12 +292,11 @@ class Lane:
         behind the lane's clock (an idle model earns no credit while it is idle)."""
         return max(cost.vfinish, self.vtime)
 
-    def charge(self, tag: float, cost: Cost) -> None:
-        """A batch tagged ``tag`` starts: move the clock and the model's finish tag (by the
-        pipeline budget while the model's cost is unknown)."""
+    def charge(self, tag: float, cost: Cost, seconds: float) -> None:
+        """A batch tagged ``tag`` starts, expected to take ``seconds`` of CPU
+        (:meth:`Cost.charge`): move the clock and the model's finish tag."""
         self.vtime = tag
-        estimate = cost.estimate
-        cost.vfinish = tag + (estimate if estimate < math.inf else PIPELINE_BUDGET_S)
+        cost.vfinish = tag + seconds
 
 
 T = TypeVar("T")

@@ -87,11 +87,11 @@ class ModelPool:
         measured: Measured | None = None,
     ) -> None:
         """``key`` names this load of the model in the backend slots. ``measured`` is what an
-        earlier load of the model measured, if there was one: the seconds its batches held a
-        backend choose the lane its first workers start in, and the memory of one copy is what
-        :attr:`accounted_bytes` counts until this load measures it."""
+        earlier load of the model measured, if there was one: the CPU seconds one of its
+        requests took choose the lane its first workers start in, and the memory of one copy is
+        what :attr:`accounted_bytes` counts until this load measures it."""
         measured = measured or Measured()
-        hold = measured.hold
+        known = measured.hold
         self.name = name
         self.key = key
         self.model_dir = model_dir
@@ -103,9 +103,9 @@ class ModelPool:
         #: its workers tell it (:meth:`batch_started`, :meth:`turn_requested`...).
         self.running = 0
         self.readied = 0
-        self.cost = Cost(hold)
-        self.lane = lane_for(LIGHT, hold, backend.heavy_batch_s)
-        #: The seconds a batch may hold a process for the model to stay in its lane.
+        self.cost = Cost(known)
+        self.lane = lane_for(LIGHT, known, backend.heavy_batch_s)
+        #: The CPU seconds a request may take for the model to stay in its lane.
         self._stay_low, self._stay_high = lane_bounds(self.lane, backend.heavy_batch_s)
         if config.trust.own_process:  # in a process of its own: no lane to move to
             self.lane = LIGHT
@@ -256,9 +256,18 @@ class ModelPool:
         self.cost.waited += batches
         self._m_waited.inc(batches)
 
-    def observe_cost(self, cpu_seconds: float, wall_seconds: float, rows: int, path: str) -> None:
-        """Count a batch's cost and its predict path, and move the model to the lane its cost
-        calls for."""
+    def observe_cost(
+        self,
+        cpu_seconds: float,
+        wall_seconds: float,
+        rows: int,
+        requests: int,
+        charged: float,
+        path: str,
+    ) -> None:
+        """Count a batch's cost (``requests`` requests of ``rows`` rows in all, charged
+        ``charged`` CPU seconds when it started) and its predict path, and move the model to
+        the lane its cost calls for."""
         if rows:
             counter = self._m_paths.get(path)
             if counter is None:
@@ -267,7 +276,7 @@ class ModelPool:
                 )
             counter.value += 1
         cost = self.cost
-        cost.observe(cpu_seconds, wall_seconds, rows)
+        cost.observe(cpu_seconds, wall_seconds, rows, requests, charged)
         self._m_cpu.value += cpu_seconds
         single = cost.single
         # Within its lane's bounds (kept here) a model stays: the decision is asked only outside.
@@ -287,13 +296,16 @@ class ModelPool:
         self.events.pool_moved(self, old)
         self._stay_low, self._stay_high = lane_bounds(lane, self.backend.heavy_batch_s)
         self._metrics.model_lane.remove(self.name, old)  # the scrape sets the new one
+        self._metrics.model_lane_moves.labels(self.name).inc()  # a series once it moved
+        cost = self.cost
         log.info(
-            "model %s: moves to the %s lane (a one-row batch holds a backend %.3f ms, its "
-            "batches %.3f ms)",
+            "model %s: moves to the %s lane (a request takes %.3f ms of CPU at %.0f rows, "
+            "its batches %.3f ms)",
             self.name,
             lane,
-            self.cost.single * 1000,
-            (self.cost.hold or 0.0) * 1000,
+            cost.single * 1000,
+            cost.rows_per_request,
+            (cost.per_batch if cost.per_batch is not None else cost.single) * 1000,
             extra={"model": self.name},
         )
         self._group.follow_lane()
@@ -473,6 +485,6 @@ class Measured:
 
     #: Bytes of one loaded copy (0: not measured yet).
     copy_bytes: int = 0
-    #: Seconds a one-row batch of the model held a backend, which chose its lane
+    #: CPU seconds one request of the model took alone, which chose its lane
     #: (:attr:`~mmserver.policy.scheduling.Cost.single`; ``None``: no batch ran yet).
     hold: float | None = None

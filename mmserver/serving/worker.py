@@ -53,7 +53,13 @@ class WorkerHost(Protocol):
     def take_batch(self) -> list[Job]: ...
     def waited(self, batches: int) -> None: ...
     def observe_cost(
-        self, cpu_seconds: float, wall_seconds: float, rows: int, path: str
+        self,
+        cpu_seconds: float,
+        wall_seconds: float,
+        rows: int,
+        requests: int,
+        charged: float,
+        path: str,
     ) -> None: ...
     def observe_batch(self, batch: list[Job], started: float, seconds: float) -> None: ...
     def worker_idle(self, worker: Worker) -> None: ...
@@ -79,6 +85,8 @@ class Worker:
         self._binding: asyncio.Task[None] | None = None
         self._batch: list[Job] = []
         self._started = 0.0
+        #: The estimated CPU seconds of the batch it began last, which its lane charges.
+        self.charge = 0.0
 
     @property
     def cost(self) -> Cost:
@@ -148,12 +156,21 @@ class Worker:
         host.batch_started()
         self._batch = live
         self._started = started
+        cost = host.cost
+        self.charge = charge = cost.charge(len(live))
+        estimate = cost.estimate
         try:
             if len(live) == 1:
                 requests, deadline = [live[0].request], live[0].deadline
             else:
                 requests, deadline = [j.request for j in live], max(j.deadline for j in live)
-            self.slot.send_batch(host.key, requests, deadline, self._answered, host.cost.estimate)
+            self.slot.send_batch(
+                host.key,
+                requests,
+                deadline,
+                self._answered,
+                charge if charge > estimate else estimate,
+            )
         except errors.MMServerError as exc:  # the slot is stopping
             host.batch_ended()
             self._batch = []
@@ -177,7 +194,7 @@ class Worker:
         answers: list[Answer] | None = None
         if result is not None:
             answers, cpu_seconds, wall_seconds, rows, path = result
-            host.observe_cost(cpu_seconds, wall_seconds, rows, path)
+            host.observe_cost(cpu_seconds, wall_seconds, rows, len(batch), self.charge, path)
         host.observe_batch(batch, self._started, self._loop.time() - self._started)
         if error is None:
             if answers is not None and len(answers) == len(batch):

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import onnxbench, scale, tabular, trees
-from benchlib.neighbour import COLD_LOADS, LOAD_CLIENTS
+from benchlib.neighbour import (
+    COLD_LOADS,
+    LANE_MOVES,
+    LARGE_CONNECTIONS,
+    LARGE_ROWS,
+    LOAD_CLIENTS,
+)
 
 PATTERNS = ("hot", "uniform", "zipf")
 P99_TARGET_MS = 20.0
@@ -45,6 +51,20 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["cpu"] = {k: median(r.get("cpu", {}).get(k, 0.0) for r in runs) for k in cpu_keys}
     out["runs"] = len(runs)
     return out
+
+
+def _summarize_moves(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lane moves beside the large requests: the most of one model in one run, against
+    what one a minute allows in the longest run; every run's moves; the large model's lane in
+    each run and the median CPU of one of its requests."""
+    costs = [r["request_ms"] for r in runs]
+    return {
+        "max_per_model": max((max(r["moves"].values(), default=0) for r in runs), default=0),
+        "allowed": max((math.ceil(r["seconds"] / 60) for r in runs), default=1),
+        "moves": [r["moves"] for r in runs],
+        "lanes": [r["lane"] for r in runs],
+        "request_ms": median(costs) if all(c is not None for c in costs) else None,
+    }
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
@@ -108,13 +128,17 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     if "neighbour" in raw:
         section = raw["neighbour"]
         out["neighbour"] = {
-            k: summarize_runs(v) for k, v in section.items() if v and k != COLD_LOADS
+            k: summarize_runs(v)
+            for k, v in section.items()
+            if v and k not in (COLD_LOADS, LANE_MOVES)
         }
         if section.get(COLD_LOADS):
             out["neighbour"][COLD_LOADS] = {
                 "loads_per_s": median(r["loads_per_s"] for r in section[COLD_LOADS]),
                 "errors": sum(r["errors"] for r in section[COLD_LOADS]),
             }
+        if section.get(LANE_MOVES):
+            out["neighbour"][LANE_MOVES] = _summarize_moves(section[LANE_MOVES])
     if "trees" in raw:
         out["trees"] = raw["trees"]
     if "onnx" in raw:
@@ -267,7 +291,7 @@ def _neighbour_targets(section: dict[str, Any] | None) -> list[tuple[str, str, b
     rps_label = "neighbour: light req/s beside heavy >= 60 % of alone"
     alone = (section or {}).get("light alone")
     beside = (section or {}).get("light beside heavy")
-    rows = _heavy_targets(section)
+    rows = _heavy_targets(section) + _large_targets(section)
     if not alone or not beside:
         return [(p99_label, "-", None), (rps_label, "-", None), *rows]
     p99_alone, p99_beside = alone["p99_ms"], beside["p99_ms"]
@@ -302,6 +326,43 @@ def _neighbour_targets(section: dict[str, Any] | None) -> list[tuple[str, str, b
         ),
         *rows,
     ]
+
+
+def _large_targets(section: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
+    """Light models beside a flood of large requests: p99 within 2 x of theirs alone; no model
+    moved between the lanes more than once a minute meanwhile (issue 49)."""
+    p99_label = f"neighbour: light p99 beside {LARGE_ROWS:,}-row requests <= 2 x alone"
+    moves_label = "neighbour: lane moves beside the large requests <= 1 per model a minute"
+    alone = (section or {}).get("light alone")
+    beside = (section or {}).get("light beside large requests")
+    moves = (section or {}).get(LANE_MOVES)
+    rows: list[tuple[str, str, bool | None]] = []
+    if not alone or not beside:
+        rows.append((p99_label, "-", None))
+    else:
+        p99_alone, p99_beside = alone["p99_ms"], beside["p99_ms"]
+        ratio = p99_beside / p99_alone if p99_alone and p99_beside else None
+        errors = alone["error_count"] + beside["error_count"]
+        rows.append(
+            (
+                p99_label,
+                f"{_fmt(p99_beside, '.1f')} vs {_fmt(p99_alone, '.1f')} ms "
+                f"({_fmt(ratio, '.2f', ' x')})",
+                None if ratio is None else ratio <= 2 and errors == 0,
+            )
+        )
+    if not moves:
+        rows.append((moves_label, "-", None))
+    else:
+        rows.append(
+            (
+                moves_label,
+                f"at most {moves['max_per_model']} of one model in a run "
+                f"(allowed {moves['allowed']}); large model: {', '.join(map(str, moves['lanes']))}",
+                moves["max_per_model"] <= moves["allowed"],
+            )
+        )
+    return rows
 
 
 def heavy_share(section: dict[str, Any]) -> float | None:
@@ -440,10 +501,13 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
             "forest (300 trees, depth 14) saturated by 8 connections of its own; the heavy "
             "forest alone;",
             "the light models beside cold loads, and beside a busy loop at idle CPU priority "
-            "outside the server",
+            "outside the server;",
+            f"the light models beside {LARGE_CONNECTIONS} connections sending {LARGE_ROWS:,}-row "
+            "requests to one forest",
         ]
         cases = ("light alone", "light beside heavy", "heavy beside light", "heavy alone")
-        for label in (*cases, "light beside loads", "light beside idle loop"):
+        large = ("light beside large requests", "large beside light")
+        for label in (*cases, *large, "light beside loads", "light beside idle loop"):
             r = summary["neighbour"].get(label)
             if r:
                 errors = ", ".join(f"{k}: {v}" for k, v in sorted(r["errors"].items())) or "0"
@@ -459,6 +523,13 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
                         f" of the heavy model alone; slowest request "
                         f"{_fmt(r['worst_ms'], '.0f', ' ms')}"
                     )
+        moves = summary["neighbour"].get(LANE_MOVES)
+        if moves:
+            lines.append(
+                f"  (beside the large requests: lane moves by run {moves['moves']}; the large "
+                f"model's lane {moves['lanes']}, a request {_fmt(moves['request_ms'], '.1f')} ms "
+                "of CPU)"
+            )
         loads = summary["neighbour"].get(COLD_LOADS)
         if loads:
             lines.append(

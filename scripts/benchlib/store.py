@@ -5,7 +5,9 @@ current). The batching section adds ``bench-forest-b1`` and ``bench-forest-b32``
 RandomForestRegressor (100 trees, on the reference data y = 2x + 1 + noise), the first with
 ``batch_size=1``, the second with ``batch_size=32`` and ``max_batch_delay=5``. The neighbour
 section adds ``bench-heavy-forest``: a RandomForestRegressor of 300 trees of depth 14 on 8
-features, tens of milliseconds of CPU per predict call.
+features, tens of milliseconds of CPU per predict call, and ``bench-large-forest``: one of 200
+trees of depth 12 on the same features, served on the paths mmserver chooses at load, cheap for
+one row and costly for a thousand.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 FOREST_STAMP = ".bench-forest"
 HEAVY_MODEL = "bench-heavy-forest"
 HEAVY_FEATURES = 8
+LARGE_MODEL = "bench-large-forest"
 
 FOREST_PROPERTIES = {
     "bench-forest-b1": "batch_size=1\n",
@@ -86,6 +89,7 @@ def ensure_heavy(store: Path) -> None:
     import sklearn
     from sklearn.ensemble import RandomForestRegressor
 
+    _ensure_large(store)
     folder = store / HEAVY_MODEL
     folder.mkdir(parents=True, exist_ok=True)
     # Heavy by its own predict: the section needs a model that holds a backend for
@@ -102,6 +106,32 @@ def ensure_heavy(store: Path) -> None:
         x, y
     )
     forest.n_jobs = None  # predict in one thread, as a served model usually does
+    folder.mkdir(parents=True, exist_ok=True)
+    joblib.dump(forest, folder / "model.joblib")
+    stamp.write_text(want)
+
+
+def _ensure_large(store: Path) -> None:
+    """Write the neighbour section's large-request model into ``store`` unless this
+    scikit-learn version did: a forest whose one row costs little on its chosen path (about as
+    much as a reference model's) and a thousand rows some milliseconds."""
+    import joblib
+    import numpy as np
+    import sklearn
+    from sklearn.ensemble import RandomForestRegressor
+
+    folder = store / LARGE_MODEL
+    stamp = folder / FOREST_STAMP
+    want = f"sklearn={sklearn.__version__}\n"
+    if stamp.is_file() and stamp.read_text() == want and (folder / "model.joblib").is_file():
+        return
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1.0, 1.0, size=(5000, HEAVY_FEATURES))
+    y = np.sin(3 * x).sum(axis=1) + rng.normal(0.0, 0.1, size=len(x))
+    forest = RandomForestRegressor(n_estimators=200, max_depth=12, random_state=11, n_jobs=-1).fit(
+        x, y
+    )
+    forest.n_jobs = None
     folder.mkdir(parents=True, exist_ok=True)
     joblib.dump(forest, folder / "model.joblib")
     stamp.write_text(want)

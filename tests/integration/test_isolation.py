@@ -21,7 +21,12 @@ from mmserver.backend.process_slot import ProcessSlot
 from mmserver.ops.capacity import affinity_mask
 from mmserver.policy.scheduling import PIPELINE_BUDGET_S
 from mmserver.serving.worker import WorkerState
-from tests.behaviour_models import make_costly_load_dir, make_slow_load_dir, make_spinning_dir
+from tests.behaviour_models import (
+    make_costly_load_dir,
+    make_row_spinning_dir,
+    make_slow_load_dir,
+    make_spinning_dir,
+)
 from tests.integration.harness import Harness, Serve, describe, wait_until
 from tests.models import make_linked_store
 from tests.unit.test_cpus import thread_cpus
@@ -134,6 +139,47 @@ async def test_a_model_whose_cost_falls_moves_back_to_the_light_lane(
     await settled_in(harness, "changing", "light")
     assert (await describe(harness, "changing"))["lane"] == "light"
     assert await answer(harness, "changing", 1.0) == (200, {"predictions": [2.0]})
+
+
+async def test_a_model_whose_requests_are_large_runs_in_the_heavy_lane(
+    serve: Serve, store: Path
+) -> None:
+    """A model whose row costs 0.02 ms of CPU, asked only requests of 1,000 rows (20 ms each):
+    charged for its requests, not for one row, it moves to the heavy lane once and stays there
+    however its requests are batched. The same model asked one row at a time is light."""
+    make_row_spinning_dir(store / "large", 0.02, maxWorkers=1, batch_size=4)
+    make_row_spinning_dir(store / "small", 0.02, maxWorkers=1, batch_size=4)
+    harness = await serve(
+        model_store=str(store),
+        backend_processes=1,
+        heavy_processes=1,
+        metrics_model_label="all",
+    )
+    body = json.dumps([[1.0]] * 1000)
+
+    async def large(count: int) -> None:
+        answers = [harness.post("/predictions/large", body) for _ in range(count)]
+        for response in await asyncio.gather(*answers):
+            assert response.status == 200
+            assert (await response.json())["predictions"] == [2.0] * 1000
+
+    await large(1)
+    await settled_in(harness, "large", "heavy")
+    await large(12)  # three at a time and more, batched as they come
+    info = await describe(harness, "large")
+    assert info["lane"] == "heavy" and info["rowsPerRequest"] == 1000.0, info
+    assert info["costPerRequestMillis"] > 2 * 2.0, info  # clearly over heavy_batch_ms
+    moves = ("mmserver_model_lane_moves_total", (("model", "large"),))
+    assert (await harness.samples())[moves] == 1.0
+
+    for _ in range(40):
+        assert await answer(harness, "small", 1.0) == (200, {"predictions": [2.0]})
+        pool = harness.wlm.room.loaded.get("small")
+        if pool is not None and pool.lane == "light" and pool.cost.batches >= 20:
+            break
+    await settled_in(harness, "small", "light")
+    info = await describe(harness, "small")
+    assert info["lane"] == "light" and info["rowsPerRequest"] == 1.0, info
 
 
 async def test_a_heavy_model_remembered_after_eviction_starts_in_the_heavy_lane(

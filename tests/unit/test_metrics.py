@@ -36,6 +36,7 @@ def filled(model_label: str = "all") -> Metrics:
         m.model_cpu_seconds.labels(model).inc(0.01)
         m.model_waited_batches.labels(model).inc()
         m.model_lane.labels(model, "light").set(1)
+        m.model_lane_moves.labels(model).inc()
         m.model_loads.inc()
     m.models_loaded.set(50)
     m.model_memory_bytes.set(123456789)
@@ -101,6 +102,7 @@ def test_every_family_of_the_design_is_exposed() -> None:
         "mmserver_model_cpu_seconds",
         "mmserver_model_waited_batches",
         "mmserver_model_lane",
+        "mmserver_model_lane_moves",
         "mmserver_model_path_batches",
         "mmserver_heavy_lane_cpus",
         "mmserver_async_requests",
@@ -194,6 +196,7 @@ def test_a_model_that_is_not_open_has_no_series() -> None:
                 "mmserver_model_waited_batches",
                 "mmserver_model_path_batches",
                 "mmserver_model_lane",
+                "mmserver_model_lane_moves",
             },
         ),
         ("requests", {"mmserver_requests"}),
@@ -211,11 +214,11 @@ def test_the_option_chooses_the_families_with_a_model_label(
         f.name for f in text_string_to_metric_families(Metrics().render().decode())
     }
     # Per model: 2 request counters (codes 200 and 503) and, with all, 3 latency histograms
-    # of 15 samples, the batch size's 11, 2 scale counters and 6 single series.
-    per_model = {"all": 2 + 3 * 15 + 11 + 2 + 6, "requests": 2, "none": 0}[model_label]
+    # of 15 samples, the batch size's 11, 2 scale counters and 7 single series.
+    per_model = {"all": 2 + 3 * 15 + 11 + 2 + 7, "requests": 2, "none": 0}[model_label]
     samples = [s for f in families for s in f.samples if s.labels.get("model", "-") != "-"]
     assert len(samples) == 50 * per_model
-    assert m.model_series() == 50 * {"all": 14, "requests": 2, "none": 0}[model_label]
+    assert m.model_series() == 50 * {"all": 15, "requests": 2, "none": 0}[model_label]
     # Server-wide histograms are always there, unlabelled, counting every model.
     for name in (
         "mmserver_request_seconds",

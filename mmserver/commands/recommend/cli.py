@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--lanes",
         default="auto",
         metavar="LIST",
-        help="auto: the server's lanes (a model costing more than heavy_batch_ms a batch runs "
+        help="auto: the server's lanes (a model costing more than heavy_batch_ms a request runs "
         "in the heavy lane, at a lower CPU priority); one: a server with one lane "
         "(--heavy-processes 0); auto,one tries both, each on a server of its own "
         "(--model-store only) (auto)",

@@ -29,7 +29,7 @@ WRITTEN_KEYS: frozenset[str] = frozenset(
 
 
 #: The lanes a recommendation can try, and the server options of each: ``auto`` is the server's
-#: default (a model whose batches cost more than ``heavy_batch_ms`` moves to the heavy lane, at
+#: default (a model whose requests cost more than ``heavy_batch_ms`` moves to the heavy lane, at
 #: a lower CPU priority); ``one`` serves every model in one lane (``--heavy-processes 0``).
 LANES: dict[str, tuple[str, ...]] = {"auto": (), "one": ("--heavy-processes", "0")}
 
