@@ -49,6 +49,14 @@ REQUIRED: dict[str, Any] = {
 #: The server's options, by name.
 OPTIONS = {f.name for f in dataclasses.fields(ServerConfig)}
 
+#: A topology spread constraint given whole.
+SPREAD: dict[str, Any] = {
+    "maxSkew": 1,
+    "topologyKey": "example.com/rack",
+    "whenUnsatisfiable": "DoNotSchedule",
+    "labelSelector": {"matchLabels": {"team": "ml"}},
+}
+
 #: Every optional object and branch at once.
 EVERYTHING_ON: dict[str, Any] = {
     "managementToken": {"existingSecret": "", "value": "s3cret"},
@@ -71,6 +79,8 @@ EVERYTHING_ON: dict[str, Any] = {
     "nodeSelector": {"pool": "cpu"},
     "tolerations": [{"key": "cpu", "operator": "Exists", "effect": "NoSchedule"}],
     "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    "topologySpread": {"topologyKeys": ["kubernetes.io/hostname"], "maxSkew": 2},
+    "topologySpreadConstraints": [SPREAD],
     "extraInitContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
     "podDisruptionBudget": {"maxUnavailable": "", "minAvailable": "50%"},
     "autoscaling": {
@@ -94,6 +104,7 @@ EVERYTHING_ON: dict[str, Any] = {
         "nodeSelector": {"pool": "edge"},
         "tolerations": [{"key": "edge", "operator": "Exists"}],
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        "topologySpreadConstraints": [SPREAD],
     },
 }
 
@@ -105,6 +116,8 @@ EVERYTHING_OFF: dict[str, Any] = {
     "serviceAccount": {"create": False},
     "minReadySeconds": 0,
     "podDisruptionBudget": {"enabled": False},
+    "topologySpread": {"topologyKeys": []},
+    "haproxy": {"topologySpread": {"topologyKeys": []}},
 }
 
 

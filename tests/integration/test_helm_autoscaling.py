@@ -70,7 +70,9 @@ def test_by_default_a_disruption_takes_one_pod_at_a_time() -> None:
     # It covers the server's pods, all of them, and the balancer's none.
     selector = budget["spec"]["selector"]["matchLabels"]
     assert selector == rendered.one("StatefulSet")["spec"]["selector"]["matchLabels"]
-    haproxy = render({"haproxy": {"enabled": True}}).one("Deployment", f"{FULLNAME}-haproxy")
+    haproxy = render({"haproxy": {"enabled": True, "servers": 1}}).one(
+        "Deployment", f"{FULLNAME}-haproxy"
+    )
     assert not selector.items() <= haproxy["spec"]["template"]["metadata"]["labels"].items()
 
 
@@ -102,7 +104,7 @@ def test_a_budget_needs_one_bound_and_no_more() -> None:
 
 
 def test_no_autoscaler_by_default_and_the_replicas_are_the_charts() -> None:
-    rendered = render({"replicas": 3, "haproxy": {"enabled": True}})
+    rendered = render({"replicas": 3, "haproxy": {"enabled": True, "servers": 1}})
     assert rendered.all("HorizontalPodAutoscaler") == [] and rendered.all("ScaledObject") == []
     assert rendered.one("StatefulSet")["spec"]["replicas"] == 3
     assert len(server_lines(rendered)) == 3
@@ -112,7 +114,7 @@ def test_the_hpa_scales_the_statefulset_on_cpu() -> None:
     rendered = render(
         {
             "replicas": 3,
-            "haproxy": {"enabled": True},
+            "haproxy": {"enabled": True, "servers": 1},
             "autoscaling": {
                 "minReplicas": 2,
                 "maxReplicas": 7,
@@ -227,7 +229,7 @@ def test_keda_needs_its_prometheus() -> None:
 
 def test_keda_owns_the_replicas_and_haproxy_knows_every_pod() -> None:
     values = {
-        "haproxy": {"enabled": True},
+        "haproxy": {"enabled": True, "servers": 1},
         "autoscaling": {"maxReplicas": 4, **KEDA["autoscaling"]},
     }
     rendered = render(values)

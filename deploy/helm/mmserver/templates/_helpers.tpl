@@ -112,6 +112,28 @@ server.drainTimeout, so that the grace period always outlasts the drain. */}}
 {{- if include "mmserver.autoscaled" . }}{{ int .Values.autoscaling.maxReplicas }}{{ else }}{{ int .Values.replicas }}{{ end }}
 {{- end }}
 
+{{/* HAProxy's servers: one for each pod name from -0 on, haproxy.servers of them at least, and
+at least as many as the StatefulSet may have pods. */}}
+{{- define "mmserver.haproxyServers" -}}
+{{- max (int .Values.haproxy.servers) (int (include "mmserver.maxPods" .)) }}
+{{- end }}
+
+{{/* The pods' topologySpreadConstraints: one per topology key, preferred (ScheduleAnyway: a pod
+is scheduled even where it cannot spread), then the ones given whole. Takes a dict: spread (the
+values' topologySpread), extra (topologySpreadConstraints), selector (the pods' labels). */}}
+{{- define "mmserver.topologySpread" -}}
+{{- $constraints := list }}
+{{- range .spread.topologyKeys }}
+{{- $selector := dict "matchLabels" ($.selector | fromYaml) }}
+{{- $constraints = append $constraints (dict "maxSkew" (int $.spread.maxSkew) "topologyKey" . "whenUnsatisfiable" "ScheduleAnyway" "labelSelector" $selector) }}
+{{- end }}
+{{- $constraints = concat $constraints (.extra | default list) }}
+{{- with $constraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
 {{/* The PromQL query of the queued requests of every pod of the release together (KEDA
 divides it by the pods it counts): autoscaling.keda.query, or the gauge mmserver_queue_length
 averaged over a minute, summed over the StatefulSet's pods by the labels a ServiceMonitor's
