@@ -71,6 +71,7 @@ EVERYTHING_ON: dict[str, Any] = {
     },
     "server": {"grpcPort": 8081, "maxMemoryMb": 1500, "options": {"max_loaded_models": 200}},
     "cache": {"sizeLimit": "10Gi"},
+    "state": {"enabled": True, "size": "5Gi", "storageClassName": "fast", "warmReadyTimeout": 90},
     "imagePullSecrets": [{"name": "registry"}],
     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}},
     "service": {"annotations": {"a": "b"}},

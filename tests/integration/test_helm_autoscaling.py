@@ -1,7 +1,8 @@
-"""The chart's pods through updates, disruptions and load: the StatefulSet's rolling update, the
-PodDisruptionBudget, and pod autoscaling by a HorizontalPodAutoscaler on CPU or by a KEDA
-ScaledObject on queued requests (validated against KEDA's CRD schema in ``schemas/``), whose
-PromQL query promtool evaluates over recorded series. Nothing here reaches a cluster."""
+"""The chart's pods through updates, disruptions and load: the StatefulSet's rolling update, a
+pod's own state volume (its warm set, loaded again before it is ready), the PodDisruptionBudget,
+and pod autoscaling by a HorizontalPodAutoscaler on CPU or by a KEDA ScaledObject on queued
+requests (validated against KEDA's CRD schema in ``schemas/``), whose PromQL query promtool
+evaluates over recorded series. Nothing here reaches a cluster."""
 
 from __future__ import annotations
 
@@ -60,6 +61,45 @@ def test_an_update_replaces_one_pod_at_a_time_each_drained() -> None:
     # Each pod leaves through the drain: a preStop pause, then SIGTERM within the grace period.
     assert rendered.container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     assert rendered.pod["spec"]["terminationGracePeriodSeconds"] == 5 + 30 + 15
+
+
+def test_no_state_volume_by_default() -> None:
+    rendered = render()
+    assert "volumeClaimTemplates" not in rendered.one("StatefulSet")["spec"]
+    assert "MMSERVER_STATE_DIR" not in rendered.env and rendered.mount("state") is None
+    # A state_dir of one's own choosing passes through as any option.
+    rendered = render({"server": {"options": {"state_dir": "/cache/state"}}})
+    assert rendered.env_value("MMSERVER_STATE_DIR") == "/cache/state"
+
+
+def test_each_pod_keeps_its_warm_set_on_a_claim_of_its_own() -> None:
+    state = {"enabled": True, "size": "3Gi", "storageClassName": "ssd", "warmReadyTimeout": 45}
+    rendered = render({"state": state})
+    (claim,) = rendered.one("StatefulSet")["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "state"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": "ssd",
+        "resources": {"requests": {"storage": "3Gi"}},
+    }
+    assert rendered.mount("state") == {"name": "state", "mountPath": "/state"}
+    assert rendered.env_value("MMSERVER_STATE_DIR") == "/state"
+    # Not ready until the models it had are loaded again, for 45 s at most: the readiness probe
+    # (and HAProxy's /ping) tell it, so an update waits for it before the next pod.
+    assert rendered.env_value("MMSERVER_WARM_READY_TIMEOUT") == "45"
+    assert rendered.container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    default = render({"state": {"enabled": True}})
+    assert default.env_value("MMSERVER_WARM_READY_TIMEOUT") == "120"
+    assert (
+        "storageClassName"
+        not in default.one("StatefulSet")["spec"]["volumeClaimTemplates"][0]["spec"]
+    )
+
+
+@pytest.mark.parametrize("option", ["state_dir", "warm_ready_timeout"])
+def test_with_a_state_volume_its_options_are_the_charts(option: str) -> None:
+    message = refusal({"state": {"enabled": True}, "server": {"options": {option: "1"}}})
+    assert f"server.options.{option}" in message and "state" in message, message
 
 
 def test_by_default_a_disruption_takes_one_pod_at_a_time() -> None:

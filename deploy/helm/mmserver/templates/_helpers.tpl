@@ -206,6 +206,13 @@ insecure_management: managementToken.insecure
 {{- if and .Values.haproxy.enabled (eq .Values.haproxy.port (.Values.haproxy.statsPort)) }}
 {{- fail "haproxy.statsPort: must differ from haproxy.port" }}
 {{- end }}
+{{- if .Values.state.enabled }}
+{{- range $name := list "state_dir" "warm_ready_timeout" }}
+{{- if hasKey ($.Values.server.options | default dict) $name }}
+{{- fail (printf "server.options.%s: with state.enabled the chart sets it (state.warmReadyTimeout; the state volume at /state)" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- with .Values.autoscaling }}
 {{- if and .hpa.enabled .keda.enabled }}
 {{- fail "autoscaling: hpa.enabled and keda.enabled are both set; two autoscalers would fight over the StatefulSet's replicas (KEDA makes an HPA of its own): turn one off" }}
