@@ -32,9 +32,10 @@ _JSON = "application/json"
 
 
 async def ping(request: web.Request) -> web.Response:
-    """200 ``{"status": "Healthy"}``; 503 once shutdown has begun."""
+    """200 ``{"status": "Healthy"}``; 503 once shutdown has begun, and at start while the warm
+    set is loaded again within ``warm_ready_timeout``."""
     headers = {REQUEST_ID: request_id(request)}
-    if request.app[STATE].wlm.accepting:
+    if request.app[STATE].wlm.healthy():
         return web.Response(body=_HEALTHY, content_type=_JSON, headers=headers)
     return web.Response(status=503, body=_UNHEALTHY, content_type=_JSON, headers=headers)
 

@@ -2,7 +2,8 @@
 
 - health: ``GET /v2/health/live`` (200 ``{"live": true}`` while the process serves, draining
   included), ``GET /v2/health/ready`` (200 ``{"ready": true}`` while it accepts work, 503
-  ``{"ready": false}`` once shutdown has begun),
+  ``{"ready": false}`` once shutdown has begun, or at start while the warm set loads within
+  ``warm_ready_timeout``),
   ``GET /v2/models/{model}[/versions/{version}]/ready`` (200 when loaded, 400 when not, 404 for
   a model the server does not know);
 - metadata: ``GET /v2`` (server) and ``GET /v2/models/{model}[/versions/{version}]`` (loads the
@@ -66,11 +67,12 @@ async def live(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """200 ``{"ready": true}`` while the server accepts work; 503 ``{"ready": false}`` once
-    shutdown has begun (a readiness probe)."""
-    accepting = request.app[STATE].wlm.accepting
+    shutdown has begun, and at start while the warm set is loaded again within
+    ``warm_ready_timeout`` (a readiness probe)."""
+    ready = request.app[STATE].wlm.healthy()
     return web.json_response(
-        {"ready": accepting},
-        status=200 if accepting else 503,
+        {"ready": ready},
+        status=200 if ready else 503,
         headers={REQUEST_ID: request_id(request)},
     )
 

@@ -250,6 +250,12 @@ class ServerConfig:
         "the next start); empty = no asynchronous inference (POST .../async-invocations is "
         "answered 404), no warm set, and the default versions are kept in cache_dir.",
     )
+    warm_ready_timeout: float = _opt(
+        0.0,
+        "s the server answers not ready (/ping, /v2/health/ready and gRPC's ServerReady) at "
+        "start while it loads its warm set again (with a state_dir), at most; 0 = ready while "
+        "it does.",
+    )
     async_output_path: str = _opt(
         "",
         "Where asynchronous answers are written (<inference id>.out): a local folder or "

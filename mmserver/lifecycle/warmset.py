@@ -10,7 +10,8 @@ order of use of that moment. Models registered with ``POST /models`` are left ou
 registration does not outlive a restart.
 
 At start, in the background once the models of ``load_models`` are loaded (the server listens
-meanwhile, and ``/v2/health/ready`` may answer ready before the restore ends), the models it
+meanwhile, and answers ready before the restore ends unless ``warm_ready_timeout`` holds it
+back: :meth:`WarmSet.settled`), the models it
 lists are loaded again, most recently used first, one at a time, through the manager's load path
 (:meth:`Loader.get_pool <mmserver.lifecycle.loading.Loader.get_pool>`): a request naming one of
 them meanwhile waits for that same load, or starts it. Each gets its workers back, within its
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -84,9 +86,11 @@ class WarmSet:
         loader: Loader,
         versions: Versions,
         *,
+        ready_timeout: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
+        self.ready_timeout = ready_timeout
         self.room = room
         self.catalog = catalog
         self.loader = loader
@@ -105,10 +109,18 @@ class WarmSet:
         #: Set when the restore has ended (every model tried, or stopped for want of room, or
         #: nothing to restore).
         self.restored = asyncio.Event()
+        #: When :meth:`settled` answers true whatever the restore (on the clock; set at start).
+        self._ready_by = -math.inf
 
     def start(self) -> None:
         """Read the file and restore its models, in the background."""
+        self._ready_by = self._clock() + self.ready_timeout
         self._spawn(self._run(), "mmserver-warm-set-restore")
+
+    def settled(self) -> bool:
+        """Whether the server may answer ready: the restore has ended, or ``ready_timeout``
+        has passed since :meth:`start` (at once with 0)."""
+        return self.restored.is_set() or self._clock() >= self._ready_by
 
     async def stop(self) -> None:
         """Stop the restore and the writer, then write the set as it is now (the order of use

@@ -107,7 +107,14 @@ class WorkLoadManager:
         self.warm: WarmSet | None = None
         if config.state_dir.strip():
             path = config.state_path / WARM_FILE
-            self.warm = WarmSet(path, self.room, self.catalog, self.loader, self.versions)
+            self.warm = WarmSet(
+                path,
+                self.room,
+                self.catalog,
+                self.loader,
+                self.versions,
+                ready_timeout=config.warm_ready_timeout,
+            )
         self.shadows = Shadows(
             self._run_shadow,
             background_share(config.backend_processes),
@@ -120,6 +127,11 @@ class WorkLoadManager:
         self.first_scan: asyncio.Task[None] | None = None
 
     # The parts' state, as the API and the tests read it ---------------------------------------
+
+    def healthy(self) -> bool:
+        """What the health checks answer: accepting work, and not holding back while the warm
+        set is loaded again (``warm_ready_timeout``)."""
+        return self.accepting and (self.warm is None or self.warm.settled())
 
     @property
     def real_time_queued(self) -> int:

@@ -4,8 +4,8 @@
   SDK as a shared library, as ``helm template`` runs it: the values checked against
   ``values.schema.json``, no cluster and no network) and validates every object it renders,
   against Kubernetes' schemas of its kind (``kubernetes_validate``, strict: a field the kind
-  does not have is an error) or, for the ServiceMonitor, against the Prometheus Operator's CRD
-  schema in ``schemas/``;
+  does not have is an error) or, for a custom resource (the Prometheus Operator's ServiceMonitor
+  and PrometheusRule, KEDA's ScaledObject), against its CRD's schema in ``schemas/``;
 - :func:`refusal` is the message of a render the chart refuses (``fail``, or the schema).
 """
 
@@ -35,6 +35,8 @@ RELEASE = "rel"
 NAMESPACE = "models"
 FULLNAME = "rel-mmserver"
 HEADLESS = f"{FULLNAME}-headless"
+#: The API groups of the custom resources the chart makes, validated against ``schemas/``.
+CRD_GROUPS = ("monitoring.coreos.com", "keda.sh")
 #: The Kubernetes version every render is validated against: the newest the validator has.
 KUBE_VERSION = kubernetes_validate.latest_version()
 
@@ -46,6 +48,14 @@ REQUIRED: dict[str, Any] = {
 
 #: The server's options, by name.
 OPTIONS = {f.name for f in dataclasses.fields(ServerConfig)}
+
+#: A topology spread constraint given whole.
+SPREAD: dict[str, Any] = {
+    "maxSkew": 1,
+    "topologyKey": "example.com/rack",
+    "whenUnsatisfiable": "DoNotSchedule",
+    "labelSelector": {"matchLabels": {"team": "ml"}},
+}
 
 #: Every optional object and branch at once.
 EVERYTHING_ON: dict[str, Any] = {
@@ -61,6 +71,7 @@ EVERYTHING_ON: dict[str, Any] = {
     },
     "server": {"grpcPort": 8081, "maxMemoryMb": 1500, "options": {"max_loaded_models": 200}},
     "cache": {"sizeLimit": "10Gi"},
+    "state": {"enabled": True, "size": "5Gi", "storageClassName": "fast", "warmReadyTimeout": 90},
     "imagePullSecrets": [{"name": "registry"}],
     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}},
     "service": {"annotations": {"a": "b"}},
@@ -69,7 +80,16 @@ EVERYTHING_ON: dict[str, Any] = {
     "nodeSelector": {"pool": "cpu"},
     "tolerations": [{"key": "cpu", "operator": "Exists", "effect": "NoSchedule"}],
     "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    "topologySpread": {"topologyKeys": ["kubernetes.io/hostname"], "maxSkew": 2},
+    "topologySpreadConstraints": [SPREAD],
     "extraInitContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+    "podDisruptionBudget": {"maxUnavailable": "", "minAvailable": "50%"},
+    "autoscaling": {
+        "minReplicas": 3,
+        "maxReplicas": 12,
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
+        "hpa": {"enabled": True, "targetCPUUtilizationPercentage": 60},
+    },
     "metrics": {
         "serviceMonitor": {
             "enabled": True,
@@ -85,6 +105,7 @@ EVERYTHING_ON: dict[str, Any] = {
         "nodeSelector": {"pool": "edge"},
         "tolerations": [{"key": "edge", "operator": "Exists"}],
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        "topologySpreadConstraints": [SPREAD],
     },
 }
 
@@ -94,6 +115,10 @@ EVERYTHING_OFF: dict[str, Any] = {
     "modelStore": {"type": "emptyDir"},
     "server": {"options": None},
     "serviceAccount": {"create": False},
+    "minReadySeconds": 0,
+    "podDisruptionBudget": {"enabled": False},
+    "topologySpread": {"topologyKeys": []},
+    "haproxy": {"topologySpread": {"topologyKeys": []}},
 }
 
 
@@ -114,11 +139,12 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 @functools.cache
-def _crd_schema(kind: str) -> dict[str, Any]:
-    """The CRD schema of ``kind`` from ``schemas/``, made strict as ``kubernetes_validate``'s
-    strict schemas are: an object with ``properties`` takes no other field (the API server
-    would drop it without a word)."""
-    schema: dict[str, Any] = yaml.safe_load((SCHEMAS / f"{kind.lower()}-v1.yaml").read_text())
+def _crd_schema(kind: str, version: str) -> dict[str, Any]:
+    """The CRD schema of ``kind`` at ``version`` (``v1``, ``v1alpha1``) from ``schemas/``, made
+    strict as ``kubernetes_validate``'s strict schemas are: an object with ``properties`` takes
+    no other field (the API server would drop it without a word)."""
+    text = (SCHEMAS / f"{kind.lower()}-{version}.yaml").read_text()
+    schema: dict[str, Any] = yaml.safe_load(text)
 
     def strict(node: Any) -> Any:
         if isinstance(node, dict):
@@ -147,8 +173,9 @@ def validate(obj: dict[str, Any], version: str = KUBE_VERSION) -> None:
 def _validate_text(text: str, version: str) -> None:
     # Cached by the object's text: most renders repeat most objects.
     obj = json.loads(text)
-    if obj["apiVersion"] == "monitoring.coreos.com/v1":
-        jsonschema.Draft7Validator(_crd_schema(obj["kind"])).validate(obj)
+    group, _, api_version = obj["apiVersion"].rpartition("/")
+    if group in CRD_GROUPS:
+        jsonschema.Draft7Validator(_crd_schema(obj["kind"], api_version)).validate(obj)
         return
     kubernetes_validate.validate(obj, version, strict=True)
 

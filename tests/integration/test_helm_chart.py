@@ -27,6 +27,7 @@ from tests.integration.helmchart import (
     NAMESPACE,
     REQUIRED,
     ROOT,
+    SPREAD,
     merge_on,
     refusal,
     render,
@@ -296,11 +297,45 @@ def test_the_pass_through_values_reach_the_pods_and_services() -> None:
         on.one("ServiceAccount")["metadata"]["annotations"]
         == (EVERYTHING_ON["serviceAccount"]["annotations"])
     )
-    for key in ("imagePullSecrets", "nodeSelector", "tolerations", "affinity", "initContainers"):
+    for key in (
+        "imagePullSecrets",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "initContainers",
+        "topologySpreadConstraints",
+    ):
         assert key not in off.pod["spec"], key
     assert "team" not in off.pod["metadata"]["labels"]
     assert "annotations" not in off.pod["metadata"]
     assert "annotations" not in off.one("Service")["metadata"]
+
+
+def test_the_pods_spread_over_nodes_and_zones_where_they_can() -> None:
+    rendered = render({"haproxy": {"enabled": True}})
+    balancer = rendered.one("Deployment", f"{FULLNAME}-haproxy")["spec"]
+    for pods, spec in [
+        (rendered.one("StatefulSet")["spec"], rendered.pod["spec"]),
+        (balancer, balancer["template"]["spec"]),
+    ]:
+        selector = pods["selector"]["matchLabels"]
+        assert spec["topologySpreadConstraints"] == [
+            {
+                "maxSkew": 1,
+                "topologyKey": key,
+                # Preferred: a pod that cannot spread is scheduled all the same.
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector},
+            }
+            for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
+        ]
+    on = render(EVERYTHING_ON)
+    (hostname, given) = on.pod["spec"]["topologySpreadConstraints"]
+    assert (hostname["topologyKey"], hostname["maxSkew"]) == ("kubernetes.io/hostname", 2)
+    assert given == SPREAD
+    balancer = on.one("Deployment", f"{FULLNAME}-haproxy")["spec"]["template"]["spec"]
+    assert balancer["topologySpreadConstraints"][-1] == SPREAD
+    assert len(balancer["topologySpreadConstraints"]) == 3
 
 
 @pytest.mark.parametrize(

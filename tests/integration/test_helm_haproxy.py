@@ -1,7 +1,7 @@
 """The chart's HAProxy (``haproxy.enabled``): its objects, and a haproxy.cfg that says what
 ``mmserver cluster`` writes (:func:`mmserver.commands.cluster.balancer.render`) for the same pods,
-with
-each pod a server by its DNS name, resolved while HAProxy runs; HAProxy accepts it."""
+with a server for each name a pod may have, by its DNS name, resolved while HAProxy runs; HAProxy
+accepts it. ``test_helm_haproxy_dns.py`` runs it against a DNS server."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ BALANCER = f"{FULLNAME}-haproxy"
 #: it resolves with.
 RESOLVE = " resolvers kubernetes init-addr none"
 RESOLVERS = ["resolvers kubernetes", "    parse-resolv-conf", "    hold valid 5s"]
+#: haproxy.servers by default.
+SERVERS = 16
 
 
 def significant(text: str) -> list[str]:
@@ -40,11 +42,11 @@ def cluster_config(rendered: Rendered, values: dict[str, Any]) -> list[str]:
     """What mmserver cluster writes for the pods of ``rendered``, with the chart's additions."""
     haproxy = values.get("haproxy", {})
     statefulset = rendered.one("StatefulSet")
-    replicas = statefulset["spec"]["replicas"]
+    servers = max(haproxy.get("servers", SERVERS), statefulset["spec"]["replicas"])
     service = statefulset["spec"]["serviceName"]
     domain = haproxy.get("clusterDomain", "cluster.local")
     port = rendered.container["ports"][0]["containerPort"]
-    pods = [f"{statefulset['metadata']['name']}-{i}" for i in range(replicas)]
+    pods = [f"{statefulset['metadata']['name']}-{i}" for i in range(servers)]
     spec = balancer.BalancerSpec(
         strategy=balancer.Strategy(haproxy.get("strategy", "MODEL_AFFINITY")),
         port=haproxy.get("port", 8080),
@@ -109,9 +111,15 @@ def test_the_pass_through_values_reach_the_balancer() -> None:
         assert spec[key] == EVERYTHING_ON["haproxy"][key], key
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
     assert on.one("Service", BALANCER)["metadata"]["annotations"] == {"a": "b"}
-    off = render(haproxy({}))
+    off = render(haproxy({"topologySpread": {"topologyKeys": []}}))
     spec = off.one("Deployment", BALANCER)["spec"]["template"]["spec"]
-    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
+    for key in (
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "imagePullSecrets",
+        "topologySpreadConstraints",
+    ):
         assert key not in spec, key
     assert "annotations" not in off.one("Service", BALANCER)["metadata"]
 
@@ -130,10 +138,11 @@ def test_the_balancer_outlasts_its_soft_stop() -> None:
     "values",
     [
         {"replicas": 1},
-        {"replicas": 3, "server": {"port": 9000}, "service": {"port": 80}},
+        {"replicas": 20, "server": {"port": 9000}, "service": {"port": 80}},
         {
             "replicas": 2,
             "haproxy": {
+                "servers": 3,
                 "hashBalanceFactor": 125,
                 "checkIntervalMs": 150,
                 "port": 8000,
@@ -143,7 +152,7 @@ def test_the_balancer_outlasts_its_soft_stop() -> None:
             },
         },
     ],
-    ids=["one-pod", "three-pods", "tuned"],
+    ids=["one-pod", "twenty-pods", "tuned"],
 )
 def test_the_configuration_is_mmserver_clusters_for_the_same_pods(
     strategy: str, values: dict[str, Any]
@@ -153,12 +162,40 @@ def test_the_configuration_is_mmserver_clusters_for_the_same_pods(
     assert significant(rendered.haproxy_cfg) == cluster_config(rendered, given)
 
 
+def servers(values: dict[str, Any]) -> list[list[str]]:
+    """The words of each server line."""
+    lines = [line.split() for line in significant(render(values).haproxy_cfg)]
+    return [words for words in lines if words[0] == "server"]
+
+
 def test_each_pod_keeps_its_place_on_the_ring() -> None:
-    rendered = render({"replicas": 3, **haproxy({})})
-    lines = [line.split() for line in significant(rendered.haproxy_cfg)]
-    servers = [words for words in lines if words[0] == "server"]
-    assert [(s[1], s[4]) for s in servers] == [(f"{FULLNAME}-{i}", str(i + 1)) for i in range(3)]
-    assert servers[0][2] == f"{FULLNAME}-0.{HEADLESS}.{NAMESPACE}.svc.cluster.local:8080"
+    found = servers({"replicas": 3, **haproxy({})})
+    assert [(s[1], s[4]) for s in found] == [
+        (f"{FULLNAME}-{i}", str(i + 1)) for i in range(SERVERS)
+    ]
+    for i, words in enumerate(found):
+        assert words[2] == f"{FULLNAME}-{i}.{HEADLESS}.{NAMESPACE}.svc.cluster.local:8080"
+        assert words[5:] == RESOLVE.split()
+
+
+@pytest.mark.parametrize(
+    ("values", "count"),
+    [
+        ({"replicas": 3, **haproxy({"servers": 5})}, 5),
+        ({"replicas": 3, **haproxy({"servers": 1})}, 3),
+        # Every pod an autoscaler may make, whatever replicas says.
+        (
+            {
+                "replicas": 30,
+                "autoscaling": {"maxReplicas": 24, "hpa": {"enabled": True}},
+                **haproxy({}),
+            },
+            24,
+        ),
+    ],
+)
+def test_a_server_for_every_name_a_pod_may_have(values: dict[str, Any], count: int) -> None:
+    assert [s[1] for s in servers(values)] == [f"{FULLNAME}-{i}" for i in range(count)]
 
 
 @pytest.mark.parametrize("strategy", [s.value for s in balancer.Strategy])
@@ -188,7 +225,9 @@ def test_a_new_configuration_rolls_the_balancers() -> None:
     base = checksum(haproxy({}))
     assert checksum(haproxy({})) == base
     assert checksum(haproxy({"strategy": "RANDOM"})) != base
-    assert checksum({"replicas": 3, **haproxy({})}) != base
+    assert checksum({"replicas": 20, **haproxy({})}) != base
+    # Pods within the servers are found by DNS: scaling them does not restart HAProxy.
+    assert checksum({"replicas": 5, **haproxy({})}) == base
 
 
 def test_the_stats_port_is_not_the_balancers_port() -> None:

@@ -117,6 +117,47 @@ async def test_a_request_for_a_model_being_restored_waits_for_that_load(
     assert await loads(harness) == 2  # slow once, for both
 
 
+async def health(harness: Harness) -> tuple[int, int]:
+    """The statuses of ``/v2/health/ready`` and ``/ping``."""
+    ready = await harness.client.get("/v2/health/ready")
+    ping = await harness.client.get("/ping")
+    assert (await ready.json()) == {"ready": ready.status == 200}
+    return ready.status, ping.status
+
+
+@pytest.mark.parametrize(("timeout", "held"), [(0.0, False), (RESTORE_S, True)])
+async def test_with_a_ready_timeout_the_server_is_ready_once_its_warm_set_is_loaded(
+    serve: Serve, store: Path, state: Path, tmp_path: Path, timeout: float, held: bool
+) -> None:
+    started, gate = tmp_path / "load-started", tmp_path / "load-gate"
+    make_slow_load_dir(store / "slow", started, gate)
+    plant(state, encode([WarmModel("a", 1), WarmModel("slow", 1)]))
+    harness = await start(serve, store, state, warm_ready_timeout=timeout)
+    await wait_until(started.exists, RESTORE_S)  # the restore's load of slow holds
+    # Not ready while the models it had are loaded again (0: ready meanwhile, as without).
+    assert await health(harness) == ((503, 503) if held else (200, 200))
+    gate.touch()
+    await restored(harness)
+    assert await health(harness) == (200, 200)
+    assert harness.wlm.status("slow") is ModelStatus.READY
+
+
+async def test_the_ready_timeout_bounds_the_wait_for_the_warm_set(
+    serve: Serve, store: Path, state: Path, tmp_path: Path
+) -> None:
+    started, gate = tmp_path / "load-started", tmp_path / "load-gate"
+    make_slow_load_dir(store / "slow", started, gate)
+    plant(state, encode([WarmModel("slow", 1)]))
+    harness = await start(serve, store, state, warm_ready_timeout=0.2)
+    await wait_until(started.exists, RESTORE_S)
+    await wait_until(harness.wlm.healthy, RESTORE_S)  # 0.2 s after the start
+    # Ready with the restore still held: a model slow to load does not keep the server out.
+    assert harness.wlm.status("slow") is ModelStatus.LOADING
+    assert await health(harness) == (200, 200)
+    gate.touch()
+    await restored(harness)
+
+
 def waiting_for_a_load() -> bool:
     """Whether a request waits for its model's load (its submission's task)."""
     return any(

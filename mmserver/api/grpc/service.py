@@ -225,7 +225,7 @@ class GrpcServer:
     async def server_ready(
         self, request: pb.ServerReadyRequest, context: Context
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.state.wlm.accepting)
+        return pb.ServerReadyResponse(ready=self.state.wlm.healthy())
 
     @_rpc(pb.ModelReadyRequest)
     async def model_ready(

@@ -102,6 +102,57 @@ server.drainTimeout, so that the grace period always outlasts the drain. */}}
 {{- add (int .Values.haproxy.preStopSeconds) (int (include "mmserver.haproxyHardStopAfter" .)) 5 }}
 {{- end }}
 
+{{/* "true" when an autoscaler (the HPA or KEDA's) owns the StatefulSet's replicas. */}}
+{{- define "mmserver.autoscaled" -}}
+{{- if or .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The most pods the StatefulSet has: replicas, or the autoscaler's maxReplicas. */}}
+{{- define "mmserver.maxPods" -}}
+{{- if include "mmserver.autoscaled" . }}{{ int .Values.autoscaling.maxReplicas }}{{ else }}{{ int .Values.replicas }}{{ end }}
+{{- end }}
+
+{{/* HAProxy's servers: one for each pod name from -0 on, haproxy.servers of them at least, and
+at least as many as the StatefulSet may have pods. */}}
+{{- define "mmserver.haproxyServers" -}}
+{{- max (int .Values.haproxy.servers) (int (include "mmserver.maxPods" .)) }}
+{{- end }}
+
+{{/* The pods' topologySpreadConstraints: one per topology key, preferred (ScheduleAnyway: a pod
+is scheduled even where it cannot spread), then the ones given whole. Takes a dict: spread (the
+values' topologySpread), extra (topologySpreadConstraints), selector (the pods' labels). */}}
+{{- define "mmserver.topologySpread" -}}
+{{- $constraints := list }}
+{{- range .spread.topologyKeys }}
+{{- $selector := dict "matchLabels" ($.selector | fromYaml) }}
+{{- $constraints = append $constraints (dict "maxSkew" (int $.spread.maxSkew) "topologyKey" . "whenUnsatisfiable" "ScheduleAnyway" "labelSelector" $selector) }}
+{{- end }}
+{{- $constraints = concat $constraints (.extra | default list) }}
+{{- with $constraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The PromQL query of the queued requests of every pod of the release together (KEDA
+divides it by the pods it counts): autoscaling.keda.query, or the gauge mmserver_queue_length
+averaged over a minute, summed over the StatefulSet's pods by the labels a ServiceMonitor's
+scrape gives them. */}}
+{{- define "mmserver.kedaQuery" -}}
+{{- $pods := printf "%s-[0-9]+" (include "mmserver.fullname" .) }}
+{{- .Values.autoscaling.keda.query | default (printf "sum(avg_over_time(mmserver_queue_length{namespace=%q, pod=~%q}[1m]))" .Release.Namespace $pods) }}
+{{- end }}
+
+{{/* A PodDisruptionBudget's bound given (0 is one; "" and null are not). */}}
+{{- define "mmserver.isSet" -}}
+{{- if not (or (kindIs "invalid" .) (eq (toString .) "")) }}true{{ end }}
+{{- end }}
+
+{{/* A count or a percentage, as Kubernetes' IntOrString takes it. */}}
+{{- define "mmserver.intOrPercent" -}}
+{{- if kindIs "string" . }}{{ . | quote }}{{ else }}{{ int . }}{{ end }}
+{{- end }}
+
 {{/* Options the chart sets itself, from values of their own: server.options may not set them. */}}
 {{- define "mmserver.reservedOptions" -}}
 host: "the pods listen on 0.0.0.0"
@@ -154,5 +205,41 @@ insecure_management: managementToken.insecure
 {{- end }}
 {{- if and .Values.haproxy.enabled (eq .Values.haproxy.port (.Values.haproxy.statsPort)) }}
 {{- fail "haproxy.statsPort: must differ from haproxy.port" }}
+{{- end }}
+{{- if .Values.state.enabled }}
+{{- range $name := list "state_dir" "warm_ready_timeout" }}
+{{- if hasKey ($.Values.server.options | default dict) $name }}
+{{- fail (printf "server.options.%s: with state.enabled the chart sets it (state.warmReadyTimeout; the state volume at /state)" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.autoscaling }}
+{{- if and .hpa.enabled .keda.enabled }}
+{{- fail "autoscaling: hpa.enabled and keda.enabled are both set; two autoscalers would fight over the StatefulSet's replicas (KEDA makes an HPA of its own): turn one off" }}
+{{- end }}
+{{- if gt (int .minReplicas) (int .maxReplicas) }}
+{{- fail (printf "autoscaling.minReplicas (%d) is more than autoscaling.maxReplicas (%d)" (int .minReplicas) (int .maxReplicas)) }}
+{{- end }}
+{{- if and .keda.enabled (not .keda.serverAddress) }}
+{{- fail "autoscaling.keda.serverAddress: the Prometheus KEDA asks for the queued requests (http://prometheus-operated.monitoring.svc:9090, for example)" }}
+{{- end }}
+{{- end }}
+{{- if .Values.autoscaling.hpa.enabled }}
+{{- $requests := .Values.resources.requests | default dict }}
+{{- if not $requests.cpu }}
+{{- fail "resources.requests.cpu: the HPA's target is a percentage of the pods' CPU request; set one" }}
+{{- end }}
+{{- end }}
+{{- with .Values.podDisruptionBudget }}
+{{- if .enabled }}
+{{- $max := include "mmserver.isSet" .maxUnavailable }}
+{{- $min := include "mmserver.isSet" .minAvailable }}
+{{- if and $max $min }}
+{{- fail "podDisruptionBudget: set maxUnavailable or minAvailable, not both (maxUnavailable: \"\" to use minAvailable)" }}
+{{- end }}
+{{- if not (or $max $min) }}
+{{- fail "podDisruptionBudget: set maxUnavailable or minAvailable (or enabled: false)" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
