@@ -71,6 +71,8 @@ class Room:
         self.loaded: collections.OrderedDict[str, ModelPool] = collections.OrderedDict()
         #: The sum of their pools' accounted_bytes.
         self._loaded_bytes = 0
+        #: Loads and unloads so far: a change of the set of loaded models changes it.
+        self.changes = 0
         #: The loaded models that are never evicted (:meth:`pinned_by`).
         self.pinned: set[str] = set()
         #: The loaded models whose last request came with a priority other than normal (its
@@ -123,6 +125,7 @@ class Room:
         """A model is loaded (READY): count it, the most recently used."""
         self.loaded[pool.name] = pool
         self.loaded.move_to_end(pool.name)
+        self.changes += 1
         if self.pinned_by(pool.name):
             self.pinned.add(pool.name)
         self.lanes[pool.lane] += 1
@@ -368,6 +371,7 @@ class Room:
         pool, record.pool = record.pool, None
         record.become(ModelStatus.UNLOADING)
         del self.loaded[name]
+        self.changes += 1
         self.pinned.discard(name)
         self.ranks.pop(name, None)
         self.lanes[pool.lane] -= 1
