@@ -4,7 +4,8 @@ set is loaded again, one at a time.
 
 The contract: no request fails, every instance runs a new process, and each comes back with the
 models it had loaded. The client runs until the restart has ended and a few more requests have
-been answered, within a bound in count and in time.
+been answered, within a bound in count and in time. An instance that does not come back ends
+the restart, failed, with the instances after it untouched.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from tests.models import make_store
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 MODELS = 8
-USERS = 4
+USERS = 8
 #: The client's bounds: requests in all, seconds in all, and requests after the restart ended.
-MAX_REQUESTS = 20_000
+MAX_REQUESTS = 200_000
 LOAD_TIMEOUT_S = 60.0
 AFTER = 50
 
@@ -173,3 +174,25 @@ async def test_restart_of_a_cluster_that_is_not_running_says_so(tmp_path: Path) 
         code, out = await run_cli(command, "--state-dir", str(tmp_path / "none"))
         assert code == 2, out
         assert f"mmserver cluster {command}: no cluster is running from" in out
+
+
+async def test_an_instance_that_does_not_come_back_ends_the_restart(tmp_path: Path) -> None:
+    require_haproxy()
+    store = make_store(tmp_path / "store", 2)
+    state_dir = tmp_path / "state"
+    async with ClusterProcess(
+        store, state_dir, "--instances", "2", "--backend-processes", "1"
+    ) as cluster:
+        old_pids = {i["name"]: int(i["pid"]) for i in cluster.state["instances"]}
+        # The store is gone: the first instance started again exits at once.
+        store.rename(tmp_path / "elsewhere")
+        code, out = await run_cli("restart", "--state-dir", str(state_dir), timeout=100)
+        assert code == 1, out
+        assert "failed: instance i0 did not come back: exited with code" in out, out
+        state = cluster.reload_state()
+        assert state["restart"]["phase"] == "failed"
+        # The instances after it keep their processes, and HAProxy still serves through them.
+        assert int(cluster.instance("i1")["pid"]) == old_pids["i1"]
+        stats = await cluster.server_stats()
+        assert stats["i1"]["status"] == "UP", stats["i1"]
+        (tmp_path / "elsewhere").rename(store)
