@@ -241,10 +241,17 @@ class Cluster:
         code = self.balancer.exited()
         if code is not None:
             raise Interrupted(f"haproxy exited with code {code}")
+        if self.spec.restart:
+            # The other instances are still supervised: one that ends meanwhile is started
+            # again as ever; the one the restart has in hand (the last it began) is its own.
+            records = self.restart.instances
+            self._restart_ended(skip=records[-1].name if records else None)
 
-    def _restart_ended(self) -> None:
+    def _restart_ended(self, skip: str | None = None) -> None:
         now = time.monotonic()
         for instance in self.instances:
+            if instance.name == skip:
+                continue
             code = instance.exited()
             if code is None:
                 continue

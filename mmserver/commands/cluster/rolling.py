@@ -2,9 +2,10 @@
 instance in turn, out of the balancer before it stops and back only once it is warm, so that
 no request meets a stopping or a cold instance.
 
-The supervisor runs it on SIGUSR2 (:data:`RESTART_SIGNAL`, which ``restart`` sends), between
-two looks at its processes (:meth:`Cluster.supervise
-<mmserver.commands.cluster.cluster.Cluster.supervise>`); its progress and outcome are the
+The supervisor runs it on SIGUSR2 (:data:`RESTART_SIGNAL`, which ``restart`` sends) in its
+supervision loop (:meth:`Cluster.supervise
+<mmserver.commands.cluster.cluster.Cluster.supervise>`), still starting again any other instance
+that ends meanwhile (at each ``check``); its progress and outcome are the
 ``restart`` member of ``cluster.json`` (:class:`RestartStatus`), which ``restart`` reads. A
 signal during a restart asks for one more after it.
 
