@@ -81,9 +81,13 @@ class Serve:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def program(self) -> list[str]:
+        """How ``mmserver`` is run: ``exe``, or ``python -m mmserver`` of this interpreter
+        (whatever package is installed when it starts)."""
+        return [str(self.exe)] if self.exe is not None else [sys.executable, "-m", "mmserver"]
+
     def argv(self) -> list[str]:
-        head = [str(self.exe)] if self.exe is not None else [sys.executable, "-m", "mmserver"]
-        argv = [*head, "serve", "--model-store", str(self.model_store)]
+        argv = [*self.program(), "serve", "--model-store", str(self.model_store)]
         argv += ["--host", self.host, "--port", str(self.port)]
         if self.backend_processes is not None:
             argv += ["--backend-processes", str(self.backend_processes)]

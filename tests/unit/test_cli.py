@@ -210,7 +210,8 @@ def test_a_store_that_cannot_serve_exits_2_with_the_reason(
 
 _STATE_DIR_REFUSED = (
     "the instances cannot share a state_dir (--server-arg=--state-dir or MMSERVER_STATE_DIR): "
-    "asynchronous inference keeps its journal on one server; serve it with mmserver serve"
+    "each has its own under the cluster's --state-dir (its warm set), and asynchronous "
+    "inference keeps its journal on one server; serve it with mmserver serve"
 )
 _GRPC_PORT_REFUSED = (
     "the instances cannot share a grpc_port (--server-arg=--grpc-port or "
@@ -257,3 +258,26 @@ def test_what_a_cluster_reads_of_its_instances_options(monkeypatch: pytest.Monke
     assert _instance_option(["--state-dir", "/x"], "state_dir") == "/x"
     assert _instance_option([], "grpc_port") == "8081"
     assert _instance_option(["--grpc-port=0"], "grpc_port") == "0"  # the argument wins
+
+
+def test_a_cluster_state_dir_too_long_for_haproxys_admin_socket_is_refused(
+    tmp_path: Path,
+) -> None:
+    from mmserver.commands.cluster.cli import _spec, parse_args
+
+    deep = tmp_path / ("d" * 100)
+    with pytest.raises(SystemExit) as stopped:
+        _spec(parse_args(["start", "--model-store", str(tmp_path), "--state-dir", str(deep)]))
+    assert "too long for HAProxy's admin socket" in str(stopped.value.code)
+    assert "choose a shorter --state-dir" in str(stopped.value.code)
+
+
+def test_an_instance_of_a_cluster_has_a_state_dir_of_its_own(tmp_path: Path) -> None:
+    from mmserver.commands.cluster.instances import InstanceSpec
+
+    spec = InstanceSpec(tmp_path, 1, ("--warm-ready-timeout=5",), warm_ready_timeout=120)
+    argv = spec.serve(9000, tmp_path / "instance-0").argv()
+    own = argv.index(f"--state-dir={tmp_path / 'instance-0'}")
+    # The cluster's warm_ready_timeout first: an argument of the operator's comes after, and wins.
+    assert argv[own + 1 :] == ["--warm-ready-timeout=120", "--warm-ready-timeout=5"]
+    assert not any(a.startswith("--state-dir") for a in spec.serve(9000).argv())

@@ -37,7 +37,7 @@ from string import Template
 
 from mmserver.commands.launch import GRACE_S, Child, Stopped, http_get, wait_until
 from mmserver.commands.procfs import HOST
-from mmserver.errors import Unauthorized
+from mmserver.errors import NotFound, Unauthorized
 
 TEMPLATE = Path(__file__).resolve().parent / "haproxy.cfg.in"
 BACKEND = "instances"
@@ -94,6 +94,14 @@ class BalancerSpec:
     #: When set, HAProxy itself answers 401 to a management call without
     #: ``Authorization: Bearer <token>`` (:func:`management_rules`).
     management_token: str = ""
+    #: When set, HAProxy's runtime API listens on this file socket (mode 600, admin level):
+    #: what a rolling restart takes an instance out and puts it back with
+    #: (:mod:`mmserver.commands.cluster.runtime`).
+    admin_socket: str = ""
+    #: When true, HAProxy itself answers 404 to the asynchronous inference paths
+    #: (:func:`asynchronous_rules`): instances with a ``state_dir`` each would keep a journal
+    #: of their own, and a request's state would be known to one instance only.
+    refuse_asynchronous: bool = False
 
 
 #: The calls anyone may make through a balancer that checks the management token: reads (GET,
@@ -123,7 +131,7 @@ def management_rules(token: str) -> str:
             "this management call needs the header 'Authorization: Bearer <management token>'"
         ).to_dict()
     )
-    quoted = body.replace("\\", "\\\\").replace('"', '\\"')
+    quoted = _quoted(body)
     return (
         "    # Management calls need the token here: the instances decide by their own address.\n"
         "    acl open_call method GET HEAD\n"
@@ -132,6 +140,34 @@ def management_rules(token: str) -> str:
         "    http-request return status 401 content-type application/json "
         f'string "{quoted}" if !open_call !has_token\n'
     )
+
+
+#: The paths of asynchronous inference, ``InvokeEndpointAsync`` and a request's state, matched
+#: on the decoded path, whatever the slashes.
+_ASYNC_PATH = "^/+(endpoints/+[^/]+/+async-invocations|async-invocations(/[^/]*)?)/*$"
+
+
+def asynchronous_rules(refuse: bool) -> str:
+    """A frontend rule answering 404, as a server without a ``state_dir`` would, on the
+    asynchronous inference paths."""
+    if not refuse:
+        return ""
+    body = json.dumps(
+        NotFound(
+            "asynchronous inference is not served through mmserver cluster: each instance "
+            "would keep a journal of its own; serve it with mmserver serve and a state_dir"
+        ).to_dict()
+    )
+    return (
+        "    # Asynchronous inference needs one journal; each instance keeps its own state_dir.\n"
+        f"    http-request return status 404 content-type application/json "
+        f'string "{_quoted(body)}" if {{ path,url_dec -m reg {_ASYNC_PATH} }}\n'
+    )
+
+
+def _quoted(text: str) -> str:
+    """``text`` inside double quotes of HAProxy's configuration."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def render(spec: BalancerSpec) -> str:
@@ -145,6 +181,13 @@ def render(spec: BalancerSpec) -> str:
         strategy=spec.strategy.value,
         count=len(spec.servers),
         hard_stop_after=f"{HARD_STOP_AFTER_S}s",
+        admin_socket=(
+            f"    # The runtime API, for rolling restarts (mmserver cluster restart).\n"
+            f"    stats socket {spec.admin_socket} mode 600 level admin\n"
+            if spec.admin_socket
+            else ""
+        ),
+        asynchronous=asynchronous_rules(spec.refuse_asynchronous),
         bind=spec.bind,
         port=spec.port,
         management=management_rules(spec.management_token),
@@ -187,7 +230,13 @@ def server_stats(stats_port: int) -> dict[str, dict[str, str]]:
     status, body = http_get(stats_port, "/stats;csv")
     if status != 200:
         return {}
-    rows = csv.DictReader(io.StringIO(body.decode().lstrip("# ")))
+    return backend_rows(body.decode())
+
+
+def backend_rows(text: str) -> dict[str, dict[str, str]]:
+    """The rows of the backend's servers in HAProxy's CSV statistics (the stats page's
+    ``;csv``, the runtime API's ``show stat``), by server name."""
+    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
     return {
         row["svname"]: row
         for row in rows

@@ -3,6 +3,8 @@
 start       start a cluster in the background; returns once it serves
 run         the same in the foreground, until Ctrl-C or SIGTERM
 stop        stop the cluster of a state directory (HAProxy first, then the instances drain)
+restart     restart the instances one at a time, each out of HAProxy until it is warm again
+upgrade     the same, onto the mmserver installed now
 status      the instances, their health and their load, as HAProxy sees them
 config      print the HAProxy configuration for a list of instances (other machines too)
 """
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmserver.commands.cluster import balancer, cluster
+from mmserver.commands.cluster import balancer, cluster, rolling
 from mmserver.commands.cluster.instances import InstanceSpec
 from mmserver.commands.procfs import HOST
 from mmserver.commands.procs import ProcessId
@@ -29,6 +31,7 @@ from mmserver.config.server import resolves_to_loopback
 PROG = "mmserver cluster"
 DEFAULT_STATE_DIR = Path(".cache/cluster")
 START_TIMEOUT_S = 300.0
+RESTART_TIMEOUT_S = 3600.0
 STRATEGIES = [s.value for s in balancer.Strategy]
 
 
@@ -90,6 +93,13 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
         "--check-interval-ms", type=int, default=500, help="health check interval on /ping (500)"
     )
     parser.add_argument(
+        "--warm-ready-timeout",
+        type=float,
+        default=120.0,
+        help="s an instance started again stays out of the balancer while it loads the models "
+        "it had (its warm set), at most (120)",
+    )
+    parser.add_argument(
         "--no-restart", action="store_true", help="do not restart an instance whose process ends"
     )
 
@@ -109,9 +119,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, text in (
         ("stop", "stop the cluster of a state directory"),
         ("status", "show the cluster of a state directory"),
+        ("restart", "restart the instances of a running cluster one at a time"),
+        ("upgrade", "restart the instances of a running cluster onto the mmserver installed now"),
     ):
         each = sub.add_parser(name, help=text, description=text)
         each.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+        if name in ("restart", "upgrade"):
+            each.add_argument(
+                "--timeout",
+                type=float,
+                default=RESTART_TIMEOUT_S,
+                help=f"s to wait for the restart to end ({RESTART_TIMEOUT_S:.0f})",
+            )
     config = sub.add_parser(
         "config",
         help="print an HAProxy configuration",
@@ -153,10 +172,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--instances >= 1 and --backend-processes >= 0 are required")
         if args.hash_balance_factor and args.hash_balance_factor <= 100:
             parser.error("--hash-balance-factor is a percentage above 100 (or 0: unbounded)")
+        if args.warm_ready_timeout < 0:
+            parser.error("--warm-ready-timeout must be 0 or more")
         if _instance_option(args.server_arg, "state_dir") not in ("", None):
             parser.error(
                 "the instances cannot share a state_dir (--server-arg=--state-dir or "
-                "MMSERVER_STATE_DIR): asynchronous inference keeps its journal on one server; "
+                "MMSERVER_STATE_DIR): each has its own under the cluster's --state-dir (its "
+                "warm set), and asynchronous inference keeps its journal on one server; "
                 "serve it with mmserver serve"
             )
         if _instance_option(args.server_arg, "grpc_port") not in ("", "0", None):
@@ -183,6 +205,10 @@ def _instance_option(server_args: list[str], name: str) -> str | None:
 
 def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:
     store = args.model_store.resolve()
+    try:
+        cluster.admin_socket(args.state_dir.resolve())
+    except ValueError as exc:
+        raise SystemExit(f"{PROG}: {exc}") from None
     if not store.is_dir():
         raise SystemExit(
             f"{PROG}: no model store at {store} (write one with "
@@ -196,6 +222,7 @@ def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:
             model_store=store,
             backend_processes=args.backend_processes or default_backend_processes(args.instances),
             server_args=tuple(args.server_arg),
+            warm_ready_timeout=args.warm_ready_timeout,
         ),
         state_dir=args.state_dir.resolve(),
         stats_port=args.stats_port,
@@ -211,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda *_: stop.set())
     the_cluster = cluster.Cluster(spec, stop)
+    signal.signal(rolling.RESTART_SIGNAL, lambda *_: the_cluster.restart_requested.set())
     try:
         the_cluster.start()
     except cluster.Stopped:
@@ -243,7 +271,7 @@ def start(args: argparse.Namespace) -> int:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + START_TIMEOUT_S + spec.instance.warm_ready_timeout
     while time.monotonic() < deadline:
         state = cluster.read_state(spec.state_dir)
         if (
@@ -289,6 +317,8 @@ def _forwarded(args: argparse.Namespace, spec: cluster.ClusterSpec) -> list[str]
         str(spec.hash_balance_factor),
         "--check-interval-ms",
         str(spec.check_inter_ms),
+        "--warm-ready-timeout",
+        f"{spec.instance.warm_ready_timeout:g}",
         *(f"--server-arg={a}" for a in spec.instance.server_args),
     ]
     return out + (["--no-restart"] if args.no_restart else [])
@@ -316,6 +346,41 @@ def stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def restart(args: argparse.Namespace) -> int:
+    """Ask the supervisor for a rolling restart and follow it to its end: 0 when every
+    instance is back, 1 when one did not come back or the wait timed out, 2 when there is no
+    running cluster to restart."""
+    state_dir = args.state_dir.resolve()
+    try:
+        outcome = cluster.restart_recorded(
+            state_dir, args.timeout, lambda step: print(f"  {step}", flush=True)
+        )
+    except cluster.NoCluster as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return 1
+    for each in outcome["instances"]:
+        versions = each["version_before"] or "?"
+        if each["version_after"] and each["version_after"] != each["version_before"]:
+            versions += f" -> {each['version_after']}"
+        print(
+            f"  {each['name']}: pid {each['old_pid']} -> {each['new_pid'] or '-'}, {versions}, "
+            f"models loaded {_count(each['models_before'])} before, "
+            f"{_count(each['models_after'])} when back"
+        )
+    if outcome["phase"] != rolling.Phase.DONE.value:
+        print(f"{PROG} {args.command}: {outcome['phase']}: {outcome['message']}", file=sys.stderr)
+        return 1
+    print(outcome["message"])
+    return 0
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
 def status(args: argparse.Namespace) -> int:
     state = cluster.read_state(args.state_dir.resolve())
     supervisor = cluster.supervisor_of(state) if state else None
@@ -324,6 +389,11 @@ def status(args: argparse.Namespace) -> int:
         return 1
     print(f"phase {state['phase']}")
     _print_state(state)
+    restart = state.get("restart") or {}
+    if restart.get("phase", "none") not in ("none", rolling.Phase.RUNNING.value):
+        print(f"  last rolling restart: {restart['phase']}: {restart['message']}")
+    elif restart.get("phase") == rolling.Phase.RUNNING.value and restart.get("steps"):
+        print(f"  rolling restart under way: {restart['steps'][-1]}")
     stats = balancer.server_stats(int(state["stats_port"]))
     print(f"  {'instance':<9}{'status':<10}{'in flight':>10}{'requests':>10}{'failed':>8}")
     for name, row in stats.items():
@@ -380,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         "start": start,
         "run": run,
         "stop": stop,
+        "restart": restart,
+        "upgrade": restart,
         "status": status,
         "config": config,
     }

@@ -1,9 +1,11 @@
 """A cluster: N mmserver instances on loopback ports over one model store, and HAProxy in front
 on one port, all children of one supervisor process, recorded in a state directory.
 
-State directory (default ``.cache/cluster``): ``cluster.json`` (ports, strategy, and every
-process as pid plus start time), ``cluster.pid`` (the supervisor), ``haproxy.cfg``,
-``haproxy.log``, ``instance-N.log`` and, for a detached cluster, ``cluster.log``.
+State directory (default ``.cache/cluster``): ``cluster.json`` (ports, strategy, every process
+as pid plus start time, and the last rolling restart), ``cluster.pid`` (the supervisor),
+``haproxy.cfg``, ``haproxy.sock`` (HAProxy's runtime API), ``haproxy.log``, ``instance-N.log``,
+``instance-N/`` (instance N's own ``state_dir``: its warm set, kept from one start to the next)
+and, for a detached cluster, ``cluster.log``.
 
 Start order: the instances (all at once; each answers ``/ping`` when ready), then HAProxy, which
 is ready when its health checks have seen every instance up. Stop order, written once in
@@ -13,11 +15,13 @@ that is killed by pid, and the state files go.
 
 While it runs, the supervisor restarts an instance whose process has ended (on the same port,
 after a back-off of 1 s doubling to 30 s); HAProxy's health checks take it out meanwhile and
-bring it back when it answers ``/ping`` again.
+bring it back when it answers ``/ping`` again. On SIGUSR2 it restarts every instance in turn
+(:mod:`mmserver.commands.cluster.rolling`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -31,6 +35,15 @@ from typing import Any
 
 from mmserver.commands.cluster.balancer import Balancer, BalancerSpec, Strategy
 from mmserver.commands.cluster.instances import Instance, InstanceSpec, stop_instances
+from mmserver.commands.cluster.rolling import (
+    RESTART_SIGNAL,
+    Interrupted,
+    Phase,
+    RestartStatus,
+    RollingRestart,
+)
+from mmserver.commands.cluster.runtime import MAX_SOCKET_PATH, RuntimeApi
+from mmserver.commands.launch import READY_TIMEOUT_S
 from mmserver.commands.procfs import HOST, free_port
 from mmserver.commands.procs import ProcessId, descendants, kill_all, wait_gone
 
@@ -38,6 +51,7 @@ log = logging.getLogger("cluster")
 
 STATE_FILE = "cluster.json"
 PID_FILE = "cluster.pid"
+SOCKET_FILE = "haproxy.sock"
 DRAIN_TIMEOUT_S = 40.0
 RESTART_BACKOFF_S = (1.0, 30.0)
 
@@ -67,9 +81,16 @@ class Cluster:
         self.state_dir = spec.state_dir
         self.stop_event = stop_event or threading.Event()
         self.instances = [
-            Instance(f"i{n}", free_port(), spec.instance, self.state_dir / f"instance-{n}.log")
+            Instance(
+                f"i{n}",
+                free_port(),
+                spec.instance,
+                self.state_dir / f"instance-{n}.log",
+                self.state_dir / f"instance-{n}",
+            )
             for n in range(spec.instances)
         ]
+        socket_path = admin_socket(self.state_dir)
         self.balancer = Balancer(
             BalancerSpec(
                 strategy=spec.strategy,
@@ -78,10 +99,16 @@ class Cluster:
                 servers=tuple((i.name, HOST, i.port) for i in self.instances),
                 hash_balance_factor=spec.hash_balance_factor,
                 check_inter_ms=spec.check_inter_ms,
+                admin_socket=str(socket_path),
+                refuse_asynchronous=True,
             ),
             self.state_dir / "haproxy.cfg",
             self.state_dir / "haproxy.log",
         )
+        self.api = RuntimeApi(socket_path)
+        #: Set by SIGUSR2: a rolling restart is asked for (:meth:`supervise` runs it).
+        self.restart_requested = threading.Event()
+        self.restart = RestartStatus()
         self._phase = "starting"
         self._started_at: dict[str, float] = {}
         self._restart_at: dict[str, float] = {}
@@ -107,6 +134,8 @@ class Cluster:
                 "log": str(self.balancer.log_path),
             },
             "instances": [i.to_json() for i in self.instances],
+            "admin_socket": str(self.api.path),
+            "restart": self.restart.to_json(),
         }
 
     def write_state(self, phase: str) -> None:
@@ -129,7 +158,7 @@ class Cluster:
                 self._started_at[instance.name] = time.monotonic()
             self.write_state("starting")
             for instance in self.instances:
-                self._wait(instance.wait_ready)
+                self._wait(functools.partial(instance.wait_ready, self.ready_timeout))
             self._check_stop()
             self.balancer.start()
             self.write_state("ready")
@@ -163,24 +192,66 @@ class Cluster:
         if failure:
             raise failure[0]
 
+    @property
+    def ready_timeout(self) -> float:
+        """What an instance gets to answer ready, the models of its warm set loaded again."""
+        return READY_TIMEOUT_S + self.spec.instance.warm_ready_timeout
+
     def _check_stop(self) -> None:
         if self.stop_event.is_set():
             raise Stopped("stopped while starting")
 
     def supervise(self) -> int:
-        """Until a stop is asked for: restart instances that end; 1 if HAProxy ends."""
+        """Until a stop is asked for: restart instances that end, and every instance in turn
+        when a rolling restart is asked for; 1 if HAProxy ends."""
         while not self.stop_event.wait(0.2):
             code = self.balancer.exited()
             if code is not None:
                 log.error("haproxy exited with code %s; see %s", code, self.balancer.log_path)
                 return 1
-            if self.spec.restart:
+            if self.restart_requested.is_set():
+                self.restart_requested.clear()
+                self.rolling_restart()
+            elif self.spec.restart:
                 self._restart_ended()
         return 0
 
-    def _restart_ended(self) -> None:
+    def rolling_restart(self) -> None:
+        """Restart every instance in turn (:mod:`mmserver.commands.cluster.rolling`)."""
+        RollingRestart(
+            self.instances,
+            self.api,
+            self.spec.instance.serve(0).program(),
+            check=self._check_restart,
+            report=lambda: self.write_state(self._phase),
+            status=self.restart,
+            ready_timeout=self.ready_timeout,
+            up_timeout=max(10.0, self.spec.check_inter_ms / 1000 * 20),
+            stop_timeout=DRAIN_TIMEOUT_S,
+        ).run()
+        now = time.monotonic()
+        for record in self.restart.instances:
+            if record.new_pid is not None:
+                self._started_at[record.name] = now
+                self._restart_at.pop(record.name, None)
+
+    def _check_restart(self) -> None:
+        if self.stop_event.is_set():
+            raise Interrupted("a stop was asked for")
+        code = self.balancer.exited()
+        if code is not None:
+            raise Interrupted(f"haproxy exited with code {code}")
+        if self.spec.restart:
+            # The other instances are still supervised: one that ends meanwhile is started
+            # again as ever; the one the restart has in hand (the last it began) is its own.
+            records = self.restart.instances
+            self._restart_ended(skip=records[-1].name if records else None)
+
+    def _restart_ended(self, skip: str | None = None) -> None:
         now = time.monotonic()
         for instance in self.instances:
+            if instance.name == skip:
+                continue
             code = instance.exited()
             if code is None:
                 continue
@@ -223,12 +294,25 @@ class Cluster:
             self.write_state("stopping")
         self.balancer.stop()
         stop_instances(self.instances, DRAIN_TIMEOUT_S)
-        for name in (STATE_FILE, PID_FILE):
+        for name in (STATE_FILE, PID_FILE, SOCKET_FILE):
             (self.state_dir / name).unlink(missing_ok=True)
         log.info("cluster stopped")
 
 
 # -- a cluster recorded in a state directory, seen from another process -------------------
+
+
+def admin_socket(state_dir: Path) -> Path:
+    """Where HAProxy's runtime API listens; ``ValueError`` when the path is too long for a
+    file socket."""
+    path = state_dir / SOCKET_FILE
+    if len(str(path).encode()) > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"the state directory's path is too long for HAProxy's admin socket {path} "
+            f"(at most {MAX_SOCKET_PATH} bytes with the file's name); choose a shorter "
+            "--state-dir"
+        )
+    return path
 
 
 def read_state(state_dir: Path) -> dict[str, Any] | None:
@@ -279,6 +363,57 @@ def stop_recorded(state_dir: Path, timeout: float = DRAIN_TIMEOUT_S * 2 + 20) ->
         root.signal(signal.SIGTERM)
     kill_all(wait_gone(roots, DRAIN_TIMEOUT_S))
     kill_all(wait_gone(family, 5.0))
-    for name in (STATE_FILE, PID_FILE):
+    for name in (STATE_FILE, PID_FILE, SOCKET_FILE):
         (state_dir / name).unlink(missing_ok=True)
     return f"stopped the processes recorded in {state_dir} (its supervisor was gone)"
+
+
+class NoCluster(Exception):
+    """No cluster is running from the state directory, or it cannot take a rolling restart."""
+
+
+def restart_recorded(
+    state_dir: Path, timeout: float, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Ask the supervisor of the cluster recorded in ``state_dir`` for a rolling restart
+    (:data:`~mmserver.commands.cluster.rolling.RESTART_SIGNAL`) and wait up to ``timeout`` s
+    until one begun after the request has ended; each step is passed to ``progress``. Returns
+    the restart's status (``phase`` ``done``, ``failed`` or ``stopped``; its ``steps``, each
+    passed to ``progress`` as it is seen); raises
+    :class:`NoCluster` when there is no cluster to restart, ``TimeoutError`` when it has not
+    ended in time (it goes on), ``RuntimeError`` when the supervisor ends meanwhile."""
+    state = read_state(state_dir)
+    supervisor = supervisor_of(state) if state else None
+    if state is None or supervisor is None or not supervisor.alive():
+        raise NoCluster(f"no cluster is running from {state_dir}")
+    if state.get("phase") != "ready":
+        raise NoCluster(
+            f"the cluster of {state_dir} is {state.get('phase')}, not serving; a rolling "
+            "restart needs it ready"
+        )
+    if "restart" not in state:
+        raise NoCluster(
+            f"the cluster of {state_dir} (supervisor pid {supervisor.pid}) was started by a "
+            "version without rolling restarts; stop it and start it again"
+        )
+    before = int(state["restart"]["seq"])
+    supervisor.signal(RESTART_SIGNAL)
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while True:
+        state = read_state(state_dir) or state
+        restart = state["restart"]
+        if int(restart["seq"]) > before:
+            for step in restart["steps"][seen:]:
+                progress(step)
+            seen = len(restart["steps"])
+            if restart["phase"] != Phase.RUNNING.value:
+                return dict(restart)
+        if not supervisor.alive():
+            raise RuntimeError(f"the supervisor (pid {supervisor.pid}) ended during the restart")
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the rolling restart has not ended after {timeout:.0f} s; it goes on "
+                f"(mmserver cluster status --state-dir {state_dir})"
+            )
+        time.sleep(0.1)

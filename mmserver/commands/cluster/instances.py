@@ -22,14 +22,22 @@ class InstanceSpec:
     backend_processes: int
     server_args: tuple[str, ...] = ()
     cache_dir: Path | None = None
+    #: With a state directory of its own: the server's ``warm_ready_timeout`` (an argument of
+    #: ``server_args`` wins).
+    warm_ready_timeout: float = 0.0
 
-    def serve(self, port: int) -> Serve:
+    def serve(self, port: int, state_dir: Path | None = None) -> Serve:
+        """The command line of an instance on ``port``; with ``state_dir``, the server's own
+        ``state_dir`` (its warm set: the models it had loaded come back at its next start)."""
+        own: tuple[str, ...] = ()
+        if state_dir is not None:
+            own = (f"--state-dir={state_dir}", f"--warm-ready-timeout={self.warm_ready_timeout:g}")
         return Serve(
             self.model_store,
             port,
             backend_processes=self.backend_processes,
             cache_dir=self.cache_dir,
-            args=self.server_args,
+            args=(*own, *self.server_args),
         )
 
 
@@ -37,14 +45,25 @@ class Instance(Child):
     """``mmserver serve`` named ``name`` on ``127.0.0.1:port``, its output appended to
     ``log_path``; :meth:`start` does not wait for it to be ready, :meth:`wait_ready` does."""
 
-    def __init__(self, name: str, port: int, spec: InstanceSpec, log_path: Path) -> None:
-        super().__init__(spec.serve(port), log_path, label=f"instance {name}", new_session=True)
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        spec: InstanceSpec,
+        log_path: Path,
+        state_dir: Path | None = None,
+    ) -> None:
+        super().__init__(
+            spec.serve(port, state_dir), log_path, label=f"instance {name}", new_session=True
+        )
         self.name = name
         self.spec = spec
+        self.state_dir = state_dir
 
     def to_json(self) -> dict[str, Any]:
         ident = self.ident.to_json() if self.ident else {}
-        return {"name": self.name, "port": self.port, "log": str(self.log_path), **ident}
+        state = {"state_dir": str(self.state_dir)} if self.state_dir is not None else {}
+        return {"name": self.name, "port": self.port, "log": str(self.log_path), **state, **ident}
 
 
 def stop_instances(instances: list[Instance], timeout: float = STOP_TIMEOUT_S) -> None:
