@@ -165,11 +165,26 @@ PATH_PARAMETERS = {
     "inference_id": "The InferenceId an asynchronous request was answered with.",
 }
 
+
+def _parameter(
+    name: str, kind: str, where: str = "query", required: bool = False, description: str = ""
+) -> dict[str, Any]:
+    """A query or header parameter of ``kind`` (a JSON Schema type)."""
+    parameter: dict[str, Any] = {"name": name, "in": where, "required": required}
+    if description:
+        parameter["description"] = description
+    parameter["schema"] = {"type": kind}
+    return parameter
+
+
+def _content(kind: str, description: str) -> dict[str, Any]:
+    """A 200 answer of the media type ``kind`` whose body the document does not describe."""
+    return {"200": {"description": description, "content": {kind: {"schema": {}}}}}
+
+
 #: Management parameters of ``PUT /models/{model}`` and ``POST /models`` (DJL's names).
-_MANAGEMENT_QUERY = [
-    {"name": param, "in": "query", "required": False, "schema": {"type": "integer"}}
-    for param in MANAGEMENT_PARAMS
-]
+_MANAGEMENT_QUERY = [_parameter(param, "integer") for param in MANAGEMENT_PARAMS]
+_PERCENT = [_parameter("percent", "number", required=True)]
 
 
 def json_content(schema: str, example: Any = None) -> dict[str, Any]:
@@ -211,24 +226,14 @@ _ROWS_BODY = {
     },
 }
 _PREDICTIONS = {"200": answer("The model's answers, one per row.", "Predictions")}
-_TARGET = {
-    "name": TARGET_MODEL,
-    "in": "header",
-    "required": False,
-    "description": "The model (boto3's TargetModel: NAME or NAME.tar.gz, NAME/2.tar.gz for a "
-    "version); or the model_name query parameter.",
-    "schema": {"type": "string"},
-}
-_MODEL_NAME_QUERY = {
-    "name": "model_name",
-    "in": "query",
-    "required": False,
-    "schema": {"type": "string"},
-}
-_PAGE = [
-    {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer"}},
-    {"name": "next_page_token", "in": "query", "required": False, "schema": {"type": "string"}},
-]
+_TARGET_TEXT = (
+    "The model (boto3's TargetModel: NAME or NAME.tar.gz, NAME/2.tar.gz for a version); or the "
+    "model_name query parameter."
+)
+_TARGET = _parameter(TARGET_MODEL, "string", "header", description=_TARGET_TEXT)
+_PAGE = [_parameter("limit", "integer"), _parameter("next_page_token", "string")]
+_HTML_PAGE = _content("text/html", "A page.")
+_OPENAPI = _content(JSON, "OpenAPI 3.1.")
 _V2_INFER_BODY = {
     "required": True,
     "content": json_content(
@@ -255,7 +260,7 @@ OPERATIONS: dict[str, Operation] = {
         "SageMaker's InvokeEndpoint; with tenants, signed with AWS Signature Version 4.",
         _ROWS_BODY,
         _PREDICTIONS,
-        [_TARGET, _MODEL_NAME_QUERY],
+        [_TARGET, _parameter("model_name", "string")],
         errors=(400, 403, 404, 413, 415, 424, 429, 503, 504),
     ),
     f"{INFER}:{V2.name}": Operation(
@@ -273,13 +278,8 @@ OPERATIONS: dict[str, Operation] = {
         _ROWS_BODY,
         {"202": answer("Accepted.", "AsyncAccepted")},
         [
-            {**_TARGET, "required": True},
-            {
-                "name": "X-Amzn-SageMaker-InputLocation",
-                "in": "header",
-                "required": False,
-                "schema": {"type": "string"},
-            },
+            _parameter(TARGET_MODEL, "string", "header", True, _TARGET_TEXT),
+            _parameter("X-Amzn-SageMaker-InputLocation", "string", "header"),
         ],
         errors=(400, 403, 404, 429, 503),
     ),
@@ -309,8 +309,8 @@ OPERATIONS: dict[str, Operation] = {
         "From a folder or archive under the allowed roots.",
         answers={"200": answer("Registered.", "Status"), "202": answer("Loading.", "Status")},
         parameters=[
-            {"name": "url", "in": "query", "required": True, "schema": {"type": "string"}},
-            {"name": "model_name", "in": "query", "required": False, "schema": {"type": "string"}},
+            _parameter("url", "string", required=True),
+            _parameter("model_name", "string"),
             *_MANAGEMENT_QUERY,
         ],
         errors=(400, 401, 404, 409, 507),
@@ -327,13 +327,8 @@ OPERATIONS: dict[str, Operation] = {
         answers={"200": answer("Changed.", "Status")},
         parameters=[
             *_MANAGEMENT_QUERY,
-            {"name": "pinned", "in": "query", "required": False, "schema": {"type": "boolean"}},
-            {
-                "name": "synchronous",
-                "in": "query",
-                "required": False,
-                "schema": {"type": "boolean"},
-            },
+            _parameter("pinned", "boolean"),
+            _parameter("synchronous", "boolean"),
         ],
         errors=(400, 401, 404, 507),
     ),
@@ -353,29 +348,20 @@ OPERATIONS: dict[str, Operation] = {
         "Send a share of the requests to a version",
         "management",
         answers={"200": answer("Set.", "Status")},
-        parameters=[
-            {"name": "percent", "in": "query", "required": True, "schema": {"type": "number"}}
-        ],
+        parameters=_PERCENT,
         errors=(400, 401, 404, 507),
     ),
     "set_shadow_version": Operation(
         "Run a share of the requests on a version too, answering from the default",
         "management",
         answers={"200": answer("Set.", "Status")},
-        parameters=[
-            {"name": "percent", "in": "query", "required": True, "schema": {"type": "number"}}
-        ],
+        parameters=_PERCENT,
         errors=(400, 401, 404, 507),
     ),
     "metrics": Operation(
         "Prometheus metrics",
         "health",
-        answers={
-            "200": {
-                "description": "The text exposition format.",
-                "content": {"text/plain": {"schema": {"type": "string"}}},
-            }
-        },
+        answers=_content("text/plain", "The text exposition format."),
         errors=(401,),
     ),
     "server_metadata": Operation(
@@ -432,48 +418,44 @@ OPERATIONS: dict[str, Operation] = {
     "openapi": Operation(
         "This document",
         "pages",
-        answers={"200": {"description": "OpenAPI 3.1.", "content": {JSON: {"schema": {}}}}},
+        answers=_OPENAPI,
         errors=(),
     ),
     "docs": Operation(
         "Browsable API documentation",
         "pages",
-        answers={"200": {"description": "A page.", "content": {"text/html": {"schema": {}}}}},
+        answers=_HTML_PAGE,
         errors=(),
     ),
     "docs_asset": Operation(
         "A file of the documentation page",
         "pages",
         answers={"200": {"description": "The file."}},
-        parameters=[],
         errors=(404,),
     ),
     "model_docs": Operation(
         "A model's documentation page, where it can be called",
         "pages",
-        answers={"200": {"description": "A page.", "content": {"text/html": {"schema": {}}}}},
+        answers=_HTML_PAGE,
         errors=(403, 404),
     ),
     "model_openapi": Operation(
         "A model's OpenAPI document: its input, versions and an example",
         "pages",
-        answers={"200": {"description": "OpenAPI 3.1.", "content": {JSON: {"schema": {}}}}},
+        answers=_OPENAPI,
         errors=(403, 404, 503),
     ),
     "status": Operation(
         "The server's status page",
         "pages",
-        answers={"200": {"description": "A page.", "content": {"text/html": {"schema": {}}}}},
-        errors=(401,),
+        answers=_HTML_PAGE,
+        errors=(),  # the page holds no data: /status.json asks for the token
     ),
     "status_data": Operation(
         "What the status page shows",
         "pages",
         answers={"200": answer("Models, backends and the budget.", "Health")},
-        parameters=[
-            {"name": "filter", "in": "query", "required": False, "schema": {"type": "string"}},
-            {"name": "page", "in": "query", "required": False, "schema": {"type": "integer"}},
-        ],
+        parameters=[_parameter("filter", "string"), _parameter("page", "integer")],
         errors=(400, 401),
     ),
 }
