@@ -530,9 +530,9 @@ class ServerConfig:
             on_version_skew=self.on_version_skew,
         )
 
-    @property
+    @functools.cached_property
     def pinned(self) -> tuple[str, ...]:
-        """The ``pinned_models`` patterns."""
+        """The ``pinned_models`` patterns (checked once, at ``__post_init__``)."""
         return model_patterns("pinned_models", self.pinned_models)
 
     @property

@@ -73,7 +73,7 @@ class Room:
         self._loaded_bytes = 0
         #: Loads and unloads so far: a change of the set of loaded models changes it.
         self.changes = 0
-        #: The loaded models that are never evicted (:meth:`pinned_by`).
+        #: The loaded models that are never evicted (:meth:`pins`).
         self.pinned: set[str] = set()
         #: The loaded models whose last request came with a priority other than normal (its
         #: tenant's), and that priority: under memory pressure low ones go first, high last.
@@ -126,20 +126,28 @@ class Room:
         self.loaded[pool.name] = pool
         self.loaded.move_to_end(pool.name)
         self.changes += 1
-        if self.pinned_by(pool.name):
+        if self.pins(pool.name):
             self.pinned.add(pool.name)
         self.lanes[pool.lane] += 1
         self._loaded_bytes += pool.accounted_bytes
         self.metrics.models_loaded.set(len(self.loaded))
 
-    def pinned_by(self, name: str) -> str | None:
-        """What pins model ``name`` (``pinned_models=PATTERN``, ``PUT /models/NAME?pinned=true``)
-        or ``None``."""
-        pattern = matching(self._pins, name)
-        if pattern is not None:
-            return f"pinned_models={pattern}"
+    def pins(self, name: str) -> bool:
+        """Whether model ``name`` is pinned: by a ``pinned_models`` pattern, or by a management
+        call (its record says so)."""
+        if matching(self._pins, name) is not None:
+            return True
         record = self.catalog.get(name)
-        return "a management call" if record is not None and record.pinned else None
+        return record is not None and record.pinned
+
+    def unpin(self, name: str) -> None:
+        """Take back a management call's pin of model ``name`` (a pattern's stays)."""
+        record = self.catalog.get(name)
+        if record is not None:
+            record.pinned = False
+            self.catalog.drop_if_unkept(record)
+        if not self.pins(name):
+            self.pinned.discard(name)
 
     def pinned_bytes(self) -> int:
         """The memory counted for the pinned models."""
@@ -147,8 +155,8 @@ class Room:
 
     def pin(self, name: str) -> None:
         """Pin loaded model ``name`` (its record says so already), or raise
-        :class:`errors.InsufficientMemory` (its record unmarked) when the pinned models would
-        pass ``max_loaded_models`` or the memory budget."""
+        :class:`errors.InsufficientMemory` when the pinned models would pass
+        ``max_loaded_models`` or the memory budget."""
         pool = self.loaded[name]
         total = self.pinned_bytes() + (0 if name in self.pinned else pool.accounted_bytes)
         why = self.too_many_pins(name)
@@ -158,10 +166,6 @@ class Room:
                 f"of {self.budget_bytes / 2**20:.0f} MiB"
             )
         if why is not None:
-            record = self.catalog.get(name)
-            if record is not None:
-                record.pinned = False
-            self.pinned.discard(name)
             raise errors.InsufficientMemory(f"model {name} cannot be pinned: {why}")
         self.pinned.add(name)
 

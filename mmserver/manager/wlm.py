@@ -438,25 +438,17 @@ class WorkLoadManager:
                     f"model {key} is pinned by option pinned_models={by}; change the option "
                     "to unpin it"
                 )
-            record = self.catalog.get(key)
-            if record is not None:
-                record.pinned = False
-                self.catalog.drop_if_unkept(record)
-            self.room.pinned.discard(key)
+            self.room.unpin(key)
             return key
         why = self.room.too_many_pins(key)
         if why is not None:
             raise errors.InsufficientMemory(f"model {key} cannot be pinned: {why}")
         self.catalog.record(key).pinned = True
         try:
-            pool = await self._get_pool_for_management(key)
+            self.room.pin((await self._get_pool_for_management(key)).name)
         except BaseException:
-            record = self.catalog.get(key)
-            if record is not None:
-                record.pinned = False
-                self.catalog.drop_if_unkept(record)
+            self.room.unpin(key)
             raise
-        self.room.pin(pool.name)
         log.info("model %s pinned by a management call", key)
         return key
 
