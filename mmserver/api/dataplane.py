@@ -37,7 +37,7 @@ from mmserver.errors import (
     ShuttingDown,
 )
 from mmserver.ops.capture import Capture, Record
-from mmserver.serving.jobs import PRIORITY
+from mmserver.serving.jobs import NORMAL
 from mmserver.store.names import normalize_name
 from mmserver.tenancy.gate import NOBODY
 from mmserver.tenancy.sigv4 import Header
@@ -103,9 +103,9 @@ class Exchange:
             release = state.tenants.admit(caller, name)
         wlm = state.wlm
         try:
-            if caller is not None and caller.priority != "normal":
+            if caller is not None and caller.rank != NORMAL:
                 self.submission = submission = wlm.submit(
-                    name, job, client_gone, routing=routing, priority=PRIORITY[caller.priority]
+                    name, job, client_gone, routing=routing, priority=caller.rank
                 )
             elif routing is None:
                 self.submission = submission = wlm.submit(name, job, client_gone)

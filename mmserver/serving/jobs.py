@@ -23,7 +23,7 @@ from mmserver.codecs.requests import Request
 
 #: A request's priority (its tenant's ``priority``): who is shed first when a queue is full.
 LOW, NORMAL, HIGH = 0, 1, 2
-PRIORITY = {"low": LOW, "normal": NORMAL, "high": HIGH}
+PRIORITY = {"high": HIGH, "normal": NORMAL, "low": LOW}
 
 
 class Job:

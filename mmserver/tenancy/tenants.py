@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from mmserver.errors import ConfigError
+from mmserver.serving.jobs import NORMAL, PRIORITY
 
 #: A tenant's name: also the value of the ``tenant`` label on ``mmserver_requests_total``.
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -44,7 +45,6 @@ _PATTERN_CHARS = re.compile(r"[A-Za-z0-9._*?\[\]!-]+")
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
 #: The shortest bearer token a tenant may have.
 MIN_TOKEN = 8
-PRIORITIES = ("high", "normal", "low")
 #: The name the management token's requests are counted under: no tenant's.
 RESERVED = "management"
 _KEYS = (
@@ -79,6 +79,8 @@ class Tenant:
     #: Requests in flight at most (0: no limit).
     max_concurrent: int = 0
     priority: str = "normal"
+    #: Its priority as requests carry it (:data:`~mmserver.serving.jobs.PRIORITY`).
+    rank: int = field(default=NORMAL, init=False)
     _match: re.Pattern[str] | None = field(default=None, repr=False)
     #: Whether it may invoke each name a request asked for (:meth:`TenantGate.admit`).
     seen: dict[str, bool] = field(default_factory=dict, repr=False)
@@ -86,6 +88,7 @@ class Tenant:
     def __post_init__(self) -> None:
         joined = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.models)
         object.__setattr__(self, "_match", re.compile(joined) if joined else None)
+        object.__setattr__(self, "rank", PRIORITY[self.priority])
 
     def may_invoke(self, model: str) -> bool:
         """Whether ``model`` (a model's name, without its version) is one of its models."""
@@ -316,10 +319,10 @@ def _tenant(
             concurrent = int(_number(value, faults, f"{what}: max_concurrent", whole=True))
         elif key == "priority":
             plain = _scalar(value) if isinstance(value, yaml.ScalarNode) else None
-            if plain not in PRIORITIES:
+            if plain not in PRIORITY:
                 faults.add(
                     value,
-                    f"{what}: priority must be one of {', '.join(PRIORITIES)}, not {_shown(value)}",
+                    f"{what}: priority must be one of {', '.join(PRIORITY)}, not {_shown(value)}",
                 )
             else:
                 priority = str(plain)
