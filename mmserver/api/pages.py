@@ -21,6 +21,7 @@ time and resident memory (``psutil``). A call walks one page of the loaded model
 from __future__ import annotations
 
 import collections
+import functools
 import html
 import importlib.util
 import json
@@ -35,7 +36,7 @@ from mmserver import __version__
 from mmserver.api import openapi
 from mmserver.api.access import check_visible, viewer
 from mmserver.api.middleware import Handler, answers_errors, authorize
-from mmserver.api.repository import metadata_of
+from mmserver.api.repository import metadata_of_loaded
 from mmserver.api.state import ApiState
 from mmserver.api.web import STATE
 from mmserver.errors import InvalidInput, NotFound
@@ -58,8 +59,9 @@ _ASSETS = {
 }
 
 
+@functools.cache
 def _swagger_folder() -> Path | None:
-    """Swagger UI's files, from the installed ``swagger-ui-py`` (found, not imported)."""
+    """Swagger UI's files, from the installed ``swagger-ui-py`` (found once, not imported)."""
     spec = importlib.util.find_spec("swagger_ui")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -137,10 +139,9 @@ async def _model_view(request: web.Request) -> tuple[str, dict[str, Any], dict[s
         state.tenants, viewer(state.tenants, request.headers.get(hdrs.AUTHORIZATION)), name
     )
     wlm = state.wlm
-    metadata = await metadata_of(wlm, name)
     key = await wlm.ready(name)
-    signature = wlm.signature(key) or {}
-    return name, metadata, signature
+    signature = wlm.signature(key)
+    return name, await metadata_of_loaded(wlm, key, signature), signature or {}
 
 
 async def model_openapi(request: web.Request) -> web.Response:

@@ -72,7 +72,14 @@ async def not_ready_reason(wlm: WorkLoadManager, name: str) -> str | None:
 async def metadata_of(wlm: WorkLoadManager, name: str) -> dict[str, Any]:
     """Model ``name``'s V2 metadata (:func:`describe`), loading it first if needed."""
     key = await wlm.ready(name)
-    metadata = describe(key, wlm.signature(key))
+    return await metadata_of_loaded(wlm, key, wlm.signature(key))
+
+
+async def metadata_of_loaded(
+    wlm: WorkLoadManager, key: str, signature: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The V2 metadata of the loaded model (or version) ``key`` whose load told ``signature``."""
+    metadata = describe(key, signature)
     base, version = split_version(key)
     if version is not None:
         rollout = await wlm.versions.rollout_of(base)
