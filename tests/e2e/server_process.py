@@ -147,3 +147,13 @@ async def predict_ok(session: aiohttp.ClientSession, url: str, model: str = "skl
         headers={"Content-Type": "application/json"},
     ) as response:
         assert response.status == 200, await response.text()
+
+
+async def metric_total(session: aiohttp.ClientSession, url: str, *starts: str) -> float:
+    """The sum of the samples of ``url``'s ``/metrics`` whose lines start with one of
+    ``starts``."""
+    async with session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(starts)
+    )

@@ -38,10 +38,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_store(tmp_path_factory.mktemp("cluster") / "store", MODELS)
 
 
-def request_for(i: int) -> tuple[str, dict[str, str]]:
-    """Request ``i``: model ``sklearn-(i % MODELS)`` by one of the inference paths, under
+def request_for(i: int, models: int = MODELS) -> tuple[str, dict[str, str]]:
+    """Request ``i``: model ``sklearn-(i % models)`` by one of the inference paths, under
     either of its names."""
-    name = f"sklearn-{i % MODELS}" + (".tar.gz" if i % 7 == 0 else "")
+    name = f"sklearn-{i % models}" + (".tar.gz" if i % 7 == 0 else "")
     json_type = {"Content-Type": "application/json"}
     match i % 4:
         case 0:

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.cluster_process import ClusterProcess, require_haproxy, run_cli
-from tests.e2e.test_cluster import check_answer
+from tests.e2e.test_cluster import check_answer, request_for
 from tests.models import make_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -30,15 +30,6 @@ USERS = 8
 MAX_REQUESTS = 200_000
 LOAD_TIMEOUT_S = 60.0
 AFTER = 50
-
-
-def request_for(i: int) -> tuple[str, dict[str, str]]:
-    """Request ``i``: model ``sklearn-(i % MODELS)`` by the DJL or the SageMaker path."""
-    json_type = {"Content-Type": "application/json"}
-    name = f"sklearn-{i % MODELS}"
-    if i % 2:
-        return "/invocations", {**json_type, "X-Amzn-SageMaker-Target-Model": name}
-    return f"/predictions/{name}", json_type
 
 
 async def loaded_models(session: aiohttp.ClientSession, port: int) -> set[str]:
@@ -69,7 +60,7 @@ async def test_a_rolling_restart_under_load_fails_no_request(tmp_path: Path) -> 
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
             async def send(i: int) -> tuple[str | None, str]:
-                path, headers = request_for(i)
+                path, headers = request_for(i, MODELS)
                 async with session.post(
                     cluster.url + path, data=b"[[0.5]]", headers=headers
                 ) as response:

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.behaviour_models import make_gated_dir, make_sleeping_dir, make_slow_load_dir
-from tests.e2e.server_process import ServerProcess, descendants, until, wait_gone
+from tests.e2e.server_process import ServerProcess, descendants, metric_total, until, wait_gone
 from tests.models import make_linear_archive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -33,13 +33,7 @@ def store(tmp_path: Path) -> Path:
 
 
 async def queued(session: aiohttp.ClientSession, url: str) -> float:
-    async with session.get(f"{url}/metrics") as response:
-        text = await response.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(("mmserver_queue_length{", "mmserver_queue_length "))
-    )
+    return await metric_total(session, url, "mmserver_queue_length{", "mmserver_queue_length ")
 
 
 async def test_sigterm_under_load_answers_every_accepted_request(

@@ -15,7 +15,7 @@ import pytest
 
 from mmserver.lifecycle.warmfile import FILE_NAME
 from tests.behaviour_models import make_sleeping_dir
-from tests.e2e.server_process import ServerProcess, predict_ok, until
+from tests.e2e.server_process import ServerProcess, metric_total, predict_ok, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -43,16 +43,6 @@ async def described(session: aiohttp.ClientSession, url: str, name: str) -> dict
     [model] = workflow["models"]
     assert isinstance(model, dict)
     return model
-
-
-async def requests_counted(session: aiohttp.ClientSession, url: str) -> float:
-    async with session.get(f"{url}/metrics") as response:
-        text = await response.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("mmserver_requests_total")
-    )
 
 
 async def test_the_warm_set_comes_back_after_a_restart_most_recently_used_first(
@@ -85,7 +75,8 @@ async def test_the_warm_set_comes_back_after_a_restart_most_recently_used_first(
                 "c": "READY",
                 "d": "UNLOADED",
             }
-            assert await requests_counted(session, server.url) == 0  # no request named them
+            counted = await metric_total(session, server.url, "mmserver_requests_total")
+            assert counted == 0  # no request named them
             log = server.log()
             assert f"restoring 3 warm model(s) from {state.resolve() / FILE_NAME}" in log
             assert "warm set: the restore stops at model a (1 model(s) not restored)" in log

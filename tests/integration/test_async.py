@@ -51,19 +51,22 @@ async def invoke_async(client: Any, **kwargs: Any) -> dict[str, Any]:
     return response
 
 
-async def state(harness: Harness, inference_id: str) -> dict[str, Any]:
-    response = await harness.client.get(f"/async-invocations/{inference_id}")
+async def state(harness: Harness, inference_id: str, **headers: str) -> dict[str, Any]:
+    response = await harness.client.get(f"/async-invocations/{inference_id}", headers=headers)
     assert response.status == 200, await response.text()
     described: dict[str, Any] = await response.json()
     return described
 
 
-async def ended(harness: Harness, inference_id: str, seconds: float = 20.0) -> dict[str, Any]:
-    """The request's state once it has ended, asked of the state call until then."""
+async def ended(
+    harness: Harness, inference_id: str, seconds: float = 20.0, **headers: str
+) -> dict[str, Any]:
+    """The request's state once it has ended, asked of the state call until then (with
+    ``headers``: a tenant's token, say)."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + seconds
     while True:
-        described = await state(harness, inference_id)
+        described = await state(harness, inference_id, **headers)
         if described["Status"] in ENDED:
             return described
         assert loop.time() < give_up, f"request {inference_id} still {described['Status']}"
@@ -834,16 +837,8 @@ async def test_a_tenants_asynchronous_requests_follow_its_rules(
     assert (await harness.client.get(path)).status == 403  # no signature: SageMaker's refusal
     seen = await harness.client.get(path, headers={"Authorization": "Bearer tok-beta-0001"})
     assert seen.status == 404  # another tenant's request is none it knows of
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + 20
-    while True:
-        own = await harness.client.get(path, headers={"Authorization": "Bearer tok-acme-0001"})
-        assert own.status == 200
-        if (await own.json())["Status"] in ENDED:
-            break
-        assert loop.time() < give_up
-        await asyncio.sleep(0.01)
-    assert (await own.json())["Status"] == "done"
+    own = await ended(harness, inference_id, Authorization="Bearer tok-acme-0001")
+    assert own["Status"] == "done"
     for kwargs in (
         {"EndpointName": "sklearn-2", "Body": b"[[0.5]]"},
         {"EndpointName": "sklearn-1", "InputLocation": (folders["inputs"] / "x.csv").as_uri()},

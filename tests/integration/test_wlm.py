@@ -212,15 +212,22 @@ async def test_a_batch_delay_rearmed_when_it_is_due_keeps_answering(store: Path)
         assert [value(r) for r in results] == [pytest.approx(2.0, abs=0.05)] * 50
 
 
+async def churn(wlm: WorkLoadManager, limit: int, keeps: frozenset[str] = frozenset()) -> None:
+    """Each of the 100 models called in turn, twice: every answer right, never more than
+    ``limit`` loaded, the models ``keeps`` loaded throughout."""
+    for _ in range(2):
+        for i in range(100):
+            x = rows([[i / 100]])
+            assert value(await wlm.submit(f"sklearn-{i}", x).answer) == pytest.approx(
+                2 * i / 100 + 1, abs=0.05
+            )
+            assert len(wlm.room.loaded) <= limit
+            assert keeps <= set(wlm.room.loaded)
+
+
 async def test_max_loaded_models_is_kept_with_100_models_in_turn(store: Path) -> None:
     async with running(store, backend_processes=0, max_loaded_models=20) as wlm:
-        for _ in range(2):
-            for i in range(100):
-                x = rows([[i / 100]])
-                assert value(await wlm.submit(f"sklearn-{i}", x).answer) == pytest.approx(
-                    2 * i / 100 + 1, abs=0.05
-                )
-                assert len(wlm.room.loaded) <= 20
+        await churn(wlm, 20)
         assert len(wlm.room.loaded) == 20
         assert list(wlm.room.loaded) == [
             f"sklearn-{i}" for i in range(80, 100)
@@ -514,14 +521,7 @@ async def test_pinned_models_load_at_start_and_outlive_churn(store: Path) -> Non
         pinned = {"sklearn-1", *(f"sklearn-2{i}" for i in range(10))}
         assert wlm.room.pinned == pinned  # loaded at start, before any request
         assert set(wlm.room.loaded) == pinned
-        for _ in range(2):
-            for i in range(100):
-                x = rows([[i / 100]])
-                assert value(await wlm.submit(f"sklearn-{i}", x).answer) == pytest.approx(
-                    2 * i / 100 + 1, abs=0.05
-                )
-                assert len(wlm.room.loaded) <= 20
-                assert pinned <= set(wlm.room.loaded)
+        await churn(wlm, 20, frozenset(pinned))
         # The nine places left went round the other models, most recently used last.
         assert [n for n in wlm.room.loaded if n not in pinned] == [
             f"sklearn-{i}" for i in range(91, 100)
