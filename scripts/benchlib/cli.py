@@ -390,19 +390,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.sections == ["transform"]:
             return raw
-    if "rollout" in args.sections:
+    # Sections with servers of their own and nothing of their own to be told.
+    for section, run_section in (("rollout", rollout.run), ("tenants", tenantsbench.run)):
+        if section not in args.sections:
+            continue
         with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
-            raw["rollout"] = rollout.run(
+            raw[section] = run_section(
                 model_store, Path(tmp), args.out, args.server_arg, args.server_exe, settings, _log
             )
-        if args.sections == ["rollout"]:
-            return raw
-    if "tenants" in args.sections:
-        with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
-            raw["tenants"] = tenantsbench.run(
-                model_store, Path(tmp), args.out, args.server_arg, args.server_exe, settings, _log
-            )
-        if args.sections == ["tenants"]:
+        if args.sections == [section]:
             return raw
     if "batching" in args.sections:
         store.ensure_forests(model_store)
@@ -581,11 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     if "transform" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(transformbench.summary_lines(raw["transform"]))
         text += "\n"
-    if "rollout" in raw:
-        text = text.rstrip("\n") + "\n" + "\n".join(rollout.summary_lines(raw["rollout"])) + "\n"
-    if "tenants" in raw:
-        text = text.rstrip("\n") + "\n" + "\n".join(tenantsbench.summary_lines(raw["tenants"]))
-        text += "\n"
+    for section, summary_lines in (
+        ("rollout", rollout.summary_lines),
+        ("tenants", tenantsbench.summary_lines),
+    ):
+        if section in raw:
+            text = text.rstrip("\n") + "\n" + "\n".join(summary_lines(raw[section])) + "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
     text = text.rstrip("\n") + f"\n\n({time.monotonic() - started:.0f} s)\n"
     print(text, end="")

@@ -100,30 +100,29 @@ def _light(server: Server, settings: Settings, run: int) -> wrk.Load:
     )
 
 
-def _heavy(server: Server, settings: Settings, duration_s: float) -> wrk.Load:
+def _one_model(
+    server: Server, settings: Settings, duration_s: float, model: str, connections: int, body: str
+) -> wrk.Load:
+    """Closed-loop requests of ``body`` on ``model`` alone: the heavy forest, or the large
+    requests' flood."""
     return wrk.Load(
         url=server.url,
         pattern="single",
-        model=HEAVY_MODEL,
+        model=model,
         duration_s=duration_s,
-        connections=HEAVY_CONNECTIONS,
+        connections=connections,
         threads=1,
         api=settings.api,
-        body=HEAVY_BODY,
+        body=body,
     )
+
+
+def _heavy(server: Server, settings: Settings, duration_s: float) -> wrk.Load:
+    return _one_model(server, settings, duration_s, HEAVY_MODEL, HEAVY_CONNECTIONS, HEAVY_BODY)
 
 
 def _large(server: Server, settings: Settings, duration_s: float) -> wrk.Load:
-    return wrk.Load(
-        url=server.url,
-        pattern="single",
-        model=LARGE_MODEL,
-        duration_s=duration_s,
-        connections=LARGE_CONNECTIONS,
-        threads=1,
-        api=settings.api,
-        body=LARGE_BODY,
-    )
+    return _one_model(server, settings, duration_s, LARGE_MODEL, LARGE_CONNECTIONS, LARGE_BODY)
 
 
 def _warm(server: Server) -> None:

@@ -84,53 +84,45 @@ def ensure_forests(store: Path) -> None:
 def ensure_heavy(store: Path) -> None:
     """Write the neighbour section's heavy forest into ``store`` unless this scikit-learn
     version did."""
-    import joblib
-    import numpy as np
-    import sklearn
-    from sklearn.ensemble import RandomForestRegressor
-
     _ensure_large(store)
     folder = store / HEAVY_MODEL
     folder.mkdir(parents=True, exist_ok=True)
     # Heavy by its own predict: the section needs a model that holds a backend for
     # milliseconds, not the ~0.2 ms the converted forest takes.
     (folder / "serving.properties").write_text("option.fast_path=false\n")
-    stamp = folder / FOREST_STAMP
-    want = f"sklearn={sklearn.__version__}\n"
-    if stamp.is_file() and stamp.read_text() == want and (folder / "model.joblib").is_file():
-        return
-    rng = np.random.default_rng(7)
-    x = rng.uniform(-1.0, 1.0, size=(20000, HEAVY_FEATURES))
-    y = np.sin(3 * x).sum(axis=1) + rng.normal(0.0, 0.1, size=len(x))
-    forest = RandomForestRegressor(n_estimators=300, max_depth=14, random_state=7, n_jobs=-1).fit(
-        x, y
-    )
-    forest.n_jobs = None  # predict in one thread, as a served model usually does
-    folder.mkdir(parents=True, exist_ok=True)
-    joblib.dump(forest, folder / "model.joblib")
-    stamp.write_text(want)
+    write_forest(folder, FOREST_STAMP, HEAVY_FEATURES, rows=20000, trees=300, depth=14, seed=7)
 
 
 def _ensure_large(store: Path) -> None:
     """Write the neighbour section's large-request model into ``store`` unless this
     scikit-learn version did: a forest whose one row costs little on its chosen path (about as
     much as a reference model's) and a thousand rows some milliseconds."""
+    folder = store / LARGE_MODEL
+    write_forest(folder, FOREST_STAMP, HEAVY_FEATURES, rows=5000, trees=200, depth=12, seed=11)
+
+
+def write_forest(
+    folder: Path, stamp_name: str, features: int, *, rows: int, trees: int, depth: int, seed: int
+) -> None:
+    """A RandomForestRegressor fitted on ``rows`` rows of ``features`` uniform features
+    (y = sum of sin(3x) plus noise) as ``folder/model.joblib``, predicting in one thread as a
+    served model usually does; kept while the stamp ``stamp_name`` says this scikit-learn
+    version wrote it."""
     import joblib
     import numpy as np
     import sklearn
     from sklearn.ensemble import RandomForestRegressor
 
-    folder = store / LARGE_MODEL
-    stamp = folder / FOREST_STAMP
+    stamp = folder / stamp_name
     want = f"sklearn={sklearn.__version__}\n"
     if stamp.is_file() and stamp.read_text() == want and (folder / "model.joblib").is_file():
         return
-    rng = np.random.default_rng(11)
-    x = rng.uniform(-1.0, 1.0, size=(5000, HEAVY_FEATURES))
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.0, 1.0, size=(rows, features))
     y = np.sin(3 * x).sum(axis=1) + rng.normal(0.0, 0.1, size=len(x))
-    forest = RandomForestRegressor(n_estimators=200, max_depth=12, random_state=11, n_jobs=-1).fit(
-        x, y
-    )
+    forest = RandomForestRegressor(
+        n_estimators=trees, max_depth=depth, random_state=seed, n_jobs=-1
+    ).fit(x, y)
     forest.n_jobs = None
     folder.mkdir(parents=True, exist_ok=True)
     joblib.dump(forest, folder / "model.joblib")

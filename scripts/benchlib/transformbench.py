@@ -34,6 +34,7 @@ from proctools import free_port
 
 from benchlib import servers
 from benchlib.loads import Log, Settings, describe_run
+from benchlib.store import write_forest
 from mmserver.commands.loadtest import cpu, wrk
 
 FILES = 20
@@ -48,25 +49,7 @@ JOB_TIMEOUT_S = 3600.0
 
 def ensure(store: Path) -> None:
     """Write the section's forest into ``store`` unless this scikit-learn version did."""
-    import joblib
-    import numpy as np
-    import sklearn
-    from sklearn.ensemble import RandomForestRegressor
-
-    folder = store / FOREST
-    stamp = folder / STAMP
-    want = f"sklearn={sklearn.__version__}\n"
-    if stamp.is_file() and stamp.read_text() == want and (folder / "model.joblib").is_file():
-        return
-    rng = np.random.default_rng(11)
-    x = rng.uniform(-1.0, 1.0, size=(20000, FOREST_FEATURES))
-    y = np.sin(3 * x).sum(axis=1) + rng.normal(0.0, 0.1, size=len(x))
-    forest = RandomForestRegressor(n_estimators=300, max_depth=14, random_state=11, n_jobs=-1)
-    forest.fit(x, y)
-    forest.n_jobs = None
-    folder.mkdir(parents=True, exist_ok=True)
-    joblib.dump(forest, folder / "model.joblib")
-    stamp.write_text(want)
+    write_forest(store / FOREST, STAMP, FOREST_FEATURES, rows=20000, trees=300, depth=14, seed=11)
 
 
 def compile_package(log: Log) -> None:
