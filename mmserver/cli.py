@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     commands.add_parser(
+        "envs",
+        help="build the model environments a store needs ahead of time "
+        "(mmserver envs build --help)",
+        add_help=False,
+    )
+    commands.add_parser(
         "recommend",
         help="load-test a model and recommend its settings and instances "
         "(mmserver recommend --help)",
@@ -150,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmserver.commands.recommend.cli import main as recommend_main
 
         return recommend_main(args[1:])
+    if args[:1] == ["envs"]:
+        from mmserver.commands.envs import main as envs_main
+
+        return envs_main(args[1:])
     parser = build_parser()
     parsed = parser.parse_args(args) if args else None
     if parsed is None or parsed.command is None:

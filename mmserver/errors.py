@@ -27,6 +27,7 @@ written against DJL read the same names.
     ├── ModelLoadError                  500 InternalFailure   the model failed to load
     │   ├── UntrustedModel              500                   files need more trust than given
     │   ├── ConfigError                 500                   bad serving.properties
+    │   ├── EnvironmentFailed           500                   requirements not installable
     │   └── UnsafeArchive               500                   refused archive
     ├── BackendDied                     500 InternalFailure
     ├── ServiceUnavailable              503 ServiceUnavailable
@@ -206,6 +207,11 @@ class UntrustedModel(ModelLoadError):
 class VersionSkew(ModelLoadError):
     """A pickle made by another minor version of its library than the server's, refused by the
     server's ``on_version_skew`` option."""
+
+
+class EnvironmentFailed(ModelLoadError):
+    """The environment a model's requirement set asks for could not be built: the message names
+    the package and the installer's last error line."""
 
 
 class ConfigError(ModelLoadError):

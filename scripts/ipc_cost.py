@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import uvloop
 
-from mmserver.backend import BackendPool, LoadSpec
+from mmserver.backend.placement import BackendPool
+from mmserver.backend.wire import LoadSpec
 from mmserver.codecs.requests import make_request
 from mmserver.config.server import ModelConfig
 from mmserver.ops.metrics import Metrics

@@ -207,6 +207,8 @@ def _describe(model: ModelView, hide: ApiState | None = None) -> dict[str, Any]:
     if model.trained_with:
         result["trainedWith"] = model.trained_with
         result["servedWith"] = model.served_with
+    if model.environment is not None:
+        result["environment"] = model.environment
     trust = config.trust
     result["trust"] = trust.level
     if trust.full:

@@ -30,25 +30,8 @@ process is started, every model that was loaded in the slot is loaded again, and
 messages are sent to it in their original order. When a prediction passes its deadline while
 running, it is answered with :class:`PredictTimeout` and the process is replaced the same way, so
 no worker stays stuck behind it.
+
+The package's own module holds nothing else: a model environment's interpreter imports
+:mod:`~mmserver.backend.child` through it, and has none of the frontend's libraries. Import each
+name from its module (:class:`~mmserver.backend.placement.BackendPool`...).
 """
-
-from mmserver.backend.batching import Answer
-from mmserver.backend.placement import PRELOAD, BackendPool, Slot
-from mmserver.backend.process_slot import ProcessSlot
-from mmserver.backend.slot import BatchCallback, Runnable
-from mmserver.backend.thread_slot import ThreadSlot
-from mmserver.backend.wire import BatchResult, LoadInfo, LoadSpec
-
-__all__ = [
-    "PRELOAD",
-    "Answer",
-    "BackendPool",
-    "BatchCallback",
-    "BatchResult",
-    "LoadInfo",
-    "LoadSpec",
-    "ProcessSlot",
-    "Runnable",
-    "Slot",
-    "ThreadSlot",
-]

@@ -15,8 +15,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import setproctitle
-
 from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.batching import answer_batch
@@ -234,7 +232,12 @@ def child_main(
     ``nice`` lowers its CPU weight (the heavy lane's processes) and ``idle`` puts it under
     ``SCHED_IDLE`` instead (the heavy lane with ``heavy_sched_idle``). ``ps`` shows it as
     ``mmserver: backend LANE INDEX``."""
-    setproctitle.setproctitle(f"mmserver: backend {lane} {index}")
+    try:
+        import setproctitle  # a model environment may lack it: the process keeps its name
+    except ImportError:
+        pass
+    else:
+        setproctitle.setproctitle(f"mmserver: backend {lane} {index}")
     if nice:
         os.nice(nice)
     if idle:

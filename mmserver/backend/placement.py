@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing
+import shutil
+import tempfile
 from collections.abc import Collection
 from multiprocessing.context import BaseContext, ForkServerContext
+from pathlib import Path
 
+from mmserver import errors
 from mmserver.backend.cpus import CpuReserve
+from mmserver.backend.envprocs import EnvContext, EnvForkServer, package_link
 from mmserver.backend.process_slot import ProcessSlot
 from mmserver.backend.thread_slot import ThreadSlot
 from mmserver.ops.metrics import Metrics
@@ -36,6 +41,12 @@ PRELOAD = (
     "treelite.gtil",
     "mmserver.backend.optional",  # xgboost and lightgbm, where they load
 )
+
+
+def env_lane(env: str) -> str:
+    """The lane of model environment ``env``'s processes: ``env-`` and its id's first 8 hex
+    digits (``ps`` shows ``mmserver: backend env-1a2b3c4d 5``)."""
+    return f"env-{env[:8]}"
 
 
 class BackendPool:
@@ -66,8 +77,13 @@ class BackendPool:
         self.slots: list[Slot]
         #: The slots every model may share.
         self.shared: list[Slot]
-        #: The slots of each model that has processes of its own, by model name.
+        #: The slots of each model that has processes of its own, by model name, and of each
+        #: model environment, by its lane's name.
         self._own: dict[str, list[ProcessSlot]] = {}
+        #: Each model environment's fork server, by the environment's id.
+        self._env_servers: dict[str, EnvForkServer] = {}
+        #: The folder holding a link to mmserver's package, the environments' path.
+        self._env_path: Path | None = None
         self._stopping: set[asyncio.Task[None]] = set()
         self._metrics = metrics
         self.lanes = {LIGHT: Lane(LIGHT)}
@@ -124,6 +140,9 @@ class BackendPool:
         await asyncio.gather(
             *(slot.stop() for slot in self.slots), *self._stopping, return_exceptions=True
         )
+        await asyncio.gather(*(self.stop_env(env) for env in list(self._env_servers)))
+        if self._env_path is not None:
+            shutil.rmtree(self._env_path, ignore_errors=True)
 
     def bind(self, taken: Collection[int], lane: str = LIGHT) -> Slot:
         """The slot in ``lane`` for a new worker of a model already bound to the slots in
@@ -146,16 +165,57 @@ class BackendPool:
         context = self.context
         if not isinstance(context, ForkServerContext):
             return self.bind(taken, LIGHT)
-        own = self._own.setdefault(model, [])
+        return self._bind_group(model, taken, context, self.lanes[LIGHT], runs_code=True)
+
+    def bind_env(self, env: str, python: Path, taken: Collection[int]) -> Slot:
+        """The slot for a new worker of a model that runs in environment ``env`` (its
+        interpreter ``python``), already bound to the slots in ``taken``: a process of that
+        environment, forked by its own fork server, in the environment's lane (:func:`env_lane`,
+        its batches scheduled among themselves). An environment has as many processes as the
+        light lane has, started as its models' workers need them and stopped with the last
+        worker there; its fork server runs until :meth:`stop_env` or the server's stop."""
+        if self.context is None:
+            raise errors.ModelLoadError(
+                "a model with an environment of its own needs backend processes "
+                "(backend_processes > 0)"
+            )
+        lane = env_lane(env)
+        server = self._env_servers.get(env)
+        if server is None:
+            if self._env_path is None:
+                self._env_path = Path(tempfile.mkdtemp(prefix="mmserver-envpath-"))
+                package_link(self._env_path)
+            server = self._env_servers[env] = EnvForkServer(lane, python, self._env_path)
+            self.lanes[lane] = Lane(lane)
+        return self._bind_group(lane, taken, EnvContext(server), self.lanes[lane])
+
+    async def stop_env(self, env: str) -> None:
+        """Stop environment ``env``'s fork server (its models are unloaded: it is removed)."""
+        server = self._env_servers.pop(env, None)
+        self.lanes.pop(env_lane(env), None)
+        if server is not None:
+            await asyncio.get_running_loop().run_in_executor(None, server.stop)
+
+    def _bind_group(
+        self,
+        group: str,
+        taken: Collection[int],
+        context: ForkServerContext | EnvContext,
+        lane: Lane,
+        runs_code: bool = False,
+    ) -> Slot:
+        """A slot of ``group``'s own (a model's, an environment's), one a new worker of a model
+        bound to the slots in ``taken`` is not in, started as needed."""
+        own = self._own.setdefault(group, [])
         free = [s for s in own if s.index not in taken]
         if not free and len(own) < max(1, sum(s.lane.name == LIGHT for s in self.shared)):
             slot = ProcessSlot(
                 next(self._indexes),
                 context,
                 self._metrics,
-                self.lanes[LIGHT],
-                reserve=self.reserve,
-                runs_code=True,
+                lane,
+                reserve=self.reserve if runs_code else None,
+                runs_code=runs_code,
             )
             own.append(slot)
             self.slots.append(slot)
@@ -170,16 +230,16 @@ class BackendPool:
         slot.bound_workers -= 1
         if slot.bound_workers or not isinstance(slot, ProcessSlot) or slot in self.shared:
             return
-        model = next((name for name, own in self._own.items() if slot in own), None)
-        if model is None:
+        group = next((name for name, own in self._own.items() if slot in own), None)
+        if group is None:
             return
-        own = self._own[model]
+        own = self._own[group]
         own.remove(slot)
         if not own:
-            del self._own[model]
+            del self._own[group]
         self.slots.remove(slot)
         task = asyncio.get_running_loop().create_task(
-            slot.stop(), name=f"mmserver-stop-own-backend-{model}"
+            slot.stop(), name=f"mmserver-stop-own-backend-{group}"
         )
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)

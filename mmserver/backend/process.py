@@ -1,5 +1,6 @@
 """The operating-system process behind a process slot (:class:`BackendProcess`): forked from the
-fork server, placed on the heavy lane's CPUs, killed and reaped, its restarts counted."""
+fork server (or a model environment's, :mod:`~mmserver.backend.envprocs`), placed on the heavy
+lane's CPUs, killed and reaped, its restarts counted."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 
 from mmserver.backend.child import child_main
 from mmserver.backend.cpus import CpuReserve
+from mmserver.backend.envprocs import EnvContext, EnvProcess
 from mmserver.ops import capacity
 
 #: Seconds a stopping process gets to exit by itself once its pipe is closed.
@@ -32,7 +34,7 @@ class BackendProcess:
         self,
         index: int,
         lane: str,
-        context: multiprocessing.context.ForkServerContext,
+        context: multiprocessing.context.ForkServerContext | EnvContext,
         nice: int = 0,
         idle: bool = False,
         reserve: CpuReserve | None = None,
@@ -44,7 +46,7 @@ class BackendProcess:
         self._idle_policy = idle
         #: Places the process on the heavy lane's CPUs when it starts (a heavy slot's only).
         self._reserve = reserve
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: multiprocessing.process.BaseProcess | EnvProcess | None = None
         #: When the latest replacements started, to slow a crash loop down (:meth:`throttle`).
         self._restarts: collections.deque[float] = collections.deque(maxlen=_CRASH_LOOP_STARTS)
 

@@ -19,6 +19,7 @@ from typing import Any
 from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.cpus import CpuReserve
+from mmserver.backend.envprocs import EnvContext
 from mmserver.backend.lifetime import ProcessLifetime
 from mmserver.backend.loads import LoadTurn, SlotLoads
 from mmserver.backend.process import BackendProcess
@@ -55,7 +56,7 @@ class ProcessSlot:
     def __init__(
         self,
         index: int,
-        context: multiprocessing.context.ForkServerContext,
+        context: multiprocessing.context.ForkServerContext | EnvContext,
         metrics: Metrics,
         lane: Lane,
         nice: int = 0,

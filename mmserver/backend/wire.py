@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserver.backend.batching import Answer
-from mmserver.config.server import ModelConfig
+from mmserver.config.model import ModelConfig
 
 LOAD, PREDICT, UNLOAD, PING = 0, 1, 2, 3
 OK, ERR = 0, 1

@@ -357,7 +357,7 @@ def out_of_order(low_key: str, low: float, high_key: str, high: float) -> str | 
 
 #: The options the server has a global default for (its ``--NAME`` flags...).
 #: What the ``on_version_skew`` option may say (:mod:`mmserver.execution.skew`).
-SKEW_CHOICES = ("refuse", "warn")
+SKEW_CHOICES = ("refuse", "warn", "env")
 SERVER_DEFAULTS = tuple(f.name for f in _OPTIONS if f.metadata["server_default"])
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmserver.config.envs import EnvOptions
 from mmserver.config.model import (
     LEAST,
     MAX_BATCH_DELAY_MS,
@@ -109,7 +110,7 @@ _SERVER_LEAST = {"max_workers": 1}
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(EnvOptions):
     """The server's global options. Frozen; validated when built."""
 
     model_store: str = _opt(
@@ -309,8 +310,9 @@ class ServerConfig:
     on_version_skew: str = _opt(
         "refuse",
         "What a pickle made by another minor version of scikit-learn than the server's gets: "
-        "refuse (its load fails, naming both versions) or warn (served as this version reads "
-        "it, its versions shown in GET /models/NAME and counted in /metrics).",
+        "refuse (its load fails, naming both versions), warn (served as this version reads "
+        "it, its versions shown in GET /models/NAME and counted in /metrics) or env (served "
+        "in an environment with the version that made it).",
     )
     isolate_trusted: bool = _opt(
         True,

@@ -20,7 +20,7 @@ import numpy as np
 from mmserver.codecs.answers import encode_json, response_type, typed_answer
 from mmserver.codecs.schema import Inputs, declared, matrix_inputs
 from mmserver.codecs.tabular import to_frame
-from mmserver.config.server import ModelConfig
+from mmserver.config.model import ModelConfig
 from mmserver.errors import ModelError, ModelLoadError
 from mmserver.execution.families import find_model_file, inside, load_model, reason
 from mmserver.execution.handlers import Batch, Predictor, check_rows, n_features

@@ -42,7 +42,7 @@ from typing import Any
 import joblib
 
 from mmserver.codecs import mlmodel
-from mmserver.config.server import ModelConfig
+from mmserver.config.model import ModelConfig
 from mmserver.config.trust import Trust
 from mmserver.errors import ConfigError, ModelLoadError, UntrustedModel
 from mmserver.execution import skew

@@ -37,7 +37,7 @@ from mmserver.codecs.schema import (
     probe_missing,
 )
 from mmserver.codecs.tabular import row_table, to_frame
-from mmserver.config.server import METHODS, ModelConfig
+from mmserver.config.model import METHODS, ModelConfig
 from mmserver.errors import ModelLoadError, UntrustedModel
 from mmserver.execution.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.execution.custom import entry_point, load_custom

@@ -6,7 +6,9 @@ stored arrays mean can change between minor versions: a RandomForestClassifier p
 and read by 1.4 or later answers "probabilities" such as ``[30.8, 0.0]`` where 1.3 answered
 ``[1.0, 0.0]``, with no error. So a model whose recorded minor version differs from the
 server's is refused by default (the server option ``on_version_skew=refuse``); with ``warn``
-it is served as this version reads it, and its versions are shown.
+it is served as this version reads it, and its versions are shown; with ``env`` it is served
+in an environment with the version that made it (:mod:`mmserver.envs`), found from its bytes
+before it loads; one whose version could not be found there is refused.
 
 A pickle that cannot be read at all (a module that moved, a class's layout that changed) says
 nothing of its version through the warning: its bytes are searched for the recorded version
@@ -23,7 +25,7 @@ from pathlib import Path
 from mmserver.config.model import SKEW_CHOICES
 from mmserver.errors import VersionSkew
 
-REFUSE, WARN = SKEW_CHOICES
+REFUSE, WARN, ENV = SKEW_CHOICES
 SKLEARN = "scikit-learn"
 
 #: The key ``_sklearn_version`` as pickle writes it, then what may come between it and its value
@@ -96,7 +98,7 @@ def check(file: str, trained: dict[str, str], policy: str) -> None:
     """Refuse (:class:`VersionSkew`) a model made by another minor version when ``policy``
     says so."""
     gaps = skewed(trained)
-    if not gaps or policy != REFUSE:
+    if not gaps or policy == WARN:
         return
     library, (made, serving) = next(iter(gaps.items()))
     raise VersionSkew(

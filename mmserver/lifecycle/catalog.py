@@ -93,6 +93,9 @@ class ModelView:
     served_with: dict[str, str] | None = None
     #: The example input saved with the model (an MLflow folder's), as JSON.
     input_example: Any = None
+    #: The model environment it runs in (its id, state, requirements, versions); ``None`` for
+    #: the server's own.
+    environment: dict[str, Any] | None = None
 
 
 class ModelListing(NamedTuple):
@@ -432,6 +435,11 @@ class Catalog:
             trained_with=signed.get("trained_with"),
             served_with=signed.get("served_with"),
             input_example=signed.get("input_example"),
+            environment=(
+                record.environment.describe()
+                if record is not None and record.environment is not None
+                else None
+            ),
         )
         if pool is None:
             return view

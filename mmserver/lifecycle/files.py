@@ -15,7 +15,10 @@ from typing import Any
 
 from mmserver.config.model import PROPERTIES_FILE, model_config_from_properties
 from mmserver.config.server import ModelConfig, load_model_config
+from mmserver.envs import requirements
+from mmserver.envs.requirements import RequirementSet
 from mmserver.errors import ModelLoadError
+from mmserver.execution import skew
 from mmserver.execution.families import engine_families
 from mmserver.store.names import split_version
 from mmserver.store.source import ModelSource, StoreEntry
@@ -27,9 +30,13 @@ UNPACK_THREADS = 4
 #: Processes doing a load's file work (with backend processes).
 UNPACK_PROCESSES = 2
 
-#: A model's files, ready to load: their directory, and ``serving.properties`` over the server's
-#: defaults (``None``: the model has none, the defaults apply as they are).
-Prepared = tuple[Path, ModelConfig | None]
+#: A model's files, ready to load: their directory, ``serving.properties`` over the server's
+#: defaults (``None``: the model has none, the defaults apply as they are), and the requirement
+#: set it runs with (``None``: the server's own environment).
+Prepared = tuple[Path, ModelConfig | None, RequirementSet | None]
+
+#: The files a pickled model may be in, searched for its recorded scikit-learn version.
+_PICKLES = ("*.joblib", "*.pkl", "*.pickle")
 
 
 def prepare(store: ModelSource, entry: StoreEntry, defaults: ModelConfig) -> Prepared:
@@ -53,7 +60,22 @@ def prepare(store: ModelSource, entry: StoreEntry, defaults: ModelConfig) -> Pre
             inherited = model_config_from_properties(props, defaults, where)
     config = load_model_config(model_dir, inherited)
     engine_families(config.engine, str(model_dir / PROPERTIES_FILE))  # an engine no family has
-    return model_dir, None if config is defaults else config
+    wanted = requirements.read_folder(model_dir)
+    if wanted is None and config.on_version_skew == skew.ENV:
+        wanted = _skew_set(model_dir)
+    return model_dir, None if config is defaults else config, wanted
+
+
+def _skew_set(model_dir: Path) -> RequirementSet | None:
+    """The set pinned to the scikit-learn version that made the model's pickle, when it is
+    another minor version than the server's (``on_version_skew=env``); read from the pickle's
+    bytes, nothing of it run."""
+    for pattern in _PICKLES:
+        for path in sorted(model_dir.glob(pattern)):
+            made = skew.recorded_version(path)
+            if made is not None and skew.skewed({skew.SKLEARN: made}):
+                return requirements.pinned_for_skew(made)
+    return None
 
 
 def find_and_prepare(

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mmserver import errors
-from mmserver.backend import BackendPool
+from mmserver.backend.placement import BackendPool
 from mmserver.config.server import ModelConfig
+from mmserver.envs.registry import Environment, Environments
 from mmserver.lifecycle import files
 from mmserver.lifecycle.catalog import Catalog
 from mmserver.lifecycle.record import ModelRecord, ModelStatus
@@ -44,6 +45,7 @@ class Loader:
         metrics: Metrics,
         file_work: files.FileWork,
         *,
+        envs: Environments | None,
         retry_seconds: float,
         clock: Callable[[], float],
     ) -> None:
@@ -52,6 +54,8 @@ class Loader:
         self.backend = backend
         self.metrics = metrics
         self.file_work = file_work
+        #: The model environments (``None``: models run in the server's environment only).
+        self.envs = envs
         #: How long a failed load answers its model's requests before one is tried again.
         self.retry_seconds = retry_seconds
         self._clock = clock
@@ -206,19 +210,29 @@ class Loader:
             prepared = await self.file_work.run(name, files.prepare, entry)
         if isinstance(prepared, Exception):
             raise prepared
-        model_dir, config = prepared
+        model_dir, config, wanted = prepared
         config = self.catalog.configured(record, config)
+        env = None
+        record.environment = None
+        if wanted is not None and self.envs is not None and not self.envs.met(wanted):
+            env = record.environment = self.envs.get(wanted, entry)  # shown while it builds
+            await self.envs.ready(env, name)
         need = self._estimate_bytes(record, entry, config)
-        await self.room.reserve(name, need)
         try:
-            pool = await self._start_pool(record, model_dir, config)
+            await self.room.reserve(name, need)
+        except BaseException:
+            if env is not None:
+                env.leave(name)
+            raise
+        try:
+            pool = await self._start_pool(record, model_dir, config, env)
         finally:
             self.room.release(need)
         record.source = entry.url
         return pool
 
     async def _start_pool(
-        self, record: ModelRecord, model_dir: Path, config: ModelConfig
+        self, record: ModelRecord, model_dir: Path, config: ModelConfig, env: Environment | None
     ) -> ModelPool:
         """The model's pool, started (its minWorkers loaded). A backend process that dies while
         the model loads into it is replaced, and the load is tried once more before it counts as
@@ -228,7 +242,15 @@ class Loader:
             self._generation += 1
             key = f"{name}#{self._generation}"
             pool = ModelPool(
-                name, key, model_dir, config, self.backend, self.metrics, self.room, record.measured
+                name,
+                key,
+                model_dir,
+                config,
+                self.backend,
+                self.metrics,
+                self.room,
+                record.measured,
+                env,
             )
             try:
                 await pool.start()
@@ -236,6 +258,8 @@ class Loader:
                 await pool.stop(None)
                 if attempt == 2:
                     raise
+                if env is not None:  # the stop left it; this attempt uses it again
+                    env.users.add(name)
                 log.warning(
                     "model %s: %s; loading it again", name, exc.message, extra={"model": name}
                 )
@@ -255,9 +279,12 @@ class Loader:
 
 def refusal(exc: errors.MMServerError) -> str | None:
     """The ``reason`` label of a load the server's options refused (the same each time it is
-    tried): ``untrusted`` or ``version_skew``; ``None`` for any other failure."""
+    tried): ``untrusted``, ``version_skew`` or ``environment`` (a requirement set that cannot be
+    installed, remembered until ``env_retry_s``); ``None`` for any other failure."""
     if isinstance(exc, errors.UntrustedModel):
         return "untrusted"
     if isinstance(exc, errors.VersionSkew):
         return "version_skew"
+    if isinstance(exc, errors.EnvironmentFailed):
+        return "environment"
     return None

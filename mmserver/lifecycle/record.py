@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mmserver import errors
+from mmserver.envs.registry import Environment
 from mmserver.serving.pool import Measured
 
 if TYPE_CHECKING:
@@ -94,6 +95,9 @@ class ModelRecord:
     pinned: bool = False
     #: What its loads measured (shared with the catalog's memory of models it forgot).
     measured: Measured = field(default_factory=Measured)
+    #: The model environment its requirement set asked for at its last load (``None``: the
+    #: server's own environment), shown while it builds and after it failed.
+    environment: Environment | None = None
 
     def become(self, status: ModelStatus) -> None:
         """Move to ``status``; :class:`TransitionError` if the lifecycle has no such step."""

@@ -21,7 +21,8 @@ import os
 from collections.abc import Iterable, Iterator
 
 from mmserver import errors
-from mmserver.backend import BackendPool, LoadInfo
+from mmserver.backend.placement import BackendPool
+from mmserver.backend.wire import LoadInfo
 from mmserver.config.server import ServerConfig
 from mmserver.config.trust import matching
 from mmserver.lifecycle.catalog import Catalog

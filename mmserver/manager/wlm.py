@@ -29,10 +29,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from mmserver import errors
-from mmserver.backend import BackendPool
+from mmserver.backend.placement import BackendPool
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig, ServerConfig
 from mmserver.config.trust import matching
+from mmserver.envs.building import find_uv
+from mmserver.envs.registry import Environments
 from mmserver.lifecycle.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.lifecycle.files import UNPACK_PROCESSES, FileWork
 from mmserver.lifecycle.loading import Loader
@@ -91,12 +93,24 @@ class WorkLoadManager:
         self.room = Room(
             config, self.catalog, self.backend, metrics, wait_seconds=room_wait_seconds
         )
+        #: The model environments (built for models whose requirements the server lacks).
+        self.envs = Environments(
+            config.env_path(config.cache_path),
+            metrics,
+            timeout=config.env_build_timeout_s,
+            retry_s=config.env_retry_s,
+            max_envs=config.max_envs,
+            disk_mb=config.env_disk_mb,
+            uv=find_uv(),
+        )
+        self.envs.on_remove = self.backend.stop_env
         self.loader = Loader(
             self.catalog,
             self.room,
             self.backend,
             metrics,
             self.files,
+            envs=self.envs,
             retry_seconds=load_retry_seconds,
             clock=clock,
         )
@@ -146,6 +160,9 @@ class WorkLoadManager:
         the pinned ones (:meth:`_load_pinned`); then, with a ``state_dir``, begin to load the
         warm set again (in the background: it does not delay the start)."""
         await self.backend.start()
+        found = await asyncio.to_thread(self.envs.scan)
+        if found:
+            log.info("%d model environment(s) found in %s", found, self.envs.folder)
         await self.versions.open()
         self.files.bind(asyncio.get_running_loop())
         self.room.measure_budget(UNPACK_PROCESSES if self.files.processes is not None else 0)

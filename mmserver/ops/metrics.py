@@ -43,10 +43,11 @@ from mmserver.ops.recent import Recent
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0, 60.0)
 _BATCH = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 _LOAD = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ENV_BUILD = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 #: The ``reason`` label values of ``mmserver_model_load_failures_total``.
-LOAD_FAILURE_REASONS = ("untrusted", "version_skew", "error")
+LOAD_FAILURE_REASONS = ("untrusted", "version_skew", "environment", "error")
 
 
 def _escape(value: str) -> str:
@@ -508,8 +509,8 @@ class Metrics:
             "mmserver_model_load_failures",
             "Model loads that failed, by reason: untrusted (the model's files need more trust "
             "than the server's trusted_types and trusted_models give them), version_skew (a "
-            "pickle made by another minor version of scikit-learn, on_version_skew=refuse) or "
-            "error.",
+            "pickle made by another minor version of scikit-learn, on_version_skew=refuse), "
+            "environment (its requirement set could not be installed) or error.",
             ["reason"],
         )
         for reason in LOAD_FAILURE_REASONS:
@@ -519,6 +520,20 @@ class Metrics:
         )
         self.model_load_seconds = HistogramFamily(
             "mmserver_model_load_seconds", "Time to load a model.", (), _LOAD
+        )
+        self.env_builds = CounterFamily(
+            "mmserver_env_builds",
+            "Model environments built (a requirement set the server's own environment does "
+            "not meet), by the tool that built them: uv or pip.",
+            ["tool"],
+        )
+        self.env_build_failures = CounterFamily(
+            "mmserver_env_build_failures",
+            "Model environment builds that failed (a requirement that cannot be installed, or "
+            "past env_build_timeout_s).",
+        )
+        self.env_build_seconds = HistogramFamily(
+            "mmserver_env_build_seconds", "Time to build a model environment.", (), _ENV_BUILD
         )
         self.backend_restarts = CounterFamily(
             "mmserver_backend_restarts",

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from mmserver.backend import LoadInfo, LoadSpec, Slot
+from mmserver.backend.placement import Slot
+from mmserver.backend.wire import LoadInfo, LoadSpec
 from mmserver.config.server import ModelConfig
 from mmserver.procs.replies import data_loads
 

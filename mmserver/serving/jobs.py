@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from mmserver import errors
-from mmserver.backend import Answer
+from mmserver.backend.batching import Answer
 from mmserver.codecs.requests import Request
 
 #: A request's priority (its tenant's ``priority``): who is shed first when a queue is full.

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mmserver import errors
-from mmserver.backend import BackendPool, LoadInfo, Slot
+from mmserver.backend.placement import BackendPool, Slot, env_lane
+from mmserver.backend.wire import LoadInfo
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
+from mmserver.envs.registry import Environment
 from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
 from mmserver.policy.scaling import (
     PoolSnapshot,
@@ -85,11 +87,13 @@ class ModelPool:
         metrics: Metrics,
         events: PoolEvents,
         measured: Measured | None = None,
+        env: Environment | None = None,
     ) -> None:
         """``key`` names this load of the model in the backend slots. ``measured`` is what an
         earlier load of the model measured, if there was one: the CPU seconds one of its
         requests took choose the lane its first workers start in, and the memory of one copy is
-        what :attr:`accounted_bytes` counts until this load measures it."""
+        what :attr:`accounted_bytes` counts until this load measures it. ``env``: the model
+        environment it runs in (``None``: the server's own), whose lane it keeps."""
         measured = measured or Measured()
         known = measured.hold
         self.name = name
@@ -109,6 +113,11 @@ class ModelPool:
         self._stay_low, self._stay_high = lane_bounds(self.lane, backend.heavy_batch_s)
         if config.trust.own_process:  # in a process of its own: no lane to move to
             self.lane = LIGHT
+            self._stay_low, self._stay_high = -math.inf, math.inf
+        #: The model environment the model runs in: its processes are its lane's, and only its.
+        self.env = env
+        if env is not None:
+            self.lane = env_lane(env.key)
             self._stay_low, self._stay_high = -math.inf, math.inf
         self._lane_since = -float("inf")  # when it last moved (time.monotonic())
         self._loop = loop = asyncio.get_running_loop()
@@ -475,6 +484,8 @@ class ModelPool:
             job.fail(errors.ShuttingDown("the model was unloaded before this request ran"))
         await self._group.stop()
         await self._copies.leave_all(self.backend.slots, unload)
+        if self.env is not None:
+            self.env.leave(self.name)
 
 
 @dataclass(slots=True)

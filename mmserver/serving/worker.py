@@ -23,7 +23,9 @@ import time
 from typing import Protocol
 
 from mmserver import errors
-from mmserver.backend import Answer, BatchResult, Slot
+from mmserver.backend.batching import Answer
+from mmserver.backend.placement import Slot
+from mmserver.backend.wire import BatchResult
 from mmserver.policy.scheduling import Cost
 from mmserver.serving.jobs import Job, partition_live
 

@@ -21,8 +21,9 @@ import logging
 from typing import Protocol
 
 from mmserver import errors
-from mmserver.backend import BackendPool
+from mmserver.backend.placement import BackendPool
 from mmserver.config.server import ModelConfig
+from mmserver.envs.registry import Environment
 from mmserver.ops.metrics import Metrics
 from mmserver.policy.scaling import (
     PoolSnapshot,
@@ -45,6 +46,8 @@ class GroupHost(WorkerHost, Protocol):
     queue: JobQueue
     #: The lane the model runs in: new workers start there.
     lane: str
+    #: The model environment it runs in (``None``: the server's own).
+    env: Environment | None
     #: The pool's stop has begun: workers leaving now are not scaling down.
     unloading: bool
     #: The pool's stop has answered what was left: no worker starts again.
@@ -104,7 +107,10 @@ class WorkerGroup:
     def add(self, reason: str, *, scaling: bool = True, level: int = logging.INFO) -> Worker:
         """Start a worker in the model's lane; ``scaling``: counted as a scale-up."""
         host = self._host
-        if host.config.trust.own_process:  # its code never shares a process with another model
+        env = host.env
+        if env is not None:  # in its environment's processes
+            slot = self._backend.bind_env(env.key, env.python, self._per_slot.keys())
+        elif host.config.trust.own_process:  # its code never shares a process with another model
             slot = self._backend.bind_own(host.name, self._per_slot.keys())
         else:
             slot = self._backend.bind(self._per_slot.keys(), host.lane)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-import javaproperties
-
 from mmserver.errors import ConfigError
 
 #: The spellings of true and false (lower case) in the environment, on the command line, in
@@ -37,6 +35,8 @@ def parse_properties(text: str) -> dict[str, str]:
     ``\\uXXXX`` and backslash before any other character (``\\#``, ``\\=``, ``\\\\``...).
     A value keeps its trailing white space, as in Java (the server strips it when it reads a
     number or a name). Later keys win. A malformed ``\\uXXXX`` raises :class:`ConfigError`."""
+    import javaproperties  # here: a model environment imports this module and lacks it
+
     try:
         return javaproperties.loads(text)
     except javaproperties.InvalidUEscapeError as exc:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mmserver.backend import ProcessSlot
+from mmserver.backend.process_slot import ProcessSlot
 from mmserver.config.server import ServerConfig
 from mmserver.manager.wlm import WorkLoadManager
 from mmserver.ops import capacity
