@@ -184,7 +184,10 @@ def last_error_line(text: str) -> str:
     if errors:
         return errors[-1]
     said = [line for line in lines if line and not line.startswith(("hint:", "help:"))]
-    return said[-1] if said else ""
+    last = said[-1] if said else ""
+    for prefix in ("error:", "cause:", "Caused by:"):
+        last = last.removeprefix(prefix).strip()
+    return last
 
 
 def named_packages(line: str, wanted: RequirementSet | None) -> list[str]:
