@@ -3,7 +3,8 @@ forest pickled by scikit-learn 1.3.2 with a pinning requirements.txt answers wha
 its environment built while a neighbour keeps answering; two models asking for one set share
 one build; a set the server meets builds nothing; a requirement that cannot be installed fails
 its model only, naming the package; a restart reuses what was built; ``mmserver envs build``
-builds ahead of time.
+builds ahead of time; ``on_version_skew=env`` serves a pickle without requirements in an
+environment pinned to the version that made it.
 
 The old models are made by scikit-learn 1.3.2 itself, in the side environment ``scripts/test``
 builds (``tests/old-sklearn.txt``). The environments are built from the package index pip is
@@ -138,8 +139,8 @@ def _env(find_links: str = "") -> dict[str, str | None]:
     }
 
 
-def _server(store: Path, env_dir: Path, log: Path, find_links: str = "") -> Child:
-    args = ("--backend-processes", "1", "--heavy-processes", "0", "--env-dir", str(env_dir))
+def _server(store: Path, env_dir: Path, log: Path, find_links: str = "", *more: str) -> Child:
+    args = ("--backend-processes", "1", "--heavy-processes", "0", "--env-dir", str(env_dir), *more)
     return Child(
         Serve(store, free_port(), args=args),
         log,
@@ -310,5 +311,33 @@ async def test_envs_build_builds_a_stores_environments_ahead_of_time(
                 assert status == 200, body
                 assert body["predictions"] == answers["predict_proba"]
             assert await metric_total(session, child.url, "mmserver_env_builds_total") == 0
+    finally:
+        await asyncio.to_thread(child.kill)
+
+
+async def test_on_version_skew_env_pins_a_pickle_to_the_version_that_made_it(
+    store: tuple[Path, dict[str, Any]], env_dir: Path, tmp_path: Path
+) -> None:
+    folder, answers = store
+    plain = tmp_path / "store"
+    (plain / "old-plain").mkdir(parents=True)
+    shutil.copy(folder / "old-forest" / "model.joblib", plain / "old-plain" / "model.joblib")
+    (plain / "old-plain" / "serving.properties").write_text("option.method=predict_proba\n")
+    make_linear_model(plain / "neighbour")
+    child = _server(plain, env_dir, tmp_path / "server.log", "", "--on-version-skew", "env")
+    await asyncio.to_thread(child.start)
+    try:
+        await asyncio.to_thread(child.wait_ready, 60)
+        async with aiohttp.ClientSession() as session:
+            url = f"{child.url}/predictions/old-plain"
+            status, body = await _post(session, url, answers["rows"])
+            assert status == 200, body
+            assert body["predictions"] == answers["predict_proba"]
+            environment = (await _describe(session, child.url, "old-plain"))["environment"]
+            assert environment["requirements"] == ["numpy<2", "scikit-learn==1.3.2"]
+            assert environment["versions"]["scikit-learn"] == "1.3.2"
+            # A model of the server's own version needs none.
+            assert (await _post(session, f"{child.url}/predictions/neighbour", [[0.5]]))[0] == 200
+            assert "environment" not in await _describe(session, child.url, "neighbour")
     finally:
         await asyncio.to_thread(child.kill)

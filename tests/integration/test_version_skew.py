@@ -215,5 +215,7 @@ def test_the_skew_option_is_checked() -> None:
     from mmserver.config.server import ServerConfig
     from mmserver.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"on_version_skew='env'.*must be one of refuse, warn"):
-        ServerConfig(model_store=sys.prefix, on_version_skew="env")
+    with pytest.raises(
+        ConfigError, match=r"on_version_skew='envs'.*must be one of refuse, warn, env"
+    ):
+        ServerConfig(model_store=sys.prefix, on_version_skew="envs")
