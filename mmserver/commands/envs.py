@@ -3,9 +3,11 @@ image or a CI cache), as the server would build them on first load: each distinc
 set the server's own environment does not meet, once, under the server's ``env_dir``. A server
 started later with the same ``env_dir`` finds them and builds nothing.
 
-The store's models are listed and their archives unpacked as the server does; their
-``requirements.txt`` (and MLflow's ``python_env.yaml``) are read. A pickle that needs an
-environment only because of ``on_version_skew=env`` is built on its first load, not here.
+It builds with what the server would (``env_installer``: uv where it is installed, else pip;
+``MMSERVER_ENV_INSTALLER`` is read). The store's models are listed and their archives unpacked
+as the server does; their ``requirements.txt`` (and MLflow's ``python_env.yaml``) are read. A
+pickle that needs an environment only because of ``on_version_skew=env`` is built on its first
+load, not here.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         print(f"mmserver envs: {exc.message}", file=sys.stderr)
         return 2
     folder = config.env_path(config.cache_path)
-    return asyncio.run(_build_all(sets, folder, args.timeout, out))
+    return asyncio.run(_build_all(sets, folder, args.timeout, config.env_uv, out))
 
 
 def needed_sets(config: ServerConfig, out: TextIO) -> dict[RequirementSet, list[str]]:
@@ -98,9 +100,12 @@ def needed_sets(config: ServerConfig, out: TextIO) -> dict[RequirementSet, list[
 
 
 async def _build_all(
-    sets: dict[RequirementSet, list[str]], folder: Path, timeout: float, out: TextIO
+    sets: dict[RequirementSet, list[str]],
+    folder: Path,
+    timeout: float,
+    uv: str | None,
+    out: TextIO,
 ) -> int:
-    uv = building.find_uv()
     failed = 0
     for number, (wanted, models) in enumerate(sets.items(), 1):
         head = f"[{number}/{len(sets)}] {wanted.key} ({', '.join(wanted.requirements)})"

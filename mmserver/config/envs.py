@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmserver.envs.building import find_uv
+from mmserver.errors import ConfigError
+
+#: The choices of ``env_installer``.
+INSTALLERS = ("auto", "uv", "pip")
+
 
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
@@ -35,11 +41,31 @@ class EnvOptions:
         "Environments kept at most; past it the least recently used one no loaded model uses "
         "is removed; 0 = no limit.",
     )
+    env_installer: str = _opt(
+        "auto",
+        "What builds the environments: auto (uv where it is installed, else venv and pip), "
+        "uv or pip; either installs from the package index pip is configured with.",
+    )
     env_disk_mb: int = _opt(
         0,
         "Disk budget of the environments in MiB; past it the least recently used ones no "
         "loaded model uses are removed; 0 = no limit.",
     )
+
+    def check_envs(self) -> None:
+        """Refuse an ``env_installer`` that is not a choice, or ``uv`` where none is installed."""
+        if self.env_installer not in INSTALLERS:
+            raise ConfigError(
+                f"option env_installer={self.env_installer!r}: must be one of "
+                f"{', '.join(INSTALLERS)}"
+            )
+        if self.env_installer == "uv" and find_uv() is None:
+            raise ConfigError("option env_installer=uv: uv is not installed (pip install uv)")
+
+    @property
+    def env_uv(self) -> str | None:
+        """The ``uv`` executable the environments are built with (``None``: pip)."""
+        return None if self.env_installer == "pip" else find_uv()
 
     def env_path(self, cache_path: Path) -> Path:
         """The environments' folder: ``env_dir``, or ``.mmserver-envs`` beside ``cache_path``."""

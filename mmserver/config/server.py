@@ -385,6 +385,7 @@ class ServerConfig(EnvOptions):
                 "(0 = no gRPC)"
             )
         model_patterns("pinned_models", self.pinned_models)
+        self.check_envs()
         if self.metrics_model_label not in MODEL_LABEL_CHOICES:
             raise ConfigError(
                 f"option metrics_model_label={self.metrics_model_label!r}: must be one of "

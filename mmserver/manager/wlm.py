@@ -33,7 +33,6 @@ from mmserver.backend.placement import BackendPool
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig, ServerConfig
 from mmserver.config.trust import matching
-from mmserver.envs.building import find_uv
 from mmserver.envs.registry import Environments
 from mmserver.lifecycle.catalog import Catalog, ModelListing, ModelView, WorkerView
 from mmserver.lifecycle.files import UNPACK_PROCESSES, FileWork
@@ -101,7 +100,7 @@ class WorkLoadManager:
             retry_s=config.env_retry_s,
             max_envs=config.max_envs,
             disk_mb=config.env_disk_mb,
-            uv=find_uv(),
+            uv=config.env_uv,
         )
         self.envs.on_remove = self.backend.stop_env
         self.loader = Loader(

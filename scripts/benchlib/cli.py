@@ -25,6 +25,7 @@ from typing import Any
 
 from benchlib import (
     asyncbench,
+    envsbench,
     grpcload,
     loads,
     neighbour,
@@ -60,10 +61,11 @@ SECTIONS = (
     "transform",
     "rollout",
     "tenants",
+    "envs",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own, or
 #: need packages of their own (onnx: skl2onnx and onnxruntime).
-OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx", "tenants")
+OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx", "tenants", "envs")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -391,7 +393,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.sections == ["transform"]:
             return raw
     # Sections with servers of their own and nothing of their own to be told.
-    for section, run_section in (("rollout", rollout.run), ("tenants", tenantsbench.run)):
+    for section, run_section in (
+        ("rollout", rollout.run),
+        ("tenants", tenantsbench.run),
+        ("envs", envsbench.run),
+    ):
         if section not in args.sections:
             continue
         with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
@@ -580,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     for section, summary_lines in (
         ("rollout", rollout.summary_lines),
         ("tenants", tenantsbench.summary_lines),
+        ("envs", envsbench.summary_lines),
     ):
         if section in raw:
             text = text.rstrip("\n") + "\n" + "\n".join(summary_lines(raw[section])) + "\n"
