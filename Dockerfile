@@ -10,6 +10,18 @@
 # where the container has no network, and installs what was tested). BASE is any image with
 # Python >= 3.11 and its venv module whose Python matches the wheels' (python:3.12-slim, or a
 # Debian image with python3 and python3-venv).
+#
+# Models with a requirements.txt run in environments of their own, built on first load into
+# /envs (MMSERVER_ENV_DIR) from the package index the container's pip is configured with. To
+# bake them into an image instead (no build, no index at run time), build them in an image of
+# your own on this one, with the store in it and the index reachable while it builds:
+#
+#   FROM mmserver
+#   COPY --chown=mmserver model_store /models
+#   RUN mmserver envs build --model-store /models      # into /envs, one line per environment
+#
+# The server then finds them at start and builds nothing (a model whose set is not there is
+# built on its first load, as without them).
 ARG BASE=python:3.12-slim
 
 FROM ${BASE} AS build
@@ -27,8 +39,8 @@ RUN if ! ldconfig -p | grep -q libgomp.so.1; then \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
     && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent mmserver \
-    && mkdir -p /models /cache \
-    && chown mmserver /cache
+    && mkdir -p /models /cache /envs \
+    && chown mmserver /cache /envs
 # The store is read-only to the server; archives are unpacked into /cache (a volume or tmpfs
 # where the store is read-only). 0.0.0.0 inside the container, published where the operator
 # chooses: a non-loopback address needs MMSERVER_MANAGEMENT_TOKEN (or
@@ -37,6 +49,7 @@ ENV PATH=/opt/mmserver/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     MMSERVER_MODEL_STORE=/models \
     MMSERVER_CACHE_DIR=/cache \
+    MMSERVER_ENV_DIR=/envs \
     MMSERVER_HOST=0.0.0.0 \
     MMSERVER_PORT=8080
 VOLUME ["/models", "/cache"]
