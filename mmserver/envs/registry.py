@@ -188,6 +188,14 @@ class Environments:
         env.last_used = self._clock()
         return env
 
+    async def stop(self) -> None:
+        """Cancel the builds under way (their subprocesses are killed) and wait for them: a
+        folder left unfinished is removed and built again at the next start."""
+        builds = [env.build for env in self.envs.values() if env.build is not None]
+        for build in builds:
+            build.cancel()
+        await asyncio.gather(*builds, return_exceptions=True)
+
     def _start(self, env: Environment, entry: object) -> None:
         env.build = asyncio.get_running_loop().create_task(
             self._build(env, entry), name=f"mmserver-env-build-{env.key}"
@@ -199,7 +207,7 @@ class Environments:
         log.info("environment %s: building for %s", env.key, listed)
         try:
             built = await building.build(env.wanted, env.folder, self._timeout, self._uv)
-        except (building.BuildFailed, TimeoutError, OSError) as exc:
+        except Exception as exc:  # the installer's failure, its deadline, or anything else
             env.error = EnvironmentFailed(_failure(env, exc, self._timeout))
             env.failed_at, env.failed_for = self._clock(), entry
             env.become(EnvState.FAILED)
@@ -228,11 +236,8 @@ class Environments:
         """Remove unused environments, least recently used first, past ``max_envs`` or the disk
         budget."""
         while True:
-            kept = [e for e in self.envs.values() if e.state is not EnvState.BUILDING]
-            unused = sorted(
-                (e for e in kept if not e.users and e.state is EnvState.READY),
-                key=lambda e: e.last_used,
-            )
+            kept = [e for e in self.envs.values() if e.state is EnvState.READY]
+            unused = sorted((e for e in kept if not e.users), key=lambda e: e.last_used)
             over_count = self._max_envs and len(kept) > self._max_envs
             over_disk = self._disk_bytes and sum(e.disk_bytes for e in kept) > self._disk_bytes
             if not unused or not (over_count or over_disk):

@@ -273,6 +273,7 @@ class WorkLoadManager:
             await self.warm.stop()  # the set as it is, before the models drain
         await self.shadows.stop()
         await self.loader.cancel_all()
+        await self.envs.stop()  # builds under way are stopped, their folders left unfinished
         # The pools drain as loaded models: they stay READY, with their series, until the end.
         records = [r for r in self.catalog.records.values() if r.pool is not None]
         await asyncio.gather(

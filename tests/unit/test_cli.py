@@ -178,6 +178,7 @@ def test_every_flag_reaches_the_config() -> None:
                 "trusted_types": "fractions.Fraction",
                 "trusted_models": "team-a-*",
                 "on_version_skew": "warn",
+                "env_installer": "pip",
             }.get(field.name, f"/x/{field.name}")
             argv += [flag, value]
             expected[field.name] = value

@@ -227,3 +227,20 @@ def test_an_environment_s_fork_server_starts_answers_and_loses_a_process(
         parent.close()
     finally:
         server.stop()
+
+
+async def test_a_build_past_its_deadline_is_killed_and_fails_its_loads(tmp_path: Path) -> None:
+    metrics = Metrics()
+    envs = Environments(
+        tmp_path, metrics, timeout=0.001, retry_s=3600.0, max_envs=0, disk_mb=0, uv=None
+    )
+    wanted = _set("scikit-learn==1.3.2")
+    env = envs.get(wanted, "entry")
+    with pytest.raises(EnvironmentFailed) as caught:
+        await envs.ready(env, "churn")
+    assert caught.value.message == (
+        "its environment (scikit-learn==1.3.2) was not built within env_build_timeout_s=0.001 s"
+    )
+    assert env.state is EnvState.FAILED and not env.users
+    assert not (tmp_path / wanted.key).exists()
+    assert metrics.env_build_failures.labels().value == 1
