@@ -1,4 +1,4 @@
-"""Per-model environments in the real server (docs/models.md, *A model's own environment*): a
+"""Per-model environments in the real server (docs/operations.md, *Model environments*): a
 forest pickled by scikit-learn 1.3.2 with a pinning requirements.txt answers what 1.3.2 answers,
 its environment built while a neighbour keeps answering; two models asking for one set share
 one build; a set the server meets builds nothing; a requirement that cannot be installed fails

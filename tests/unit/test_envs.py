@@ -165,11 +165,9 @@ async def test_a_failure_is_answered_until_its_retry_time_or_another_entry(
     await asyncio.gather(failed.build, return_exceptions=True)
 
 
-def test_a_restart_takes_finished_environments_and_removes_unfinished_ones(
-    tmp_path: Path,
-) -> None:
-    wanted = _set("scikit-learn==1.3.2")
-    done = tmp_path / wanted.key
+def _built(folder: Path, wanted: RequirementSet) -> Path:
+    """A finished environment's folder, as a build leaves it (its interpreter a link)."""
+    done = folder / wanted.key
     (done / "bin").mkdir(parents=True)
     (done / "bin" / "python").symlink_to(sys.executable)
     manifest = {
@@ -181,6 +179,42 @@ def test_a_restart_takes_finished_environments_and_removes_unfinished_ones(
         "seconds": 2.5,
     }
     (done / building.MANIFEST).write_text(json.dumps(manifest))
+    return done
+
+
+@pytest.mark.parametrize(("max_envs", "disk_mb"), [(1, 0), (0, 2)])
+async def test_unused_environments_are_removed_oldest_first_past_the_limits(
+    tmp_path: Path, max_envs: int, disk_mb: int
+) -> None:
+    sets = [_set(f"scikit-learn==1.{minor}.0") for minor in (1, 2, 3)]
+    for wanted in sets:
+        _built(tmp_path, wanted)
+    envs = Environments(
+        tmp_path, Metrics(), timeout=5.0, retry_s=1.0, max_envs=max_envs, disk_mb=disk_mb, uv=None
+    )
+    assert envs.scan() == 3
+    removed: list[str] = []
+
+    async def on_remove(key: str) -> None:
+        removed.append(key)
+
+    envs.on_remove = on_remove
+    oldest, used, newer = (envs.envs[w.key] for w in sets)
+    oldest.last_used, used.last_used, newer.last_used = 1.0, 0.5, 2.0
+    used.users.add("churn")  # oldest of all, but a loaded model runs there
+    for env in (oldest, used, newer):
+        env.disk_bytes = 2 << 20  # three of 2 MiB: one fits a budget of 2 MiB
+    await envs._trim()
+    assert removed == [oldest.key, newer.key]
+    assert list(envs.envs) == [used.key]
+    assert not (tmp_path / oldest.key).exists() and (tmp_path / used.key).exists()
+
+
+def test_a_restart_takes_finished_environments_and_removes_unfinished_ones(
+    tmp_path: Path,
+) -> None:
+    wanted = _set("scikit-learn==1.3.2")
+    _built(tmp_path, wanted)
     unfinished = tmp_path / "0123456789abcdef"
     (unfinished / "bin").mkdir(parents=True)
     envs = Environments(
