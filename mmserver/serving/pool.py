@@ -32,7 +32,8 @@ from mmserver import errors
 from mmserver.backend import BackendPool, LoadInfo, Slot
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
-from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
+from mmserver.ops.metrics import Metrics, ModelRequests
+from mmserver.ops.series import CounterChild
 from mmserver.policy.scaling import (
     PoolSnapshot,
     should_add_background_worker,
