@@ -225,7 +225,11 @@ class Metrics:
         self.backend_restarts = CounterFamily(
             "mmserver_backend_restarts",
             "Backend processes replaced after dying, or for holding more than their share of "
-            "the memory budget beyond their models.",
+            "the memory budget beyond their models; by the model whose batch or load the "
+            "process was running (- for none).",
+            ["model"],
+            models=live,
+            labelled=every,
         )
         self.model_cpu_seconds = CounterFamily(
             "mmserver_model_cpu_seconds",
@@ -316,6 +320,11 @@ class Metrics:
     def families(self) -> list[Family[Any]]:
         """Every family, in the order the exposition lists them."""
         return list(self._families)
+
+    def backend_restarted(self, model: str = UNRESOLVED) -> None:
+        """Count one backend process replaced while it was running ``model``'s batch or load
+        (counted under ``-`` when none, or when the model has no series of its own)."""
+        self.backend_restarts.labels(model if model in self._live else UNRESOLVED).inc()
 
     def open_model(self, model: str) -> None:
         """Let ``model`` have series of its own (a load of it begins)."""
