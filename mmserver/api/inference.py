@@ -20,7 +20,6 @@ from mmserver.api.middleware import Handler, render_error
 from mmserver.api.protocols import ROUTING_KEY, TARGET_MODEL, Route
 from mmserver.api.state import REQUEST_ID
 from mmserver.api.web import STATE, read_body, request_id
-from mmserver.codecs.v2 import HEADER_LENGTH
 from mmserver.tenancy.gate import THROTTLE_HOLD_S, Throttled
 
 _HEALTHY = b'{"status": "Healthy"}'
@@ -68,7 +67,7 @@ def inference_handler(route: Route) -> Handler:
                 body,
                 headers.get(hdrs.CONTENT_TYPE),
                 headers.get(hdrs.ACCEPT),
-                headers.get(HEADER_LENGTH),
+                None if protocol.header is None else headers.get(protocol.header),
                 transport.is_closing if transport is not None else None,
                 headers.get(ROUTING_KEY),
             )

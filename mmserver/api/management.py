@@ -194,10 +194,13 @@ def _describe(model: ModelView, hide: ApiState | None = None) -> dict[str, Any]:
             }
         )
         if model.paths is not None:
-            paths = {k: v for k, v in model.paths.items() if k not in ("family", "summary")}
+            apart = ("family", "summary", "explanation")
+            paths = {k: v for k, v in model.paths.items() if k not in apart}
             paths["batches"] = model.path_batches or {}
             result["family"] = model.paths.get("family")
             result["predictPaths"] = paths
+            if "explanation" in model.paths:  # the method its explanations get
+                result["explanation"] = model.paths["explanation"]
     if model.inputs is not None:
         result["inputs"] = model.inputs
     if model.file_format is not None:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mmserver.codecs import mlmodel
+from mmserver.codecs.explanations import ATTRIBUTIONS
 from mmserver.codecs.schema import (
     Column,
     Inputs,
@@ -41,6 +42,7 @@ from mmserver.config.server import METHODS, ModelConfig
 from mmserver.errors import ModelLoadError, UntrustedModel
 from mmserver.execution.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.execution.custom import entry_point, load_custom
+from mmserver.execution.explainers import plan_explanation
 from mmserver.execution.families import (
     SKLEARN,
     XGBOOST,
@@ -126,6 +128,12 @@ class EstimatorPredictor:
                 _called_facts(self._method(m), m, self.sample()) or facts
                 for m, facts in zip(self.outputs, self.output_facts, strict=True)
             ]
+        #: How its predictions are explained (:mod:`mmserver.execution.explainers`); it keeps
+        #: what its method needs of the model.
+        self.name = name
+        self.explanation = plan_explanation(
+            model, inputs, config, model_dir, self.output, self.outputs
+        )
         #: The tensors the model takes, when its family says them (an ONNX graph's inputs).
         self.tensors = booster.tensors(model) if booster is not None and booster.tensors else None
         missing = any(c.missing for c in inputs.columns)
@@ -196,12 +204,16 @@ class EstimatorPredictor:
             "method": self.method,
             **self.plan.describe(),
             "summary": self.plan.summary(),
+            "explanation": self.explanation.describe(),
         }
 
-    def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]:
-        """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``."""
+    def output(self, name: str, batch: Batch) -> Any:
+        """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``; for
+        :data:`~mmserver.codecs.explanations.ATTRIBUTIONS`, the batch's attributions."""
         if name == self.method:
             return self.predict(batch)
+        if name == ATTRIBUTIONS:
+            return self.explanation.explain(batch, self.name)
         return check_rows(self._method(name)(batch), batch)
 
     def sample(self) -> Batch:

@@ -25,6 +25,7 @@ from typing import Any
 
 from benchlib import (
     asyncbench,
+    explainbench,
     grpcload,
     loads,
     neighbour,
@@ -53,6 +54,7 @@ SECTIONS = (
     "neighbour",
     "trees",
     "onnx",
+    "explain",
     "tabular",
     "grpc",
     "scale",
@@ -63,7 +65,7 @@ SECTIONS = (
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own, or
 #: need packages of their own (onnx: skl2onnx and onnxruntime).
-OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx", "tenants")
+OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx", "explain", "tenants")
 PATTERNS = report.PATTERNS
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
@@ -408,6 +410,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trees.ensure(model_store)
     if "onnx" in args.sections:
         onnxbench.ensure(model_store)
+    if "explain" in args.sections:
+        explainbench.ensure(model_store)
     if "tabular" in args.sections:
         tabular.ensure(model_store)
     needs_floor = {"closed", "open"} & set(args.sections)
@@ -534,6 +538,8 @@ def _measure(
         raw["trees"] = trees.run(server, settings, _log)
     if "onnx" in sections:
         raw["onnx"] = onnxbench.run(server, settings, _log)
+    if "explain" in sections:
+        raw["explain"] = explainbench.run(server, settings, _log)
     if "grpc" in sections:
         raw["grpc"] = grpcload.section(server, peer, args.patterns, settings, _log)
     if args.profile:

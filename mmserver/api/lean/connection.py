@@ -309,7 +309,7 @@ class LeanConnection(asyncio.Protocol):
             data[body_start:body_end],
             fields.get(b"content-type"),
             fields.get(b"accept"),
-            fields.get(b"inference-header-content-length"),
+            fields.get(route[0].protocol.lean_field),
             fields.get(b"x-request-id"),
         )
         return body_end
