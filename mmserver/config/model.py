@@ -198,8 +198,8 @@ class ModelConfig:
     )
     explain: bool = option(
         True,
-        "Whether the model answers explanations (its estimator is then kept after its predict "
-        "paths are chosen, for its attributions).",
+        "Whether the model answers explanations (a model whose predict paths let its "
+        "estimator go reads it again from its file for its first explanation).",
         keys=("option.explain",),
     )
     explain_background: str | None = option(

@@ -107,14 +107,17 @@ def plan_explanation(
     model_dir: Path | None,
     output: Callable[[str, Any], Any],
     outputs: tuple[str, ...],
+    source: Callable[[], Any] | None = None,
 ) -> Explanation:
     """The method ``model`` (taking ``inputs``) gets. ``output(name, batch)`` answers one of its
-    ``outputs`` (for Kernel SHAP)."""
+    ``outputs`` (for Kernel SHAP). ``source()`` gives the model object again when its first
+    explanation is built (read again from its file: the predict paths may have let it go);
+    without it, a method that needs the model keeps it."""
     if config is not None and not config.explain:
         return Explanation(NONE, missing="option.explain=false")
     background = read_background(model_dir, config, inputs)
     steps = list(getattr(model, "steps", []))
-    final = steps[-1][1] if steps else model
+    final = _final(model)
     front = [s for _, s in steps[:-1]]
     names = list(inputs.names)
     mapped = column_map(front, names) if names else None
@@ -138,7 +141,12 @@ def plan_explanation(
                     "'mmserver[explain]')"
                 )
             else:
-                return shaped.exact(TREE, lambda: _shap_trees(final), *_tree_output(final))
+                # Built from the model read again, so that a model never explained holds
+                # only what its predict paths keep.
+                again = source or (lambda: model)
+                return shaped.exact(
+                    TREE, lambda: _shap_trees(_final(again())), *_tree_output(final)
+                )
         elif _is_linear(final):
             mean = None
             if background is not None:
@@ -156,7 +164,7 @@ def plan_explanation(
         f"known) and no background sample ({BACKGROUND} beside the model, or "
         "option.explain_background)"
     )
-    if (background is not None and inputs.dense and not inputs.frame) or background is not None:
+    if background is not None:
         if not inputs.dense:
             return Explanation(NONE, missing="Kernel SHAP takes models of number columns only")
         method = "predict_proba" if "predict_proba" in outputs else outputs[0]
@@ -250,6 +258,12 @@ def _tree_output(final: Any) -> tuple[str, tuple[str, ...] | None]:
 
 def _is_linear(final: Any) -> bool:
     return type(final).__module__.startswith("sklearn.linear_model") and hasattr(final, "coef_")
+
+
+def _final(model: Any) -> Any:
+    """A pipeline's last step, or the model itself."""
+    steps = getattr(model, "steps", None)
+    return steps[-1][1] if steps else model
 
 
 def _shap_trees(final: Any) -> Contributions:

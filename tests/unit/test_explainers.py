@@ -12,7 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from sklearn.compose import ColumnTransformer
-from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+from sklearn.ensemble import (
+    GradientBoostingClassifier,
+    RandomForestClassifier,
+    RandomForestRegressor,
+)
 from sklearn.linear_model import LinearRegression, Ridge
 from sklearn.neighbors import KNeighborsRegressor
 from sklearn.pipeline import make_pipeline
@@ -60,6 +64,27 @@ def test_forest_is_shaps_tree_explainer(tmp_path: Path) -> None:
     assert attributions.outputs == ("0", "1", "2")
     assert attributions.explained == "probability"
     assert_adds_up(attributions, forest.predict_proba(ROWS))
+
+
+def test_a_forest_its_predict_paths_let_go_is_read_again_for_its_explanation(
+    tmp_path: Path,
+) -> None:
+    forest = RandomForestRegressor(n_estimators=20, max_depth=5, random_state=0).fit(X, Y)
+    reads: list[int] = []
+
+    def reload() -> Any:
+        reads.append(1)
+        return forest
+
+    predictor = EstimatorPredictor(forest, "predict", "forest", reload=reload)
+    predictor.model = None  # as when its predict paths answer without it
+    attributions = explained(predictor, ROWS)
+    assert reads == [1]  # read once, for the explainer
+    reference = shap.TreeExplainer(forest).shap_values(ROWS)
+    np.testing.assert_allclose(attributions.values[:, 0, :], reference, atol=1e-6)
+    assert_adds_up(attributions, forest.predict(ROWS))
+    explained(predictor, ROWS)
+    assert reads == [1]
 
 
 def test_boosters_are_their_own_contributions(tmp_path: Path) -> None:
