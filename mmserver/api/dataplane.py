@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from mmserver.api.accesslog import shown_path
 from mmserver.api.protocols import Protocol
+from mmserver.codecs.explanations import content_type_of
 from mmserver.codecs.requests import Request
 from mmserver.errors import (
     InvalidModelName,
@@ -151,7 +152,7 @@ class Exchange:
                 time.time(),
                 self.rid,
                 job[0],
-                job[1] or "application/json",
+                content_type_of(job[1]) or "application/json",
                 bytes(rendered[0]),
                 rendered[1],
             )

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from mmserver.codecs.answers import encode_json, response_type, typed_answer
-from mmserver.codecs.explanations import ATTRIBUTIONS
+from mmserver.codecs.explanations import ATTRIBUTIONS, is_explained
 from mmserver.codecs.schema import Inputs, declared, matrix_inputs
 from mmserver.codecs.tabular import to_frame
 from mmserver.config.server import ModelConfig
@@ -103,7 +103,14 @@ class CustomPredictor:
                 "on its DJL or SageMaker path, not the Open Inference Protocol",
             )
         ] * len(requests)
-        taken = [i for i, (_, kind, _) in enumerate(requests) if not kind.startswith("v2")]
+        for i, (_, kind, _) in enumerate(requests):
+            if is_explained(kind):
+                out[i] = ("InvalidInput", "a model served by a custom handler has no explanation")
+        taken = [
+            i
+            for i, (_, kind, _) in enumerate(requests)
+            if not kind.startswith("v2") and not is_explained(kind)
+        ]
         if not taken:
             return out
         raw = [RawRequest(*requests[i]) for i in taken]
