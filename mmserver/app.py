@@ -19,6 +19,7 @@ from mmserver.api import asynchronous, inference, management, pages, v2
 from mmserver.api.access import check_security
 from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, unmatched
+from mmserver.api.peers import FANNED, Peers
 from mmserver.api.protocols import INFER, ROUTES
 from mmserver.api.state import ApiState
 from mmserver.api.web import STATE
@@ -56,6 +57,14 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
 
         app.on_startup.append(start_capture)
         app.on_cleanup.append(close_capture)
+    if config.peers.strip():
+        state.peers = Peers(config.peers)
+
+        async def close_peers(app: web.Application) -> None:
+            if state.peers is not None:
+                await state.peers.close()
+
+        app.on_cleanup.append(close_peers)
     handlers: dict[str, Handler] = {
         **inference.HANDLERS,
         **management.HANDLERS,
@@ -66,6 +75,8 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     for route in ROUTES:
         if route.operation == INFER:
             handler = inference.inference_handler(route)
+        elif route.operation in FANNED:
+            handler = management.fanned(handlers[route.operation])
         else:
             handler = handlers[route.operation]
         if route.method == "GET":

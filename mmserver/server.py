@@ -31,6 +31,7 @@ from aiohttp import web
 from mmserver import errors
 from mmserver.api.access import check_security
 from mmserver.api.connections import HttpRunner
+from mmserver.api.peers import adopt_rollouts
 from mmserver.api.web import STATE
 from mmserver.app import build_app
 from mmserver.config.server import ServerConfig
@@ -74,6 +75,9 @@ class Server:
 
     async def start(self) -> None:
         self.claim()  # before anything starts (nothing if :func:`_serve` did already)
+        peers = self.app[STATE].peers
+        if peers is not None:  # a new instance: the versions' rollouts its peers have
+            await adopt_rollouts(peers, self.wlm.versions.state_file)
         await self.wlm.start()
         runner = self.app[STATE].asynchronous
         if runner is not None:

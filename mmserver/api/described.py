@@ -394,6 +394,12 @@ OPERATIONS: dict[str, Operation] = {
         parameters=_PERCENT,
         errors=(400, 401, 404, 507),
     ),
+    "peer_rollouts": Operation(
+        "The versions' rollouts set through the management API, for a new peer",
+        "management",
+        answers=_content("application/json", "The contents of rollouts.json."),
+        errors=(404,),
+    ),
     "metrics": Operation(
         "Prometheus metrics",
         "health",

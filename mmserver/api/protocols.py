@@ -210,6 +210,8 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", _DJL_VERSION + "/set-canary", DJL, "set_canary_version"),
     Route("PUT", _DJL_VERSION + "/set-shadow", DJL, "set_shadow_version"),
     Route("GET", "/metrics", DJL, "metrics"),
+    # What a new instance takes from its peers (option peers: mmserver.api.peers).
+    Route("GET", "/peers/rollouts", DJL, "peer_rollouts"),
     # The Open Inference Protocol's health, metadata and model repository.
     Route("GET", "/v2", V2, "server_metadata"),
     Route("GET", "/v2/health/live", V2, "live"),

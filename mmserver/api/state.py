@@ -63,6 +63,9 @@ class ApiState:
     #: What the status page remembers between calls (:class:`mmserver.api.pages.StatusBoard`),
     #: made by its first call.
     status_board: Any = None
+    #: The other instances management calls are sent on to (option ``peers``): a
+    #: :class:`mmserver.api.peers.Peers`, which speaks HTTP with aiohttp's client.
+    peers: Any = None
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:

@@ -45,6 +45,7 @@ from mmserver.config.model import (
     server_option,
     short_of,
 )
+from mmserver.config.peers import parse_peers
 from mmserver.config.sources import ENV_PREFIX, read_sources
 from mmserver.config.trust import Trust, model_patterns, server_trust
 from mmserver.errors import ConfigError
@@ -240,6 +241,13 @@ class ServerConfig:
         "removed first; 0 = no limit.",
     )
     drain_timeout: float = _opt(30.0, "s SIGTERM waits for accepted requests before stopping.")
+    peers: str = _opt(
+        "",
+        "The other instances behind the same balancer, which a management call applied here is "
+        "sent on to: host:port,host:port, or dns:NAME:PORT for every address NAME resolves to "
+        "(a headless Service); a new instance takes the versions' rollouts from them. Empty = "
+        "none.",
+    )
     state_dir: str = _opt(
         "",
         "Folder of the asynchronous inference journal (SQLite in WAL mode) and of the inline "
@@ -381,6 +389,8 @@ class ServerConfig:
                 "(0 = no gRPC)"
             )
         model_patterns("pinned_models", self.pinned_models)
+        if self.peers.strip():
+            parse_peers(self.peers)
         if self.metrics_model_label not in MODEL_LABEL_CHOICES:
             raise ConfigError(
                 f"option metrics_model_label={self.metrics_model_label!r}: must be one of "
