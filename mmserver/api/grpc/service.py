@@ -21,7 +21,8 @@ request id at its end (the ``x-request-id`` metadata of the call when it has one
 status of their HTTP status (:data:`STATUS_CODES`); the ``x-request-id`` trailing metadata
 carries the id too. ``RepositoryModelLoad`` and ``RepositoryModelUnload`` follow the management
 access rule of the HTTP repository calls (:func:`~mmserver.api.middleware.check_authorization`),
-a bearer token in the ``authorization`` metadata.
+a bearer token in the ``authorization`` metadata. A ``traceparent`` metadata continues the caller's
+trace on a server with traces (:mod:`mmserver.ops.otel`).
 """
 
 from __future__ import annotations

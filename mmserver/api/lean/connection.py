@@ -41,8 +41,9 @@ headers (``Content-Type``, ``X-Request-Id``, ``x-amzn-ErrorType``, ``Retry-After
 reading stops while the socket's send buffer is full, and an answer the client does not take
 within ``send_timeout`` is dropped with the connection (:mod:`mmserver.api.lean.flow`). The
 answers are written by :mod:`mmserver.api.lean.answer`, with their access log records when
-``access_log`` is on (:mod:`mmserver.api.accesslog`). ``lean_http = false`` leaves every
-request to aiohttp.
+``access_log`` is on (:mod:`mmserver.api.accesslog`); on a server with traces, a request's
+``traceparent`` is read as aiohttp's handler reads it (:mod:`mmserver.ops.otel`). ``lean_http =
+false`` leaves every request to aiohttp.
 """
 
 from __future__ import annotations
