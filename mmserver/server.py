@@ -14,7 +14,7 @@ Shutdown order (SIGTERM or SIGINT), written once in :meth:`Server.shutdown`:
 3. stop listening, and close the HTTP connections once their responses are written; the gRPC
    port (``grpc_port``) likewise: its calls were answered (503 ones ``UNAVAILABLE``) during the
    drain, and it stops once their answers are sent;
-4. flush the logs.
+4. flush the logs (and send the traces' last spans: aiohttp's clean-up, in step 3).
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ class Server:
             self._runner, self.config.host, self.config.port, backlog=1024, reuse_address=True
         )
         await site.start()
+        tracing = self.app[STATE].tracing
+        if tracing is not None:
+            log.info("tracing requests with OpenTelemetry (sampler %s)", tracing.describe())
         tenants = self.app[STATE].tenants
         if tenants is not None:
             tenants.watch()

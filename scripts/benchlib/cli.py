@@ -39,6 +39,7 @@ from benchlib import (
     store,
     tabular,
     tenantsbench,
+    tracingbench,
     transformbench,
     trees,
 )
@@ -62,11 +63,29 @@ SECTIONS = (
     "transform",
     "rollout",
     "tenants",
+    "tracing",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own, or
 #: need packages of their own (onnx: skl2onnx and onnxruntime).
-OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx", "explain", "tenants")
+OPT_IN = (
+    "grpc",
+    "scale",
+    "async",
+    "transform",
+    "rollout",
+    "onnx",
+    "explain",
+    "tenants",
+    "tracing",
+)
 PATTERNS = report.PATTERNS
+#: The sections with servers of their own and nothing of their own to be told: how each runs,
+#: and its lines of the table.
+OWN_SERVERS = {
+    "rollout": (rollout.run, rollout.summary_lines),
+    "tenants": (tenantsbench.run, tenantsbench.summary_lines),
+    "tracing": (tracingbench.run, tracingbench.summary_lines),
+}
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
 
@@ -392,8 +411,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.sections == ["transform"]:
             return raw
-    # Sections with servers of their own and nothing of their own to be told.
-    for section, run_section in (("rollout", rollout.run), ("tenants", tenantsbench.run)):
+    for section, (run_section, _) in OWN_SERVERS.items():
         if section not in args.sections:
             continue
         with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
@@ -583,10 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     if "transform" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(transformbench.summary_lines(raw["transform"]))
         text += "\n"
-    for section, summary_lines in (
-        ("rollout", rollout.summary_lines),
-        ("tenants", tenantsbench.summary_lines),
-    ):
+    for section, (_, summary_lines) in OWN_SERVERS.items():
         if section in raw:
             text = text.rstrip("\n") + "\n" + "\n".join(summary_lines(raw[section])) + "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))
