@@ -35,10 +35,12 @@ from mmserver.api.protocols import Protocol
 from mmserver.codecs.explanations import content_type_of
 from mmserver.codecs.requests import Request
 from mmserver.errors import (
+    BackendDied,
     InvalidModelName,
     MMServerError,
     ModelError,
     ModelNotFound,
+    PredictTimeout,
     ShuttingDown,
 )
 from mmserver.ops.capture import Capture, Record
@@ -221,6 +223,15 @@ class Exchange:
             self._export(shown.status_code)
         if isinstance(shown, ModelError):
             self.state.model_errors.raised(label, shown.message, self.rid)
+        elif isinstance(error, BackendDied | PredictTimeout):
+            # Rare, and each such request is one the operator may be asked about: its own line.
+            log.warning(
+                "request %s of model %s: %s",
+                self.rid,
+                label,
+                error.message,
+                extra={"model": label, "request_id": self.rid},
+            )
         caller = self.caller
         self.state.observe_request(
             label,
