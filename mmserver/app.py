@@ -11,6 +11,7 @@ server's job: it calls :func:`check_security` before binding, and its runner
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -19,6 +20,7 @@ from mmserver.api import asynchronous, inference, management, pages, v2
 from mmserver.api.access import check_security
 from mmserver.api.accesslog import AccessLog
 from mmserver.api.middleware import Handler, unmatched
+from mmserver.api.peers import FANNED, Peers
 from mmserver.api.protocols import INFER, ROUTES
 from mmserver.api.state import ApiState
 from mmserver.api.web import STATE
@@ -26,6 +28,7 @@ from mmserver.asynchronous import AsyncInference
 from mmserver.config.server import ServerConfig
 from mmserver.ops.capture import Capture
 from mmserver.ops.metrics import Metrics
+from mmserver.ops.tracing import tracing_from
 from mmserver.tenancy.gate import TenantGate
 
 if TYPE_CHECKING:
@@ -36,14 +39,24 @@ __all__ = ["access_log_enabled", "build_app", "check_security"]
 
 def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> web.Application:
     """The application serving every path of DESIGN §8 and the Open Inference Protocol's
-    (§15) on one port."""
+    (§15) on one port; with traces when the environment's ``OTEL_*`` variables ask for them
+    (:mod:`mmserver.ops.tracing`)."""
     app = web.Application(client_max_size=config.max_request_size)
     access = AccessLog(config.log_format) if config.access_log else None
     state = app[STATE] = ApiState(config=config, wlm=wlm, metrics=metrics, access_log=access)
     if config.tenants.strip():
         state.tenants = TenantGate(config.tenants, config.management_token)
+    tracing = state.tracing = tracing_from(os.environ)
+    if tracing is not None:
+
+        async def close_tracing(app: web.Application) -> None:
+            await asyncio.to_thread(tracing.shutdown)  # the spans not sent yet are sent first
+
+        app.on_cleanup.append(close_tracing)
     if config.async_enabled:
-        state.asynchronous = AsyncInference(config, wlm, metrics, without_paths=state.without_paths)
+        state.asynchronous = AsyncInference(
+            config, wlm, metrics, without_paths=state.without_paths, tracing=tracing
+        )
     if config.capture_path.strip():
         capture = state.capture = Capture(config.capture_path, config.capture_buffer, metrics)
         wlm.shadows.capture = capture  # shadow runs whose answers differ are captured with both
@@ -56,6 +69,14 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
 
         app.on_startup.append(start_capture)
         app.on_cleanup.append(close_capture)
+    if config.peers.strip():
+        state.peers = Peers(config.peers)
+
+        async def close_peers(app: web.Application) -> None:
+            if state.peers is not None:
+                await state.peers.close()
+
+        app.on_cleanup.append(close_peers)
     handlers: dict[str, Handler] = {
         **inference.HANDLERS,
         **management.HANDLERS,
@@ -66,6 +87,8 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
     for route in ROUTES:
         if route.operation == INFER:
             handler = inference.inference_handler(route)
+        elif route.operation in FANNED:
+            handler = management.fanned(handlers[route.operation])
         else:
             handler = handlers[route.operation]
         if route.method == "GET":

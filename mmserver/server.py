@@ -14,7 +14,7 @@ Shutdown order (SIGTERM or SIGINT), written once in :meth:`Server.shutdown`:
 3. stop listening, and close the HTTP connections once their responses are written; the gRPC
    port (``grpc_port``) likewise: its calls were answered (503 ones ``UNAVAILABLE``) during the
    drain, and it stops once their answers are sent;
-4. flush the logs.
+4. flush the logs (and send the traces' last spans: aiohttp's clean-up, in step 3).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from aiohttp import web
 from mmserver import errors
 from mmserver.api.access import check_security
 from mmserver.api.connections import HttpRunner
+from mmserver.api.peers import adopt_rollouts
 from mmserver.api.web import STATE
 from mmserver.app import build_app
 from mmserver.config.server import ServerConfig
@@ -74,6 +75,9 @@ class Server:
 
     async def start(self) -> None:
         self.claim()  # before anything starts (nothing if :func:`_serve` did already)
+        peers = self.app[STATE].peers
+        if peers is not None:  # a new instance: the versions' rollouts its peers have
+            await adopt_rollouts(peers, self.wlm.versions.state_file)
         await self.wlm.start()
         runner = self.app[STATE].asynchronous
         if runner is not None:
@@ -88,6 +92,9 @@ class Server:
             self._runner, self.config.host, self.config.port, backlog=1024, reuse_address=True
         )
         await site.start()
+        tracing = self.app[STATE].tracing
+        if tracing is not None:
+            log.info("tracing requests with OpenTelemetry (sampler %s)", tracing.describe())
         tenants = self.app[STATE].tenants
         if tenants is not None:
             tenants.watch()

@@ -41,7 +41,8 @@ from aiohttp import hdrs, web, web_protocol, web_response
 from aiohttp.web_request import BaseRequest
 
 from mmserver.api import accesslog
-from mmserver.api.lean.connection import LeanFront
+from mmserver.api.lean.connection import LeanConnection
+from mmserver.api.lean.front import LeanFront
 from mmserver.api.state import REQUEST_ID, RequestIds
 from mmserver.api.web import STATE, AccessLogger
 from mmserver.config.server import ServerConfig
@@ -367,7 +368,7 @@ class _Server(web.Server):
 
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
         if self.lean is not None:
-            return self.lean.connection()
+            return LeanConnection(self.lean)
         return _Connection(self, loop=self._loop, **self._kwargs)
 
     def handed_over(self) -> _Connection:
@@ -394,7 +395,7 @@ class _Server(web.Server):
     def drain(self) -> None:
         """The server drains: every answer from now on closes its connection (``Connection:
         close``), and kept-alive connections left idle are closed
-        (:meth:`~mmserver.api.lean.connection.LeanFront.drain`)."""
+        (:meth:`~mmserver.api.lean.front.LeanFront.drain`)."""
         self.policy.draining = True
         if self.lean is not None:
             self.lean.drain()

@@ -10,6 +10,10 @@ in its own way, then makes an :class:`Exchange` and calls it in this order:
    headers), counted; or :meth:`Exchange.failed` with the error — the error shown to the
    client (a 500 logged), counted.
 
+On a server with traces (:mod:`mmserver.ops.otel`), the door first asks whether the request is
+sampled (:meth:`Exchange.sample`, with its ``traceparent``); a sampled request's spans are made
+when it is answered or has failed, from the times its way recorded.
+
 The door writes what comes back in its own framing (HTTP through aiohttp or by hand, a gRPC
 message). So an answer is the same whichever door it came through, and so are the metrics:
 ``mmserver_requests_total{model,code}`` and ``mmserver_request_seconds{model}`` carry the
@@ -28,23 +32,28 @@ from typing import TYPE_CHECKING
 
 from mmserver.api.accesslog import shown_path
 from mmserver.api.protocols import Protocol
+from mmserver.codecs.explanations import content_type_of
 from mmserver.codecs.requests import Request
 from mmserver.errors import (
+    BackendDied,
     InvalidModelName,
     MMServerError,
     ModelError,
     ModelNotFound,
+    PredictTimeout,
     ShuttingDown,
 )
 from mmserver.ops.capture import Capture, Record
 from mmserver.serving.jobs import NORMAL
-from mmserver.store.names import normalize_name
+from mmserver.store.names import normalize_name, split_version
 from mmserver.tenancy.gate import NOBODY
 from mmserver.tenancy.sigv4 import Header
 
 if TYPE_CHECKING:
     from mmserver.api.state import ApiState
     from mmserver.manager.wlm import Submission
+    from mmserver.ops.otel import Tracing
+    from mmserver.ops.traces import Door, Trace
     from mmserver.tenancy.tenants import Tenant
 
 log = logging.getLogger(__name__)
@@ -58,7 +67,17 @@ _UNRESOLVED_ERRORS = (InvalidModelName, ModelNotFound, ShuttingDown)
 class Exchange:
     """One inference request from its arrival until it is answered and counted."""
 
-    __slots__ = ("caller", "job", "name", "protocol", "rid", "start", "state", "submission")
+    __slots__ = (
+        "caller",
+        "job",
+        "name",
+        "protocol",
+        "rid",
+        "start",
+        "state",
+        "submission",
+        "trace",
+    )
 
     def __init__(self, state: ApiState, protocol: Protocol, rid: str) -> None:
         self.state = state
@@ -70,6 +89,17 @@ class Exchange:
         self.submission: Submission | None = None
         #: Who calls, when the server has tenants (:meth:`authenticate`).
         self.caller: Tenant | None = None
+        #: The request's trace, when it is sampled (:meth:`sample`).
+        self.trace: Trace | None = None
+
+    def sample(
+        self, tracing: Tracing, door: Door, traceparent: str | None, tracestate: str | None
+    ) -> None:
+        """Decide, once, whether the request is traced (a server with traces): it continues
+        the trace of its ``traceparent`` when it has one, else the sampler decides."""
+        trace = self.trace = tracing.sampled(door, traceparent, tracestate)
+        if trace is not None:
+            trace.started = self.start
 
     def authenticate(self, method: str, target: str | bytes, header: Header, body: bytes) -> None:
         """Find who calls (the server has tenants: :mod:`mmserver.tenancy.gate`), or raise the
@@ -103,7 +133,12 @@ class Exchange:
             release = state.tenants.admit(caller, name)
         wlm = state.wlm
         try:
-            if caller is not None and caller.rank != NORMAL:
+            if self.trace is not None:
+                rank = NORMAL if caller is None else caller.rank
+                self.submission = submission = wlm.submit(
+                    name, job, client_gone, routing=routing, priority=rank, trace=self.trace
+                )
+            elif caller is not None and caller.rank != NORMAL:
                 self.submission = submission = wlm.submit(
                     name, job, client_gone, routing=routing, priority=caller.rank
                 )
@@ -134,7 +169,26 @@ class Exchange:
         capture = self.state.capture
         if capture is not None:
             self._capture(capture, rendered)
+        if self.trace is not None:
+            self._export(200)
         return rendered
+
+    def _export(self, status: int) -> None:
+        """Make the spans of the sampled request, answered ``status``."""
+        trace, self.trace = self.trace, None
+        tracing = self.state.tracing
+        if trace is None or tracing is None:
+            return
+        submission = self.submission
+        pool = submission.pool if submission is not None else None
+        model, version = split_version(pool.name) if pool is not None else (self.name, None)
+        attributes = trace.attributes
+        attributes["mmserver.request_id"] = self.rid
+        if model != UNRESOLVED:
+            attributes["mmserver.model"] = model
+        if version is not None:
+            attributes["mmserver.model.version"] = str(version)
+        tracing.export(trace, status)
 
     def _capture(
         self, capture: Capture, rendered: tuple[bytes | memoryview, str, dict[str, str] | None]
@@ -151,7 +205,7 @@ class Exchange:
                 time.time(),
                 self.rid,
                 job[0],
-                job[1] or "application/json",
+                content_type_of(job[1]) or "application/json",
                 bytes(rendered[0]),
                 rendered[1],
             )
@@ -165,8 +219,19 @@ class Exchange:
         if submission is not None and submission.requests is not None:
             submission.requests.failed()
         label = failure_label(self.name, submission, error)
+        if self.trace is not None:
+            self._export(shown.status_code)
         if isinstance(shown, ModelError):
             self.state.model_errors.raised(label, shown.message, self.rid)
+        elif isinstance(error, BackendDied | PredictTimeout):
+            # Rare, and each such request is one the operator may be asked about: its own line.
+            log.warning(
+                "request %s of model %s: %s",
+                self.rid,
+                label,
+                error.message,
+                extra={"model": label, "request_id": self.rid},
+            )
         caller = self.caller
         self.state.observe_request(
             label,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmserver.api.protocols import DJL, INFER, SAGEMAKER, TARGET_MODEL, V2
+from mmserver.api.protocols import DJL, INFER, KSERVE, SAGEMAKER, TARGET_MODEL, V2
+from mmserver.codecs.explanations import ENABLE_EXPLANATIONS
 from mmserver.config.model import MANAGEMENT_PARAMS
 
 JSON = "application/json"
@@ -50,6 +51,25 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["predictions"],
         "properties": {"predictions": {"type": "array", "items": {}}},
         "examples": [{"predictions": [2.0]}],
+    },
+    "Explanations": {
+        "type": "object",
+        "required": ["explanations"],
+        "properties": {"explanations": {"type": "array", "items": {"type": "object"}}},
+        "examples": [
+            {
+                "explanations": [
+                    {
+                        "prediction": 2.0,
+                        "method": "tree_shap",
+                        "exact": True,
+                        "explained": "value",
+                        "base_value": 1.5,
+                        "attributions": {"x0": 0.75, "x1": -0.25},
+                    }
+                ]
+            }
+        ],
     },
     "V2Tensor": {
         "type": "object",
@@ -257,10 +277,16 @@ OPERATIONS: dict[str, Operation] = {
     f"{INFER}:{SAGEMAKER.name}": Operation(
         "Invoke a model (SageMaker)",
         "inference",
-        "SageMaker's InvokeEndpoint; with tenants, signed with AWS Signature Version 4.",
+        "SageMaker's InvokeEndpoint; with tenants, signed with AWS Signature Version 4. With "
+        f"{ENABLE_EXPLANATIONS} (a JMESPath expression over each record's prediction), "
+        "answered as SageMaker Clarify answers, the records it is true of explained.",
         _ROWS_BODY,
         _PREDICTIONS,
-        [_TARGET, _parameter("model_name", "string")],
+        [
+            _TARGET,
+            _parameter("model_name", "string"),
+            _parameter(ENABLE_EXPLANATIONS, "string", "header"),
+        ],
         errors=(400, 403, 404, 413, 415, 424, 429, 503, 504),
     ),
     f"{INFER}:{V2.name}": Operation(
@@ -270,6 +296,16 @@ OPERATIONS: dict[str, Operation] = {
         _V2_INFER_BODY,
         {"200": answer("The model's outputs.", "V2InferenceResponse")},
         errors=(400, 401, 403, 404, 413, 424, 429, 503, 504),
+    ),
+    f"{INFER}:{KSERVE.name}": Operation(
+        "Explain (KServe V1)",
+        "inference",
+        "Every instance's prediction with its attributions per input column and its base "
+        "value: exact for tree ensembles and linear models, Kernel SHAP against the model's "
+        "background otherwise.",
+        _ROWS_BODY,
+        {"200": answer("One explanation per instance.", "Explanations")},
+        errors=(400, 401, 403, 404, 413, 415, 424, 429, 503, 504),
     ),
     "invoke_async": Operation(
         "Invoke asynchronously (SageMaker InvokeEndpointAsync)",
@@ -357,6 +393,12 @@ OPERATIONS: dict[str, Operation] = {
         answers={"200": answer("Set.", "Status")},
         parameters=_PERCENT,
         errors=(400, 401, 404, 507),
+    ),
+    "peer_rollouts": Operation(
+        "The versions' rollouts set through the management API, for a new peer",
+        "management",
+        answers=_content("application/json", "The contents of rollouts.json."),
+        errors=(404,),
     ),
     "metrics": Operation(
         "Prometheus metrics",

@@ -20,7 +20,7 @@ from mmserver.api.middleware import Handler, render_error
 from mmserver.api.protocols import ROUTING_KEY, TARGET_MODEL, Route
 from mmserver.api.state import REQUEST_ID
 from mmserver.api.web import STATE, read_body, request_id
-from mmserver.codecs.v2 import HEADER_LENGTH
+from mmserver.ops.traces import TRACEPARENT, TRACESTATE, http_door
 from mmserver.tenancy.gate import THROTTLE_HOLD_S, Throttled
 
 _HEALTHY = b'{"status": "Healthy"}'
@@ -47,11 +47,14 @@ def inference_handler(route: Route) -> Handler:
     One coroutine, with no coroutine under it for a loaded model: this runs for every request.
     Errors are answered here."""
     protocol = route.protocol
+    door = http_door(route.method, route.path)
 
     async def infer(request: web.Request) -> web.Response:
         state = request.app[STATE]
         headers = request.headers
         exchange = Exchange(state, protocol, headers.get(REQUEST_ID) or state.request_ids.next())
+        if state.tracing is not None:
+            exchange.sample(state.tracing, door, headers.get(TRACEPARENT), headers.get(TRACESTATE))
         try:
             name = route.model_name(
                 request.match_info, headers.get(TARGET_MODEL), request.query.get("model_name")
@@ -68,7 +71,7 @@ def inference_handler(route: Route) -> Handler:
                 body,
                 headers.get(hdrs.CONTENT_TYPE),
                 headers.get(hdrs.ACCEPT),
-                headers.get(HEADER_LENGTH),
+                None if protocol.header is None else headers.get(protocol.header),
                 transport.is_closing if transport is not None else None,
                 headers.get(ROUTING_KEY),
             )

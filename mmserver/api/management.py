@@ -24,6 +24,7 @@ import asyncio
 import datetime
 import difflib
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from urllib.parse import parse_qsl
 
 from aiohttp import hdrs, web
 
+from mmserver.api import peers
 from mmserver.api.access import check_metrics, check_visible, shows_paths, viewer
 from mmserver.api.middleware import Handler, answers_errors, authorize
 from mmserver.api.protocols import versioned
@@ -47,6 +49,8 @@ from mmserver.policy.rollout import percent_of
 from mmserver.store.names import normalize_name
 from mmserver.store.urls import name_from_url
 from mmserver.tenancy.gate import OPERATOR
+
+log = logging.getLogger(__name__)
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_PAGE = 100
@@ -194,10 +198,13 @@ def _describe(model: ModelView, hide: ApiState | None = None) -> dict[str, Any]:
             }
         )
         if model.paths is not None:
-            paths = {k: v for k, v in model.paths.items() if k not in ("family", "summary")}
+            apart = ("family", "summary", "explanation")
+            paths = {k: v for k, v in model.paths.items() if k not in apart}
             paths["batches"] = model.path_batches or {}
             result["family"] = model.paths.get("family")
             result["predictPaths"] = paths
+            if "explanation" in model.paths:  # the method its explanations get
+                result["explanation"] = model.paths["explanation"]
     if model.inputs is not None:
         result["inputs"] = model.inputs
     if model.file_format is not None:
@@ -438,7 +445,58 @@ def _int(params: Mapping[str, Any], name: str) -> int:
 
 
 #: The handlers of the management routes, by operation (:data:`~mmserver.api.protocols.ROUTES`).
+def fanned(handler: Handler) -> Handler:
+    """``handler`` (a management operation of :data:`FANNED`), its call sent on to the peers
+    once it succeeded here; a call from this instance itself answered :data:`peers.SELF`."""
+
+    async def fan_out(request: web.Request) -> web.StreamResponse:
+        sent_on: peers.Peers | None = request.app[STATE].peers
+        origin = request.headers.get(peers.FORWARDED)
+        if sent_on is not None and origin == sent_on.instance:
+            return web.json_response(
+                {"status": "this is the instance the call came from"}, status=peers.SELF
+            )
+        response = await handler(request)
+        if sent_on is None or origin is not None or response.status >= 300:
+            return response
+        body = await request.read()
+        outcomes = await sent_on.send(request.method, request.path_qs, body, dict(request.headers))
+        failed = [o for o in outcomes if "error" in o]
+        response.headers[peers.PEERS_HEADER] = f"{len(outcomes) - len(failed)}/{len(outcomes)}"
+        for o in failed:
+            log.warning(
+                "peers: %s %s was not applied by %s: %s",
+                request.method,
+                request.path,
+                o["peer"],
+                o["error"],
+            )
+        if (
+            failed
+            and isinstance(response, web.Response)
+            and response.content_type == "application/json"
+        ):
+            answer = json.loads(response.body) if isinstance(response.body, bytes) else {}
+            if isinstance(answer, dict):
+                answer["peers"] = failed
+                response.body = json.dumps(answer).encode()
+        return response
+
+    return fan_out
+
+
+async def peer_rollouts(request: web.Request) -> web.Response:
+    """``GET /peers/rollouts``: the versions' rollouts set through the management API (the
+    contents of ``rollouts.json``), for a new peer; 404 from an instance asked by itself."""
+    state = request.app[STATE]
+    asking: peers.Peers | None = state.peers
+    if asking is not None and request.headers.get(peers.FORWARDED) == asking.instance:
+        raise web.HTTPNotFound(text="this is the instance that asks")
+    return web.json_response(state.wlm.versions.saved())
+
+
 HANDLERS: dict[str, Handler] = {
+    "peer_rollouts": answers_errors(peer_rollouts),
     "list_models": answers_errors(list_models),
     "register_model": answers_errors(register_model),
     "describe_model": answers_errors(describe_model),

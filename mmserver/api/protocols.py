@@ -14,6 +14,9 @@ every path the server answers, with its method, protocol and operation; the door
 - V2 over gRPC (:mod:`mmserver.api.grpc.service`) makes its jobs and reads its answers with
   :data:`V2`.
 
+A request for an explanation is a job like any other: its kind says so
+(:mod:`mmserver.codecs.explanations`), and the model's backend answers it.
+
 A new protocol is a :class:`Protocol` and its rows here; a door that serves it calls
 :class:`mmserver.api.dataplane.Exchange`.
 """
@@ -24,7 +27,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mmserver.codecs import explanations
 from mmserver.codecs.answers import answer_body
+from mmserver.codecs.explanations import ENABLE_EXPLANATIONS, explain_request
 from mmserver.codecs.requests import Request, make_request
 from mmserver.codecs.v2 import HEADER_LENGTH, v2_request
 from mmserver.codecs.v2_answers import split_answer
@@ -38,8 +43,8 @@ TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 #: same value, the same version (:mod:`mmserver.lifecycle.versions`).
 ROUTING_KEY = "X-Mmserver-Routing-Key"
 
-#: Makes the job of a request from its body and the headers that matter
-#: (``Content-Type``, ``Accept``, ``Inference-Header-Content-Length``), checking only those.
+#: Makes the job of a request from its body and the headers that matter (``Content-Type``,
+#: ``Accept`` and the protocol's own :attr:`Protocol.header`), checking only those.
 MakeJob = Callable[[bytes, "str | None", "str | None", "str | None"], Request]
 #: An answer's body, ``Content-Type`` and other headers (``None``: none) from the bytes the
 #: model's backend encoded and the job they answer.
@@ -56,12 +61,34 @@ class Protocol:
     v2_errors: bool = False
     #: Errors carry ``x-amzn-ErrorType``, which botocore reads to raise the matching exception.
     amzn_errors: bool = False
+    #: The one other header its jobs read (``None``: none), and its name as the lean path's
+    #: fields hold it (lower case, bytes; empty, a name no header has, for none).
+    header: str | None = None
+    lean_field: bytes = field(init=False, default=b"")
+
+    def __post_init__(self) -> None:
+        if self.header is not None:
+            object.__setattr__(self, "lean_field", self.header.lower().encode())
 
 
 def _plain_job(
     body: bytes, content_type: str | None, accept: str | None, header_length: str | None
 ) -> Request:
     return make_request(body, content_type, accept)
+
+
+def _clarify_job(
+    body: bytes, content_type: str | None, accept: str | None, expression: str | None
+) -> Request:
+    if expression is None:
+        return make_request(body, content_type, accept)
+    return explain_request(explanations.CLARIFY, body, content_type, accept, expression)
+
+
+def _kserve_job(
+    body: bytes, content_type: str | None, accept: str | None, header: str | None
+) -> Request:
+    return explain_request(explanations.KSERVE, body, content_type, accept, "`true`")
 
 
 def _plain_answer(
@@ -88,8 +115,13 @@ def _v2_answer(
 
 
 DJL = Protocol("djl", _plain_job, _plain_answer)
-SAGEMAKER = Protocol("sagemaker", _plain_job, _plain_answer, amzn_errors=True)
-V2 = Protocol("v2", _v2_job, _v2_answer, v2_errors=True)
+#: SageMaker's: with ``X-Amzn-SageMaker-Enable-Explanations``, answered as Clarify answers.
+SAGEMAKER = Protocol(
+    "sagemaker", _clarify_job, _plain_answer, amzn_errors=True, header=ENABLE_EXPLANATIONS
+)
+V2 = Protocol("v2", _v2_job, _v2_answer, v2_errors=True, header=HEADER_LENGTH)
+#: KServe V1's explain verb (its errors are ``{"error": message}``, as V2's).
+KSERVE = Protocol("kserve", _kserve_job, _plain_answer, v2_errors=True)
 
 #: The operation of the inference routes (the data plane's); the others name their handler.
 INFER = "infer"
@@ -158,6 +190,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/models/{model}/invoke", SAGEMAKER, INFER, lean=True),
     Route("POST", _V2_MODEL + "/infer", V2, INFER, lean=True),
     Route("POST", _V2_VERSION + "/infer", V2, INFER),
+    # Explanations (KServe V1's explain verb; the other protocols ask in their requests).
+    Route("POST", "/v1/models/{model}:explain", KSERVE, INFER),
     # Asynchronous inference (SageMaker Runtime's InvokeEndpointAsync) and its requests' state.
     Route("POST", "/endpoints/{endpoint}/async-invocations", SAGEMAKER, INVOKE_ASYNC, lean=True),
     Route("GET", "/async-invocations/{inference_id}", SAGEMAKER, "async_status"),
@@ -176,6 +210,8 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", _DJL_VERSION + "/set-canary", DJL, "set_canary_version"),
     Route("PUT", _DJL_VERSION + "/set-shadow", DJL, "set_shadow_version"),
     Route("GET", "/metrics", DJL, "metrics"),
+    # What a new instance takes from its peers (option peers: mmserver.api.peers).
+    Route("GET", "/peers/rollouts", DJL, "peer_rollouts"),
     # The Open Inference Protocol's health, metadata and model repository.
     Route("GET", "/v2", V2, "server_metadata"),
     Route("GET", "/v2/health/live", V2, "live"),

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from mmserver.asynchronous import AsyncInference
     from mmserver.manager.wlm import WorkLoadManager
     from mmserver.ops.capture import Capture
+    from mmserver.ops.otel import Tracing
     from mmserver.tenancy.gate import TenantGate
 
 
@@ -60,9 +61,14 @@ class ApiState:
     model_errors: ModelErrorLog = field(default_factory=ModelErrorLog)
     #: The tenants, when the server has a ``tenants`` file.
     tenants: TenantGate | None = None
+    #: Traces, when the environment asks for them (:mod:`mmserver.ops.otel`).
+    tracing: Tracing | None = None
     #: What the status page remembers between calls (:class:`mmserver.api.pages.StatusBoard`),
     #: made by its first call.
     status_board: Any = None
+    #: The other instances management calls are sent on to (option ``peers``): a
+    #: :class:`mmserver.api.peers.Peers`, which speaks HTTP with aiohttp's client.
+    peers: Any = None
 
     @functools.cached_property
     def _hidden_paths(self) -> tuple[str, ...]:

@@ -114,6 +114,7 @@ class Acceptor:
             accepted_at=self._clock(),
             ttl_s=ttl,
             timeout_s=timeout,
+            traceparent=request.traceparent,
         )
         journal = self._writer.current()
         locations = self._locations

@@ -17,6 +17,7 @@ from mmserver.asynchronous.pieces import AnswerJoiner, pieces, splittable
 from mmserver.codecs.answers import answer_body
 from mmserver.codecs.requests import Request, make_request
 from mmserver.config.server import ServerConfig
+from mmserver.ops.traces import Trace
 
 if TYPE_CHECKING:
     from mmserver.manager.wlm import WorkLoadManager
@@ -52,12 +53,16 @@ class Computer:
         self.small_input = min(SMALL_INPUT_BYTES, self.max_request_size or SMALL_INPUT_BYTES)
 
     async def compute(
-        self, invocation: Invocation, deadline: float, body: bytes | None = None
+        self,
+        invocation: Invocation,
+        deadline: float,
+        body: bytes | None = None,
+        trace: Trace | None = None,
     ) -> tuple[bytes | Path, str]:
         """The answer to ``invocation`` and its content type: its body, or for an input cut
         in pieces the file the pieces' answers were joined in. ``body``: its input when it was
         read already (at most :attr:`small_input` bytes). ``deadline`` is on the event loop's
-        clock."""
+        clock. A traced run's ``trace`` records each of its jobs."""
         if body is None:
             limit = self.max_request_size
             most = limit if limit and splittable(invocation.content_type) else 0
@@ -68,14 +73,14 @@ class Computer:
             else:  # one call (its size, then the body if not larger) in an object process
                 found = await self.objects.read_input(invocation.input, most)
             if isinstance(found, int):
-                return await self._in_pieces(invocation, deadline, min(limit, PIECE_BYTES))
+                return await self._in_pieces(invocation, deadline, min(limit, PIECE_BYTES), trace)
             body = found
         job = make_request(body, invocation.content_type, invocation.accept)
         del body
-        return _answer(await self._predict(invocation, job, deadline), job)
+        return _answer(await self._predict(invocation, job, deadline, trace), job)
 
     async def _in_pieces(
-        self, invocation: Invocation, deadline: float, limit: int
+        self, invocation: Invocation, deadline: float, limit: int, trace: Trace | None
     ) -> tuple[Path, str]:
         """Read the input in pieces of at most ``limit`` bytes, each one a request, and join
         their answers in a file: the frontend holds one piece and its answer at a time."""
@@ -87,7 +92,8 @@ class Computer:
             while (piece := await asyncio.to_thread(next, cut, None)) is not None:
                 job = make_request(piece, invocation.content_type, invocation.accept)
                 del piece
-                body, content_type = _answer(await self._predict(invocation, job, deadline), job)
+                answer = await self._predict(invocation, job, deadline, trace)
+                body, content_type = _answer(answer, job)
                 await asyncio.to_thread(joiner.add, body, content_type)
             await asyncio.to_thread(joiner.close)
         except BaseException:
@@ -97,12 +103,16 @@ class Computer:
             stream.close()
         return staged, joiner.content_type or "application/json"
 
-    async def _predict(self, invocation: Invocation, job: Request, deadline: float) -> bytes:
+    async def _predict(
+        self, invocation: Invocation, job: Request, deadline: float, trace: Trace | None
+    ) -> bytes:
         """Submit ``job`` to the model of ``invocation`` as a background job when real-time
         traffic leaves room; the model's answer."""
         await self.turns.take()
         try:
-            submission = self.wlm.submit(invocation.model, job, deadline=deadline, background=True)
+            submission = self.wlm.submit(
+                invocation.model, job, deadline=deadline, background=True, trace=trace
+            )
             return await submission.answer
         finally:
             self.turns.give_back()

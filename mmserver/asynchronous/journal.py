@@ -72,6 +72,9 @@ class Invocation:
     ended_at: float | None = None
     #: Its place in the order of acceptance (given by the journal).
     seq: int = 0
+    #: The ``traceparent`` of the call that asked for it (its span's, when it was traced):
+    #: its run continues that trace.
+    traceparent: str | None = None
 
     @property
     def expires_at(self) -> float:
@@ -81,7 +84,7 @@ class Invocation:
 
 _COLUMNS = (
     "id, model, input, output, failure, content_type, accept, custom_attributes, accepted_at, "
-    "ttl_s, timeout_s, state, error, ended_at, seq"
+    "ttl_s, timeout_s, state, error, ended_at, seq, traceparent"
 )
 
 _SCHEMA = """
@@ -100,15 +103,19 @@ CREATE TABLE IF NOT EXISTS invocations (
     timeout_s REAL NOT NULL,
     state TEXT NOT NULL,
     error TEXT,
-    ended_at REAL
+    ended_at REAL,
+    traceparent TEXT
 );
 CREATE INDEX IF NOT EXISTS invocations_open ON invocations (state, seq);
 """
+#: The columns added since the first journals, each with its definition: a journal written by
+#: an earlier version gets them when it is opened.
+_ADDED = {"traceparent": "TEXT"}
 
 
 def _row(row: tuple[object, ...]) -> Invocation:
     (id_, model, input_, output, failure, ctype, accept, attrs, at, ttl, timeout) = row[:11]
-    state, error, ended, seq = row[11:]
+    state, error, ended, seq, traceparent = row[11:]
     return Invocation(
         str(id_),
         str(model),
@@ -125,6 +132,7 @@ def _row(row: tuple[object, ...]) -> Invocation:
         None if error is None else str(error),
         None if ended is None else float(ended),  # type: ignore[arg-type]
         int(seq),  # type: ignore[call-overload]
+        None if traceparent is None else str(traceparent),
     )
 
 
@@ -141,6 +149,10 @@ class Journal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        columns = {str(row[1]) for row in self._db.execute("PRAGMA table_info(invocations)")}
+        for column, kind in _ADDED.items():
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE invocations ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -165,8 +177,8 @@ class Journal:
         ``(the row that has it, False)``, unchanged."""
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO invocations (id, model, input, output, failure, "
-            "content_type, accept, custom_attributes, accepted_at, ttl_s, timeout_s, state) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "content_type, accept, custom_attributes, accepted_at, ttl_s, timeout_s, state, "
+            "traceparent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 invocation.id,
                 invocation.model,
@@ -180,6 +192,7 @@ class Journal:
                 invocation.ttl_s,
                 invocation.timeout_s,
                 State.QUEUED.value,
+                invocation.traceparent,
             ),
         )
         if cursor.rowcount == 1:

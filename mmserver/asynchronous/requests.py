@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mmserver import errors
+from mmserver.ops.traces import TRACEPARENT, TRACESTATE
 
 #: SageMaker's defaults and bounds for a request's TTL and invocation timeout (seconds).
 DEFAULT_TTL_S = 21600
@@ -44,6 +45,10 @@ class AsyncRequest:
     timeout: str | None = None
     output_extension: str | None = None
     filename: str | None = None
+    #: The W3C Trace Context of the call (its ``traceparent`` and ``tracestate`` headers): the
+    #: journal keeps the trace it continues, and its run continues it in turn.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     def ttl_s(self) -> float:
         return _seconds(self.ttl, DEFAULT_TTL_S, MAX_TTL_S, TTL_HEADER)
@@ -84,6 +89,8 @@ class AsyncRequest:
             timeout=header(TIMEOUT_HEADER),
             output_extension=header(EXTENSION_HEADER),
             filename=header(FILENAME_HEADER),
+            traceparent=header(TRACEPARENT),
+            tracestate=header(TRACESTATE),
         )
 
     def check_attributes(self) -> None:

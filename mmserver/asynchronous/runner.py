@@ -49,6 +49,7 @@ and answers in the default executor's threads. Everything else runs on the event
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -71,11 +72,17 @@ from mmserver.asynchronous.writer import JournalThread
 from mmserver.config.server import ServerConfig
 from mmserver.ops.folderlock import FolderInUse, FolderLock
 from mmserver.ops.metrics import Metrics
+from mmserver.ops.traces import http_door
 from mmserver.policy.scaling import background_share
 from mmserver.store.objects import is_object
 
 if TYPE_CHECKING:
     from mmserver.manager.wlm import WorkLoadManager
+    from mmserver.ops.otel import Tracing
+
+#: How ``InvokeEndpointAsync`` calls are shown in traces (the route of
+#: :mod:`mmserver.api.asynchronous`).
+ACCEPT_DOOR = http_door("POST", "/endpoints/{endpoint}/async-invocations")
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +101,15 @@ class AsyncInference:
         locations: Locations | None = None,
         clock: Callable[[], float] = time.time,
         without_paths: Callable[[str], str] = str,
+        tracing: Tracing | None = None,
     ) -> None:
         #: An error's message as a client is shown it (the server's folders cut from it:
         #: :meth:`mmserver.api.ApiState.without_paths`), in failure objects, the journal and
         #: notifications alike.
         self.without_paths = without_paths
+        #: Traces, when the environment asks for them: a traced call's span is the parent of
+        #: its run's (the journal keeps its ``traceparent``).
+        self.tracing = tracing
         self.config = config
         self.wlm = wlm
         self.metrics = metrics
@@ -139,7 +150,7 @@ class AsyncInference:
             without_paths=without_paths,
             wake=wake.set,
         )
-        runner = Runner(self._writer, self._computer, self._settler, clock)
+        runner = Runner(self._writer, self._computer, self._settler, clock, tracing)
         intake = Intake(lambda: wlm.room.queued.arrived, metrics.async_paced.inc)
         self._dispatcher = Dispatcher(
             config,
@@ -307,8 +318,26 @@ class AsyncInference:
         """Journal one request and queue it: its row, and whether it is new (``False``: a
         request with its inference id was accepted before; it is not queued again). Raises what
         refuses it before anything is written (:meth:`Acceptor.accept
-        <mmserver.asynchronous.accepting.Acceptor.accept>`)."""
-        return await self._acceptor.accept(request, body)
+        <mmserver.asynchronous.accepting.Acceptor.accept>`). A call that is traced keeps its
+        own span's ``traceparent`` in the journal."""
+        tracing = self.tracing
+        trace = None
+        if tracing is not None:
+            trace = tracing.sampled(ACCEPT_DOOR, request.traceparent, request.tracestate)
+        if trace is None:
+            return await self._acceptor.accept(request, body)
+        assert tracing is not None
+        request = dataclasses.replace(request, traceparent=tracing.traceparent(trace))
+        trace.attributes["mmserver.model"] = request.model
+        try:
+            row, added = await self._acceptor.accept(request, body)
+        except BaseException as exc:
+            code = exc.status_code if isinstance(exc, errors.MMServerError) else 500
+            tracing.export(trace, code)
+            raise
+        trace.attributes["mmserver.inference_id"] = row.id
+        tracing.export(trace, 202)
+        return row, added
 
     async def status(self, inference_id: str) -> Invocation:
         """The journal's row of request ``inference_id`` (:class:`errors.NotFound` if none)."""

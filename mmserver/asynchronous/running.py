@@ -5,7 +5,8 @@ its answer computed through the WorkLoadManager within its invocation timeout
 :class:`~mmserver.asynchronous.settling.Settler`, the answer or the failure it met. A request the
 server lacked room for (:class:`~mmserver.errors.ResourceError`: no room for its model now, or
 the server stopping) goes back to the queue instead; one whose TTL passed before it ran
-expires.
+expires. A request whose call was traced continues that trace: its run is a span of its own
+(:data:`RUN_DOOR`) under the call's, with its jobs' spans under it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mmserver import errors
 from mmserver.asynchronous.computing import Computer
@@ -20,8 +22,16 @@ from mmserver.asynchronous.journal import Invocation, State
 from mmserver.asynchronous.locations import Locations
 from mmserver.asynchronous.settling import Settler
 from mmserver.asynchronous.writer import JournalThread
+from mmserver.ops.traces import Door, Trace
+
+if TYPE_CHECKING:
+    from mmserver.ops.otel import Tracing
 
 log = logging.getLogger(__name__)
+
+#: How the run of an asynchronous request is shown in traces: the status is the one the
+#: real-time path would have answered (200, or the error's).
+RUN_DOOR = Door("asynchronous invocation", {}, status_key="mmserver.status_code", kind="consumer")
 
 
 class Runner:
@@ -33,11 +43,13 @@ class Runner:
         computer: Computer,
         settler: Settler,
         clock: Callable[[], float],
+        tracing: Tracing | None = None,
     ) -> None:
         self._writer = writer
         self._computer = computer
         self._settler = settler
         self._clock = clock
+        self._tracing = tracing
 
     async def run(self, invocation: Invocation) -> bool:
         """Run ``invocation`` to its end; whether it went back to the queue instead (its row
@@ -58,11 +70,33 @@ class Runner:
         )
         if not started:
             return False  # ended already
+        trace = None
+        if self._tracing is not None:
+            trace = self._tracing.continued(RUN_DOOR, invocation.traceparent)
+            if trace is not None:
+                trace.attributes["mmserver.model"] = invocation.model
+                trace.attributes["mmserver.inference_id"] = invocation.id
+        status = 499  # cancelled: the server stops
+        try:
+            queued, status = await self._compute(invocation, body, trace)
+        finally:
+            if trace is not None:
+                assert self._tracing is not None
+                self._tracing.export(trace, status)
+        return queued
+
+    async def _compute(
+        self, invocation: Invocation, body: bytes | None, trace: Trace | None
+    ) -> tuple[bool, int]:
+        """Compute the answer of the started ``invocation`` and settle its end, or queue it
+        again: whether it was queued again (as :meth:`run`), and the status the real-time path
+        would have answered."""
+        journal = self._writer.current()
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(invocation.timeout_s):
                 answer, content_type = await self._computer.compute(
-                    invocation, loop.time() + invocation.timeout_s, body
+                    invocation, loop.time() + invocation.timeout_s, body, trace
                 )
         except TimeoutError:
             error: errors.MMServerError = errors.PredictTimeout(
@@ -73,7 +107,7 @@ class Runner:
             # No room for its model now, or the server is stopping: it runs later.
             await self._writer.call(journal.move, invocation.id, State.QUEUED)
             log.info("asynchronous request %s queued again: %s", invocation.id, exc.message)
-            return True
+            return True, exc.status_code
         except errors.MMServerError as exc:
             error = exc
         except Exception as exc:
@@ -81,6 +115,6 @@ class Runner:
             error = errors.MMServerError(f"the request failed: {type(exc).__name__}")
         else:
             await self._settler.settled(self._settler.succeed(invocation, answer, content_type))
-            return False
+            return False, 200
         await self._settler.settled(self._settler.fail(invocation, State.FAILED, error))
-        return False
+        return False, error.status_code

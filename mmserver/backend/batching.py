@@ -23,7 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmserver import errors
+from mmserver.backend.explaining import answer_explained
+from mmserver.backend.rows import Rows, merge, split
 from mmserver.codecs.answers import encode_as, encode_sagemaker_xgboost
+from mmserver.codecs.explanations import is_explained
 from mmserver.codecs.requests import (
     JSON,
     STRICT,
@@ -33,13 +36,9 @@ from mmserver.codecs.requests import (
     sagemaker_container_kind,
 )
 from mmserver.codecs.schema import Inputs, matrix_inputs
-from mmserver.codecs.tabular import Table, merge_tables
 from mmserver.codecs.v2 import is_v2
 from mmserver.codecs.v2_answers import encode_v2
 from mmserver.codecs.v2_requests import decode_v2
-
-#: A batch's rows: a float64 matrix, or a table of typed columns.
-Rows = np.ndarray | Table
 
 #: One request's answer from :func:`answer_batch`: the encoded body, or the name of an
 #: :class:`~mmserver.errors.MMServerError` class and its message.
@@ -67,7 +66,8 @@ def answer_batch(
     model's width, is answered with its error and left out of the call. When the model does not
     say how many features it takes, requests of different widths go to it in one call per
     width. V2 requests go in calls of their own (:func:`answer_v2`); ``output_names`` are the
-    outputs they may ask for, the first being what ``predict(rows)`` answers. An exception from
+    outputs they may ask for, the first being what ``predict(rows)`` answers. Requests for an
+    explanation go last (:func:`~mmserver.backend.explaining.answer_explained`). An exception from
     ``predict``, or outputs that do not match the rows, is the whole batch's and is raised."""
     if not isinstance(inputs, Inputs):
         inputs = STRICT if inputs is None else matrix_inputs(inputs, missing=False)
@@ -81,9 +81,13 @@ def answer_batch(
     model = f"model {name}"
     groups: dict[int, list[tuple[int, Rows]]] = {}
     v2: list[int] = []
+    explained: list[int] = []
     for i, (body, kind, _) in enumerate(requests):
         if is_v2(kind):
             v2.append(i)
+            continue
+        if is_explained(kind):
+            explained.append(i)
             continue
         try:
             rows = decode_as(body, kind, inputs, model)
@@ -98,6 +102,8 @@ def answer_batch(
         _answer_group(requests, answers, counted, merge([r for _, r in group]), predict, inputs)
     if v2:
         answer_v2(requests, v2, answers, predict, inputs, name, output_names)
+    if explained:
+        answer_explained(requests, explained, answers, predict, inputs, name)
     return answers
 
 
@@ -215,27 +221,3 @@ def answer_v2(
 
 def feature_error(name: str, expected: int, got: int) -> errors.InvalidInput:
     return errors.InvalidInput(f"model {name} expects {expected} feature(s) per row, got {got}")
-
-
-def merge(parts: Sequence[Rows]) -> Rows:
-    """The rows of every part, in order, as one 2-D array (or one table)."""
-    if len(parts) == 1:
-        return parts[0]
-    if isinstance(parts[0], Table):
-        return merge_tables(parts)  # type: ignore[arg-type]
-    return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
-
-
-def split(outputs: Any, counts: Sequence[int]) -> list[Any]:
-    """Cut ``outputs`` (one entry per input row) back into one piece per request."""
-    total = sum(counts)
-    if len(outputs) != total:
-        raise errors.ModelError(f"the model returned {len(outputs)} outputs for {total} rows")
-    if len(counts) == 1:
-        return [outputs]
-    pieces = []
-    start = 0
-    for count in counts:
-        pieces.append(outputs[start : start + count])
-        start += count
-    return pieces

@@ -79,6 +79,7 @@ class Models:
     def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
         self.predictors: dict[str, Any] = {}
         self._clock = clock
+        self._pid = os.getpid()
         self._long: set[str] = set()  # models whose last batch was long
         #: The model the process runs now, or ran last: what its log lines name.
         self.running: str | None = None
@@ -172,18 +173,25 @@ class Models:
             ) from None
 
     def predict(self, key: str, requests: Sequence[Request]) -> BatchResult:
-        """The batch's answers, the CPU and wall seconds they took, and the rows predicted."""
+        """The batch's answers, the CPU and wall seconds they took, the rows predicted, the
+        predict path and the batch's times here (:data:`~mmserver.ops.traces.BackendTimes`:
+        the frontend makes a sampled request's spans of them)."""
         name = key.split("#")[0]
         predictor = self.predictors.get(key)
         if predictor is None:
             raise errors.BackendDied(f"model {name} is not loaded in this backend")
         self.running = name
         rows = 0
+        predicted = 0.0
 
         def predict(batch: Any, output: str | None = None) -> Any:
-            nonlocal rows
+            nonlocal rows, predicted
             rows += len(batch)
-            return predictor.predict(batch) if output is None else predictor.output(output, batch)
+            outputs = (
+                predictor.predict(batch) if output is None else predictor.output(output, batch)
+            )
+            predicted = time.perf_counter()  # what follows the model's last call is encoding
+            return outputs
 
         # The CPU clock costs a system call, twice a batch: it is read for the models whose
         # last batch was long; a short batch's CPU time is taken as its wall time (the two
@@ -204,7 +212,8 @@ class Models:
             raise
         except Exception as exc:
             raise errors.ModelError(f"{type(exc).__name__}: {exc}") from None
-        wall = time.perf_counter() - started
+        ended = time.perf_counter()
+        wall = ended - started
         if timed:
             cpu = self._clock() - cpu
             held = wall - (cpu_wait_seconds() - waited)
@@ -216,7 +225,8 @@ class Models:
             self._long.discard(key)
         if rows > LARGE_BATCH_ROWS:
             self._trimmed = False  # what it freed may be kept for reuse by the next load
-        return answers, cpu, held, rows, getattr(predictor, "last_path", "own")
+        times = (self._pid, started, predicted or ended, ended)
+        return answers, cpu, held, rows, getattr(predictor, "last_path", "own"), times
 
     def unload(self, key: str) -> None:
         if self.predictors.pop(key, None) is not None:

@@ -159,9 +159,9 @@ class ProcessLifetime:
                         "so the request can be retried"
                     )
                 )
-            self._metrics.backend_restarts.inc()
             recycling, self._recycling = self._recycling, None
             running = running_models(crashed)
+            self._metrics.backend_restarted(*running[:1])
             log.log(
                 logging.INFO if recycling else logging.WARNING,
                 "%s %s%s; starting a replacement to reload %d model(s) and resend %d message(s)",

@@ -20,7 +20,7 @@ from mmserver import errors
 from mmserver.backend import wire
 from mmserver.backend.cpus import CpuReserve
 from mmserver.backend.envprocs import EnvContext
-from mmserver.backend.lifetime import ProcessLifetime
+from mmserver.backend.lifetime import ProcessLifetime, running_models
 from mmserver.backend.loads import LoadTurn, SlotLoads
 from mmserver.backend.process import BackendProcess
 from mmserver.backend.slot import BatchCallback, Pending, Runnable, time_out
@@ -404,7 +404,13 @@ class ProcessSlot:
             running = self._inflight[0] is pending if self._inflight else False
             time_out(pending)
             if running and not self._holding:
-                log.warning("%s: a prediction timed out; replacing the process", self.describe())
+                models = running_models([pending])
+                log.warning(
+                    "%s: a prediction of model %s timed out; replacing the process",
+                    self.describe(),
+                    models[0] if models else "-",
+                    extra={"model": models[0]} if models else None,
+                )
                 self.kill()
         if waiting and not self.stopping:
             self._watchdog = self._loop.call_later(_WATCH_S, self._watch)

@@ -16,6 +16,7 @@ from typing import Any
 
 from mmserver.backend.batching import Answer
 from mmserver.config.model import ModelConfig
+from mmserver.ops.traces import BackendTimes
 
 LOAD, PREDICT, UNLOAD, PING = 0, 1, 2, 3
 OK, ERR = 0, 1
@@ -55,6 +56,8 @@ class LoadInfo:
 
 #: A batch's answers (one per request), the CPU and wall seconds they took (the wall time less
 #: what the batch spent waiting for a CPU; both the wall time when the CPU clock was not read:
-#: :data:`~mmserver.policy.scheduling.CPU_CLOCK_ABOVE_S`), the rows predicted, and the predict
-#: path they took (``own`` for a custom handler).
-BatchResult = tuple[list[Answer], float, float, int, str]
+#: :data:`~mmserver.policy.scheduling.CPU_CLOCK_ABOVE_S`), the rows predicted, the predict
+#: path they took (``own`` for a custom handler), and the batch's times in the process (its pid,
+#: when it began, when the model's last call ended, when the answers were encoded), which the
+#: frontend turns into spans for a sampled request's trace.
+BatchResult = tuple[list[Answer], float, float, int, str, BackendTimes]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mmserver.codecs.answers import json_encoder
+from mmserver.codecs.explanations import Attributions, v2_tensor
 from mmserver.codecs.v2 import BYTES_LENGTH, NUMERIC, VERSION, InferRequest, datatype_of
 from mmserver.errors import ModelError
 
@@ -34,9 +35,15 @@ def encode_v2(request: InferRequest, results: Mapping[str, Any], model: str) -> 
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, binary in zip(request.outputs, request.binary, strict=True):
-        array = _tensor(results[name], name)
+        result = results[name]
+        parameters = None
+        if isinstance(result, Attributions):
+            result, parameters = v2_tensor(result)
+        array = _tensor(result, name)
         datatype = datatype_of(array.dtype)
         output: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if parameters is not None:
+            output["parameters"] = parameters
         if binary:
             blob = _binary(array, datatype)
             output["parameters"] = {"binary_data_size": len(blob)}

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mmserver.codecs.explanations import ATTRIBUTIONS
 from mmserver.codecs.requests import STRICT, check_finite, preview, short
 from mmserver.codecs.schema import Inputs
 from mmserver.codecs.tabular import Table, dense, json_kind, table, to_columns
@@ -101,6 +102,9 @@ def decode_v2(
             f"binary_data_size add up to {offset}"
         )
     outputs, binary_outputs = _outputs(data.get("outputs"), available, binary_default)
+    if _flag(parameters, "explain", "the request", default=False):
+        outputs.append(ATTRIBUTIONS)  # the model's explanation of these rows, as JSON
+        binary_outputs.append(False)
     return InferRequest(request_id, _rows(columns, inputs, model), outputs, binary_outputs)
 
 

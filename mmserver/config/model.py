@@ -196,6 +196,25 @@ class ModelConfig:
         "A CSV body's first line names the columns, whatever its content type says.",
         keys=("option.csv_header",),
     )
+    explain: bool = option(
+        True,
+        "Whether the model answers explanations (a model whose predict paths let its "
+        "estimator go reads it again from its file for its first explanation).",
+        keys=("option.explain",),
+    )
+    explain_background: str | None = option(
+        None,
+        "The background sample of the model's explanations, a CSV file in its folder; "
+        "explain_background.csv when there is one.",
+        keys=("option.explain_background",),
+    )
+    explain_samples: int = option(
+        256,
+        "The most coalitions Kernel SHAP evaluates per explained row (models with no exact "
+        "method).",
+        keys=("option.explain_samples",),
+        minimum=1,
+    )
     raw_input: bool = option(
         False,
         "A custom handler takes each request as it came (body, content type, accept).",

@@ -16,7 +16,6 @@ the global defaults; a management call overrides both through :meth:`ModelConfig
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import hashlib
 import ipaddress
@@ -47,6 +46,8 @@ from mmserver.config.model import (
     server_option,
     short_of,
 )
+from mmserver.config.peers import parse_peers
+from mmserver.config.sources import ENV_PREFIX, read_sources
 from mmserver.config.trust import Trust, model_patterns, server_trust
 from mmserver.errors import ConfigError
 from mmserver.ops import capacity
@@ -75,8 +76,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-ENV_PREFIX = "MMSERVER_"
 
 
 @functools.cache
@@ -243,6 +242,13 @@ class ServerConfig(EnvOptions):
         "removed first; 0 = no limit.",
     )
     drain_timeout: float = _opt(30.0, "s SIGTERM waits for accepted requests before stopping.")
+    peers: str = _opt(
+        "",
+        "The other instances behind the same balancer, which a management call applied here is "
+        "sent on to: host:port,host:port, or dns:NAME:PORT for every address NAME resolves to "
+        "(a headless Service); a new instance takes the versions' rollouts from them. Empty = "
+        "none.",
+    )
     state_dir: str = _opt(
         "",
         "Folder of the asynchronous inference journal (SQLite in WAL mode) and of the inline "
@@ -385,6 +391,8 @@ class ServerConfig(EnvOptions):
                 "(0 = no gRPC)"
             )
         model_patterns("pinned_models", self.pinned_models)
+        if self.peers.strip():
+            parse_peers(self.peers)
         self.check_envs()
         if self.metrics_model_label not in MODEL_LABEL_CHOICES:
             raise ConfigError(
@@ -559,80 +567,22 @@ class ServerConfig(EnvOptions):
         flags: Mapping[str, Any] | None = None,
     ) -> ServerConfig:
         """Merge defaults < properties file < ``MMSERVER_*`` environment < flags, and validate."""
-        values: dict[str, Any] = {}
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        #: What was not an option: (refused unless unknown_options=warn, message).
-        unknown: list[tuple[bool, str]] = []
-        if config_file is not None:
-            path = Path(config_file)
-            for key, raw in read_properties(path).items():
-                if key not in known:
-                    unknown.append((True, f"config {path}: unknown option {key!r}{_closest(key)}"))
-                    continue
-                values[key] = _convert(known[key], raw, f"config file {path}, key {key}")
-        for key, raw in (env if env is not None else os.environ).items():
-            if not key.startswith(ENV_PREFIX):
-                continue
-            name = key[len(ENV_PREFIX) :].lower()
-            if name in known:
-                values[name] = _convert(known[name], raw, f"environment {key}")
-            else:
-                # Other programs may have MMSERVER_* variables of their own: only one that is
-                # close to an option's name is taken for a mistake.
-                close = _closest(name, ENV_PREFIX)
-                unknown.append((bool(close), f"environment {key}: not an option{close}"))
-        for name, value in (flags or {}).items():
-            if value is None:
-                continue
-            if name not in known:
-                raise ConfigError(f"unknown option {name!r}")
-            values[name] = (
-                _convert(known[name], value, f"option --{name.replace('_', '-')}")
-                if isinstance(value, str)
-                else value
-            )
-        config = cls(**values)
-        for refused, message in unknown:
+        found = read_sources(
+            dataclasses.fields(cls),
+            config_file=config_file,
+            env=env if env is not None else os.environ,
+            flags=flags or {},
+        )
+        config = cls(**found.values)
+        for refused, message in found.unknown:
             if refused and config.unknown_options == "refuse":
                 raise ConfigError(f"{message} (unknown_options=warn starts anyway)")
             log.warning("%s; ignored", message)
         return config
 
 
+_URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
 #: The choices of the ``log_format`` and ``unknown_options`` options.
 LOG_FORMATS = ("text", "json")
 UNKNOWN_OPTIONS = ("refuse", "warn")
-
-
-def _closest(name: str, prefix: str = "") -> str:
-    """``"; did you mean X?"`` for the option whose name is closest to ``name`` (spelled with
-    ``prefix`` and in upper case for an environment variable), or ``""`` when none is close."""
-    names = [f.name for f in dataclasses.fields(ServerConfig)]
-    match = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.75)
-    if not match:
-        return ""
-    spelled = prefix + match[0].upper() if prefix else match[0]
-    return f"; did you mean {spelled}?"
-
-
-_URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
-    kind: type[Any] = type(f.default)
-    text = raw.strip()
-    try:
-        if kind is bool:
-            if not text:
-                return False  # an empty value (MMSERVER_X=) is false
-            value = boolean(text)
-            if value is None:
-                raise ValueError(text)
-            return value
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-    except ValueError:
-        raise ConfigError(f"{where}: value {raw!r} is not a valid {kind.__name__}") from None
-    return text

@@ -1,7 +1,8 @@
 """The bare boosters of XGBoost and LightGBM, loaded from their own formats, wrapped so that
 ``predict`` is the library's own, and what their families (:mod:`mmserver.execution.families`)
 know of a booster, bare or in its scikit-learn wrapper: whether it is one, its native predict,
-its treelite model, its columns' names and categories. Runs inside the backend processes."""
+its treelite model, its own contributions (TreeSHAP), its columns' names and categories. Runs
+inside the backend processes."""
 
 from __future__ import annotations
 
@@ -79,6 +80,33 @@ def xgboost_treelite(est: Any) -> Any:
     return treelite.frontend.from_xgboost(xgboost_booster(est))
 
 
+#: A booster's contributions on a batch: ``(values[row, output, column], base[row, output])``.
+Contributions = Callable[[Any], tuple[np.ndarray, np.ndarray]]
+
+
+def xgboost_contributions(est: Any) -> Contributions:
+    """XGBoost's exact TreeSHAP (``pred_contribs``) of the margin, on one thread."""
+    import xgboost
+
+    booster = xgboost_booster(est)
+    names, types = booster.feature_names, booster.feature_types
+
+    def contributions(batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(batch, np.ndarray):
+            data = xgboost.DMatrix(batch, feature_names=names, feature_types=types, nthread=1)
+        else:  # a DataFrame: its columns name themselves
+            data = xgboost.DMatrix(batch, nthread=1, enable_categorical=True)
+        out = np.asarray(booster.predict(data, pred_contribs=True), dtype=np.float64)
+        return _values_and_bias(out if out.ndim == 3 else out[:, None, :])
+
+    return contributions
+
+
+def _values_and_bias(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A library's contributions (the bias in the last column) as values and base."""
+    return out[:, :, :-1], out[:, :, -1]
+
+
 def xgboost_names(est: Any) -> list[str] | None:
     names = list(xgboost_booster(est).feature_names or [])
     return named(names, [f"f{j}" for j in range(len(names))])
@@ -107,6 +135,18 @@ def lightgbm_treelite(est: Any) -> Any:
     import treelite
 
     return treelite.frontend.from_lightgbm(lightgbm_booster(est))
+
+
+def lightgbm_contributions(est: Any) -> Contributions:
+    """LightGBM's exact TreeSHAP (``pred_contrib``) of the raw score, on one thread."""
+    booster = lightgbm_booster(est)
+    outputs = max(1, int(booster.num_model_per_iteration()))
+
+    def contributions(batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        out = np.asarray(booster.predict(batch, pred_contrib=True, num_threads=1), np.float64)
+        return _values_and_bias(out.reshape(len(out), outputs, -1))
+
+    return contributions
 
 
 def lightgbm_names(est: Any) -> list[str] | None:

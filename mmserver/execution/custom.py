@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from mmserver.codecs.answers import encode_json, response_type, typed_answer
+from mmserver.codecs.explanations import ATTRIBUTIONS, is_explained
 from mmserver.codecs.schema import Inputs, declared, matrix_inputs
 from mmserver.codecs.tabular import to_frame
 from mmserver.config.model import ModelConfig
-from mmserver.errors import ModelError, ModelLoadError
+from mmserver.errors import InvalidInput, ModelError, ModelLoadError
 from mmserver.execution.families import find_model_file, inside, load_model, reason
 from mmserver.execution.handlers import Batch, Predictor, check_rows, n_features
 
@@ -86,6 +87,8 @@ class CustomPredictor:
         return check_rows(self._fn(self.model, batch), batch)
 
     def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]:
+        if name == ATTRIBUTIONS:
+            raise InvalidInput("a model served by a custom handler has no explanation")
         return self.predict(batch)
 
     def answer_raw(
@@ -100,7 +103,14 @@ class CustomPredictor:
                 "on its DJL or SageMaker path, not the Open Inference Protocol",
             )
         ] * len(requests)
-        taken = [i for i, (_, kind, _) in enumerate(requests) if not kind.startswith("v2")]
+        for i, (_, kind, _) in enumerate(requests):
+            if is_explained(kind):
+                out[i] = ("InvalidInput", "a model served by a custom handler has no explanation")
+        taken = [
+            i
+            for i, (_, kind, _) in enumerate(requests)
+            if not kind.startswith("v2") and not is_explained(kind)
+        ]
         if not taken:
             return out
         raw = [RawRequest(*requests[i]) for i in taken]

@@ -1,5 +1,6 @@
 """Model families: one :class:`Family` record each, which every place that knows of a family
-reads. Adding a family is one record in :data:`FAMILIES` (and its tests).
+reads. Adding a family is one record in :data:`FAMILIES` (and its tests); its files' finder
+and its own format's loader are in :mod:`mmserver.execution.formats`.
 
 Runs inside the backend processes. The families, told apart by their files unless ``engine``
 (or ``option.model_file``) in ``serving.properties`` says:
@@ -28,11 +29,8 @@ installed fails its load with a message saying what to install.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,34 +46,58 @@ from mmserver.errors import ConfigError, ModelLoadError, UntrustedModel
 from mmserver.execution import skew
 from mmserver.execution.boosters import (
     Fn,
-    LightGBMBooster,
-    XGBoostBooster,
     lightgbm_categories,
+    lightgbm_contributions,
     lightgbm_names,
     lightgbm_native,
     lightgbm_treelite,
     owns_lightgbm,
     owns_xgboost,
+    xgboost_contributions,
     xgboost_names,
     xgboost_native,
     xgboost_treelite,
 )
-from mmserver.execution.onnxgraph import OnnxModel, open_graph
-from mmserver.execution.unpickling import (
-    allowed,
-    check_reads_no_files,
-    refusal,
-    restricted_load,
+from mmserver.execution.boosters import LightGBMBooster as LightGBMBooster
+from mmserver.execution.boosters import XGBoostBooster as XGBoostBooster
+from mmserver.execution.formats import LIGHTGBM as LIGHTGBM
+from mmserver.execution.formats import ONNX as ONNX
+from mmserver.execution.formats import (
+    ONNXRUNTIME,
+    Listing,
+    claims_lightgbm,
+    claims_skops,
+    claims_xgboost,
+    find_lightgbm,
+    find_onnx,
+    find_pickle,
+    find_skops,
+    find_xgboost,
+    head,
+    install_hint,
+    load_lightgbm,
+    load_onnx,
+    load_skops,
+    load_xgboost,
+    onnx_names,
+    report,
+    report_text,
 )
+from mmserver.execution.formats import PICKLES as PICKLES
+from mmserver.execution.formats import SKLEARN as SKLEARN
+from mmserver.execution.formats import SKOPS as SKOPS
+from mmserver.execution.formats import XGBOOST as XGBOOST
+from mmserver.execution.formats import collecting_warnings as collecting_warnings
+from mmserver.execution.formats import reason as reason
+from mmserver.execution.formats import wrap_booster as wrap_booster
+from mmserver.execution.onnxgraph import OnnxModel
+from mmserver.execution.unpickling import restricted_load
 
 log = logging.getLogger(__name__)
 
-SKLEARN, XGBOOST, LIGHTGBM, ONNX, SKOPS = "sklearn", "xgboost", "lightgbm", "onnx", "skops"
 MLFLOW = "mlflow"
-PICKLES = ("model.joblib", "model.pkl")
 #: The format of a pickled model's file (whatever its family).
 PICKLE = "pickle"
-_HEAD = 4096
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,10 @@ class Family:
     native: Callable[[Any], Fn | None] | None = None
     #: The booster converted to a treelite model.
     treelite: Callable[[Any], Any] | None = None
+    #: The booster's own exact contributions (TreeSHAP) of its margin on a batch:
+    #: ``(values[row, output, column], base[row, output])``
+    #: (:mod:`mmserver.execution.explainers`).
+    contributions: Callable[[Any], Callable[[Any], tuple[Any, Any]]] | None = None
     #: The column names the booster keeps (generic ones are no names).
     feature_names: Callable[[Any], list[str] | None] | None = None
     #: ``(input index, categories)`` of the booster's categorical columns.
@@ -149,24 +175,15 @@ class ModelFile:
     def format(self) -> str:
         """The file's format: ``pickle``, or the family's own (its name). Read once."""
         family = family_named(self.family)
-        if family.load is None or _head(self.path)[:1] == b"\x80":
+        if family.load is None or head(self.path)[:1] == b"\x80":
             return PICKLE
         return family.name
-
-
-def reason(exc: BaseException) -> str:
-    """``Type: first line of the message``."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def missing_extra(package: str) -> str:
     """What to install for ``package``, the optional package of a family."""
     extra = next((f.extra for f in FAMILIES if f.package == package and f.extra), package)
-    return (
-        f"the {package} package is not installed; install it with "
-        f"pip install 'mmserver[{extra}]' (or pip install {package})"
-    )
+    return install_hint(package, extra)
 
 
 def engine_families(engine: str | None, where: str = "") -> tuple[Family, ...]:
@@ -239,42 +256,6 @@ def inside(model_dir: Path, relative: str, key: str, name: str) -> Path:
     return model_dir / parts
 
 
-def _head(path: Path) -> bytes:
-    try:
-        with path.open("rb") as fh:
-            return fh.read(_HEAD)
-    except OSError:
-        return b""
-
-
-class Listing:
-    """The files of a model folder, listed once for every family's finder (a load looks for
-    several families' files: one directory read, not one per family)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        try:
-            with os.scandir(folder) as entries:
-                self.names = sorted(e.name for e in entries if e.is_file())
-        except OSError:
-            self.names = []
-
-    def file(self, name: str) -> Path | None:
-        """The file ``name`` of the folder, if it has one."""
-        return self.folder / name if name in self.names else None
-
-    def single(self, suffix: str, claims: Callable[[Path], bool] | None = None) -> Path | None:
-        """The folder's only file ending in ``suffix`` (that ``claims`` takes, if given)."""
-        found = [self.folder / n for n in self.names if n.endswith(suffix)]
-        if claims is not None:
-            found = [path for path in found if claims(path)]
-        return found[0] if len(found) == 1 else None
-
-
-def _module_of(estimator: Any) -> str:
-    return type(estimator).__module__.split(".")[0]
-
-
 def load_model(
     found: ModelFile, trust: Trust, on_skew: str = skew.REFUSE
 ) -> tuple[Any, dict[str, str]]:
@@ -295,26 +276,6 @@ def load_model(
 def family_named(name: str) -> Family:
     """The family called ``name``."""
     return next(family for family in FAMILIES if family.name == name)
-
-
-def wrap_booster(model: Any) -> Any:
-    """A bare XGBoost or LightGBM booster wrapped (unpickled ones too); a scikit-learn wrapper
-    of one set to predict on one thread (see :class:`XGBoostBooster`); anything else as is."""
-    module = _module_of(model)
-    if type(model).__name__ == "Booster":
-        if module == XGBOOST:
-            return XGBoostBooster(model)
-        if module == LIGHTGBM:
-            return LightGBMBooster(model)
-    if module in (XGBOOST, LIGHTGBM) and hasattr(model, "set_params"):
-        # A wrapper keeps the thread count it was trained with (XGBoost's 0 is every core).
-        try:
-            model.set_params(n_jobs=1)
-            if module == XGBOOST:
-                model.get_booster().set_param({"nthread": 1})
-        except Exception as exc:  # a wrapper of another version: its own threads, but served
-            log.warning("%s model: could not set one thread: %s", module, reason(exc))
-    return model
 
 
 def load_pickle(path: Path, trust: Trust, on_skew: str = skew.REFUSE) -> tuple[Any, dict[str, str]]:
@@ -342,51 +303,10 @@ def load_pickle(path: Path, trust: Trust, on_skew: str = skew.REFUSE) -> tuple[A
     skew.check(path.name, trained, on_skew)
     line, others = skew.said_once(path.name, caught)  # one line, not one per estimator
     for w in others:
-        _report(path, w)
+        report(path, w)
     if line:
-        _report_text(path, line)
+        report_text(path, line)
     return model, trained
-
-
-@contextlib.contextmanager
-def _loading(path: Path, name: str) -> Iterator[None]:
-    """A model of family ``name`` loaded from ``path``: its package's absence, a native library
-    it cannot load and a file it cannot read each said as such; its warnings reported."""
-    package = family_named(name).package or name
-    a = "an" if name[0] in "aeiou" else "a"
-    try:
-        __import__(package)
-    except ImportError:
-        raise ModelLoadError(f"{path.name} is {a} {name} model: {missing_extra(package)}") from None
-    except OSError as exc:  # its native library needs one the system lacks (libgomp, say)
-        raise ModelLoadError(
-            f"{path.name} is {a} {name} model, and {package} cannot load its native library: "
-            f"{reason(exc)}"
-        ) from None
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield
-    except ModelLoadError as exc:
-        raise ModelLoadError(f"{path.name}: {exc.message}") from None
-    except Exception as exc:
-        raise ModelLoadError(
-            f"{path.name} cannot be loaded as {a} {name} model: {reason(exc)}"
-        ) from None
-    for w in caught:
-        _report(path, w)
-
-
-# ------------------------------------------------------------------------------------------------
-# scikit-learn
-# ------------------------------------------------------------------------------------------------
-
-
-def _find_pickle(listing: Listing) -> Path | None:
-    for name in PICKLES:
-        if (path := listing.file(name)) is not None:
-            return path
-    return listing.single(".joblib") or listing.single(".pkl")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -414,162 +334,6 @@ def _resolve_mlflow(path: Path) -> ModelFile:
     return ModelFile(flavour.name, file, path)
 
 
-# ------------------------------------------------------------------------------------------------
-# skops
-# ------------------------------------------------------------------------------------------------
-
-
-def _find_skops(listing: Listing) -> Path | None:
-    return listing.file("model.skops") or listing.single(".skops")
-
-
-def _claims_skops(path: Path) -> bool:
-    return path.suffix == ".skops"
-
-
-def _load_skops(path: Path, trust: Trust) -> Any:
-    """A skops file's estimator: the types skops trusts, those a pickle may use
-    (:func:`~mmserver.execution.unpickling.allowed`) and ``trusted_types``; all for a fully
-    trusted model. Any other type fails the load, named."""
-    import skops.io
-
-    try:
-        data = path.read_bytes()  # read once: its types checked, then loaded
-        found = skops.io.get_untrusted_types(data=data)
-    except Exception as exc:
-        raise ModelLoadError(f"{path.name} cannot be read as a skops file: {reason(exc)}") from None
-    refused = [] if trust.full else [t for t in found if not _skops_allowed(t, trust)]
-    if refused:
-        raise UntrustedModel(refusal(path.name, ", ".join(refused)))
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model = skops.io.loads(data, trusted=found)
-    except Exception as exc:
-        raise ModelLoadError(f"{path.name} cannot be loaded: {reason(exc)}") from None
-    for w in caught:
-        _report(path, w)
-    if not trust.full:
-        check_reads_no_files(model, path.name)
-    return wrap_booster(model)
-
-
-def _skops_allowed(dotted: str, trust: Trust) -> bool:
-    if dotted in trust.types:
-        return True
-    module, _, name = dotted.rpartition(".")
-    try:
-        return bool(module) and allowed(module, name) is not None
-    except (ImportError, AttributeError):
-        return False
-
-
-# ------------------------------------------------------------------------------------------------
-# XGBoost
-# ------------------------------------------------------------------------------------------------
-
-
-def _is_xgboost_json(path: Path) -> bool:
-    return path.suffix == ".json" and b'"learner"' in _head(path)
-
-
-def _claims_xgboost(path: Path) -> bool:
-    return path.name == "xgboost-model" or path.suffix == ".ubj" or _is_xgboost_json(path)
-
-
-def _find_xgboost(listing: Listing) -> Path | None:
-    for name in ("xgboost-model", "model.json", "model.ubj"):
-        path = listing.file(name)
-        if path is not None and (path.suffix != ".json" or _is_xgboost_json(path)):
-            return path
-    return listing.single(".ubj") or listing.single(".json", _is_xgboost_json)
-
-
-def _load_xgboost(path: Path, trust: Trust) -> XGBoostBooster:
-    with _loading(path, XGBOOST):
-        import xgboost
-
-        booster = xgboost.Booster()
-        # From memory, the format (JSON, UBJSON) is read from the bytes, whatever the file's
-        # name.
-        booster.load_model(bytearray(path.read_bytes()))
-    return XGBoostBooster(booster)
-
-
-# ------------------------------------------------------------------------------------------------
-# ONNX
-# ------------------------------------------------------------------------------------------------
-
-
-def _find_onnx(listing: Listing) -> Path | None:
-    return listing.file("model.onnx") or listing.single(".onnx")
-
-
-def _load_onnx(path: Path, trust: Trust) -> OnnxModel:
-    with _loading(path, ONNX):
-        model = open_graph(path)
-    return model
-
-
-def _onnx_names(est: Any) -> list[str] | None:
-    return list(est.columns) if est.columns is not None else None
-
-
-# ------------------------------------------------------------------------------------------------
-# LightGBM
-# ------------------------------------------------------------------------------------------------
-
-
-def _claims_lightgbm(path: Path) -> bool:
-    return _head(path).split(b"\n", 1)[0].strip() == b"tree"
-
-
-def _find_lightgbm(listing: Listing) -> Path | None:
-    path = listing.file("model.txt")
-    if path is not None and _claims_lightgbm(path):
-        return path
-    return listing.single(".txt", _claims_lightgbm)
-
-
-def _load_lightgbm(path: Path, trust: Trust) -> LightGBMBooster:
-    with _loading(path, LIGHTGBM):
-        import lightgbm
-
-        booster = lightgbm.Booster(model_file=str(path))
-    return LightGBMBooster(booster)
-
-
-#: The warnings of the load under way in this thread, when its caller collects them
-#: (:func:`collecting_warnings`); otherwise each is logged.
-_COLLECTED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "mmserver_load_warnings", default=None
-)
-
-
-@contextlib.contextmanager
-def collecting_warnings() -> Iterator[list[str]]:
-    """Collect the warnings a model file raises while it loads (``Category: message``), instead
-    of logging each: the backend sends them to the frontend with the load's answer."""
-    collected: list[str] = []
-    token = _COLLECTED.set(collected)
-    try:
-        yield collected
-    finally:
-        _COLLECTED.reset(token)
-
-
-def _report(path: Path, w: warnings.WarningMessage) -> None:
-    _report_text(path, f"{w.category.__name__}: {w.message}")
-
-
-def _report_text(path: Path, text: str) -> None:
-    collected = _COLLECTED.get()
-    if collected is not None:
-        collected.append(text)
-    else:
-        log.warning("%s: %s", path, text)
-
-
 #: Every family, in the order a model folder is searched for their files.
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -584,29 +348,30 @@ FAMILIES: tuple[Family, ...] = (
         name=SKOPS,
         engines=("skops",),
         wanted="model.skops or a single *.skops",
-        find=_find_skops,
-        claims=_claims_skops,
-        load=_load_skops,
+        find=find_skops,
+        claims=claims_skops,
+        load=load_skops,
         serves_as=SKLEARN,
     ),
     Family(
         name=SKLEARN,
         engines=("Python", "sklearn"),
         wanted="model.joblib, model.pkl or a single *.joblib/*.pkl",
-        find=_find_pickle,
+        find=find_pickle,
         claims=None,
     ),
     Family(
         name=XGBOOST,
         engines=("XGBoost",),
         wanted="xgboost-model, model.json, model.ubj or a single *.ubj or XGBoost *.json",
-        find=_find_xgboost,
-        claims=_claims_xgboost,
+        find=find_xgboost,
+        claims=claims_xgboost,
         package=XGBOOST,
-        load=_load_xgboost,
+        load=load_xgboost,
         owns=owns_xgboost,
         native=xgboost_native,
         treelite=xgboost_treelite,
+        contributions=xgboost_contributions,
         feature_names=xgboost_names,
         sparse_missing=True,
     ),
@@ -614,13 +379,14 @@ FAMILIES: tuple[Family, ...] = (
         name=LIGHTGBM,
         engines=("LightGBM",),
         wanted="model.txt or a single LightGBM *.txt",
-        find=_find_lightgbm,
-        claims=_claims_lightgbm,
+        find=find_lightgbm,
+        claims=claims_lightgbm,
         package=LIGHTGBM,
-        load=_load_lightgbm,
+        load=load_lightgbm,
         owns=owns_lightgbm,
         native=lightgbm_native,
         treelite=lightgbm_treelite,
+        contributions=lightgbm_contributions,
         feature_names=lightgbm_names,
         categories=lightgbm_categories,
         sparse_missing=True,
@@ -629,13 +395,13 @@ FAMILIES: tuple[Family, ...] = (
         name=ONNX,
         engines=("OnnxRuntime", "onnx"),
         wanted="model.onnx or a single *.onnx",
-        find=_find_onnx,
+        find=find_onnx,
         claims=lambda path: path.suffix == ".onnx",
-        package="onnxruntime",
+        package=ONNXRUNTIME,
         extra=ONNX,
-        load=_load_onnx,
+        load=load_onnx,
         owns=lambda est: isinstance(est, OnnxModel),
-        feature_names=_onnx_names,
+        feature_names=onnx_names,
         kinds=lambda est: est.kinds(),
         tensors=lambda est: est.tensors(),
     ),

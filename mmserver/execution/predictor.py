@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mmserver.codecs import mlmodel
+from mmserver.codecs.explanations import ATTRIBUTIONS
 from mmserver.codecs.schema import (
     Column,
     Inputs,
@@ -41,6 +42,7 @@ from mmserver.config.model import METHODS, ModelConfig
 from mmserver.errors import ModelLoadError, UntrustedModel
 from mmserver.execution.candidates import NATIVE, NUMPY, TREELITE
 from mmserver.execution.custom import entry_point, load_custom
+from mmserver.execution.explainers import plan_explanation
 from mmserver.execution.families import (
     SKLEARN,
     XGBOOST,
@@ -78,6 +80,7 @@ class EstimatorPredictor:
         batch_rows: int = 32,
         config: ModelConfig | None = None,
         model_dir: Path | None = None,
+        reload: Callable[[], Any] | None = None,
     ) -> None:
         fn = getattr(model, method, None)
         if not callable(fn):
@@ -126,6 +129,13 @@ class EstimatorPredictor:
                 _called_facts(self._method(m), m, self.sample()) or facts
                 for m, facts in zip(self.outputs, self.output_facts, strict=True)
             ]
+        #: How its predictions are explained (:mod:`mmserver.execution.explainers`); it keeps
+        #: what its method needs of the model.
+        self.name = name
+        self.explanation = plan_explanation(
+            model, inputs, config, model_dir, self.output, self.outputs, self._model_again
+        )
+        self._reload = reload
         #: The tensors the model takes, when its family says them (an ONNX graph's inputs).
         self.tensors = booster.tensors(model) if booster is not None and booster.tensors else None
         missing = any(c.missing for c in inputs.columns)
@@ -164,8 +174,18 @@ class EstimatorPredictor:
         # system, so that the load's measured memory is what the model keeps. (A classifier
         # keeps it for its other methods' outputs.) The load's end gives the heap it leaves
         # back (mmserver.backend.child.Models.load).
+        if reload is None and self.explanation.build is not None:
+            return  # its explanation needs the model, which could not be read again
         self.model = None
         self._own = _dropped
+
+    def _model_again(self) -> Any:
+        """The model object: the one kept, or read again from its file."""
+        if self.model is not None:
+            return self.model
+        if self._reload is None:
+            raise ModelLoadError("the model object was let go and cannot be read again")
+        return self._reload()
 
     def _method(self, name: str) -> Callable[[Any], Any]:
         """The model's method ``name`` on a batch as the model takes it."""
@@ -196,12 +216,16 @@ class EstimatorPredictor:
             "method": self.method,
             **self.plan.describe(),
             "summary": self.plan.summary(),
+            "explanation": self.explanation.describe(),
         }
 
-    def output(self, name: str, batch: Batch) -> np.ndarray | list[Any]:
-        """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``."""
+    def output(self, name: str, batch: Batch) -> Any:
+        """The estimator's method ``name`` (one of :attr:`outputs`) on ``batch``; for
+        :data:`~mmserver.codecs.explanations.ATTRIBUTIONS`, the batch's attributions."""
         if name == self.method:
             return self.predict(batch)
+        if name == ATTRIBUTIONS:
+            return self.explanation.explain(batch, self.name)
         return check_rows(self._method(name)(batch), batch)
 
     def sample(self) -> Batch:
@@ -453,6 +477,8 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
         batch_rows=config.batch_size,
         config=config,
         model_dir=model_dir,
+        # What an explanation needs of a model its predict paths let go: read again.
+        reload=lambda: load_model(found, config.trust, config.on_version_skew)[0],
     )
     predictor.file_format = found.format
     predictor.trained_with = trained

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
+from mmserver.codecs.explanations import content_type_of
 from mmserver.codecs.requests import Request
 from mmserver.ops.capture import Capture, Record
 from mmserver.ops.metrics import Metrics
@@ -168,7 +169,7 @@ class Shadows:
                     time.time(),
                     f"shadow-{uuid.uuid4()}",
                     body,
-                    content_type or "application/json",
+                    content_type_of(content_type) or "application/json",
                     primary,
                     answer_type,
                     answer,

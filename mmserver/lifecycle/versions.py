@@ -243,11 +243,14 @@ class Versions:
             )
         await self._save()
 
+    def saved(self) -> dict[str, Any]:
+        """What the management API set, as ``rollouts.json`` holds it."""
+        return {"models": {k: asdict(v) for k, v in sorted(self._saved.items())}}
+
     async def _save(self) -> None:
         """Write what the management API set (atomically: a reader sees the old file or the
         new one), one write at a time."""
-        data: dict[str, Any] = {"models": {k: asdict(v) for k, v in sorted(self._saved.items())}}
-        text = json.dumps(data, indent=1) + "\n"
+        text = json.dumps(self.saved(), indent=1) + "\n"
         async with self._writing:
             try:
                 await asyncio.to_thread(write_atomically, self.state_file, text)

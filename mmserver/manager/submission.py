@@ -14,6 +14,7 @@ limit, say) goes in :meth:`Submitter.submit`, before the pool's queue.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from mmserver import errors
@@ -23,6 +24,7 @@ from mmserver.lifecycle.room import Room
 from mmserver.lifecycle.shadow import Shadows
 from mmserver.lifecycle.versions import Versions
 from mmserver.ops.metrics import ModelRequests
+from mmserver.ops.traces import Trace
 from mmserver.serving.jobs import NORMAL
 from mmserver.serving.pool import ModelPool
 from mmserver.store.names import normalize_target
@@ -67,13 +69,15 @@ class Submitter:
         background: bool = False,
         routing: str | None = None,
         priority: int = NORMAL,
+        trace: Trace | None = None,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling). A loaded model named exactly
         ``name`` gets it queued at once; otherwise a task finds (or loads) the model, then
         queues it. Every error is the submission's future's. A ``background`` request (an
         asynchronous one) does not count toward the model's real-time scale-up. ``priority``:
         its tenant's (:data:`~mmserver.serving.jobs.PRIORITY`), who is shed first from a full
-        queue, and whose models are evicted first (the room's ``ranks``)."""
+        queue, and whose models are evicted first (the room's ``ranks``). A sampled request's
+        ``trace`` records its cold load, if it waits for one, and its job's way."""
         loaded = self._loaded
         pool = loaded.get(name)
         shadow = None
@@ -90,7 +94,9 @@ class Submitter:
             elif self._ranks:
                 self._ranks.pop(name, None)
             try:
-                answer = pool.submit(request, deadline, client_gone, None, background, priority)
+                answer = pool.submit(
+                    request, deadline, client_gone, None, background, priority, trace
+                )
             except errors.MMServerError as exc:  # the model's queue is full
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_exception(exc)
@@ -102,7 +108,15 @@ class Submitter:
         submission.pool = None
         submission.answer = asyncio.get_running_loop().create_task(
             self._after_load(
-                name, request, deadline, client_gone, submission, background, routing, priority
+                name,
+                request,
+                deadline,
+                client_gone,
+                submission,
+                background,
+                routing,
+                priority,
+                trace,
             )
         )
         return submission
@@ -117,10 +131,17 @@ class Submitter:
         background: bool,
         routing: str | None,
         priority: int,
+        trace: Trace | None,
     ) -> bytes:
         arrived = asyncio.get_running_loop().time()  # the load it waits for counts
         versions = self._versions
-        pool = await self._loader.get_pool(await versions.resolve(name, routing))
+        target = await versions.resolve(name, routing)
+        if trace is not None and normalize_target(target) not in self._loaded:
+            began = time.perf_counter()
+            pool = await self._loader.get_pool(target)
+            trace.load = (began, time.perf_counter())
+        else:
+            pool = await self._loader.get_pool(target)
         submission.pool = pool
         if self.shadows is not None and not background and versions.rollouts:
             model = normalize_target(name)
@@ -130,4 +151,6 @@ class Submitter:
         submission.requests = pool.requests
         if priority != NORMAL:
             self._ranks[pool.name] = priority
-        return await pool.submit(request, deadline, client_gone, arrived, background, priority)
+        return await pool.submit(
+            request, deadline, client_gone, arrived, background, priority, trace
+        )

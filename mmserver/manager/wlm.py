@@ -45,6 +45,7 @@ from mmserver.lifecycle.warmfile import FILE_NAME as WARM_FILE
 from mmserver.lifecycle.warmset import WarmSet
 from mmserver.manager.submission import Submission, Submitter
 from mmserver.ops.metrics import Metrics
+from mmserver.ops.traces import Trace
 from mmserver.policy.rollout import Rollout
 from mmserver.policy.scaling import background_share
 from mmserver.serving.jobs import NORMAL
@@ -306,6 +307,7 @@ class WorkLoadManager:
         background: bool = False,
         routing: str | None = None,
         priority: int = NORMAL,
+        trace: Trace | None = None,
     ) -> Submission:
         """Queue ``request`` for model ``name`` (any spelling), loading the model first if
         needed: every inference path comes in here. The answer's body is the result of the
@@ -319,11 +321,12 @@ class WorkLoadManager:
         A ``background`` request (an asynchronous one) does not count toward the model's
         real-time scale-up (:mod:`mmserver.policy.scaling`). ``routing``, a routing key, picks the
         version of a canary rollout (:mod:`mmserver.lifecycle.versions`). ``priority``: the
-        caller's tenant's (:data:`~mmserver.serving.jobs.PRIORITY`)."""
+        caller's tenant's (:data:`~mmserver.serving.jobs.PRIORITY`). ``trace``: a sampled
+        request's (:mod:`mmserver.ops.traces`)."""
         if not self.accepting:  # checked inline: this is every request's path
             self._refuse_if_stopping()
         return self.submitter.submit(
-            name, request, client_gone, deadline, background, routing, priority
+            name, request, client_gone, deadline, background, routing, priority, trace
         )
 
     async def _run_shadow(self, key: str, request: Request) -> bytes:

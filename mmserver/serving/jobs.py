@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from mmserver import errors
 from mmserver.backend.batching import Answer
 from mmserver.codecs.requests import Request
+from mmserver.ops.traces import Passage
 
 #: A request's priority (its tenant's ``priority``): who is shed first when a queue is full.
 LOW, NORMAL, HIGH = 0, 1, 2
@@ -28,7 +29,8 @@ PRIORITY = {"high": HIGH, "normal": NORMAL, "low": LOW}
 
 class Job:
     """One request on its way to a model, and the future of its answer. A *background* job
-    (an asynchronous request's) does not count toward its model's real-time scale-up."""
+    (an asynchronous request's) does not count toward its model's real-time scale-up. A
+    sampled request's job records its way in its ``trace`` (:mod:`mmserver.ops.traces`)."""
 
     __slots__ = (
         "background",
@@ -38,6 +40,7 @@ class Job:
         "future",
         "priority",
         "request",
+        "trace",
     )
 
     def __init__(
@@ -49,6 +52,7 @@ class Job:
         client_gone: Callable[[], bool] | None = None,
         background: bool = False,
         priority: int = NORMAL,
+        trace: Passage | None = None,
     ) -> None:
         self.request = request
         self.future = future
@@ -57,6 +61,7 @@ class Job:
         self.client_gone = client_gone
         self.background = background
         self.priority = priority
+        self.trace = trace
 
     def answer(self, result: Any) -> None:
         if not self.future.done():

@@ -34,7 +34,9 @@ from mmserver.backend.wire import LoadInfo
 from mmserver.codecs.requests import Request
 from mmserver.config.server import ModelConfig
 from mmserver.envs.registry import Environment
-from mmserver.ops.metrics import CounterChild, Metrics, ModelRequests
+from mmserver.ops.metrics import Metrics, ModelRequests
+from mmserver.ops.series import CounterChild
+from mmserver.ops.traces import Trace
 from mmserver.policy.scaling import (
     PoolSnapshot,
     should_add_background_worker,
@@ -164,6 +166,7 @@ class ModelPool:
         arrived: float | None = None,
         background: bool = False,
         priority: int = NORMAL,
+        trace: Trace | None = None,
     ) -> asyncio.Future[bytes]:
         """Queue one request (raises :class:`errors.QueueFull` at once when full), then apply
         the scaling rule. The future's result is the answer's body. ``deadline`` is on the event
@@ -173,14 +176,15 @@ class ModelPool:
         job (an asynchronous request's) scales the model by its own rule
         (:func:`~mmserver.policy.scaling.should_add_background_worker`), not the real-time one.
         ``priority`` (:data:`~mmserver.serving.jobs.PRIORITY`) says who a full queue sheds
-        first."""
+        first. A sampled request's ``trace`` records the job's way from now on."""
         loop = self._loop
         now = loop.time()
         if deadline is None:
             deadline = (now if arrived is None else arrived) + self.config.predict_timeout
         future: asyncio.Future[bytes] = loop.create_future()
         queue = self.queue
-        queue.put(Job(request, future, now, deadline, client_gone, background, priority))
+        passage = None if trace is None else trace.queued()
+        queue.put(Job(request, future, now, deadline, client_gone, background, priority, passage))
         if deadline < self._expiry.at:  # only an earlier deadline moves the alarm
             self._expiry.arm(deadline)
         if self._idle and self._dispatch_handle is None:

@@ -26,6 +26,7 @@ from mmserver import errors
 from mmserver.backend.batching import Answer
 from mmserver.backend.placement import Slot
 from mmserver.backend.wire import BatchResult
+from mmserver.ops.traces import Passage
 from mmserver.policy.scheduling import Cost
 from mmserver.serving.jobs import Job, partition_live
 
@@ -87,6 +88,9 @@ class Worker:
         self._binding: asyncio.Task[None] | None = None
         self._batch: list[Job] = []
         self._started = 0.0
+        #: When the batch began, on :func:`time.perf_counter`'s clock (a sampled request's
+        #: trace reads it; the event loop's clock may count in milliseconds).
+        self._began = 0.0
         #: The estimated CPU seconds of the batch it began last, which its lane charges.
         self.charge = 0.0
 
@@ -158,6 +162,7 @@ class Worker:
         host.batch_started()
         self._batch = live
         self._started = started
+        self._began = time.perf_counter()
         cost = host.cost
         self.charge = charge = cost.charge(len(live))
         estimate = cost.estimate
@@ -195,12 +200,14 @@ class Worker:
         host.batch_ended()
         answers: list[Answer] | None = None
         if result is not None:
-            answers, cpu_seconds, wall_seconds, rows, path = result
+            answers, cpu_seconds, wall_seconds, rows, path, _ = result
             host.observe_cost(cpu_seconds, wall_seconds, rows, len(batch), self.charge, path)
         host.observe_batch(batch, self._started, self._loop.time() - self._started)
         if error is None:
             if answers is not None and len(answers) == len(batch):
                 for job, answer in zip(batch, answers, strict=True):
+                    if job.trace is not None:
+                        self._traced(job.trace, len(batch), result)
                     job.settle(answer)
                 batch = []
             else:
@@ -215,9 +222,19 @@ class Worker:
                 )
                 error = errors.MMServerError(f"the batch failed: {type(error).__name__}")
             for job in batch:
+                if job.trace is not None:
+                    self._traced(job.trace, len(batch), result)
                 job.fail(error)
         if self.state is WorkerState.BUSY:
             self._become_idle()
+
+    def _traced(self, passage: Passage, size: int, result: BatchResult | None) -> None:
+        """Record the batch a sampled request's job went in, and the backend's times of it."""
+        passage.taken = self._began
+        passage.answered = time.perf_counter()
+        passage.size = size
+        if result is not None:
+            passage.rows, passage.path, passage.backend = result[3], result[4], result[5]
 
     # Leaving ----------------------------------------------------------------------------------
 

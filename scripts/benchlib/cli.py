@@ -26,6 +26,7 @@ from typing import Any
 from benchlib import (
     asyncbench,
     envsbench,
+    explainbench,
     grpcload,
     loads,
     neighbour,
@@ -39,6 +40,7 @@ from benchlib import (
     store,
     tabular,
     tenantsbench,
+    tracingbench,
     transformbench,
     trees,
 )
@@ -54,6 +56,7 @@ SECTIONS = (
     "neighbour",
     "trees",
     "onnx",
+    "explain",
     "tabular",
     "grpc",
     "scale",
@@ -61,12 +64,32 @@ SECTIONS = (
     "transform",
     "rollout",
     "tenants",
+    "tracing",
     "envs",
 )
 #: Sections a run without --only leaves out: they run servers or clients of their own, or
 #: need packages of their own (onnx: skl2onnx and onnxruntime).
-OPT_IN = ("grpc", "scale", "async", "transform", "rollout", "onnx", "tenants", "envs")
+OPT_IN = (
+    "grpc",
+    "scale",
+    "async",
+    "transform",
+    "rollout",
+    "onnx",
+    "explain",
+    "tenants",
+    "tracing",
+    "envs",
+)
 PATTERNS = report.PATTERNS
+#: The sections with servers of their own and nothing of their own to be told: how each runs,
+#: and its lines of the table.
+OWN_SERVERS = {
+    "rollout": (rollout.run, rollout.summary_lines),
+    "tenants": (tenantsbench.run, tenantsbench.summary_lines),
+    "tracing": (tracingbench.run, tracingbench.summary_lines),
+    "envs": (envsbench.run, envsbench.summary_lines),
+}
 BATCH_MODELS = {"batch 1": "bench-forest-b1", "batch 32": "bench-forest-b32"}
 
 
@@ -392,12 +415,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.sections == ["transform"]:
             return raw
-    # Sections with servers of their own and nothing of their own to be told.
-    for section, run_section in (
-        ("rollout", rollout.run),
-        ("tenants", tenantsbench.run),
-        ("envs", envsbench.run),
-    ):
+    for section, (run_section, _) in OWN_SERVERS.items():
         if section not in args.sections:
             continue
         with tempfile.TemporaryDirectory(prefix="mmserver-bench-") as tmp:
@@ -414,6 +432,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trees.ensure(model_store)
     if "onnx" in args.sections:
         onnxbench.ensure(model_store)
+    if "explain" in args.sections:
+        explainbench.ensure(model_store)
     if "tabular" in args.sections:
         tabular.ensure(model_store)
     needs_floor = {"closed", "open"} & set(args.sections)
@@ -540,6 +560,8 @@ def _measure(
         raw["trees"] = trees.run(server, settings, _log)
     if "onnx" in sections:
         raw["onnx"] = onnxbench.run(server, settings, _log)
+    if "explain" in sections:
+        raw["explain"] = explainbench.run(server, settings, _log)
     if "grpc" in sections:
         raw["grpc"] = grpcload.section(server, peer, args.patterns, settings, _log)
     if args.profile:
@@ -583,11 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     if "transform" in raw:
         text = text.rstrip("\n") + "\n" + "\n".join(transformbench.summary_lines(raw["transform"]))
         text += "\n"
-    for section, summary_lines in (
-        ("rollout", rollout.summary_lines),
-        ("tenants", tenantsbench.summary_lines),
-        ("envs", envsbench.summary_lines),
-    ):
+    for section, (_, summary_lines) in OWN_SERVERS.items():
         if section in raw:
             text = text.rstrip("\n") + "\n" + "\n".join(summary_lines(raw[section])) + "\n"
     text += "\n".join(_profile_lines(raw.get("profile", {})))

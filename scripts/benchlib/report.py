@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from benchlib import onnxbench, scale, tabular, trees
+from benchlib import explainbench, onnxbench, scale, tabular, trees
 from benchlib.neighbour import (
     COLD_LOADS,
     LANE_MOVES,
@@ -143,6 +143,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         out["trees"] = raw["trees"]
     if "onnx" in raw:
         out["onnx"] = raw["onnx"]
+    if "explain" in raw:
+        out["explain"] = raw["explain"]
     if "tabular" in raw:
         out["tabular"] = _summarize_tabular(raw["tabular"])
     if "scale" in raw:
@@ -540,6 +542,8 @@ def table(summary: dict[str, Any], header: list[str]) -> str:
         lines += trees.lines(summary["trees"])
     if "onnx" in summary:
         lines += onnxbench.lines(summary["onnx"])
+    if "explain" in summary:
+        lines += explainbench.lines(summary["explain"])
     if "tabular" in summary:
         lines += tabular.lines(summary["tabular"])
     if "scale" in summary:

@@ -48,7 +48,8 @@ tenants:
 """
 
 
-def _warm(server: servers.Server, token: str | None) -> None:
+def warm(server: servers.Server, token: str | None) -> None:
+    """One request to each of the store's 1,000 models (with ``token``): all of them loaded."""
     client = Client(server.port)
     headers = dict(JSON_HEADERS)
     if token is not None:
@@ -136,8 +137,8 @@ def run(
     with plain, tenanted:
         log(f"tenants section: mmserver pid {plain.pid} on {plain.url} (no tenants)")
         log(f"tenants section: mmserver pid {tenanted.pid} on {tenanted.url} (tenants)")
-        _warm(plain, None)
-        _warm(tenanted, TOKENS["all"])
+        warm(plain, None)
+        warm(tenanted, TOKENS["all"])
         for r in range(settings.runs):
             result: dict[str, Any] = {}
             for case in rotated(CASES, r):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -67,12 +67,15 @@ async def wait_gone(pids: set[int], timeout: float = 10.0) -> None:
 class ServerProcess:
     """``python -m mmserver serve`` over ``store``, started by the launcher
     (:class:`mmserver.commands.launch.Child`); its log goes to ``log_path``. Leaving the block
-    kills it and its descendants at once: a test that wants the drain sends SIGTERM itself."""
+    kills it and its descendants at once: a test that wants the drain sends SIGTERM itself.
+    ``env``: changes to its environment (this process's otherwise)."""
 
     #: Start the server as the leader of its own process group (as a shell or systemd does).
     new_session = False
 
-    def __init__(self, store: Path, log_path: Path, *args: str) -> None:
+    def __init__(
+        self, store: Path, log_path: Path, *args: str, env: Mapping[str, str] | None = None
+    ) -> None:
         self.store = store
         self.log_path = log_path
         if "--trusted-models" not in args:
@@ -89,6 +92,7 @@ class ServerProcess:
             cwd=ROOT,
             new_session=self.new_session,
             append=False,
+            env=env,
         )
         self.port = self.child.port
         self.url = self.child.url

@@ -27,7 +27,8 @@ from tests.e2e.server_process import (
     predict_ok,
 )
 
-pytestmark = pytest.mark.e2e
+# Its confirming run measures the machine's throughput: alone, not beside other tests.
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 
 def recommend(*args: str) -> subprocess.CompletedProcess[str]:

@@ -53,6 +53,8 @@ async def test_a_killed_job_run_again_finishes_as_an_uninterrupted_run(tmp_path:
             f"mmserver transform: another run of this job (pid {job.pid}) is using its journal "
             f"{journal}: let it end (or stop it), then run the command again to continue"
         )
+        # The kill lands mid-file: a file in progress again (the refused run took a while).
+        await until(_journal_has_files(journal, 3), 120, "a file in progress")
         job.send_signal(signal.SIGKILL)
         await asyncio.wait_for(job.wait(), 30)
     finally:

@@ -221,7 +221,9 @@ async def serve(store_root: Path, tmp_path: Path) -> AsyncIterator[Serve]:
             await runner.start()
         if routes:
             app.add_routes(routes)
-        client = TestClient(ServerLikeTestServer(app, host="127.0.0.1"))
+        # On the port the options name, if they do (peers are told each other's ports first).
+        port = config.port if "port" in options else None
+        client = TestClient(ServerLikeTestServer(app, host="127.0.0.1", port=port))
         harness = Harness(client, wlm, metrics, config)
         started.append(harness)
         await client.start_server()

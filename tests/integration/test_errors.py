@@ -255,10 +255,16 @@ async def test_500_model_failed_to_load(server: Harness) -> None:
     assert response.status == 200
 
 
-async def test_500_backend_died(serve: Serve) -> None:
+async def test_500_backend_died(serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
     harness = await serve(backend_processes=1)
+    caplog.set_level(logging.WARNING, logger="mmserver.api.dataplane")
     response = await harness.post("/models/dying-handler/invoke", "[[0.5]]")
     await check(response, 500, "EngineException", "died", "InternalFailure")
+    # A line names the request and its model, with both as the line's fields.
+    rid = response.headers["X-Request-Id"]
+    [line] = [r for r in caplog.records if r.getMessage().startswith(f"request {rid} ")]
+    assert f"request {rid} of model dying-handler: backend process" in line.getMessage()
+    assert (line.model, line.request_id) == ("dying-handler", rid)  # type: ignore[attr-defined]
     # The process is replaced: other models still answer.
     response = await harness.post("/models/sklearn-0/invoke", "[[0.5]]")
     assert response.status == 200

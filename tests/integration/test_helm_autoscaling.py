@@ -18,6 +18,7 @@ import yaml
 from tests.integration.helmchart import (
     EVERYTHING_ON,
     FULLNAME,
+    HEADLESS,
     NAMESPACE,
     Rendered,
     refusal,
@@ -382,3 +383,10 @@ def test_a_wrong_query_fails_the_test(right: str, wrong: str, got: str, tmp_path
     tested = promtool_test(query.replace(right, wrong), 15, tmp_path)
     assert tested.returncode != 0
     assert f"got: {{}} {got}" in tested.stdout + tested.stderr, tested.stdout + tested.stderr
+
+
+def test_each_pod_sends_management_calls_on_to_the_others_by_the_headless_service() -> None:
+    rendered = render()
+    # Every pod's address, ready or not (the headless Service publishes them all).
+    assert rendered.env_value("MMSERVER_PEERS") == f"dns:{HEADLESS}.{NAMESPACE}.svc:8080"
+    assert render({"server": {"peers": False}}).env_value("MMSERVER_PEERS") is None

@@ -31,6 +31,9 @@ from tests.integration.harness import Harness, Serve, describe, wait_until
 from tests.models import make_linked_store
 from tests.unit.test_cpus import thread_cpus
 
+# How the lanes share the machine's CPUs: alone, not beside other tests.
+pytestmark = pytest.mark.alone
+
 LIGHT_PROCESSES = 2
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mmserver.api.connections import HttpRunner
-from mmserver.api.lean.connection import LeanFront
+from mmserver.api.lean.front import LeanFront
 from tests.integration.gate import Gate
 from tests.integration.harness import Harness, Serve, wait_until
 from tests.integration.test_hostile_http import SAFETY_S, Sockets, received_until_dropped

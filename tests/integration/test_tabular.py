@@ -176,6 +176,17 @@ async def test_a_raw_handler_gets_the_request_as_it_came(tabular: Harness) -> No
     )
     assert v2.status == 400
     assert "option.raw_input" in (await v2.json())["error"]
+    # An explanation is refused: the handler answers predictions only.
+    explained = await tabular.post(
+        "/invocations",
+        b"[[1]]",
+        **{
+            "X-Amzn-SageMaker-Target-Model": "raw",
+            "X-Amzn-SageMaker-Enable-Explanations": "`true`",
+        },
+    )
+    assert explained.status == 400
+    assert "custom handler has no explanation" in (await explained.json())["message"]
 
 
 def test_a_fast_path_that_differs_on_missing_values_is_kept_for_rows_without(

@@ -389,7 +389,7 @@ async def test_killed_backend_is_replaced_and_bystanders_lose_nothing(
         for result in await asyncio.gather(*waiting, *others):
             assert value(result) == pytest.approx(2.0, abs=0.05)
         assert slot.pid != old_pid
-        assert sample(wlm, "mmserver_backend_restarts_total") == 1
+        assert sample(wlm, "mmserver_backend_restarts_total", model="victim") == 1
         # The replacement has the victim's model again and serves it.
         gate.touch()
         assert value(await wlm.submit("victim", X).answer) == 1.0
@@ -414,15 +414,24 @@ async def test_a_process_that_exits_fails_only_its_batch(
         # Both models were reloaded into the replacement and keep serving.
         assert value(await wlm.submit("fragile", rows([[4.0]])).answer) == 8.0
         assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
-        assert sample(wlm, "mmserver_backend_restarts_total") == 1
+        # The restart is counted under the model whose batch the process was running.
+        assert sample(wlm, "mmserver_backend_restarts_total", model="fragile") == 1
+        assert sample(wlm, "mmserver_backend_restarts_total", model="-") == 0
 
 
-async def test_predict_timeout_replaces_a_stuck_process(store: Path, tmp_path: Path) -> None:
+async def test_predict_timeout_replaces_a_stuck_process(
+    store: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     gate = tmp_path / "gate"
     make_gated_dir(store / "stuck", gate, **{"option.predict_timeout": 0.5, "maxWorkers": 1})
+    caplog.set_level(logging.WARNING, logger="mmserver.backend")
     async with running(store, backend_processes=1) as wlm:
         with pytest.raises(errors.PredictTimeout):
             await wlm.submit("stuck", X).answer
+        # The line says which model's prediction it was, and names it as the line's model.
+        [stuck] = [r for r in caplog.records if "timed out; replacing" in r.getMessage()]
+        assert "a prediction of model stuck timed out" in stuck.getMessage()
+        assert stuck.model == "stuck"  # type: ignore[attr-defined]
         # The process running it was replaced, so other models do not wait behind it.
         assert value(await wlm.submit("sklearn-1", X).answer) == pytest.approx(2.0, abs=0.05)
         gate.touch()

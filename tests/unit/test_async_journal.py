@@ -121,3 +121,31 @@ def test_ended_requests_are_pruned_once_old_enough(tmp_path: Path) -> None:
         journal.finish(name, State.DONE, None, at)
     assert journal.prune(ended_before=20.0) == 1
     assert journal.states() == {"recent": State.DONE, "open": State.QUEUED}
+
+
+def test_a_requests_traceparent_is_kept_and_an_older_journal_gets_its_column(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+    import sqlite3
+
+    # A journal written before traces: its table has no traceparent column.
+    old = sqlite3.connect(tmp_path / "async-journal.sqlite3")
+    old.executescript(
+        "CREATE TABLE invocations (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL "
+        "UNIQUE, model TEXT NOT NULL, input TEXT NOT NULL, output TEXT NOT NULL, failure TEXT "
+        "NOT NULL, content_type TEXT, accept TEXT, custom_attributes TEXT, accepted_at REAL NOT "
+        "NULL, ttl_s REAL NOT NULL, timeout_s REAL NOT NULL, state TEXT NOT NULL, error TEXT, "
+        "ended_at REAL);"
+        "INSERT INTO invocations (id, model, input, output, failure, accepted_at, ttl_s, "
+        "timeout_s, state) VALUES ('old', 'm', 'i', 'o', 'f', 1.0, 60.0, 900.0, 'queued');"
+    )
+    old.close()
+    journal = Journal(tmp_path)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    row, _ = journal.add(dataclasses.replace(invocation("new"), traceparent=traceparent))
+    assert row.traceparent == traceparent
+    assert [(r.id, r.traceparent) for r in Journal(tmp_path).open()] == [
+        ("old", None),
+        ("new", traceparent),
+    ]

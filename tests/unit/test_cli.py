@@ -179,6 +179,7 @@ def test_every_flag_reaches_the_config() -> None:
                 "trusted_models": "team-a-*",
                 "on_version_skew": "warn",
                 "env_installer": "pip",
+                "peers": "10.0.0.2:8080,10.0.0.3:8080",
             }.get(field.name, f"/x/{field.name}")
             argv += [flag, value]
             expected[field.name] = value
@@ -282,3 +283,16 @@ def test_an_instance_of_a_cluster_has_a_state_dir_of_its_own(tmp_path: Path) -> 
     # The cluster's warm_ready_timeout first: an argument of the operator's comes after, and wins.
     assert argv[own + 1 :] == ["--warm-ready-timeout=120", "--warm-ready-timeout=5"]
     assert not any(a.startswith("--state-dir") for a in spec.serve(9000).argv())
+
+
+def test_the_instances_of_a_cluster_are_each_others_peers(tmp_path: Path) -> None:
+    from mmserver.commands.cluster.cli import _spec, parse_args
+    from mmserver.commands.cluster.cluster import Cluster
+
+    cluster = Cluster(
+        _spec(parse_args(["start", "--model-store", str(tmp_path), "--instances", "3"]))
+    )
+    ports = [instance.port for instance in cluster.instances]
+    expected = "--peers=" + ",".join(f"127.0.0.1:{port}" for port in ports)
+    for instance in cluster.instances:
+        assert expected in instance.argv

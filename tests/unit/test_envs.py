@@ -278,3 +278,61 @@ async def test_a_build_past_its_deadline_is_killed_and_fails_its_loads(tmp_path:
     assert env.state is EnvState.FAILED and not env.users
     assert not (tmp_path / wanted.key).exists()
     assert metrics.env_build_failures.labels().value == 1
+
+
+#: What a model environment is sure to have: the model's own scikit-learn (with SciPy and
+#: threadpoolctl), NumPy and joblib (with cloudpickle, which joblib's loky imports).
+_ENVIRONMENT_HAS = {
+    "numpy",
+    "joblib",
+    "cloudpickle",
+    "sklearn",
+    "scipy",
+    "threadpoolctl",
+    "mmserver",
+}
+
+_IMPORT_BACKEND_SIDE = """
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in sys.stdlib_module_names or top in HAS or top.startswith("_"):
+            return None
+        raise ImportError(f"{name} is not in a model environment")
+
+HAS = set(sys.argv[1].split(","))
+sys.meta_path.insert(0, Absent())
+for module in sys.argv[2:]:
+    __import__(module)
+print("imported")
+"""
+
+
+def test_the_backend_side_imports_with_nothing_but_numpy_joblib_and_scikit_learn() -> None:
+    """What a model environment's fork server and backend processes import runs without any of
+    the server's other libraries (aiohttp, pandas, prometheus-client, setproctitle, packaging,
+    PyYAML...), as a model environment has none of them."""
+    import subprocess
+
+    modules = [
+        "mmserver.backend.envfork",
+        "mmserver.backend.child",
+        "mmserver.backend.batching",
+        "mmserver.execution.predictor",
+        "mmserver.execution.families",
+        "mmserver.execution.fastpath",
+        "mmserver.execution.candidates",
+        "mmserver.execution.explainers",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_BACKEND_SIDE, ",".join(_ENVIRONMENT_HAS), *modules],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "imported"

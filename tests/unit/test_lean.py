@@ -12,8 +12,9 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
-from mmserver.api.lean.connection import LeanConnection, LeanFront
+from mmserver.api.lean.connection import LeanConnection
 from mmserver.api.lean.flow import LeanFlow
+from mmserver.api.lean.front import LeanFront
 from mmserver.api.state import ApiState
 from mmserver.config.server import ServerConfig
 from mmserver.ops.metrics import Metrics
@@ -106,7 +107,7 @@ def lean(**options: Any) -> Lean:
     state = ApiState(ServerConfig(**options), cast(Any, wlm), Metrics(CollectorRegistry()))
     aiohttp = Aiohttp()
     front = LeanFront(state, lambda: cast(asyncio.Protocol, aiohttp), lambda _: False)
-    conn = front.connection()
+    conn = LeanConnection(front)
     transport = Transport()
     conn.connection_made(cast(asyncio.Transport, transport))
     return Lean(conn, transport, wlm, front, aiohttp)

@@ -38,10 +38,10 @@ def filled(model_label: str = "all") -> Metrics:
         m.model_lane.labels(model, "light").set(1)
         m.model_lane_moves.labels(model).inc()
         m.model_loads.inc()
+        m.backend_restarted(model)
     m.models_loaded.set(50)
     m.model_memory_bytes.set(123456789)
     m.model_load_seconds.observe(0.02)
-    m.backend_restarts.inc()
     m.heavy_lane_cpus.set(1)
     return m
 
@@ -50,6 +50,7 @@ def filled(model_label: str = "all") -> Metrics:
 def test_render_matches_prometheus_client(model_label: str) -> None:
     m = filled(model_label)
     m.forget_model("sklearn-7")
+    m.backend_restarted("not-loaded")
     ours = m.render().decode()
     theirs = generate_latest(m.registry).decode()
     # The process_* values are read live at each rendering (the CPU seconds move between two).
@@ -60,7 +61,13 @@ def test_render_matches_prometheus_client(model_label: str) -> None:
         s[:2] for s in samples(theirs) if s[0].startswith("process_")
     ]
     assert "# TYPE mmserver_requests_total counter" in ours
-    assert "mmserver_backend_restarts_total 1.0\n" in ours
+    # A restart is counted under the model it was running, or under "-" for a model without
+    # series of its own.
+    if model_label == "all":
+        assert 'mmserver_backend_restarts_total{model="sklearn-3"} 1.0\n' in ours
+        assert 'mmserver_backend_restarts_total{model="-"} 1.0\n' in ours
+    else:
+        assert "mmserver_backend_restarts_total 51.0\n" in ours
 
 
 def test_the_asynchronous_families_render_as_prometheus_client_says() -> None:
@@ -200,6 +207,7 @@ def test_a_model_that_is_not_open_has_no_series() -> None:
                 "mmserver_model_path_batches",
                 "mmserver_model_lane",
                 "mmserver_model_lane_moves",
+                "mmserver_backend_restarts",
             },
         ),
         ("requests", {"mmserver_requests"}),
@@ -217,11 +225,11 @@ def test_the_option_chooses_the_families_with_a_model_label(
         f.name for f in text_string_to_metric_families(Metrics().render().decode())
     }
     # Per model: 2 request counters (codes 200 and 503) and, with all, 3 latency histograms
-    # of 15 samples, the batch size's 11, 2 scale counters and 7 single series.
-    per_model = {"all": 2 + 3 * 15 + 11 + 2 + 7, "requests": 2, "none": 0}[model_label]
+    # of 15 samples, the batch size's 11, 2 scale counters and 8 single series.
+    per_model = {"all": 2 + 3 * 15 + 11 + 2 + 8, "requests": 2, "none": 0}[model_label]
     samples = [s for f in families for s in f.samples if s.labels.get("model", "-") != "-"]
     assert len(samples) == 50 * per_model
-    assert m.model_series() == 50 * {"all": 15, "requests": 2, "none": 0}[model_label]
+    assert m.model_series() == 50 * {"all": 16, "requests": 2, "none": 0}[model_label]
     # Server-wide histograms are always there, unlabelled, counting every model.
     for name in (
         "mmserver_request_seconds",

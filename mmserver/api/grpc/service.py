@@ -21,7 +21,8 @@ request id at its end (the ``x-request-id`` metadata of the call when it has one
 status of their HTTP status (:data:`STATUS_CODES`); the ``x-request-id`` trailing metadata
 carries the id too. ``RepositoryModelLoad`` and ``RepositoryModelUnload`` follow the management
 access rule of the HTTP repository calls (:func:`~mmserver.api.middleware.check_authorization`),
-a bearer token in the ``authorization`` metadata.
+a bearer token in the ``authorization`` metadata. A ``traceparent`` metadata continues the caller's
+trace on a server with traces (:mod:`mmserver.ops.otel`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from mmserver.api.repository import (
 from mmserver.api.state import ApiState, too_large
 from mmserver.codecs.v2 import HEADER_LENGTH
 from mmserver.errors import InvalidInput, MMServerError
+from mmserver.ops.traces import TRACEPARENT, TRACESTATE, Door
 from mmserver.tenancy.gate import THROTTLE_HOLD_S, Throttled
 
 #: The service's name on the wire (Triton's and KServe's package ``inference``).
@@ -90,6 +92,19 @@ def status_code(http_status: int) -> _Code:
         return code
     return grpc.StatusCode.INVALID_ARGUMENT if http_status < 500 else grpc.StatusCode.INTERNAL
 
+
+def _grpc_status(http_status: int) -> int:
+    """The number of the gRPC status of a call answered ``http_status`` over HTTP (0: OK)."""
+    return 0 if http_status == 200 else int(status_code(http_status).value[0])
+
+
+#: How ``ModelInfer`` calls are shown in traces (OpenTelemetry's RPC conventions).
+INFER_DOOR = Door(
+    f"{SERVICE}/ModelInfer",
+    {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "ModelInfer"},
+    status_key="rpc.grpc.status_code",
+    status=_grpc_status,
+)
 
 M = TypeVar("M", bound=Message)
 Context = Any  # grpc.aio.ServicerContext
@@ -189,6 +204,13 @@ class GrpcServer:
         """One inference call, through the data plane as the module docstring says."""
         state = self.state
         exchange = Exchange(state, V2, self.request_id(context))
+        if state.tracing is not None:
+            exchange.sample(
+                state.tracing,
+                INFER_DOOR,
+                _metadata(context, TRACEPARENT),
+                _metadata(context, TRACESTATE),
+            )
         try:
             limit = state.config.max_request_size
             if limit and len(message) > limit:

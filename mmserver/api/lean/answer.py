@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class Front(Structural):
-    """What an exchange reads of the lean path's front (:class:`~.connection.LeanFront`)."""
+    """What an exchange reads of the lean path's front (:class:`~.front.LeanFront`)."""
 
     @property
     def access_log(self) -> AccessLog | None: ...

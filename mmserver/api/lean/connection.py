@@ -41,8 +41,9 @@ headers (``Content-Type``, ``X-Request-Id``, ``x-amzn-ErrorType``, ``Retry-After
 reading stops while the socket's send buffer is full, and an answer the client does not take
 within ``send_timeout`` is dropped with the connection (:mod:`mmserver.api.lean.flow`). The
 answers are written by :mod:`mmserver.api.lean.answer`, with their access log records when
-``access_log`` is on (:mod:`mmserver.api.accesslog`). ``lean_http = false`` leaves every
-request to aiohttp.
+``access_log`` is on (:mod:`mmserver.api.accesslog`); on a server with traces, a request's
+``traceparent`` is read as aiohttp's handler reads it (:mod:`mmserver.ops.otel`). ``lean_http =
+false`` leaves every request to aiohttp.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ import collections
 import functools
 import socket
 import time
-from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -60,16 +60,15 @@ import httptools
 from mmserver.api.lean.answer import LeanExchange
 from mmserver.api.lean.asynchronous import LeanAsyncExchange
 from mmserver.api.lean.flow import LeanFlow
-from mmserver.api.protocols import INVOKE_ASYNC, ROUTING_KEY, Route, match_lean
-from mmserver.api.state import ApiState
+from mmserver.api.lean.front import LeanFront
+from mmserver.api.protocols import INVOKE_ASYNC, ROUTING_KEY, Route
+from mmserver.ops.traces import TRACEPARENT, TRACESTATE, http_door
 from mmserver.tenancy.gate import THROTTLE_HOLD_S, Throttled
 
 #: aiohttp's longest request line or header field: a head past it is aiohttp's to refuse.
 _MAX_HEAD = 8190
 #: aiohttp's most header fields: a request with as many is aiohttp's to refuse.
 _MAX_FIELDS = 128
-#: The characters of a path the lean path takes (unreserved ones and ``/``).
-_PATH_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~/-"
 #: Headers whose presence leaves the request to aiohttp.
 _NOT_LEAN = frozenset(
     {
@@ -89,12 +88,6 @@ _MAX_OWED = 128
 #: head is taken but whose body has not all arrived.
 _HAND = -1
 _BODY_TO_COME = -2
-#: Seconds between looks at the lean connections' idle time.
-_SWEEP_S = 1.0
-#: While the server drains, a kept-alive connection idle this long is closed.
-DRAIN_IDLE_S = 1.0
-#: Paths whose route a lean front remembers (then it forgets them all and starts again).
-_ROUTES_KEPT = 4096
 
 
 def _text(value: bytes) -> str:
@@ -309,7 +302,7 @@ class LeanConnection(asyncio.Protocol):
             data[body_start:body_end],
             fields.get(b"content-type"),
             fields.get(b"accept"),
-            fields.get(b"inference-header-content-length"),
+            fields.get(route[0].protocol.lean_field),
             fields.get(b"x-request-id"),
         )
         return body_end
@@ -375,6 +368,14 @@ class LeanConnection(asyncio.Protocol):
             self.state.request_ids.next() if rid is None else _text(rid),
         )
         self._answers.append(exchange)
+        tracing = self.state.tracing
+        if tracing is not None:
+            exchange.sample(
+                tracing,
+                http_door(route.method, route.path),
+                self._header(TRACEPARENT),
+                self._header(TRACESTATE),
+            )
         transport = self.transport
         assert transport is not None
         try:
@@ -548,107 +549,3 @@ class LeanConnection(asyncio.Protocol):
             await asyncio.wait_for(self._lost, timeout)
         except TimeoutError:
             transport.abort()
-
-
-class LeanFront:
-    """The lean connections of one server: made by the listener, counted, swept when idle."""
-
-    def __init__(
-        self,
-        state: ApiState,
-        hand_off: Callable[[], asyncio.Protocol],
-        refuse_past_limit: Callable[[asyncio.Transport], bool],
-    ) -> None:
-        config = state.config
-        self.state = state
-        self.hand_off = hand_off
-        self.refuse_past_limit = refuse_past_limit
-        self.max_request_size = config.max_request_size
-        self.keepalive_timeout = config.keepalive_timeout
-        #: Whether the server drains (:meth:`drain`): every answer closes its connection.
-        self.draining = False
-        self.send_timeout = config.send_timeout
-        self.access_log = state.access_log
-        #: Whether it takes ``InvokeEndpointAsync`` (:mod:`mmserver.api.lean.asynchronous`):
-        #: with tenants, aiohttp's handler takes it (it checks the caller's rules).
-        self.takes_async = (
-            state.asynchronous is not None and state.access_log is None and state.tenants is None
-        )
-        #: Whether the server has tenants: each request is authenticated.
-        self.tenants = state.tenants is not None
-        self.connections: set[LeanConnection] = set()
-        #: Connections handed to aiohttp so far.
-        self.handed_over = 0
-        #: Requests the lean path took so far.
-        self.taken = 0
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._routes: dict[bytes, tuple[Route, dict[str, str]] | None] = {}
-
-    def route(self, url: bytes) -> tuple[Route, dict[str, str]] | None:
-        """The lean route of a request's target with the values of its placeholders, ``None``
-        for a target the lean path does not take; remembered (matching costs more than the
-        rest of a request's parse, and clients call few paths over and over)."""
-        routes = self._routes
-        try:
-            return routes[url]
-        except KeyError:
-            pass
-        matched = None
-        if url[:1] == b"/" and not url.translate(None, _PATH_CHARS) and b"/." not in url:
-            matched = match_lean(url.decode())
-            if (
-                matched is not None
-                and matched[0].operation == INVOKE_ASYNC
-                and not self.takes_async
-            ):
-                matched = None
-        if len(routes) >= _ROUTES_KEPT:
-            routes.clear()
-        routes[url] = matched
-        return matched
-
-    def connection(self) -> LeanConnection:
-        """The protocol of a new connection."""
-        return LeanConnection(self)
-
-    def add(self, conn: LeanConnection) -> None:
-        """Count a connection made, and look at the connections' idle time while there are any."""
-        self.connections.add(conn)
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
-
-    def _sweep(self) -> None:
-        """Close the connections idle for ``keepalive_timeout``."""
-        self._sweeper = None
-        now = time.monotonic()
-        oldest = now - self.keepalive_timeout
-        stalled = now - _SWEEP_S
-        self._close_idle(oldest)
-        for conn in list(self.connections):
-            conn.hand_off_stalled(stalled)
-        if self.connections:
-            self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
-
-    def close_all(self) -> None:
-        for conn in list(self.connections):
-            conn.close()
-
-    def drain(self) -> None:
-        """The server drains: close the kept-alive connections idle for :data:`DRAIN_IDLE_S`
-        now, and those that become so from now on (their clients go elsewhere, not to a 503).
-        A connection that has not been answered yet is kept: its first request may be on its
-        way, and is answered (503, ``Connection: close``)."""
-        self.keepalive_timeout = min(self.keepalive_timeout, DRAIN_IDLE_S)
-        self.draining = True
-        self._close_idle(time.monotonic() - DRAIN_IDLE_S)
-
-    def _close_idle(self, oldest: float) -> None:
-        for conn in list(self.connections):
-            if conn.idle_since < oldest and conn.idle and (conn.answered or not self.draining):
-                conn.close()
-
-    async def shutdown(self, timeout: float | None) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
-        await asyncio.gather(*(conn.shutdown(timeout) for conn in list(self.connections)))

@@ -80,15 +80,19 @@ class Cluster:
         self.spec = spec
         self.state_dir = spec.state_dir
         self.stop_event = stop_event or threading.Event()
+        ports = [free_port() for _ in range(spec.instances)]
+        # Each instance sends the management calls it applies on to the others.
+        peers = ",".join(f"{HOST}:{port}" for port in ports)
         self.instances = [
             Instance(
                 f"i{n}",
-                free_port(),
+                port,
                 spec.instance,
                 self.state_dir / f"instance-{n}.log",
                 self.state_dir / f"instance-{n}",
+                peers=peers,
             )
-            for n in range(spec.instances)
+            for n, port in enumerate(ports)
         ]
         socket_path = admin_socket(self.state_dir)
         self.balancer = Balancer(

@@ -26,12 +26,13 @@ class InstanceSpec:
     #: ``server_args`` wins).
     warm_ready_timeout: float = 0.0
 
-    def serve(self, port: int, state_dir: Path | None = None) -> Serve:
+    def serve(self, port: int, state_dir: Path | None = None, peers: str = "") -> Serve:
         """The command line of an instance on ``port``; with ``state_dir``, the server's own
-        ``state_dir`` (its warm set: the models it had loaded come back at its next start)."""
-        own: tuple[str, ...] = ()
+        ``state_dir`` (its warm set: the models it had loaded come back at its next start);
+        with ``peers``, the instances its management calls are sent on to."""
+        own: tuple[str, ...] = (f"--peers={peers}",) if peers else ()
         if state_dir is not None:
-            own = (f"--state-dir={state_dir}", f"--warm-ready-timeout={self.warm_ready_timeout:g}")
+            own += (f"--state-dir={state_dir}", f"--warm-ready-timeout={self.warm_ready_timeout:g}")
         return Serve(
             self.model_store,
             port,
@@ -52,9 +53,10 @@ class Instance(Child):
         spec: InstanceSpec,
         log_path: Path,
         state_dir: Path | None = None,
+        peers: str = "",
     ) -> None:
         super().__init__(
-            spec.serve(port, state_dir), log_path, label=f"instance {name}", new_session=True
+            spec.serve(port, state_dir, peers), log_path, label=f"instance {name}", new_session=True
         )
         self.name = name
         self.spec = spec

@@ -4,16 +4,22 @@ option, :mod:`mmserver.commands.transform.options` declares them).
 Exit codes: 0 every file written; 1 some files failed (each has its ``.error``); 2 the job
 could not run or stopped (bad options, no input, unknown model, ``--on-error fail``); 130
 interrupted (run the same command again to continue).
+
+With the ``OTEL_*`` variables that turn the server's traces on (:mod:`mmserver.ops.otel`), each
+run of a job is a span (``mmserver transform``) and the server's spans of its requests are its
+children; the job's journal keeps its first run's ``traceparent``, so a run that continues the
+job continues its trace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from mmserver.commands.transform.failures import TransformError
 from mmserver.commands.transform.job import Job
@@ -22,9 +28,20 @@ from mmserver.commands.transform.options import PROG, TransformOptions, default_
 from mmserver.commands.transform.places import ERROR_SUFFIX, OUT_SUFFIX, InputFile, Places
 from mmserver.commands.transform.progress import Display, Tally
 from mmserver.commands.transform.sender import Sender
+from mmserver.errors import ConfigError
 from mmserver.ops.capacity import cpus
 from mmserver.ops.folderlock import FolderInUse, FolderLock
+from mmserver.ops.traces import Door
+from mmserver.ops.tracing import tracing_from
 from mmserver.store.objects import is_object, remove_staged
+
+if TYPE_CHECKING:
+    from mmserver.ops.otel import Tracing
+
+#: How a run of a job is shown in traces, with the command's exit code (2: the job stopped).
+TRANSFORM_DOOR = Door(
+    "mmserver transform", {}, status_key="process.exit.code", errors_from=2, kind="internal"
+)
 
 
 def main(argv: Sequence[str], out: TextIO | None = None) -> int:
@@ -45,6 +62,18 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
 
 async def run(options: TransformOptions, stream: TextIO) -> int:
     """Run the job ``options`` describes, reporting to ``stream``; the exit code."""
+    try:
+        tracing = tracing_from(os.environ)
+    except ConfigError as exc:
+        raise TransformError(exc.message) from None
+    try:
+        return await _traced(options, stream, tracing)
+    finally:
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)  # its spans sent before it exits
+
+
+async def _traced(options: TransformOptions, stream: TextIO, tracing: Tracing | None) -> int:
     places = Places(options)
     files = await asyncio.to_thread(places.list_inputs)
     journal_dir = Path(default_journal(options))
@@ -59,7 +88,20 @@ async def run(options: TransformOptions, stream: TextIO) -> int:
         )
         if journal.resumed:  # what the stopped run was writing when it was killed
             await asyncio.to_thread(remove_staged, _written(places, files, journal), lock.since)
-        return await _run(options, stream, places, files, journal)
+        trace = None if tracing is None else tracing.sampled(TRANSFORM_DOOR, journal.traceparent)
+        if trace is None:
+            return await _run(options, stream, places, files, journal)
+        assert tracing is not None
+        traceparent = tracing.traceparent(trace)
+        if journal.traceparent is None:
+            await asyncio.to_thread(journal.keep_trace, traceparent)
+        trace.attributes.update({"mmserver.model": options.model, "mmserver.files": len(files)})
+        code = 2
+        try:
+            code = await _run(options, stream, places, files, journal, traceparent)
+        finally:
+            tracing.export(trace, code)
+        return code
     finally:
         lock.release()
 
@@ -97,6 +139,7 @@ async def _run(
     places: Places,
     files: list[InputFile],
     journal: Journal,
+    traceparent: str | None = None,
 ) -> int:
     journal_dir = journal.folder
     loop = asyncio.get_running_loop()
@@ -128,6 +171,7 @@ async def _run(
                 concurrency,
                 options.timeout,
                 options.token,
+                traceparent,
             )
         )
         tally.started = loop.time()

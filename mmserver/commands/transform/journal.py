@@ -2,7 +2,9 @@
 
 Layout of the journal folder::
 
-    job.json        the job's fingerprint (:meth:`TransformOptions.fingerprint`) and arguments
+    job.json        the job's fingerprint (:meth:`TransformOptions.fingerprint`) and arguments,
+                    and the ``traceparent`` of its first run when it was traced (every run of
+                    the job continues that trace)
     done            one line per input file whose output is written (its name, as JSON)
     parts/<hash>    the answered payloads of a file not done yet: a header line (the file's
                     size, records and payloads), then entries ``<index> <length>\\n<output>``;
@@ -44,6 +46,7 @@ class Journal:
             job = self.folder / JOB_FILE
             #: Whether an earlier run of the job left this journal (this run continues it).
             self.resumed = job.exists()
+            recorded: dict[str, Any] = {"fingerprint": fingerprint, "job": description}
             if self.resumed:
                 recorded = json.loads(job.read_text())
                 if recorded.get("fingerprint") != fingerprint:
@@ -54,9 +57,10 @@ class Journal:
                         "that folder to start over"
                     )
             else:
-                write_whole(
-                    job, json.dumps({"fingerprint": fingerprint, "job": description}).encode()
-                )
+                write_whole(job, json.dumps(recorded).encode())
+            self._recorded = recorded
+            #: The ``traceparent`` of the job's first run, when that run was traced.
+            self.traceparent: str | None = recorded.get("traceparent")
             self._done = self._read_done()
             self._headers: dict[str, bytes] = {}
         except OSError as exc:
@@ -65,6 +69,15 @@ class Journal:
             raise TransformError(
                 f"the journal {self.folder} is damaged: remove it to start the job over"
             ) from None
+
+    def keep_trace(self, traceparent: str) -> None:
+        """Record the ``traceparent`` of the job's run (its first): the runs that continue the
+        job continue its trace."""
+        self._recorded["traceparent"] = self.traceparent = traceparent
+        try:
+            write_whole(self.folder / JOB_FILE, json.dumps(self._recorded).encode())
+        except OSError as exc:
+            raise TransformError(f"the journal {self.folder} cannot be used: {exc}") from None
 
     def _read_done(self) -> set[str]:
         path = self.folder / "done"

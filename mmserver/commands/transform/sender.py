@@ -22,6 +22,7 @@ from mmserver.commands.transform.connections import (
     open_exchanges,
 )
 from mmserver.commands.transform.failures import FileFailed, TransformError
+from mmserver.ops.traces import TRACEPARENT
 
 #: Tries of one payload while the server is busy or cannot be reached.
 ATTEMPTS = 8
@@ -46,8 +47,8 @@ def _message(status: int, body: bytes) -> str:
 
 class Sender:
     """Sends payloads to ``url``; at most ``concurrency`` connections; with ``token``, each with
-    ``Authorization: Bearer <token>``. An async context manager: the connections are closed on
-    exit."""
+    ``Authorization: Bearer <token>``; with ``traceparent``, each with that header. An async
+    context manager: the connections are closed on exit."""
 
     def __init__(
         self,
@@ -57,9 +58,12 @@ class Sender:
         concurrency: int,
         timeout: float,
         token: str = "",
+        traceparent: str | None = None,
     ):
         self.base = url.rstrip("/")
-        self._authorization = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if traceparent is not None:  # the server's spans of its requests go under the job's
+            self._headers[TRACEPARENT] = traceparent
         self.path = model_path(model)
         self.model = model
         self.accept = accept
@@ -85,7 +89,7 @@ class Sender:
         :class:`FileFailed` for a refused payload, :class:`TransformError` when the job cannot
         go on (unknown model, server unreachable or busy after every attempt)."""
         assert self._exchanges is not None, "used outside its async with"
-        headers = {"Content-Type": content_type, "Accept": self.accept, **self._authorization}
+        headers = {"Content-Type": content_type, "Accept": self.accept, **self._headers}
         pause = 0.1
         for attempt in range(1, ATTEMPTS + 1):
             try:
