@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -133,9 +134,8 @@ class EstimatorPredictor:
         #: what its method needs of the model.
         self.name = name
         self.explanation = plan_explanation(
-            model, inputs, config, model_dir, self.output, self.outputs, self._model_again
+            model, inputs, config, model_dir, _output(self), self.outputs, _again(self, reload)
         )
-        self._reload = reload
         #: The tensors the model takes, when its family says them (an ONNX graph's inputs).
         self.tensors = booster.tensors(model) if booster is not None and booster.tensors else None
         missing = any(c.missing for c in inputs.columns)
@@ -178,14 +178,6 @@ class EstimatorPredictor:
             return  # its explanation needs the model, which could not be read again
         self.model = None
         self._own = _dropped
-
-    def _model_again(self) -> Any:
-        """The model object: the one kept, or read again from its file."""
-        if self.model is not None:
-            return self.model
-        if self._reload is None:
-            raise ModelLoadError("the model object was let go and cannot be read again")
-        return self._reload()
 
     def _method(self, name: str) -> Callable[[Any], Any]:
         """The model's method ``name`` on a batch as the model takes it."""
@@ -234,6 +226,39 @@ class EstimatorPredictor:
         if self.inputs.dense:
             return np.array([row], dtype=np.float64)
         return row_table(self.inputs.columns, row)
+
+
+def _again(
+    predictor: EstimatorPredictor, reload: Callable[[], Any] | None
+) -> Callable[[], Any]:
+    """The predictor's model object when its explanation is first built: the one it kept, or
+    read again from its file. The predictor is held weakly: an explanation it holds must not
+    keep it (and its model) alive past its unload until the garbage collector runs."""
+    held = weakref.ref(predictor)
+
+    def again() -> Any:
+        kept = held()
+        if kept is not None and kept.model is not None:
+            return kept.model
+        if reload is None:
+            raise ModelLoadError("the model object was let go and cannot be read again")
+        return reload()
+
+    return again
+
+
+def _output(predictor: EstimatorPredictor) -> Callable[[str, Any], Any]:
+    """The predictor's :meth:`~EstimatorPredictor.output`, holding the predictor weakly (see
+    :func:`_again`)."""
+    held = weakref.ref(predictor)
+
+    def output(name: str, batch: Any) -> Any:
+        kept = held()
+        if kept is None:
+            raise ModelLoadError("the model was unloaded")
+        return kept.output(name, batch)
+
+    return output
 
 
 def _dropped(batch: Batch) -> Any:
