@@ -120,6 +120,7 @@ def test_without_options_only_the_charts_own_variables_are_set() -> None:
         "MMSERVER_HOST",
         "MMSERVER_MANAGEMENT_TOKEN",
         "MMSERVER_MODEL_STORE",
+        "MMSERVER_PEERS",
         "MMSERVER_PORT",
     ]
 

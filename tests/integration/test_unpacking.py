@@ -116,9 +116,10 @@ async def test_a_models_whole_file_work_runs_in_a_process(
     entry, prepared = await processes.run("m", what, files.find_and_prepare, store, "m", defaults)
     assert entry is not None and entry.kind == "archive" and entry.path == root / "m.tar.gz"
     assert not isinstance(prepared, Exception) and prepared is not None
-    model_dir, config = prepared
+    model_dir, config, requirements = prepared
     assert (model_dir / "model.joblib").is_file() and model_dir.is_relative_to(tmp_path / "cache")
     assert config is None  # no serving.properties: the caller's defaults apply as they are
+    assert requirements is None  # no requirements.txt: the server's own environment
     entry, prepared = await processes.run(
         "tuned", what, files.find_and_prepare, store, "tuned", defaults
     )
