@@ -40,6 +40,10 @@ PRELOAD = (
     "treelite.sklearn",
     "treelite.gtil",
     "mmserver.backend.optional",  # xgboost and lightgbm, where they load
+    # The unpacking processes are forked by the same server: what their file work runs.
+    "mmserver.procs.sidework",
+    "mmserver.lifecycle.files",
+    "mmserver.store.local",
 )
 
 
