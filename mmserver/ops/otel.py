@@ -29,8 +29,15 @@ parent), so it has the last word; the root rule here only spares unsampled reque
 
 from __future__ import annotations
 
+import collections
 import os
+import pickle
 import random
+import signal
+import struct
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Mapping
 from importlib.metadata import entry_points
@@ -52,7 +59,7 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from mmserver.errors import ConfigError
-from mmserver.ops.traces import TRACEPARENT, TRACESTATE, Door, Passage, Trace
+from mmserver.ops.traces import TRACEPARENT, TRACESTATE, Door, Trace
 
 #: The exporters' entry points (as the SDK's own auto-configuration finds them).
 _EXPORTERS = "opentelemetry_traces_exporter"
@@ -134,8 +141,12 @@ class Tracing:
     """The server's traces: the decision per request and its spans (module docstring). Made
     by :meth:`from_environment`; :meth:`shutdown` sends what is left."""
 
-    def __init__(self, provider: TracerProvider, ids: ChosenIds) -> None:
+    def __init__(
+        self, provider: TracerProvider, ids: ChosenIds, sender: SpanSender | None = None
+    ) -> None:
         self.provider = provider
+        #: Where the spans are made and exported: a process of their own (``None``: here).
+        self._sender = sender
         self._ids = ids
         self._tracer = provider.get_tracer("mmserver")
         self._sampler = provider.sampler
@@ -145,14 +156,23 @@ class Tracing:
         self._offset = time.time_ns() - time.perf_counter_ns()
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Tracing:
-        """The traces ``environ``'s ``OTEL_*`` variables ask for (module docstring)."""
-        made = exporters(environ)
+    def from_environment(
+        cls, environ: Mapping[str, str] = os.environ, *, here: bool = False
+    ) -> Tracing:
+        """The traces ``environ``'s ``OTEL_*`` variables ask for (module docstring). Their
+        spans are made and exported by a process of their own (:class:`SpanSender`), so that
+        neither the SDK's span objects nor the exporter's encoding take the event loop's
+        process; ``here``: in this process (the exporting process itself)."""
+        made = exporters(environ)  # an exporter that is not installed stops the start here
         resource = Resource.create(
             {} if environ.get("OTEL_SERVICE_NAME", "").strip() else {SERVICE_NAME: "mmserver"}
         )
         ids = ChosenIds()
         provider = TracerProvider(resource=resource, id_generator=ids)
+        if not here:
+            for exporter in made:
+                exporter.shutdown()
+            return cls(provider, ids, SpanSender(dict(environ)))
         for exporter in made:
             provider.add_span_processor(BatchSpanProcessor(exporter))
         return cls(provider, ids)
@@ -215,43 +235,71 @@ class Tracing:
 
     def export(self, trace: Trace, status: int, ended: float | None = None) -> None:
         """Make ``trace``'s spans (module docstring), its request answered ``status`` (an HTTP
-        status) at ``ended`` (by default now, on :func:`time.perf_counter`'s clock)."""
+        status) at ``ended`` (by default now, on :func:`time.perf_counter`'s clock): here, or
+        handed to the exporting process as a plain record."""
         ended = time.perf_counter() if ended is None else ended
         door = trace.door
         attributes = {**door.attributes, **trace.attributes, door.status_key: door.status(status)}
-        if trace.parent is None:
-            self._ids.trace_id = trace.trace_id
-        self._ids.span_id = trace.span_id
-        span = self._tracer.start_span(
+        carrier: dict[str, str] | None = None
+        if trace.parent is not None:
+            carrier = {}
+            self._propagator.inject(carrier, trace.parent)
+        record: SpanRecord = (
             door.name,
-            trace.parent,
-            kind=_KINDS[door.kind],
-            attributes=attributes,
-            start_time=self._ns(trace.started),
+            door.kind,
+            attributes,
+            status >= door.errors_from,
+            carrier,
+            trace.trace_id,
+            trace.span_id,
+            trace.started,
+            trace.load,
+            [
+                (p.queued, p.taken, p.answered, p.size, p.rows, p.path, p.backend)
+                for p in trace.passages
+            ],
+            ended,
         )
-        if status >= door.errors_from:
+        if self._sender is not None:
+            self._sender.send(record)
+        else:
+            self.spans(record)
+
+    def spans(self, record: SpanRecord) -> None:
+        """Make one request's spans from its record (:meth:`export`)."""
+        name, kind, attributes, error, carrier, trace_id, span_id, started, load, jobs, ended = (
+            record
+        )
+        parent = self._propagator.extract(carrier) if carrier is not None else None
+        if parent is None:
+            self._ids.trace_id = trace_id
+        self._ids.span_id = span_id
+        span = self._tracer.start_span(
+            name, parent, kind=_KINDS[kind], attributes=attributes, start_time=self._ns(started)
+        )
+        if error:
             span.set_status(api.Status(api.StatusCode.ERROR))
         inside = api.set_span_in_context(span)
-        if trace.load is not None:
-            self._span("load", inside, *trace.load)
-        for passage in trace.passages:
-            self._passage(passage, inside, ended)
+        if load is not None:
+            self._span("load", inside, *load)
+        for job in jobs:
+            self._passage(job, inside, ended)
         span.end(self._ns(ended))
 
-    def _passage(self, passage: Passage, inside: Any, ended: float) -> None:
+    def _passage(self, job: JobRecord, inside: Any, ended: float) -> None:
         """The spans of one job: its wait in the queue, then its batch and what the backend
         did, as far as it went before ``ended``."""
-        if not passage.taken:
-            self._span("queue", inside, passage.queued, ended)
+        queued, taken, answered, size, rows, path, times = job
+        if not taken:
+            self._span("queue", inside, queued, ended)
             return
-        self._span("queue", inside, passage.queued, passage.taken)
+        self._span("queue", inside, queued, taken)
         batch = self._tracer.start_span(
             "batch",
             inside,
-            attributes={"mmserver.batch.size": passage.size},
-            start_time=self._ns(passage.taken),
+            attributes={"mmserver.batch.size": size},
+            start_time=self._ns(taken),
         )
-        times = passage.backend
         if times is not None:
             pid, began, predicted, encoded = times
             within = api.set_span_in_context(batch)
@@ -260,14 +308,10 @@ class Tracing:
                 within,
                 began,
                 predicted,
-                {
-                    "process.pid": pid,
-                    "mmserver.predict.path": passage.path,
-                    "mmserver.batch.rows": passage.rows,
-                },
+                {"process.pid": pid, "mmserver.predict.path": path, "mmserver.batch.rows": rows},
             )
             self._span("encode", within, predicted, encoded)
-        batch.end(self._ns(passage.answered or ended))
+        batch.end(self._ns(answered or ended))
 
     def _span(
         self,
@@ -287,4 +331,123 @@ class Tracing:
 
     def shutdown(self) -> None:
         """Send the spans not sent yet, and stop (blocks: the exporters' last calls)."""
+        if self._sender is not None:
+            self._sender.close()
         self.provider.shutdown()
+
+
+#: One job of a request, for its spans: when it was queued, taken in a batch and answered, the
+#: batch's size and rows, the predict path and the backend's times (:class:`Passage`).
+JobRecord = tuple[float, float, float, int, int, str, Any]
+#: One request, for its spans (:meth:`Tracing.export`): its span's name, kind and attributes,
+#: whether it failed, the context it continues (its W3C headers; ``None``: a new trace), its
+#: ids, when it began, its cold load, its jobs and when it ended.
+SpanRecord = tuple[
+    str,
+    str,
+    dict[str, Any],
+    bool,
+    "dict[str, str] | None",
+    int,
+    int,
+    float,
+    Any,
+    list[JobRecord],
+    float,
+]
+#: The exporting process's niceness.
+SPANS_NICE = 10
+#: How many records the sender holds at most while the exporting process is behind (more are
+#: dropped and counted, as the SDK's own queue does).
+MAX_HELD = 20_000
+
+
+class SpanSender:
+    """The exporting process (:func:`serve_spans`), started with the server's ``OTEL_*``
+    environment, and a thread that writes it the records :meth:`send` is given, in batches
+    (pickled, each after its length). :meth:`send` only appends to a list: the event loop
+    never waits on the pipe."""
+
+    def __init__(self, environ: dict[str, str]) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", "from mmserver.ops.otel import serve_spans; serve_spans()"],
+            stdin=subprocess.PIPE,
+            env=environ,
+        )
+        #: Appended by :meth:`send`, taken by the writer (a deque: both ends thread-safe).
+        self._held: collections.deque[SpanRecord] = collections.deque()
+        self._wake = threading.Event()
+        self._closing = False
+        self.dropped = 0
+        self._writer = threading.Thread(target=self._write, name="mmserver-spans", daemon=True)
+        self._writer.start()
+
+    def send(self, record: SpanRecord) -> None:
+        if len(self._held) >= MAX_HELD:
+            self.dropped += 1
+            return
+        self._held.append(record)
+        self._wake.set()
+
+    def _write(self) -> None:
+        pipe = self._process.stdin
+        assert pipe is not None
+        held = self._held
+        while True:
+            self._wake.wait(1.0)
+            self._wake.clear()
+            closing = self._closing
+            taken = []
+            while held:
+                taken.append(held.popleft())
+            if taken:
+                data = pickle.dumps(taken, protocol=pickle.HIGHEST_PROTOCOL)
+                try:
+                    pipe.write(struct.pack("!I", len(data)) + data)
+                    pipe.flush()
+                except OSError:
+                    return  # the exporting process is gone: its spans with it
+            if closing and not held:
+                return
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is held, then let the exporting process send it and end (killed past
+        ``timeout`` seconds)."""
+        self._closing = True
+        self._wake.set()
+        self._writer.join(timeout)
+        if self._process.stdin is not None:
+            try:
+                self._process.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+def serve_spans() -> None:
+    """The exporting process: make the spans of the records read from stdin, export them as
+    the ``OTEL_*`` variables say, and at the end of stdin send what is left and end."""
+    import setproctitle
+
+    setproctitle.setproctitle("mmserver: spans")
+    # Telemetry yields to serving: on a machine the server keeps busy, the spans wait (and
+    # past MAX_HELD are dropped), not the requests.
+    os.nice(SPANS_NICE)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when this ends
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    tracing = Tracing.from_environment(os.environ, here=True)
+    stdin = sys.stdin.buffer
+    try:
+        while True:
+            head = stdin.read(4)
+            if len(head) < 4:
+                break
+            (size,) = struct.unpack("!I", head)
+            for record in pickle.loads(stdin.read(size)):
+                tracing.spans(record)
+    finally:
+        tracing.shutdown()

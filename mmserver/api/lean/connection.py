@@ -96,6 +96,10 @@ def _text(value: bytes) -> str:
     return value.rstrip(b" \t").decode("ascii")
 
 
+#: The ``traceparent`` field's name, as the fields hold it.
+_TRACEPARENT = TRACEPARENT.encode()
+
+
 @functools.cache
 def _field_name(name: str) -> bytes:
     """A header's name as the fields hold it (lower case), made once per name."""
@@ -370,11 +374,12 @@ class LeanConnection(asyncio.Protocol):
         self._answers.append(exchange)
         tracing = self.state.tracing
         if tracing is not None:
+            parent = self._fields.get(_TRACEPARENT)
             exchange.sample(
                 tracing,
                 http_door(route.method, route.path),
-                self._header(TRACEPARENT),
-                self._header(TRACESTATE),
+                None if parent is None else _text(parent),
+                None if parent is None else self._header(TRACESTATE),
             )
         transport = self.transport
         assert transport is not None
