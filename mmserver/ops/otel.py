@@ -355,6 +355,8 @@ SpanRecord = tuple[
     list[JobRecord],
     float,
 ]
+#: How often the writer thread takes the records held (s).
+WRITE_EVERY_S = 0.1
 #: The exporting process's niceness.
 SPANS_NICE = 10
 #: How many records the sender holds at most while the exporting process is behind (more are
@@ -365,8 +367,8 @@ MAX_HELD = 20_000
 class SpanSender:
     """The exporting process (:func:`serve_spans`), started with the server's ``OTEL_*``
     environment, and a thread that writes it the records :meth:`send` is given, in batches
-    (pickled, each after its length). :meth:`send` only appends to a list: the event loop
-    never waits on the pipe."""
+    (pickled, each after its length), every :data:`WRITE_EVERY_S`. :meth:`send` only appends
+    to a deque: the event loop never waits on the pipe, nor wakes the thread."""
 
     def __init__(self, environ: dict[str, str]) -> None:
         self._process = subprocess.Popen(
@@ -386,15 +388,16 @@ class SpanSender:
         if len(self._held) >= MAX_HELD:
             self.dropped += 1
             return
-        self._held.append(record)
-        self._wake.set()
+        self._held.append(record)  # the writer takes it at its next turn
 
     def _write(self) -> None:
         pipe = self._process.stdin
         assert pipe is not None
         held = self._held
         while True:
-            self._wake.wait(1.0)
+            # A turn every WRITE_EVERY_S, not a wake-up per record: the event loop's thread
+            # hands the interpreter to this one a few times a second, not once per request.
+            self._wake.wait(WRITE_EVERY_S)
             self._wake.clear()
             closing = self._closing
             taken = []
