@@ -228,9 +228,7 @@ class EstimatorPredictor:
         return row_table(self.inputs.columns, row)
 
 
-def _again(
-    predictor: EstimatorPredictor, reload: Callable[[], Any] | None
-) -> Callable[[], Any]:
+def _again(predictor: EstimatorPredictor, reload: Callable[[], Any] | None) -> Callable[[], Any]:
     """The predictor's model object when its explanation is first built: the one it kept, or
     read again from its file. The predictor is held weakly: an explanation it holds must not
     keep it (and its model) alive past its unload until the garbage collector runs."""
