@@ -46,7 +46,7 @@ def encode_v2(request: InferRequest, results: Mapping[str, Any], model: str) -> 
             output["parameters"] = parameters
         if binary:
             blob = _binary(array, datatype)
-            output["parameters"] = {"binary_data_size": len(blob)}
+            output["parameters"] = {**(parameters or {}), "binary_data_size": len(blob)}
             blobs.append(blob)
         else:
             output["data"] = _json_values(array, datatype)

@@ -103,8 +103,10 @@ def decode_v2(
         )
     outputs, binary_outputs = _outputs(data.get("outputs"), available, binary_default)
     if _flag(parameters, "explain", "the request", default=False):
-        outputs.append(ATTRIBUTIONS)  # the model's explanation of these rows, as JSON
-        binary_outputs.append(False)
+        # The model's explanation of these rows: as JSON, unless every output goes as binary
+        # data (gRPC's answers, whose tensors are all raw).
+        outputs.append(ATTRIBUTIONS)
+        binary_outputs.append(binary_default)
     return InferRequest(request_id, _rows(columns, inputs, model), outputs, binary_outputs)
 
 

@@ -2,5 +2,6 @@
 (defined in :mod:`tests.integration.harness`)."""
 
 from tests.integration.harness import gate, serve, server, store_names, store_root
+from tests.integration.test_grpc import grpc_serve
 
-__all__ = ["gate", "serve", "server", "store_names", "store_root"]
+__all__ = ["gate", "grpc_serve", "serve", "server", "store_names", "store_root"]

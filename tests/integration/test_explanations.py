@@ -15,6 +15,7 @@ from sklearn.neighbors import KNeighborsRegressor
 
 from tests.integration.harness import Harness, Serve, describe
 from tests.integration.test_boto3 import invoke, runtime_client
+from tests.integration.test_grpc import GrpcServe, fp64, infer, outputs_of
 from tests.models import tree_models
 
 shap = pytest.importorskip("shap")
@@ -144,3 +145,19 @@ async def test_the_method_is_described_and_a_model_without_one_is_refused(
     assert response.status == 200
     forest = await describe(explaining, "forest")
     assert forest["explanation"] == {"method": "tree_shap", "exact": True}
+
+
+async def test_the_v2_parameter_over_grpc_gives_the_same_numbers(
+    grpc_serve: GrpcServe, explained_store: Path
+) -> None:
+    reference, _ = forest_reference(explained_store)
+    node = await grpc_serve(model_store=str(explained_store))
+    request = infer("forest", fp64(ROWS))
+    request.parameters["explain"].bool_param = True
+    response = await node.call("ModelInfer", request)
+    outputs = outputs_of(response)
+    assert outputs["attributions"].shape == ROWS.shape
+    np.testing.assert_allclose(outputs["attributions"], reference, atol=1e-6)
+    [attributions] = [o for o in response.outputs if o.name == "attributions"]
+    columns = json.loads(attributions.parameters["columns"].string_param)
+    assert columns == [f"x{j}" for j in range(X.shape[1])]

@@ -103,13 +103,31 @@ def infer_response(body: bytes | memoryview, header_length: int) -> pb.ModelInfe
     view = memoryview(body)
     offset = header_length
     for output in header["outputs"]:
-        size = output["parameters"]["binary_data_size"]
-        response.outputs.add(
+        parameters = output["parameters"]
+        size = parameters["binary_data_size"]
+        added = response.outputs.add(
             name=output["name"], datatype=output["datatype"], shape=output["shape"]
         )
+        for key, value in parameters.items():
+            if key != "binary_data_size":  # an output's own (an explanation's columns)
+                _set_parameter(added.parameters[key], value)
         response.raw_output_contents.append(bytes(view[offset : offset + size]))
         offset += size
     return response
+
+
+def _set_parameter(parameter: pb.InferParameter, value: Any) -> None:
+    """``value`` in its kind of ``InferParameter``: a list or an object as JSON text."""
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    elif isinstance(value, str):
+        parameter.string_param = value
+    else:
+        parameter.string_param = json.dumps(value)
 
 
 def json_parameters(
