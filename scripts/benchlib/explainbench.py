@@ -14,7 +14,7 @@ from typing import Any
 
 from benchlib.loads import Log, Settings
 from benchlib.servers import Server
-from benchlib.trees import ONE_ROW_REQUESTS, rows_body, stale_stamp
+from benchlib.trees import ONE_ROW_REQUESTS, latencies, rows_body, stale_stamp
 from mmserver.commands.loadtest import cpu
 from mmserver.commands.loadtest.client import JSON_HEADERS, Client
 
@@ -41,17 +41,6 @@ def ensure(store: Path) -> None:
     stamp.write_text(versions)
 
 
-def timed(client: Client, path: str, body: bytes, headers: dict[str, str]) -> list[float]:
-    """``ONE_ROW_REQUESTS`` sequential requests' latencies (ms)."""
-    out = []
-    for _ in range(ONE_ROW_REQUESTS):
-        status, _, seconds = client.request("POST", path, body, headers)
-        if status != 200:
-            raise RuntimeError(f"POST {path} answered {status}")
-        out.append(seconds * 1000)
-    return out
-
-
 def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
     """Per model the median one-row latency: predicted, explained (KServe, SageMaker)."""
     one = rows_body(1)
@@ -65,11 +54,12 @@ def run(server: Server, settings: Settings, log: Log) -> dict[str, Any]:
                 "clarify_ms": (f"/models/{name}/invoke", CLARIFY_HEADERS),
             }
             for path, headers in ways.values():
-                for _ in range(5):  # load, build the explainer, warm
-                    client.request("POST", path, one, headers)
+                latencies(client, name, one, 5, path, headers)  # load, build the explainer, warm
             cpu.wait_quiet(settings.quiet_wait_s)
             out[label] = {
-                key: statistics.median(timed(client, path, one, headers))
+                key: statistics.median(
+                    latencies(client, name, one, ONE_ROW_REQUESTS, path, headers)
+                )
                 for key, (path, headers) in ways.items()
             }
             out[label]["explanation"] = (client.describe(name) or {}).get("explanation")

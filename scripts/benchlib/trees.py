@@ -91,13 +91,22 @@ def rows_body(rows: int) -> bytes:
     return json.dumps(X.tolist()).encode()
 
 
-def latencies(client: Client, model: str, body: bytes, count: int) -> list[float]:
-    """``count`` sequential requests' latencies (ms) of ``model``."""
+def latencies(
+    client: Client,
+    model: str,
+    body: bytes,
+    count: int,
+    path: str = "",
+    headers: dict[str, str] = JSON_HEADERS,
+) -> list[float]:
+    """``count`` sequential requests' latencies (ms) of ``model`` (at ``path``, by default its
+    DJL path)."""
+    path = path or f"/predictions/{model}"
     out = []
     for _ in range(count):
-        status, _, seconds = client.request("POST", f"/predictions/{model}", body, JSON_HEADERS)
+        status, _, seconds = client.request("POST", path, body, headers)
         if status != 200:
-            raise RuntimeError(f"{model} answered {status}")
+            raise RuntimeError(f"POST {path} answered {status}")
         out.append(seconds * 1000)
     return out
 
