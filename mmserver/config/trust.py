@@ -56,6 +56,12 @@ class Trust:
         return replace(self, full=True, because=because)
 
     @property
+    def named(self) -> str:
+        """Which models the operator trusts, for a refusal's message."""
+        patterns = self.models
+        return f"now trusted_models={','.join(patterns)}" if patterns else "now none is trusted"
+
+    @property
     def own_process(self) -> bool:
         """Whether the model's code must run in a backend process no other model shares."""
         return self.full and self.isolated

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -40,6 +40,9 @@ class RequirementSet:
 
     requirements: tuple[str, ...]
     python: str = f"{sys.version_info.major}.{sys.version_info.minor}"
+    #: Whether the operator asked for the set (``on_version_skew=env``'s pins), not the model's
+    #: files: a set a model's files ask for is installed only for a model the operator trusts.
+    operator: bool = field(default=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -164,4 +167,4 @@ def pinned_for_skew(sklearn_version: str) -> RequirementSet:
             lines.append("numpy<2")
     except ValueError:
         pass
-    return RequirementSet(normalize([Requirement(line) for line in lines]))
+    return RequirementSet(normalize([Requirement(line) for line in lines]), operator=True)

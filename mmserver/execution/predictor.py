@@ -451,11 +451,6 @@ def check_probabilities(predictor: EstimatorPredictor) -> None:
     )
 
 
-def _trusted_models(config: ModelConfig) -> str:
-    patterns = config.trust.models
-    return f"now trusted_models={','.join(patterns)}" if patterns else "now none is trusted"
-
-
 def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None) -> Predictor:
     """Load the model in ``model_dir`` with the handler its configuration asks for. Blocking.
 
@@ -473,7 +468,7 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
             raise UntrustedModel(
                 f"model {name}: {entry.name} is a custom handler, code that runs in the server; "
                 "it runs only for a model the server's trusted_models option names "
-                f"({_trusted_models(config)})",
+                f"({config.trust.named})",
                 model=name,
             )
         return load_custom(model_dir, entry, config, name)

@@ -22,6 +22,7 @@ from mmserver import errors
 from mmserver.backend.placement import BackendPool
 from mmserver.config.server import ModelConfig
 from mmserver.envs.registry import Environment, Environments
+from mmserver.envs.requirements import RequirementSet
 from mmserver.lifecycle import files
 from mmserver.lifecycle.catalog import Catalog
 from mmserver.lifecycle.record import ModelRecord, ModelStatus
@@ -215,6 +216,8 @@ class Loader:
         env = None
         record.environment = None
         if wanted is not None and self.envs is not None and not self.envs.met(wanted):
+            if not wanted.operator and not config.trust.full:
+                raise untrusted_set(name, wanted, config)
             env = record.environment = self.envs.get(wanted, entry)  # shown while it builds
             await self.envs.ready(env, name)
         need = self._estimate_bytes(record, entry, config)
@@ -288,3 +291,15 @@ def refusal(exc: errors.MMServerError) -> str | None:
     if isinstance(exc, errors.EnvironmentFailed):
         return "environment"
     return None
+
+
+def untrusted_set(name: str, wanted: RequirementSet, config: ModelConfig) -> errors.UntrustedModel:
+    """The refusal of a model whose files ask for packages the server does not have, for a
+    model the operator does not trust: installing and importing a package runs its code."""
+    return errors.UntrustedModel(
+        f"model {name} asks for packages the server does not have "
+        f"({', '.join(wanted.requirements)}); installing and importing them runs their code, "
+        f"so their environment is built only for a model the server's trusted_models option "
+        f"names ({config.trust.named})",
+        model=name,
+    )

@@ -74,7 +74,7 @@ class ServerProcess:
     new_session = False
 
     def __init__(
-        self, store: Path, log_path: Path, *args: str, env: Mapping[str, str] | None = None
+        self, store: Path, log_path: Path, *args: str, env: Mapping[str, str | None] | None = None
     ) -> None:
         self.store = store
         self.log_path = log_path

@@ -29,9 +29,8 @@ import psutil
 import pytest
 from aiohttp import web
 
-from mmserver.commands.launch import Child, Serve
 from mmserver.commands.procfs import free_port
-from tests.e2e.server_process import ROOT, descendants, metric_total
+from tests.e2e.server_process import ROOT, ServerProcess, descendants, metric_total
 from tests.integration.test_version_skew import _old_python
 from tests.models import make_linear_model
 
@@ -85,6 +84,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     make_linear_model(store / "neighbour")
     make_linear_model(store / "met")
     (store / "met" / "requirements.txt").write_text("numpy\nscikit-learn>=1.0\njoblib\n")
+    # The same set, asked for by a model the operator does not trust.
+    shutil.copytree(store / "old-forest", store / "stranger")
     make_linear_model(store / "uninstallable")
     (store / "uninstallable" / "requirements.txt").write_text(f"{MISSING}==9.9.9\n")
     return store, answers
@@ -139,16 +140,16 @@ def _env(find_links: str = "") -> dict[str, str | None]:
     }
 
 
-def _server(store: Path, env_dir: Path, log: Path, find_links: str = "", *more: str) -> Child:
-    args = ("--backend-processes", "1", "--heavy-processes", "0", "--env-dir", str(env_dir), *more)
-    return Child(
-        Serve(store, free_port(), args=args),
-        log,
-        label="the server",
-        cwd=ROOT,
-        env=_env(find_links),
-        append=False,
-    )
+#: The models whose requirements the operator lets the server install (a package's install and
+#: its import run its code): not ``stranger``, and ``met`` needs no install.
+TRUSTED = ("--trusted-models", "old-forest,old-twin,uninstallable")
+
+
+def _server(
+    store: Path, env_dir: Path, log: Path, find_links: str = "", *more: str
+) -> ServerProcess:
+    args = ("--backend-processes", "1", "--heavy-processes", "0", "--env-dir", str(env_dir))
+    return ServerProcess(store, log, *args, *TRUSTED, *more, env=_env(find_links))
 
 
 async def _post(session: aiohttp.ClientSession, url: str, rows: Any) -> tuple[int, Any]:
@@ -181,10 +182,7 @@ async def test_an_old_forest_in_its_environment_answers_as_its_version_while_oth
 ) -> None:
     folder, answers = store
     rows = answers["rows"]
-    child = _server(folder, env_dir, tmp_path / "server.log", gate.url)
-    await asyncio.to_thread(child.start)
-    try:
-        await asyncio.to_thread(child.wait_ready, 60)
+    async with _server(folder, env_dir, tmp_path / "server.log", gate.url) as child:
         url = child.url
         async with aiohttp.ClientSession() as session:
             neighbour = f"{url}/predictions/neighbour"
@@ -224,6 +222,13 @@ async def test_an_old_forest_in_its_environment_answers_as_its_version_while_oth
             assert body["predictions"] == answers["predict_proba"]
             twin = await _describe(session, url, "old-twin")
             assert twin["environment"]["id"] == environment["id"]
+            # The same set, asked for by a model no trusted_models pattern names: refused, its
+            # packages' code run for it neither by an install nor in its environment.
+            status, body = await _post(session, f"{url}/predictions/stranger", rows)
+            assert status == 500, body
+            assert "installing and importing them runs their code" in body["message"]
+            assert "trusted_models=old-forest,old-twin,uninstallable" in body["message"]
+            assert "environment" not in await _describe(session, url, "stranger")
             assert await metric_total(session, url, "mmserver_env_builds_total") == 1
 
             # A set the server's own environment meets: served there, nothing built.
@@ -245,8 +250,6 @@ async def test_an_old_forest_in_its_environment_answers_as_its_version_while_oth
             assert failed["environment"]["state"] == "failed"
             assert (await _post(session, neighbour, [[0.5]]))[0] == 200
             assert await metric_total(session, url, "mmserver_env_build_seconds_count") == 1
-    finally:
-        await asyncio.to_thread(child.kill)
     # Its failure is logged once (each 500 answer has its own warning line, as any other's).
     log = (tmp_path / "server.log").read_text()
     assert log.count("ERROR mmserver.lifecycle.loading: model uninstallable failed to load") == 1
@@ -256,18 +259,13 @@ async def test_a_restart_reuses_the_environments_built(
     store: tuple[Path, dict[str, Any]], env_dir: Path, tmp_path: Path
 ) -> None:
     folder, answers = store
-    child = _server(folder, env_dir, tmp_path / "server.log")
-    await asyncio.to_thread(child.start)
-    try:
-        await asyncio.to_thread(child.wait_ready, 60)
+    async with _server(folder, env_dir, tmp_path / "server.log") as child:
         async with aiohttp.ClientSession() as session:
             url = f"{child.url}/predictions/old-forest"
             status, body = await _post(session, url, answers["rows"])
             assert status == 200, body
             assert body["predictions"] == answers["predict_proba"]
             assert await metric_total(session, child.url, "mmserver_env_builds_total") == 0
-    finally:
-        await asyncio.to_thread(child.kill)
     assert "1 model environment(s) found in" in (tmp_path / "server.log").read_text()
 
 
@@ -300,10 +298,7 @@ async def test_envs_build_builds_a_stores_environments_ahead_of_time(
     )
     head = lines[1].split(": building")[0]
     assert lines[2].startswith(f"{head}: built with uv in ") and lines[2].endswith(" s")
-    child = _server(ahead, env_dir, tmp_path / "server.log")
-    await asyncio.to_thread(child.start)
-    try:
-        await asyncio.to_thread(child.wait_ready, 60)
+    async with _server(ahead, env_dir, tmp_path / "server.log") as child:
         async with aiohttp.ClientSession() as session:
             for name in ("old-forest", "old-twin"):
                 url = f"{child.url}/predictions/{name}"
@@ -311,8 +306,6 @@ async def test_envs_build_builds_a_stores_environments_ahead_of_time(
                 assert status == 200, body
                 assert body["predictions"] == answers["predict_proba"]
             assert await metric_total(session, child.url, "mmserver_env_builds_total") == 0
-    finally:
-        await asyncio.to_thread(child.kill)
 
 
 async def test_on_version_skew_env_pins_a_pickle_to_the_version_that_made_it(
@@ -324,10 +317,9 @@ async def test_on_version_skew_env_pins_a_pickle_to_the_version_that_made_it(
     shutil.copy(folder / "old-forest" / "model.joblib", plain / "old-plain" / "model.joblib")
     (plain / "old-plain" / "serving.properties").write_text("option.method=predict_proba\n")
     make_linear_model(plain / "neighbour")
-    child = _server(plain, env_dir, tmp_path / "server.log", "", "--on-version-skew", "env")
-    await asyncio.to_thread(child.start)
-    try:
-        await asyncio.to_thread(child.wait_ready, 60)
+    async with _server(
+        plain, env_dir, tmp_path / "server.log", "", "--on-version-skew", "env"
+    ) as child:
         async with aiohttp.ClientSession() as session:
             url = f"{child.url}/predictions/old-plain"
             status, body = await _post(session, url, answers["rows"])
@@ -339,5 +331,3 @@ async def test_on_version_skew_env_pins_a_pickle_to_the_version_that_made_it(
             # A model of the server's own version needs none.
             assert (await _post(session, f"{child.url}/predictions/neighbour", [[0.5]]))[0] == 200
             assert "environment" not in await _describe(session, child.url, "neighbour")
-    finally:
-        await asyncio.to_thread(child.kill)
