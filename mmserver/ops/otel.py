@@ -379,6 +379,7 @@ class SpanSender:
         #: Appended by :meth:`send`, taken by the writer (a deque: both ends thread-safe).
         self._held: collections.deque[SpanRecord] = collections.deque()
         self._wake = threading.Event()
+        self._stop = threading.Event()
         self._closing = False
         self.dropped = 0
         self._writer = threading.Thread(target=self._write, name="mmserver-spans", daemon=True)
@@ -388,17 +389,22 @@ class SpanSender:
         if len(self._held) >= MAX_HELD:
             self.dropped += 1
             return
-        self._held.append(record)  # the writer takes it at its next turn
+        held = self._held
+        held.append(record)
+        if len(held) == 1:  # the first since the writer's last turn: it gathers a batch now
+            self._wake.set()
 
     def _write(self) -> None:
         pipe = self._process.stdin
         assert pipe is not None
         held = self._held
         while True:
-            # A turn every WRITE_EVERY_S, not a wake-up per record: the event loop's thread
-            # hands the interpreter to this one a few times a second, not once per request.
-            self._wake.wait(WRITE_EVERY_S)
+            # Woken by a first record, it gathers for WRITE_EVERY_S before it writes: the event
+            # loop's thread hands the interpreter to this one a few times a second at most, not
+            # once per request, and never while no request is sampled.
+            self._wake.wait()
             self._wake.clear()
+            self._stop.wait(WRITE_EVERY_S)  # cut short by close()
             closing = self._closing
             taken = []
             while held:
@@ -417,6 +423,7 @@ class SpanSender:
         """Write what is held, then let the exporting process send it and end (killed past
         ``timeout`` seconds)."""
         self._closing = True
+        self._stop.set()
         self._wake.set()
         self._writer.join(timeout)
         if self._process.stdin is not None:
