@@ -52,6 +52,8 @@ checks it); a model's, a :class:`ModelLoadError` (its ``serving.properties`` a
 
 from __future__ import annotations
 
+import json
+
 #: The longest error message: every error body and the log lines that quote one stay bounded.
 MAX_MESSAGE = 4096
 
@@ -349,3 +351,19 @@ def from_name(kind: str, message: str, model: str | None = None) -> MMServerErro
     if not (isinstance(cls, type) and issubclass(cls, MMServerError)):
         cls = ModelError
     return cls(message, model=model)
+
+
+def answer_message(body: bytes | str, limit: int = 200) -> str:
+    """The message of one of this server's error answers, as a client reads it (DJL's and
+    SageMaker's ``message``, the Open Inference Protocol's ``error``), or the first ``limit``
+    characters of the body when it has none."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else body
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        found = data.get("message") or data.get("error")
+        if found:
+            return str(found)
+    return text.strip()[:limit]

@@ -35,6 +35,7 @@ import aiohttp
 from aiohttp import hdrs
 
 from mmserver.config.peers import parse_peers
+from mmserver.errors import answer_message
 from mmserver.ops.statefile import write_atomically
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class Peers:
                 text = await response.text(errors="replace")
                 outcome: dict[str, Any] = {"peer": where, "status": response.status}
                 if response.status >= 300 and response.status != SELF:
-                    outcome["error"] = message(text)
+                    outcome["error"] = answer_message(text)
                 return outcome
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return {"peer": where, "status": 0, "error": f"{type(exc).__name__}: {exc}"}
@@ -154,16 +155,6 @@ class Peers:
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 log.info("peers: %s did not answer %s: %s", where, path, exc)
         return None
-
-
-def message(text: str) -> str:
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text[:200]
-    if isinstance(body, dict):
-        return str(body.get("message") or body.get("error") or body)[:200]
-    return text[:200]
 
 
 async def adopt_rollouts(peers: Peers, state_file: Path) -> bool:

@@ -20,6 +20,7 @@ from mmserver.commands.loadtest.client import JSON_HEADERS, Client
 from mmserver.commands.procfs import HOST, free_port
 from mmserver.commands.recommend.settings import Setting
 from mmserver.config.model import cpu_count
+from mmserver.errors import answer_message
 
 READY_TIMEOUT_S = 120.0
 
@@ -121,7 +122,7 @@ class Target:
         if status != 200:
             raise TargetError(
                 f"model {model} answers the sample request with {status}: "
-                f"{_message(answer)} (give a request it takes with --payload FILE)"
+                f"{answer_message(answer)} (give a request it takes with --payload FILE)"
             )
         facts = self.describe(model)
         if self._server is None and self._restore is None:
@@ -131,16 +132,16 @@ class Target:
     def describe(self, model: str) -> ModelFacts:
         status, answer, _ = self.request("GET", f"/models/{quote(model)}")
         if status != 200:
-            raise TargetError(f"GET /models/{model} answered {status}: {_message(answer)}")
+            raise TargetError(f"GET /models/{model} answered {status}: {answer_message(answer)}")
         return ModelFacts.of(json.loads(answer)[0]["models"][0])
 
     def inputs(self, model: str) -> list[dict[str, Any]]:
         """The model's inputs as its V2 metadata lists them (loading the model if needed)."""
         status, answer, _ = self.request("GET", f"/v2/models/{quote(model)}")
         if status == 404:
-            raise TargetError(f"the server has no model {model}: {_message(answer)}")
+            raise TargetError(f"the server has no model {model}: {answer_message(answer)}")
         if status != 200:
-            raise TargetError(f"model {model} did not load ({status}): {_message(answer)}")
+            raise TargetError(f"model {model} did not load ({status}): {answer_message(answer)}")
         inputs: list[dict[str, Any]] = json.loads(answer).get("inputs", [])
         return inputs
 
@@ -151,7 +152,7 @@ class Target:
         status, answer, _ = self.request("PUT", f"/models/{quote(model)}?{urlencode(query)}")
         if status != 200:
             raise TargetError(
-                f"PUT /models/{model} ({setting.label}) answered {status}: {_message(answer)}"
+                f"PUT /models/{model} ({setting.label}) answered {status}: {answer_message(answer)}"
             )
 
     def keep(self, model: str, setting: Setting) -> None:
@@ -196,10 +197,3 @@ class Target:
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
                 self._scratch = None
-
-
-def _message(answer: bytes) -> str:
-    try:
-        return str(json.loads(answer).get("message", answer[:200].decode(errors="replace")))
-    except (ValueError, AttributeError):
-        return answer[:200].decode(errors="replace")

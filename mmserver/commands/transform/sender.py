@@ -11,7 +11,6 @@ model's own error, a timeout) fails the payload's file with the server's message
 from __future__ import annotations
 
 import asyncio
-import json
 from types import TracebackType
 from urllib.parse import quote
 
@@ -22,6 +21,7 @@ from mmserver.commands.transform.connections import (
     open_exchanges,
 )
 from mmserver.commands.transform.failures import FileFailed, TransformError
+from mmserver.errors import answer_message
 from mmserver.ops.traces import TRACEPARENT
 
 #: Tries of one payload while the server is busy or cannot be reached.
@@ -37,12 +37,7 @@ def model_path(model: str) -> str:
 
 
 def _message(status: int, body: bytes) -> str:
-    try:
-        data = json.loads(body)
-        text = str(data["message"]) if isinstance(data, dict) and "message" in data else ""
-    except ValueError:
-        text = ""
-    return text or body.decode(errors="replace").strip()[:500] or f"status {status}"
+    return answer_message(body, 500) or f"status {status}"
 
 
 class Sender:
