@@ -153,11 +153,13 @@ class Environments:
             self.envs[env.key] = env
         return len(self.envs)
 
-    def met(self, wanted: RequirementSet) -> bool:
-        """Whether the server's own environment meets ``wanted`` (no environment is built)."""
+    async def met(self, wanted: RequirementSet) -> bool:
+        """Whether the server's own environment meets ``wanted`` (no environment is built);
+        found once per set, in a thread (it reads the installed distributions' metadata)."""
         found = self._met.get(wanted.key)
         if found is None:
-            found = self._met[wanted.key] = not unmet(wanted.requirements)
+            missing = await asyncio.to_thread(unmet, wanted.requirements)
+            found = self._met[wanted.key] = not missing
         return found
 
     def get(self, wanted: RequirementSet, entry: object) -> Environment:

@@ -215,7 +215,7 @@ class Loader:
         config = self.catalog.configured(record, config)
         env = None
         record.environment = None
-        if wanted is not None and self.envs is not None and not self.envs.met(wanted):
+        if wanted is not None and self.envs is not None and not await self.envs.met(wanted):
             if not wanted.operator and not config.trust.full:
                 raise untrusted_set(name, wanted, config)
             env = record.environment = self.envs.get(wanted, entry)  # shown while it builds
