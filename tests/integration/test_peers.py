@@ -113,9 +113,7 @@ async def test_a_new_instance_takes_the_rollouts_of_its_peers(
     saved = json.loads(state_file.read_text())["models"]["versioned"]
     assert saved["canary"] == [1, 25.0]
     new = await serve(model_store=str(store), cache_dir=str(cache), peers=peers)
-    response = await new.client.get("/models/versioned/1")
-    [workflow] = await response.json()
-    model = workflow["models"][0]
+    model = await describe(new, "versioned/1")
     assert (model["canaryPercent"], model["canaryFrom"]) == (25.0, "management")
 
 
