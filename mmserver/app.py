@@ -70,7 +70,7 @@ def build_app(config: ServerConfig, wlm: WorkLoadManager, metrics: Metrics) -> w
         app.on_startup.append(start_capture)
         app.on_cleanup.append(close_capture)
     if config.peers.strip():
-        state.peers = Peers(config.peers)
+        state.peers = Peers(config.peers, config.management_token)
 
         async def close_peers(app: web.Application) -> None:
             if state.peers is not None:

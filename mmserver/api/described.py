@@ -398,7 +398,7 @@ OPERATIONS: dict[str, Operation] = {
         "The versions' rollouts set through the management API, for a new peer",
         "management",
         answers=_content("application/json", "The contents of rollouts.json."),
-        errors=(404,),
+        errors=(401,),
     ),
     "metrics": Operation(
         "Prometheus metrics",

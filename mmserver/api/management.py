@@ -487,11 +487,13 @@ def fanned(handler: Handler) -> Handler:
 
 async def peer_rollouts(request: web.Request) -> web.Response:
     """``GET /peers/rollouts``: the versions' rollouts set through the management API (the
-    contents of ``rollouts.json``), for a new peer; 404 from an instance asked by itself."""
+    contents of ``rollouts.json``), for a new peer: a management call, since they name models;
+    an instance asked by itself answers that it is (:data:`~mmserver.api.peers.SELF`)."""
+    authorize(request)
     state = request.app[STATE]
     asking: peers.Peers | None = state.peers
     if asking is not None and request.headers.get(peers.FORWARDED) == asking.instance:
-        raise web.HTTPNotFound(text="this is the instance that asks")
+        return web.json_response({"status": "this is the instance that asks"}, status=peers.SELF)
     return web.json_response(state.wlm.versions.saved())
 
 

@@ -81,6 +81,8 @@ class Peers:
     """The other instances of the ``peers`` option, and this instance's id."""
 
     spec: str
+    #: The management token, sent with this instance's own calls to its peers.
+    token: str = ""
     instance: str = field(default_factory=lambda: uuid.uuid4().hex)
     _session: aiohttp.ClientSession | None = None
 
@@ -147,9 +149,10 @@ class Peers:
         for host, port in await self.addresses():
             where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             try:
-                async with self.session().get(
-                    f"http://{where}{path}", headers={FORWARDED: self.instance}
-                ) as response:
+                headers = {FORWARDED: self.instance}
+                if self.token:
+                    headers[hdrs.AUTHORIZATION] = f"Bearer {self.token}"
+                async with self.session().get(f"http://{where}{path}", headers=headers) as response:
                     if response.status == 200:
                         return await response.read()
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -136,3 +136,33 @@ def test_the_option_is_host_port_pairs_or_a_dns_name() -> None:
     for bad in ("10.0.0.1", "dns:name", "host:99999", "dns::80"):
         with pytest.raises(ConfigError, match="host:port, or dns:NAME:PORT"):
             parse_peers(bad)
+
+
+async def test_a_peers_rollouts_are_read_with_the_management_token(
+    serve: Serve, store: Path, tmp_path: Path
+) -> None:
+    token = "s3cret"
+    port = free_port()
+    peers = f"127.0.0.1:{port}"
+    a = await serve(
+        model_store=str(store),
+        cache_dir=str(tmp_path / "cache"),
+        port=port,
+        peers=peers,
+        management_token=token,
+    )
+    bearer = {"Authorization": f"Bearer {token}"}
+    response = await a.client.put("/models/versioned/1/set-default", headers=bearer)
+    assert response.status == 200, await response.text()
+    # They name the server's models: nobody without the token reads them.
+    response = await a.client.get("/peers/rollouts")
+    assert response.status == 401
+    state_file = tmp_path / "new" / "rollouts.json"
+    state_file.parent.mkdir()
+    for given, adopted in (("", False), (token, True)):
+        asking = Peers(peers, given)
+        try:
+            assert await adopt_rollouts(asking, state_file) is adopted
+        finally:
+            await asking.close()
+    assert json.loads(state_file.read_text())["models"]["versioned"]["default"] == 1
