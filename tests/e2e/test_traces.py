@@ -111,6 +111,15 @@ def request_tree(spans: list[Span], name: str, cold: bool = True) -> dict[str, S
     return by_name
 
 
+async def post(url: str, body: str, headers: dict[str, str]) -> tuple[int, str]:
+    """POST ``body`` with ``headers``: the answer's status and text."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers=headers) as response,
+    ):
+        return response.status, await response.text()
+
+
 def in_backend(traced: Traced, span: Span) -> None:
     """``span`` says it ran in one of the server's backend processes."""
     assert span.attributes["process.pid"] in descendants(traced.server.pid)
@@ -120,19 +129,16 @@ async def test_a_djl_request_on_the_lean_path_continues_the_clients_trace(
     traced: Traced,
 ) -> None:
     header, trace_id, parent = new_parent()
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{traced.server.url}/predictions/djl",
-            data="[[0.5]]",
-            headers={
-                "Content-Type": "application/json",
-                "traceparent": header,
-                "X-Request-Id": "djl-1",
-            },
-        ) as response,
-    ):
-        assert response.status == 200, await response.text()
+    status, text = await post(
+        f"{traced.server.url}/predictions/djl",
+        "[[0.5]]",
+        {
+            "Content-Type": "application/json",
+            "traceparent": header,
+            "X-Request-Id": "djl-1",
+        },
+    )
+    assert status == 200, text
     spans = request_tree(await traced.receiver.trace(trace_id, 6), "POST /predictions/{model}")
     request = spans["POST /predictions/{model}"]
     assert request.parent_id == parent
@@ -152,19 +158,16 @@ async def test_a_sagemaker_request_through_aiohttp_without_a_traceparent_starts_
     traced: Traced,
 ) -> None:
     # A query string leaves the request to aiohttp's handler (the lean path takes none).
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{traced.server.url}/invocations?via=aiohttp",
-            data="[[0.5]]",
-            headers={
-                "Content-Type": "application/json",
-                "X-Amzn-SageMaker-Target-Model": "sagemaker.tar.gz",
-                "X-Request-Id": "sm-1",
-            },
-        ) as response,
-    ):
-        assert response.status == 200, await response.text()
+    status, text = await post(
+        f"{traced.server.url}/invocations?via=aiohttp",
+        "[[0.5]]",
+        {
+            "Content-Type": "application/json",
+            "X-Amzn-SageMaker-Target-Model": "sagemaker.tar.gz",
+            "X-Request-Id": "sm-1",
+        },
+    )
+    assert status == 200, text
 
     def found(spans: list[Span]) -> bool:
         return any(s.attributes.get("mmserver.request_id") == "sm-1" for s in spans)
@@ -183,15 +186,12 @@ async def test_a_sagemaker_request_through_aiohttp_without_a_traceparent_starts_
 async def test_a_v2_rest_request_continues_the_clients_trace(traced: Traced) -> None:
     header, trace_id, parent = new_parent()
     body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP64", "data": [0.5]}]}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{traced.server.url}/v2/models/v2/infer",
-            json=body,
-            headers={"traceparent": header, "tracestate": "vendor=1"},
-        ) as response,
-    ):
-        assert response.status == 200, await response.text()
+    status, text = await post(
+        f"{traced.server.url}/v2/models/v2/infer",
+        json.dumps(body),
+        {"Content-Type": "application/json", "traceparent": header, "tracestate": "vendor=1"},
+    )
+    assert status == 200, text
     name = "POST /v2/models/{model}/infer"
     spans = request_tree(await traced.receiver.trace(trace_id, 6), name)
     assert spans[name].parent_id == parent
@@ -223,15 +223,12 @@ async def test_a_grpc_call_continues_the_trace_of_its_metadata(traced: Traced) -
 
 async def test_a_refused_request_is_a_span_with_its_status(traced: Traced) -> None:
     header, trace_id, parent = new_parent()
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{traced.server.url}/predictions/no-such-model",
-            data="[[0.5]]",
-            headers={"Content-Type": "application/json", "traceparent": header},
-        ) as response,
-    ):
-        assert response.status == 404
+    status, text = await post(
+        f"{traced.server.url}/predictions/no-such-model",
+        "[[0.5]]",
+        {"Content-Type": "application/json", "traceparent": header},
+    )
+    assert status == 404, text
     [request] = await traced.receiver.trace(trace_id, 1)
     assert request.parent_id == parent
     assert request.attributes["http.response.status_code"] == 404
@@ -242,19 +239,16 @@ async def test_an_asynchronous_request_carries_its_trace_across_the_journal(
     traced: Traced,
 ) -> None:
     header, trace_id, parent = new_parent()
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{traced.server.url}/endpoints/asynchronous/async-invocations",
-            data=json.dumps([[0.5]]),
-            headers={
-                "X-Amzn-SageMaker-Content-Type": "application/json",
-                "X-Amzn-SageMaker-Inference-Id": "traced-1",
-                "traceparent": header,
-            },
-        ) as response,
-    ):
-        assert response.status == 202, await response.text()
+    status, text = await post(
+        f"{traced.server.url}/endpoints/asynchronous/async-invocations",
+        json.dumps([[0.5]]),
+        {
+            "X-Amzn-SageMaker-Content-Type": "application/json",
+            "X-Amzn-SageMaker-Inference-Id": "traced-1",
+            "traceparent": header,
+        },
+    )
+    assert status == 202, text
     # The call's span, then the run's with the job's five under it (a cold load among them).
     spans = await traced.receiver.trace(trace_id, 7)
     accept = next(s for s in spans if s.name == "POST /endpoints/{endpoint}/async-invocations")
