@@ -164,7 +164,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="also run py-spy on the frontend under the hot pattern",
+        help="also run py-spy on the frontend and the busiest backend under one pattern "
+        "(--profile-pattern)",
+    )
+    parser.add_argument(
+        "--profile-pattern",
+        choices=("hot", "uniform", "zipf"),
+        default="hot",
+        help="the pattern --profile runs (hot)",
+    )
+    parser.add_argument(
+        "--profile-rate",
+        type=float,
+        default=0.0,
+        metavar="REQ/S",
+        help="run --profile's load at this offered rate (open loop; 0: closed loop), so that "
+        "two builds' profiles count the same requests",
     )
     parser.add_argument(
         "--server-exe",
@@ -565,7 +580,10 @@ def _measure(
     if "grpc" in sections:
         raw["grpc"] = grpcload.section(server, peer, args.patterns, settings, _log)
     if args.profile:
-        raw["profile"] = loads.profile(server, settings, args.profile, args.out, _log)
+        raw["profile"] = loads.profile(
+            server, settings, args.profile, args.out, _log, pattern=args.profile_pattern,
+            rate=args.profile_rate,
+        )
 
 
 def _profile_lines(prof: dict[str, Any]) -> list[str]:
@@ -576,7 +594,7 @@ def _profile_lines(prof: dict[str, Any]) -> list[str]:
         entry = prof[role]
         lines += [
             "",
-            f"Profile of the {role} (pid {entry['pid']}; py-spy, hot pattern, "
+            f"Profile of the {role} (pid {entry['pid']}; py-spy, {prof.get('load', 'hot')}, "
             f"{entry['samples']} samples): frames by own time",
         ]
         lines += [f"  {share * 100:5.1f} %  {frame}" for frame, share in entry["own"][:15]]

@@ -309,9 +309,12 @@ def profile(
     seconds: float,
     out_dir: Path,
     log: Log,
+    *,
+    pattern: str = "hot",
+    rate: float = 0.0,
 ) -> dict[str, Any]:
-    """py-spy on the frontend process and on the busiest backend process during a hot
-    closed-loop run: collapsed stacks (``profile-frontend.txt``, ``profile-backend.txt``; any
+    """py-spy on the frontend process and on the busiest backend process during a closed-loop
+    run of ``pattern``: collapsed stacks (``profile-frontend.txt``, ``profile-backend.txt``; any
     flame graph tool reads them) and the top frames by own time.
 
     py-spy samples wall time while a thread is not idle: on a machine whose CPUs are shared, a
@@ -323,10 +326,11 @@ def profile(
         return {"skipped": "py-spy not installed"}
     load = wrk.Load(
         url=server.url,
-        pattern="hot",
+        pattern=pattern,
         duration_s=seconds + 6,
-        connections=settings.concurrency,
+        connections=settings.open_connections if rate else settings.concurrency,
         threads=settings.threads,
+        rate=rate,
         api=settings.api,
     )
     proc = wrk.start(load)
@@ -349,7 +353,7 @@ def profile(
                     "--duration",
                     str(round(seconds)),
                     "--rate",
-                    "100",
+                    "250",
                     "--format",
                     "raw",
                     "--nonblocking",
@@ -375,6 +379,7 @@ def profile(
             own, total = top_frames(raw)
             out[role] = {"pid": pid, "raw": str(raw), "own": own, "samples": total}
     out["rps"] = result.rps
+    out["load"] = f"{pattern} pattern" + (f" at {rate:.0f} req/s" if rate else "")
     log(
         f"profile: {', '.join(str(out_dir / f'profile-{r}.txt') for r in targets)} "
         f"({result.rps:.0f} req/s meanwhile)"
