@@ -147,13 +147,13 @@ class Cost:
         clock: see the module docstring). ``charged``: what its lane charged it when it
         started (:meth:`charge`), corrected here to what it took."""
         self.cpu_seconds += cpu_seconds
-        self.batches += 1
+        batches = self.batches = self.batches + 1
         held = cpu_seconds if cpu_seconds > wall_seconds else wall_seconds
         hold = self.hold
         self.hold = self.estimate = held if hold is None else hold + _ALPHA * (held - hold)
-        n = float(rows if rows > 1 else 1)
-        k = float(requests if requests > 1 else 1)
-        if self.batches == 1:
+        n = float(rows) if rows > 1 else 1.0
+        k = float(requests) if requests > 1 else 1.0
+        if batches == 1:
             self._rows, self._requests = n, k
         else:
             self._rows += _ALPHA * (n - self._rows)
@@ -171,9 +171,8 @@ class Cost:
         if charged is not None:
             self.vfinish += cpu_seconds - charged
         cpu = cpu_seconds
-        self.per_batch = (
-            cpu if self.per_batch is None else self.per_batch + _ALPHA * (cpu - self.per_batch)
-        )
+        per_batch = self.per_batch
+        self.per_batch = cpu if per_batch is None else per_batch + _ALPHA * (cpu - per_batch)
         if not self._known:
             self._n, self._c, self._nn, self._nc = n, cpu, n * n, n * cpu
         else:
@@ -189,19 +188,26 @@ class Cost:
         line goes through the mean batch (its rows, its CPU time), with the slope least squares
         give it (never below 0, never above what leaves no fixed part). While the batches keep
         one size the slope cannot be found: a request then costs its share of a batch, or the
-        probe row if that took longer, but never more than the batch."""
+        probe row if that took longer, but never more than the batch. (Once per batch: written
+        with conditional expressions rather than ``min``/``max``.)"""
         if not self._known:
             return
         n, c, m = self._n, self._c, self.rows_per_request
         spread = self._nn - n * n
         if spread >= _STEADY_ROWS:
-            per_row = max(0.0, (self._nc - n * c) / spread)
-            if per_row * n > c:
+            per_row = (self._nc - n * c) / spread
+            if per_row < 0.0:
+                per_row = 0.0
+            elif per_row * n > c:
                 per_row = c / n
             self.fixed, self.per_row = c - per_row * n, per_row
             self.single = self.fixed + per_row * m
             return
-        single = min(c, max(self._probe, c * m / n))
+        share = c * m / n
+        probe = self._probe
+        single = share if share > probe else probe
+        if single > c:
+            single = c
         if n - m > 0.5:  # a line through the request and the batch
             per_row = (c - single) / (n - m)
             self.fixed, self.per_row = single - per_row * m, per_row

@@ -106,7 +106,7 @@ class ModelPool:
         self.events = events
         self.queue = JobQueue(config.job_queue_size, events.queued)
         #: Batches of the model running, and workers of it waiting for their slots (ready):
-        #: its workers tell it (:meth:`batch_started`, :meth:`turn_requested`...).
+        #: its workers count them (see :class:`~mmserver.serving.worker.WorkerHost`).
         self.running = 0
         self.readied = 0
         self.cost = Cost(known)
@@ -250,20 +250,6 @@ class ModelPool:
         queue = self.queue
         config = self.config
         return queue.take(config.batch_size, config.max_batch_bytes) if len(queue) else []
-
-    def turn_requested(self) -> None:
-        """A worker of the model waits for its slot to run a batch."""
-        self.readied += 1
-
-    def turn_ended(self) -> None:
-        """A worker that waited for its slot got its turn, or left."""
-        self.readied -= 1
-
-    def batch_started(self) -> None:
-        self.running += 1
-
-    def batch_ended(self) -> None:
-        self.running -= 1
 
     def waited(self, batches: int) -> None:
         self.cost.waited += batches

@@ -42,17 +42,17 @@ class WorkerState(enum.Enum):
 
 
 class WorkerHost(Protocol):
-    """What a worker needs from the model it serves (implemented by the model's pool)."""
+    """What a worker needs from the model it serves (implemented by the model's pool). The
+    workers count, in ``readied``, those of them waiting for their slots to run a batch, and in
+    ``running`` the batches running (plain counters: every batch changes each twice)."""
 
     name: str
     key: str
     cost: Cost
+    readied: int
+    running: int
 
     async def bind(self, slot: Slot) -> None: ...
-    def turn_requested(self) -> None: ...
-    def turn_ended(self) -> None: ...
-    def batch_started(self) -> None: ...
-    def batch_ended(self) -> None: ...
     def take_batch(self) -> list[Job]: ...
     def waited(self, batches: int) -> None: ...
     def observe_cost(
@@ -135,7 +135,7 @@ class Worker:
     def request_turn(self) -> None:
         """Wait for a turn on the slot to run a batch of the model's queued jobs."""
         self.state = WorkerState.READY
-        self.host.turn_requested()
+        self.host.readied += 1
         self.slot.ready(self)
 
     def waiting(self) -> bool:
@@ -147,7 +147,7 @@ class Worker:
         job was left to compute (the model's other workers took them, or they were answered):
         the worker is idle again. ``waited`` counts the other batches that ran first."""
         host = self.host
-        host.turn_ended()
+        host.readied -= 1
         if waited:
             host.waited(waited)
         started = self._loop.time()
@@ -159,7 +159,7 @@ class Worker:
                 return False
             live = partition_live(batch, started)
         self.state = WorkerState.BUSY
-        host.batch_started()
+        host.running += 1
         self._batch = live
         self._started = started
         self._began = time.perf_counter()
@@ -179,7 +179,7 @@ class Worker:
                 charge if charge > estimate else estimate,
             )
         except errors.MMServerError as exc:  # the slot is stopping
-            host.batch_ended()
+            host.running -= 1
             self._batch = []
             for job in live:
                 job.fail(exc)
@@ -197,7 +197,7 @@ class Worker:
         has them."""
         batch, self._batch = self._batch, []
         host = self.host
-        host.batch_ended()
+        host.running -= 1
         answers: list[Answer] | None = None
         if result is not None:
             answers, cpu_seconds, wall_seconds, rows, path, _ = result
@@ -244,7 +244,7 @@ class Worker:
         if self.state is WorkerState.STOPPING:
             return
         if self.state is WorkerState.READY:
-            self.host.turn_ended()
+            self.host.readied -= 1
         self.state = WorkerState.STOPPING
         stopped = errors.ShuttingDown("the model's worker was stopped before this request ran")
         for job in self._batch:

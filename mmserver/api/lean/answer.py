@@ -81,9 +81,18 @@ def error_answer(
     return lean_answer(shown.status_code, headers, body), len(body)
 
 
+#: The last ``Date`` value and its bytes.
+_last_date = ["", b""]
+
+
 def _date() -> bytes:
-    """The ``Date`` header's value, as aiohttp writes it (made again once a second)."""
-    return rfc822_formatted_time().encode()
+    """The ``Date`` header's value, as aiohttp writes it (made again once a second, and
+    encoded then)."""
+    text = rfc822_formatted_time()
+    last = _last_date
+    if text is not last[0]:
+        last[0], last[1] = text, text.encode()
+    return last[1]
 
 
 class LeanExchange(Exchange):
@@ -99,28 +108,25 @@ class LeanExchange(Exchange):
         self.data: bytes | None = None
 
     def __call__(self, answer: asyncio.Future[bytes]) -> None:
+        conn = self.conn
         try:
-            self._settle(answer)
+            if answer.cancelled():
+                # The server is stopping: no answer and nothing to count, as in aiohttp's
+                # handler; the answers after this one could not be written in order.
+                conn.abandon()
+                return
+            error = answer.exception()
+            if error is None:
+                try:
+                    self._answered(answer.result())
+                except Exception as exc:
+                    self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
+            else:
+                self.fail(error)
+            conn.flush()
         except Exception:
             log.exception("unexpected error answering POST %s", self.path.decode())
-            self.conn.abandon()
-
-    def _settle(self, answer: asyncio.Future[bytes]) -> None:
-        conn = self.conn
-        if answer.cancelled():
-            # The server is stopping: no answer and nothing to count, as in aiohttp's handler;
-            # the answers after this one could not be written in order.
             conn.abandon()
-            return
-        error = answer.exception()
-        if error is None:
-            try:
-                self._answered(answer.result())
-            except Exception as exc:
-                self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
-        else:
-            self.fail(error)
-        conn.flush()
 
     def _answered(self, answer: bytes) -> None:
         body, content_type, extra = self.answered(answer)
