@@ -581,7 +581,12 @@ def _measure(
         raw["grpc"] = grpcload.section(server, peer, args.patterns, settings, _log)
     if args.profile:
         raw["profile"] = loads.profile(
-            server, settings, args.profile, args.out, _log, pattern=args.profile_pattern,
+            server,
+            settings,
+            args.profile,
+            args.out,
+            _log,
+            pattern=args.profile_pattern,
             rate=args.profile_rate,
         )
 

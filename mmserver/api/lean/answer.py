@@ -81,18 +81,20 @@ def error_answer(
     return lean_answer(shown.status_code, headers, body), len(body)
 
 
-#: The last ``Date`` value and its bytes.
-_last_date = ["", b""]
+class _Date:
+    """The last ``Date`` value and its bytes."""
+
+    text = ""
+    data = b""
 
 
 def _date() -> bytes:
     """The ``Date`` header's value, as aiohttp writes it (made again once a second, and
     encoded then)."""
     text = rfc822_formatted_time()
-    last = _last_date
-    if text is not last[0]:
-        last[0], last[1] = text, text.encode()
-    return last[1]
+    if text is not _Date.text:
+        _Date.text, _Date.data = text, text.encode()
+    return _Date.data
 
 
 class LeanExchange(Exchange):
