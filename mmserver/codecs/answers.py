@@ -98,8 +98,8 @@ _TYPED_BYTE = bytes((_TYPED,))
 def answer_body(answer: bytes, csv_answer: bool | None) -> tuple[bytes, str]:
     """The body of an answer from the backend and its ``Content-Type``: the type it carries
     (:func:`typed_answer`), else the one the request's ``Accept`` chose."""
-    if not answer or answer[0] != _TYPED:  # response_type's, inline: every answer's path
-        return answer, CSV_RESPONSE_TYPE if csv_answer else JSON_RESPONSE_TYPE
+    if not answer or answer[0] != _TYPED:
+        return answer, response_type(csv_answer)
     end = 2 + answer[1]
     return answer[end:], answer[2:end].decode("latin-1")
 

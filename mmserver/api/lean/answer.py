@@ -81,20 +81,9 @@ def error_answer(
     return lean_answer(shown.status_code, headers, body), len(body)
 
 
-class _Date:
-    """The last ``Date`` value and its bytes."""
-
-    text = ""
-    data = b""
-
-
 def _date() -> bytes:
-    """The ``Date`` header's value, as aiohttp writes it (made again once a second, and
-    encoded then)."""
-    text = rfc822_formatted_time()
-    if text is not _Date.text:
-        _Date.text, _Date.data = text, text.encode()
-    return _Date.data
+    """The ``Date`` header's value, as aiohttp writes it (made again once a second)."""
+    return rfc822_formatted_time().encode()
 
 
 class LeanExchange(Exchange):
