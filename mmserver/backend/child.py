@@ -112,6 +112,11 @@ class Models:
             predictor = load_predictor(spec.model_dir, spec.config, name)
             probe = self._probe(predictor)  # what its first predictions keep counts too
             self.predictors[spec.key] = predictor
+        if probe is None:
+            # Nothing is known of its cost: its first batch is timed by the CPU clock, since the
+            # frontend takes that batch's time as its cost (its wall time, on a busy machine,
+            # would make a light model heavy).
+            self._long.add(spec.key)
         raised = tuple(
             dict.fromkeys([*files, *(f"{w.category.__name__}: {w.message}" for w in caught)])
         )

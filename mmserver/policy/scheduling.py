@@ -23,7 +23,9 @@ cheap. A backend reads its CPU clock only for a model whose last batch was long
 (:data:`CPU_CLOCK_ABOVE_S`); a shorter batch reports its wall time as its CPU time. So a batch
 reported that way and longer than that was expected short and is not known: it may have been
 preempted, and is left out of the CPU averages (the backend reads the clock for the next one),
-unless nothing else is known of the model yet.
+unless nothing else is known of the model yet. A model the backend could not probe at load (a
+custom handler, say) has its first batch timed by the CPU clock, so that what is first known of
+it is CPU time too.
 
 A cost near the threshold (between a quarter of it and twice it, where a model's measure may
 wander back and forth) moves a model at most once per :data:`LANE_DWELL_S`; a cost clearly on

@@ -244,10 +244,8 @@ async def test_backend_killed_while_loading_a_model_loads_it_again(tmp_path: Pat
     started, gate = tmp_path / "started", tmp_path / "gate"
     make_slow_load_dir(store / "slow-load", started, gate)
     make_linear_archive(store / "sklearn-0.tar.gz")
-    # One lane: a probe row slowed by a busy machine would start a heavy lane's process too.
-    options = ("--backend-processes", "2", "--heavy-processes", "0")
     async with (
-        ServerProcess(store, tmp_path / "server.log", *options) as server,
+        ServerProcess(store, tmp_path / "server.log", "--backend-processes", "2") as server,
         aiohttp.ClientSession() as session,
     ):
         waiting = [
