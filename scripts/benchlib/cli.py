@@ -169,7 +169,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--profile-pattern",
-        choices=("hot", "uniform", "zipf"),
+        choices=PATTERNS,
         default="hot",
         help="the pattern --profile runs (hot)",
     )
@@ -597,9 +597,10 @@ def _profile_lines(prof: dict[str, Any]) -> list[str]:
         if role not in prof:
             continue
         entry = prof[role]
+        load = prof.get("load", "hot pattern")
         lines += [
             "",
-            f"Profile of the {role} (pid {entry['pid']}; py-spy, {prof.get('load', 'hot')}, "
+            f"Profile of the {role} (pid {entry['pid']}; py-spy, {load}, "
             f"{entry['samples']} samples): frames by own time",
         ]
         lines += [f"  {share * 100:5.1f} %  {frame}" for frame, share in entry["own"][:15]]

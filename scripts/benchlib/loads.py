@@ -313,9 +313,10 @@ def profile(
     pattern: str = "hot",
     rate: float = 0.0,
 ) -> dict[str, Any]:
-    """py-spy on the frontend process and on the busiest backend process during a closed-loop
-    run of ``pattern``: collapsed stacks (``profile-frontend.txt``, ``profile-backend.txt``; any
-    flame graph tool reads them) and the top frames by own time.
+    """py-spy on the frontend process and on the busiest backend process during a run of
+    ``pattern``, closed loop, or open loop at ``rate`` requests a second: collapsed stacks
+    (``profile-frontend.txt``, ``profile-backend.txt``; any flame graph tool reads them) and the
+    top frames by own time.
 
     py-spy samples wall time while a thread is not idle: on a machine whose CPUs are shared, a
     process preempted inside a system call (a socket write that wakes its reader) is counted
