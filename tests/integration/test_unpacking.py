@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import io
 import multiprocessing
 import os
@@ -225,3 +226,14 @@ async def test_closing_refuses_the_requests_still_waiting(
     await asyncio.wait_for(closing, 30)
     with pytest.raises(ShuttingDown, match="model h is not loaded: the server is stopping"):
         await one_process.run("h", "unpacking", unpack_archive, fifo, tmp_path / "h", LIMIT, "h")
+
+
+async def test_an_unpacking_process_freezes_what_it_was_forked_with(
+    one_process: UnpackProcesses,
+) -> None:
+    """The fork server's modules are never garbage: the process freezes them at start, so that
+    its collections do not scan them (nor copy the pages it shares with the fork server)."""
+    frozen = await one_process.run("m", "counting", gc.get_freeze_count)
+    assert frozen > 10_000  # the fork server's preloaded modules' objects
+    # And a collection then scans only what the process made since.
+    assert await one_process.run("m", "counting", gc.get_freeze_count) == frozen
