@@ -31,7 +31,7 @@ import json
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -142,9 +142,12 @@ def matrix_inputs(width: int | None, missing: bool = True) -> Inputs:
 # ------------------------------------------------------------------------------------------------
 
 
-def declared(model_dir: Path, properties: Mapping[str, str]) -> list[Column] | None:
+def declared(
+    model_dir: Path, properties: Mapping[str, str], names: Container[str] | None = None
+) -> list[Column] | None:
     """The columns ``option.columns`` (``name:kind, ...``), ``input_schema.json`` or an MLflow
-    folder's signature (:mod:`mmserver.codecs.mlmodel`) declare."""
+    folder's signature (:mod:`mmserver.codecs.mlmodel`) declare. ``names``: the names of the
+    folder's files, when they were listed already (``None``: each file is looked for)."""
     text = properties.get("option.columns")
     if text is not None:
         columns = []
@@ -154,18 +157,20 @@ def declared(model_dir: Path, properties: Mapping[str, str]) -> list[Column] | N
                 name, kind = kind, NUMBER
             columns.append(_column(name.strip(), kind.strip(), "option.columns"))
         return _unique(columns, "option.columns")
-    path = model_dir / SCHEMA_FILE
-    if not path.is_file():
-        mlmodel_path = model_dir / mlmodel.MLMODEL
-        if not mlmodel_path.is_file():
+
+    def has(file: str) -> bool:
+        return (model_dir / file).is_file() if names is None else file in names
+
+    if not has(SCHEMA_FILE):
+        if not has(mlmodel.MLMODEL):
             return None
-        signed = mlmodel.signature_columns(mlmodel.read(mlmodel_path))
+        signed = mlmodel.signature_columns(mlmodel.read(model_dir / mlmodel.MLMODEL))
         if signed is None:
             return None
         where = f"{mlmodel.MLMODEL}'s signature"
         return _unique([_column(c["name"], c["type"], where) for c in signed], where)
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = json.loads((model_dir / SCHEMA_FILE).read_text("utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{SCHEMA_FILE} is not valid JSON: {exc}") from None
     if isinstance(data, dict):

@@ -6,6 +6,7 @@ inside the backend processes."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,9 +56,15 @@ class LightGBMBooster:
 def is_a(estimator: Any, package: str, base: str) -> bool:
     """Whether ``estimator`` is an instance of ``package``'s class ``base``, told by its
     classes' names: the package is not imported (it may not be installed)."""
+    kind: type = type(estimator)
+    return _class_is_a(kind, package, base)
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_is_a(kind: type, package: str, base: str) -> bool:
+    # Asked several times a load, of a handful of classes: the answer is kept by class.
     return any(
-        cls.__name__ == base and cls.__module__.split(".")[0] == package
-        for cls in type(estimator).__mro__
+        cls.__name__ == base and cls.__module__.split(".")[0] == package for cls in kind.__mro__
     )
 
 

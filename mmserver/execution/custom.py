@@ -24,6 +24,7 @@ from mmserver.codecs.tabular import to_frame
 from mmserver.config.model import ModelConfig
 from mmserver.errors import InvalidInput, ModelError, ModelLoadError
 from mmserver.execution.families import find_model_file, inside, load_model, reason
+from mmserver.execution.formats import Listing
 from mmserver.execution.handlers import Batch, Predictor, check_rows, n_features
 
 # sys.path and sys.modules belong to the whole process: imports of two models' handlers in two
@@ -135,10 +136,19 @@ def _raw_answer(answer: Any, csv: bool | None) -> bytes:
     return encode_json(answer)
 
 
-def entry_point(model_dir: Path, config: ModelConfig, name: str) -> Path | None:
-    path = inside(model_dir, config.entry_point, "option.entryPoint", name)
-    if path.is_file():
-        return path
+def entry_point(
+    model_dir: Path, config: ModelConfig, name: str, files: Listing | None = None
+) -> Path | None:
+    """The custom handler's file (``option.entryPoint``), if the folder has one (``files``:
+    its files, if listed already)."""
+    relative = config.entry_point
+    if files is not None and "/" not in relative and relative not in ("", ".", ".."):
+        if relative in files.names:  # a plain file name: looked up in the listing
+            return model_dir / relative
+    else:
+        path = inside(model_dir, relative, "option.entryPoint", name)
+        if path.is_file():
+            return path
     if "option.entryPoint" in config.properties:
         raise ModelLoadError(
             f"model {name}: option.entryPoint={config.entry_point!r} does not exist",

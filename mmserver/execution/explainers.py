@@ -28,7 +28,6 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ from mmserver.config.model import ModelConfig
 from mmserver.errors import InvalidInput, ModelLoadError
 from mmserver.execution.columnmap import column_map, standardized
 from mmserver.execution.families import inside, owner
+from mmserver.execution.formats import Listing
 
 NONE = "none"
 BACKGROUND = "explain_background.csv"
@@ -104,18 +104,18 @@ def plan_explanation(
     model: Any,
     inputs: Inputs,
     config: ModelConfig | None,
-    model_dir: Path | None,
+    files: Listing | None,
     output: Callable[[str, Any], Any],
     outputs: tuple[str, ...],
     source: Callable[[], Any] | None = None,
 ) -> Explanation:
-    """The method ``model`` (taking ``inputs``) gets. ``output(name, batch)`` answers one of its
-    ``outputs`` (for Kernel SHAP). ``source()`` gives the model object again when its first
-    explanation is built (read again from its file: the predict paths may have let it go);
-    without it, a method that needs the model keeps it."""
+    """The method ``model`` (taking ``inputs``; its folder's ``files``) gets. ``output(name,
+    batch)`` answers one of its ``outputs`` (for Kernel SHAP). ``source()`` gives the model
+    object again when its first explanation is built (read again from its file: the predict
+    paths may have let it go); without it, a method that needs the model keeps it."""
     if config is not None and not config.explain:
         return Explanation(NONE, missing="option.explain=false")
-    background = read_background(model_dir, config, inputs)
+    background = read_background(files, config, inputs)
     steps = list(getattr(model, "steps", []))
     final = _final(model)
     front = [s for _, s in steps[:-1]]
@@ -322,17 +322,21 @@ def _kernel(
 
 
 def read_background(
-    model_dir: Path | None, config: ModelConfig | None, inputs: Inputs
+    files: Listing | None, config: ModelConfig | None, inputs: Inputs
 ) -> Any | None:
-    """The background sample's rows, as the model takes them; ``None`` without one."""
-    if model_dir is None:
+    """The background sample's rows (in the model folder's ``files``), as the model takes them;
+    ``None`` without one."""
+    if files is None:
         return None
+    model_dir = files.folder
     named = config.explain_background if config is not None else None
-    path = inside(model_dir, named, "option.explain_background", model_dir.name) if named else None
-    path = path or model_dir / BACKGROUND
-    if not path.is_file():
-        if named:
+    if named:
+        path = inside(model_dir, named, "option.explain_background", model_dir.name)
+        if not path.is_file():
             raise ModelLoadError(f"option.explain_background={named!r} does not exist")
+    elif BACKGROUND in files.names:
+        path = model_dir / BACKGROUND
+    else:
         return None
     kind = "text/csv; header=present" if inputs.frame else "text/csv"
     try:

@@ -215,11 +215,11 @@ def owner(estimator: Any) -> Family | None:
 
 
 def find_model_file(
-    model_dir: Path, config: ModelConfig, name: str | None = None
+    model_dir: Path, config: ModelConfig, name: str | None = None, files: Listing | None = None
 ) -> ModelFile | None:
     """The model's file: ``option.model_file`` if given, else the first family (in the order
-    of :data:`FAMILIES`, or only ``engine``'s) with a file in the folder. Errors name the
-    model ``name`` (by default the folder's name)."""
+    of :data:`FAMILIES`, or only ``engine``'s) with a file in the folder (``files``: its files,
+    if listed already). Errors name the model ``name`` (by default the folder's name)."""
     name = model_dir.name if name is None else name
     wanted = engine_families(config.engine)
     if config.model_file is not None:
@@ -234,7 +234,7 @@ def find_model_file(
             wanted = (*claimed, *(f for f in FAMILIES if f.claims is None))
         family = wanted[0]
         return family.resolve(path) if family.resolve else ModelFile(family.name, path)
-    listing = Listing(model_dir)
+    listing = files or Listing(model_dir)
     for family in wanted:
         candidate = family.find(listing)
         if candidate is not None:

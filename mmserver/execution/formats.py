@@ -53,20 +53,30 @@ def head(path: Path) -> bytes:
 
 
 class Listing:
-    """The files of a model folder, listed once for every family's finder (a load looks for
-    several families' files: one directory read, not one per family)."""
+    """The files of a model folder, listed once for a whole load: every family's finder, the
+    custom handler, the declared schema and the background sample look in it (one directory
+    read, not a file-system call for each file a load looks for)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        #: Whether the folder could be read (``False``: it does not exist, or is no folder).
+        self.exists = True
         try:
             with os.scandir(folder) as entries:
                 self.names = sorted(e.name for e in entries if e.is_file())
         except OSError:
+            self.exists = False
             self.names = []
 
     def file(self, name: str) -> Path | None:
         """The file ``name`` of the folder, if it has one."""
         return self.folder / name if name in self.names else None
+
+    def has(self, relative: str) -> bool:
+        """Whether the folder holds the file at ``relative`` (a name, or a path inside it)."""
+        if "/" not in relative:
+            return relative in self.names
+        return (self.folder / relative).is_file()
 
     def single(self, suffix: str, claims: Callable[[Path], bool] | None = None) -> Path | None:
         """The folder's only file ending in ``suffix`` (that ``claims`` takes, if given)."""

@@ -55,6 +55,7 @@ from mmserver.execution.families import (
 )
 from mmserver.execution.fastpath import own_plan, plan_paths
 from mmserver.execution.fitted import feature_names, fitted_columns
+from mmserver.execution.formats import Listing
 from mmserver.execution.handlers import Batch, Predictor, check_rows, n_features, step
 from mmserver.execution.skew import served_versions
 from mmserver.execution.tablepath import plan_table_paths
@@ -80,7 +81,7 @@ class EstimatorPredictor:
         fast_path: bool = True,
         batch_rows: int = 32,
         config: ModelConfig | None = None,
-        model_dir: Path | None = None,
+        files: Listing | None = None,
         reload: Callable[[], Any] | None = None,
     ) -> None:
         fn = getattr(model, method, None)
@@ -110,7 +111,7 @@ class EstimatorPredictor:
             own_format if own_format.owns is not None else owner(model if final is None else final)
         )
         sparse = booster is not None and booster.sparse_missing
-        self.inputs = find_inputs(model, fn, self.n_features, config, model_dir, sparse)
+        self.inputs = find_inputs(model, fn, self.n_features, config, files, sparse)
         self.n_features = self.inputs.width or self.n_features
         inputs = self.inputs
         if inputs.frame:
@@ -134,7 +135,7 @@ class EstimatorPredictor:
         #: what its method needs of the model.
         self.name = name
         self.explanation = plan_explanation(
-            model, inputs, config, model_dir, _output(self), self.outputs, _again(self, reload)
+            model, inputs, config, files, _output(self), self.outputs, _again(self, reload)
         )
         #: The tensors the model takes, when its family says them (an ONNX graph's inputs).
         self.tensors = booster.tensors(model) if booster is not None and booster.tensors else None
@@ -289,13 +290,14 @@ def find_inputs(
     fn: Callable[[Any], Any],
     width: int | None,
     config: ModelConfig | None,
-    model_dir: Path | None,
+    files: Listing | None,
     sparse_missing: bool,
 ) -> Inputs:
     """What the model takes (:mod:`mmserver.codecs.schema`): its declared or fitted columns, and
-    where it takes missing values (found by calling ``fn``, its method, unless configured)."""
+    where it takes missing values (found by calling ``fn``, its method, unless configured);
+    ``files``: its folder's files."""
     names = feature_names(model)
-    columns = declared(model_dir, config.properties) if model_dir and config else None
+    columns = declared(files.folder, config.properties, files.names) if files and config else None
     if columns is not None and names is not None:
         kinds = {c.name: c for c in columns}
         if set(kinds) != set(names):
@@ -460,9 +462,10 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
     model_dir = Path(model_dir)
     if name is None:
         name = model_dir.name
-    if not model_dir.is_dir():
+    files = Listing(model_dir)  # every file the load looks for, in one directory read
+    if not files.exists:
         raise ModelLoadError(f"model folder {model_dir} does not exist")
-    entry = entry_point(model_dir, config, name)
+    entry = entry_point(model_dir, config, name, files)
     if entry is not None:
         if not config.trust.full:
             raise UntrustedModel(
@@ -478,7 +481,7 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
             f"but {config.entry_point} does not exist",
             model=name,
         )
-    found = find_model_file(model_dir, config, name)
+    found = find_model_file(model_dir, config, name, files)
     if found is None:
         raise ModelLoadError(
             f"model {name} has no model file ({wanted_files(config.engine)})"
@@ -494,7 +497,7 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
         fast_path=config.fast_path,
         batch_rows=config.batch_size,
         config=config,
-        model_dir=model_dir,
+        files=files,
         # What an explanation needs of a model its predict paths let go: read again.
         reload=lambda: load_model(found, config.trust, config.on_version_skew)[0],
     )

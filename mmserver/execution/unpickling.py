@@ -29,6 +29,7 @@ import copyreg
 import functools
 import importlib
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -330,7 +331,9 @@ def _closed(module: str) -> bool:
 
 
 def _import(module: str, name: str) -> Any:
-    found: Any = importlib.import_module(module)
+    # An imported module is taken from sys.modules (import_module costs as much as the rest
+    # of a global's lookup); a module not imported yet, or gone (None), is imported.
+    found: Any = sys.modules.get(module) or importlib.import_module(module)
     for part in name.split("."):
         found = getattr(found, part)
     return found

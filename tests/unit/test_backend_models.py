@@ -62,3 +62,35 @@ def test_a_probed_models_short_batch_reads_no_cpu_clock(tmp_path: Path) -> None:
     assert json.loads(answers[0])["predictions"] == [pytest.approx(4.0, abs=0.05)]
     assert clock.readings == 0
     assert cpu == held
+
+
+def test_rss_is_read_of_the_process_that_asks_also_after_a_fork() -> None:
+    """The process's resident size is read from a file opened once per process: a forked child
+    (a backend from the fork server) reads its own, not the parent's it inherited."""
+    import os
+
+    from mmserver.backend.child import rss_bytes
+
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def statm() -> int:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * page
+
+    assert abs(rss_bytes() - statm()) < 64 * page  # opened here
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: grows by 64 MiB, which only its own file shows
+        try:
+            before = rss_bytes()
+            grown = bytearray(64 << 20)
+            grown[::page] = b"x" * len(grown[::page])
+            os.write(write, json.dumps([before, rss_bytes(), statm()]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        before, after, own = json.loads(fh.read())
+    os.waitpid(pid, 0)
+    assert after - before >= 60 << 20
+    assert abs(after - own) < 4 << 20

@@ -34,7 +34,7 @@ def config_for(props: dict[str, str]) -> ModelConfig:
 
 
 def write_handler(folder: Path, source: str, name: str = "model.py") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(source)
     return folder
 
@@ -228,6 +228,21 @@ def test_custom_entry_point_and_no_model(tmp_path: Path) -> None:
     predictor = load_predictor(folder, config_for({"option.entryPoint": "serve.py"}))
     assert predictor.n_features is None
     assert predictor.predict(np.zeros((3, 2))) == [True, True, True]
+
+
+def test_custom_entry_point_in_a_subfolder(tmp_path: Path) -> None:
+    folder = write_handler(
+        tmp_path / "entry",
+        "def predict(model, batch):\n    return ['sub'] * len(batch)\n",
+        name="code/serve.py",
+    )
+    predictor = load_predictor(folder, config_for({"option.entryPoint": "code/serve.py"}))
+    assert predictor.predict(np.zeros((2, 1))) == ["sub", "sub"]
+
+
+def test_a_missing_model_folder_is_said(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"model folder .*gone does not exist"):
+        load_predictor(tmp_path / "gone", DEFAULTS)
 
 
 def test_two_models_with_model_py_do_not_collide(tmp_path: Path) -> None:
