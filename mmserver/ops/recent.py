@@ -2,10 +2,13 @@
 log-spaced histogram (50 µs to 60 s, each bound 1.5 times the one before), the oldest slot
 reused as time moves on. A request costs a clock read, a bisection and an increment (~0.3 µs);
 a read sums the slots no older than a minute, so p50 and p99 are known within a bucket's width
-(±25 %) without keeping the times themselves. ~2.5 KB a loaded model."""
+(±25 %) without keeping the times themselves. A slot is made when a request first counts in it
+(an array of 4-byte counts, which the collector does not track): a model asked once in the last
+minute holds one slot, 0.2 KB; one asked all the time, six."""
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left as _bisect
 from time import monotonic as _monotonic
 
@@ -14,6 +17,8 @@ BOUNDS = tuple(50e-6 * 1.5**k for k in range(37))
 _SLOT_S = 10
 _SLOTS = 6
 _WIDTH = len(BOUNDS) + 1
+#: An empty slot, copied to make one.
+_EMPTY = array("I", bytes(4 * _WIDTH))
 
 
 class Recent:
@@ -22,11 +27,12 @@ class Recent:
     __slots__ = ("_current", "_period", "_slots", "_stamps")
 
     def __init__(self) -> None:
-        self._slots = [[0] * _WIDTH for _ in range(_SLOTS)]
+        #: The slots, each made when a request first counts in it.
+        self._slots: list[array[int] | None] = [None] * _SLOTS
         #: The ten-second period each slot counts (-1: none yet).
         self._stamps = [-1] * _SLOTS
         self._period = -1
-        self._current = self._slots[0]
+        self._current = _EMPTY  # never counted in: the first add() turns to a slot of its own
 
     def add(self, seconds: float) -> None:
         period = int(_monotonic()) // _SLOT_S
@@ -39,9 +45,11 @@ class Recent:
         slot = period % _SLOTS
         self._period = period
         current = self._slots[slot]
-        if self._stamps[slot] != period:
-            self._stamps[slot] = period
-            current[:] = [0] * _WIDTH
+        if current is None:
+            current = self._slots[slot] = array("I", _EMPTY)
+        elif self._stamps[slot] != period:
+            current[:] = _EMPTY
+        self._stamps[slot] = period
         self._current = current
 
     def summary(self) -> tuple[int, float | None, float | None]:
@@ -50,7 +58,7 @@ class Recent:
         period = int(_monotonic()) // _SLOT_S
         totals = [0] * _WIDTH
         for counts, stamp in zip(self._slots, self._stamps, strict=True):
-            if stamp >= 0 and period - stamp < _SLOTS:
+            if counts is not None and period - stamp < _SLOTS:
                 for i, count in enumerate(counts):
                     totals[i] += count
         count = sum(totals)

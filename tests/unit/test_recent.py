@@ -39,3 +39,19 @@ def test_only_the_last_minute_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     times.add(0.01)  # a slot reused after a minute starts empty
     assert times.summary() == (1, BOUNDS[14], BOUNDS[14])
     assert BOUNDS[13] < 0.01 <= BOUNDS[14]
+
+
+def test_a_slot_is_made_when_first_counted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model asked once holds one slot, not six: the status page's memory grows with the
+    traffic a model had in the last minute, not with the models loaded."""
+    clock = [1000.0]
+    monkeypatch.setattr(recent, "_monotonic", lambda: clock[0])
+    times = Recent()
+    assert times._slots == [None] * 6
+    times.add(0.001)
+    assert sum(slot is not None for slot in times._slots) == 1
+    for _ in range(7):  # a minute and more, one request every ten seconds: every slot made
+        clock[0] += 10
+        times.add(0.001)
+    assert all(slot is not None for slot in times._slots)
+    assert times.summary()[0] == 6  # the slots reused count only their own period
