@@ -43,11 +43,13 @@ loaded, not by the traffic. The uncollected cyclic garbage this lets wait is bou
 thresholds (a few MB at most). The frontend and every backend call it at start, then freeze
 (``gc.freeze``) what start-up made (modules, classes, functions: never garbage), which no
 collection scans again (in a backend, neither does it write to the pages shared with the fork
-server). An unpacking process (:mod:`mmserver.procs.sidework`) freezes what it was forked with
-too: the fork server's modules, which its collections otherwise scanned a few times a second in
-a stream of cold loads. Measured over 20,000 cold loads from 16 connections (``scripts/bench --only scale
+server). Measured over 20,000 cold loads from 16 connections (``scripts/bench --only scale
 --churn-loads 0``, two runs of each build, alternated): 452 to 484 against 369 to 444 loads/s, p99
 68 to 72 against 86 to 142 ms, the slowest load 102 to 123 against 633 to 746 ms.
+
+An unpacking process (:mod:`mmserver.procs.sidework`) freezes what it was forked with too: the
+fork server's modules, which its collections otherwise scanned again and again in a stream of
+cold loads (and copied the pages it shares with the fork server as they went).
 """
 
 from __future__ import annotations
