@@ -219,25 +219,16 @@ def test_djl_handle_through_option_handler(tmp_path: Path) -> None:
     assert predictor.n_features == 1
 
 
-def test_custom_entry_point_and_no_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", ["serve.py", "code/serve.py"])
+def test_custom_entry_point_and_no_model(tmp_path: Path, entry: str) -> None:
     folder = write_handler(
         tmp_path / "entry",
         "def predict(model, batch):\n    return [model is None] * len(batch)\n",
-        name="serve.py",
+        name=entry,
     )
-    predictor = load_predictor(folder, config_for({"option.entryPoint": "serve.py"}))
+    predictor = load_predictor(folder, config_for({"option.entryPoint": entry}))
     assert predictor.n_features is None
     assert predictor.predict(np.zeros((3, 2))) == [True, True, True]
-
-
-def test_custom_entry_point_in_a_subfolder(tmp_path: Path) -> None:
-    folder = write_handler(
-        tmp_path / "entry",
-        "def predict(model, batch):\n    return ['sub'] * len(batch)\n",
-        name="code/serve.py",
-    )
-    predictor = load_predictor(folder, config_for({"option.entryPoint": "code/serve.py"}))
-    assert predictor.predict(np.zeros((2, 1))) == ["sub", "sub"]
 
 
 def test_a_missing_model_folder_is_said(tmp_path: Path) -> None:
