@@ -141,14 +141,9 @@ def entry_point(
 ) -> Path | None:
     """The custom handler's file (``option.entryPoint``), if the folder has one (``files``:
     its files, if listed already)."""
-    relative = config.entry_point
-    if files is not None and "/" not in relative and relative not in ("", ".", ".."):
-        if relative in files.names:  # a plain file name: looked up in the listing
-            return model_dir / relative
-    else:
-        path = inside(model_dir, relative, "option.entryPoint", name)
-        if path.is_file():
-            return path
+    path = inside(model_dir, config.entry_point, "option.entryPoint", name)
+    if files.has(config.entry_point) if files is not None else path.is_file():
+        return path
     if "option.entryPoint" in config.properties:
         raise ModelLoadError(
             f"model {name}: option.entryPoint={config.entry_point!r} does not exist",

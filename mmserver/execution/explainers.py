@@ -332,12 +332,13 @@ def read_background(
     named = config.explain_background if config is not None else None
     if named:
         path = inside(model_dir, named, "option.explain_background", model_dir.name)
-        if not path.is_file():
+        if not files.has(named):
             raise ModelLoadError(f"option.explain_background={named!r} does not exist")
-    elif BACKGROUND in files.names:
-        path = model_dir / BACKGROUND
     else:
-        return None
+        found = files.file(BACKGROUND)
+        if found is None:
+            return None
+        path = found
     kind = "text/csv; header=present" if inputs.frame else "text/csv"
     try:
         return decode_as(path.read_bytes(), kind, inputs, f"{path.name}")

@@ -235,5 +235,5 @@ async def test_an_unpacking_process_freezes_what_it_was_forked_with(
     its collections do not scan them (nor copy the pages it shares with the fork server)."""
     frozen = await one_process.run("m", "counting", gc.get_freeze_count)
     assert frozen > 10_000  # the fork server's preloaded modules' objects
-    # And a collection then scans only what the process made since.
+    # Frozen once, at start: not again at each request (what requests make stays collectable).
     assert await one_process.run("m", "counting", gc.get_freeze_count) == frozen

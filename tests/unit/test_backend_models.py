@@ -5,11 +5,12 @@ time (:mod:`mmserver.policy.scheduling`)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from mmserver.backend.child import Models
+from mmserver.backend.child import Models, rss_bytes
 from mmserver.backend.wire import LoadSpec
 from mmserver.config.server import ModelConfig, load_model_config
 from mmserver.config.trust import Trust
@@ -67,10 +68,6 @@ def test_a_probed_models_short_batch_reads_no_cpu_clock(tmp_path: Path) -> None:
 def test_rss_is_read_of_the_process_that_asks_also_after_a_fork() -> None:
     """The process's resident size is read from a file opened once per process: a forked child
     (a backend from the fork server) reads its own, not the parent's it inherited."""
-    import os
-
-    from mmserver.backend.child import rss_bytes
-
     page = os.sysconf("SC_PAGE_SIZE")
 
     def statm() -> int:
