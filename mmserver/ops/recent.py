@@ -2,13 +2,13 @@
 log-spaced histogram (50 µs to 60 s, each bound 1.5 times the one before), the oldest slot
 reused as time moves on. A request costs a clock read, a bisection and an increment (~0.3 µs);
 a read sums the slots no older than a minute, so p50 and p99 are known within a bucket's width
-(±25 %) without keeping the times themselves. A slot is made when a request first counts in it
-(an array of 4-byte counts, which the collector does not track): a model asked once in the last
-minute holds one slot, 0.2 KB; one asked all the time, six."""
+(±25 %) without keeping the times themselves. A slot is made when a request first counts in it:
+a model asked once in the last minute holds one slot, 0.4 KB; one asked all the time, six. (A
+list, not an ``array``: an increment of an array's item costs twice a list's, 65 against 36 ns,
+and it is on every request's way.)"""
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_left as _bisect
 from time import monotonic as _monotonic
 
@@ -18,7 +18,7 @@ _SLOT_S = 10
 _SLOTS = 6
 _WIDTH = len(BOUNDS) + 1
 #: An empty slot, copied to make one.
-_EMPTY = array("I", bytes(4 * _WIDTH))
+_EMPTY = [0] * _WIDTH
 
 
 class Recent:
@@ -28,7 +28,7 @@ class Recent:
 
     def __init__(self) -> None:
         #: The slots, each made when a request first counts in it.
-        self._slots: list[array[int] | None] = [None] * _SLOTS
+        self._slots: list[list[int] | None] = [None] * _SLOTS
         #: The ten-second period each slot counts (-1: none yet).
         self._stamps = [-1] * _SLOTS
         self._period = -1
@@ -46,7 +46,7 @@ class Recent:
         self._period = period
         current = self._slots[slot]
         if current is None:
-            current = self._slots[slot] = array("I", _EMPTY)
+            current = self._slots[slot] = _EMPTY.copy()
         elif self._stamps[slot] != period:
             current[:] = _EMPTY
         self._stamps[slot] = period
