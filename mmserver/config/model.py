@@ -84,7 +84,7 @@ METHODS = ("predict", "predict_proba", "decision_function", "transform")
 MISSING_POLICIES = ("auto", "accept", "refuse")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """One model's settings: global defaults, then its ``serving.properties``, then management.
 

@@ -26,7 +26,7 @@ _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]!/-]+")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Trust:
     """What one model's files may do when they load."""
 

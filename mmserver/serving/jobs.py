@@ -99,6 +99,8 @@ class JobQueue:
     its place (low goes first, high last). Its pool takes batches from it (:meth:`take`). Its
     jobs count in ``tally`` too."""
 
+    __slots__ = ("_closed", "_items", "_refusal", "background", "maxsize", "ranked", "tally")
+
     def __init__(self, maxsize: int, tally: Tally | None = None) -> None:
         self.maxsize = maxsize
         self.tally = tally if tally is not None else Tally()

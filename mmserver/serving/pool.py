@@ -77,7 +77,46 @@ class PoolEvents(Protocol):
 class ModelPool:
     """The queue and workers of one loaded model (see the module docstring): what its owner and
     its workers call. Its workers' lifetime is its :class:`WorkerGroup`'s, its copies in the
-    backend slots are its :class:`Copies`."""
+    backend slots are its :class:`Copies`. Its attributes are slots: the per-request path reads
+    them from a thousand pools in turn (a plain instance past 30 attributes keeps them in a dict
+    of its own, looked up by hash on every read)."""
+
+    __slots__ = (
+        "_copies",
+        "_delay",
+        "_dispatch_handle",
+        "_expiry",
+        "_group",
+        "_idle",
+        "_lane_since",
+        "_loop",
+        "_m_batch",
+        "_m_cpu",
+        "_m_paths",
+        "_m_predict",
+        "_m_queue_wait",
+        "_m_waited",
+        "_metrics",
+        "_reap_handle",
+        "_stay_high",
+        "_stay_low",
+        "backend",
+        "config",
+        "cost",
+        "env",
+        "events",
+        "key",
+        "lane",
+        "model_dir",
+        "name",
+        "queue",
+        "readied",
+        "requests",
+        "running",
+        "stopped",
+        "unloading",
+        "workers",
+    )
 
     def __init__(
         self,
@@ -361,12 +400,16 @@ class ModelPool:
     def snapshot(self) -> PoolSnapshot:
         c = self.config
         queue = self.queue
-        return PoolSnapshot(
-            len(self.workers),
-            len(queue) - queue.background,
-            c.min_workers,
-            c.max_workers,
-            c.batch_size,
+        # Made by tuple's own __new__: the named tuple's is a Python call (twice a request).
+        return tuple.__new__(
+            PoolSnapshot,
+            (
+                len(self.workers),
+                len(queue) - queue.background,
+                c.min_workers,
+                c.max_workers,
+                c.batch_size,
+            ),
         )
 
     def observe_batch(self, batch: list[Job], started: float, seconds: float) -> None:

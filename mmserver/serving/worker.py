@@ -72,6 +72,23 @@ class WorkerHost(Protocol):
 class Worker:
     """One worker of one model, bound to one backend slot."""
 
+    __slots__ = (
+        "_batch",
+        "_began",
+        "_binding",
+        "_loop",
+        "_started",
+        "charge",
+        "done",
+        "host",
+        "id",
+        "idle_since",
+        "ready",
+        "slot",
+        "start_time",
+        "state",
+    )
+
     def __init__(self, host: WorkerHost, worker_id: int, slot: Slot) -> None:
         self.host = host
         self.id = worker_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 
 import pytest
@@ -371,3 +372,21 @@ def test_metrics_model_label_must_be_a_known_choice() -> None:
     ):
         ServerConfig(metrics_model_label="every")
     assert ServerConfig().metrics_model_label == "requests"
+
+
+def test_a_model_config_reaches_a_backend_whole_and_keeps_no_dict(tmp_path: Path) -> None:
+    """A model's settings are pickled to every backend that loads it: they arrive equal, trust
+    included, and neither end keeps them in a per-instance dict (the requests' way reads them
+    from a slot)."""
+    path = write(
+        tmp_path / "serving.properties",
+        "batch_size=4\nmax_batch_delay=20\nmaxWorkers=3\noption.method=predict_proba\n",
+    )
+    config = model_config_from_properties(read_properties(path), ModelConfig(), str(path))
+    arrived = pickle.loads(pickle.dumps(config, protocol=5))
+    assert arrived == config
+    assert (arrived.batch_size, arrived.batch_delay_s, arrived.max_workers) == (4, 0.02, 3)
+    assert arrived.method == "predict_proba"
+    assert arrived.trust == config.trust
+    for settings in (config, arrived, arrived.trust):
+        assert not hasattr(settings, "__dict__")
