@@ -150,7 +150,8 @@ class Route:
         name = params.get("model") or target or query
         if not name:
             raise missing_target()
-        return versioned(name, params.get("version"))
+        version = params.get("version")
+        return name if version is None else versioned(name, version)
 
 
 def versioned(name: str, version: str | None) -> str:

@@ -101,19 +101,20 @@ class LeanExchange(Exchange):
     def __call__(self, answer: asyncio.Future[bytes]) -> None:
         conn = self.conn
         try:
-            if answer.cancelled():
+            try:
+                body = answer.result()  # one call on the way of every answer
+            except asyncio.CancelledError:
                 # The server is stopping: no answer and nothing to count, as in aiohttp's
                 # handler; the answers after this one could not be written in order.
                 conn.abandon()
                 return
-            error = answer.exception()
-            if error is None:
+            except BaseException as error:  # the submission's error, whatever it is
+                self.fail(error)
+            else:
                 try:
-                    self._answered(answer.result())
+                    self._answered(body)
                 except Exception as exc:
                     self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
-            else:
-                self.fail(error)
             conn.flush()
         except Exception:
             log.exception("unexpected error answering POST %s", self.path.decode())

@@ -452,11 +452,12 @@ class LeanConnection(asyncio.Protocol):
     def flush(self) -> None:
         """Write the answers that are ready, in the order of their requests."""
         answers = self._answers
-        if not answers or answers[0].data is None:
+        ready: list[bytes] = []
+        while answers and (data := answers[0].data) is not None:
+            answers.popleft()
+            ready.append(data)
+        if not ready:
             return
-        ready = [cast(bytes, answers.popleft().data)]
-        while answers and answers[0].data is not None:
-            ready.append(cast(bytes, answers.popleft().data))
         if self.front.draining and not self._closing:
             self.close_after_answers()  # the server drains: clients go elsewhere
         if self._closing and not answers:
