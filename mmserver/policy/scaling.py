@@ -16,7 +16,9 @@ from typing import NamedTuple
 
 class PoolSnapshot(NamedTuple):
     """What the scaling rule looks at: one model's workers, queue and limits. A tuple: one is
-    made after every enqueue, and a tuple costs a fraction of a frozen dataclass to make."""
+    made after every enqueue, and a tuple costs a fraction of a frozen dataclass to make. The
+    rules unpack it: a named tuple's field read by name is a descriptor call the interpreter
+    does not specialize (CPython 3.11), ~40 ns each, and the rules run twice a request."""
 
     workers: int
     #: Real-time jobs queued (background jobs not counted).
@@ -28,9 +30,10 @@ class PoolSnapshot(NamedTuple):
 
 def should_add_worker(s: PoolSnapshot) -> bool:
     """DJL's rule, checked after every enqueue."""
-    if s.workers >= s.max_workers:
+    workers, queue_length, _, max_workers, batch_size = s
+    if workers >= max_workers:
         return False
-    return s.workers == 0 or s.queue_length > 2 * s.batch_size
+    return workers == 0 or queue_length > 2 * batch_size
 
 
 def should_add_background_worker(
@@ -43,9 +46,10 @@ def should_add_background_worker(
 
 def should_retire(s: PoolSnapshot, idle_seconds: float, max_idle_time: float) -> bool:
     """Whether a worker idle for ``idle_seconds`` retires now."""
-    if s.workers > s.max_workers:
+    workers, _, min_workers, max_workers, _ = s
+    if workers > max_workers:
         return True  # rescaled down: the excess goes as soon as it is idle
-    return s.workers > s.min_workers and idle_seconds >= max_idle_time
+    return workers > min_workers and idle_seconds >= max_idle_time
 
 
 def workers_to_start(s: PoolSnapshot) -> int:

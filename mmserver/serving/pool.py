@@ -255,15 +255,14 @@ class ModelPool:
         queue, idle = self.queue, self._idle
         config = self.config
         while idle:
-            cut = cut_batch(
+            take, due = cut_batch(
                 len(queue),
                 queue.oldest_enqueued_at(),
                 self._loop.time(),
                 config.batch_size,
                 config.batch_delay_s,
             )
-            if not cut.take:
-                due = cut.wait_until
+            if not take:
                 if due is None:
                     break  # nothing queued
                 if due < self._delay.at:  # not armed for as early already

@@ -41,6 +41,12 @@ class WorkerState(enum.Enum):
     STOPPING = "STOPPING"
 
 
+# The states a batch moves a worker through, as module names: an enum member read through its
+# class is not specialized by the interpreter (CPython 3.11: ~75 ns against ~5), and every
+# request's batch reads four.
+_IDLE, _READY, _BUSY = WorkerState.IDLE, WorkerState.READY, WorkerState.BUSY
+
+
 class WorkerHost(Protocol):
     """What a worker needs from the model it serves (implemented by the model's pool). The
     workers count, in ``readied``, those of them waiting for their slots to run a batch, and in
@@ -141,7 +147,7 @@ class Worker:
             return
         if self.state is not WorkerState.STARTING:
             return  # stopped while loading
-        self.state = WorkerState.IDLE
+        self.state = _IDLE
         self.idle_since = self._loop.time()
         self.ready.set_result(None)
         self._binding = None  # done: a loaded worker keeps no finished task (and its coroutine)
@@ -151,13 +157,13 @@ class Worker:
 
     def request_turn(self) -> None:
         """Wait for a turn on the slot to run a batch of the model's queued jobs."""
-        self.state = WorkerState.READY
+        self.state = _READY
         self.host.readied += 1
         self.slot.ready(self)
 
     def waiting(self) -> bool:
         """Still waiting for its turn (not gone, not given a batch otherwise)."""
-        return self.state is WorkerState.READY
+        return self.state is _READY
 
     def begin(self, waited: int = 0) -> bool:
         """The slot's turn has come: take a batch from the queue and send it. ``False`` when no
@@ -175,7 +181,7 @@ class Worker:
                 self._become_idle()
                 return False
             live = partition_live(batch, started)
-        self.state = WorkerState.BUSY
+        self.state = _BUSY
         host.running += 1
         self._batch = live
         self._started = started
@@ -205,7 +211,7 @@ class Worker:
         return True
 
     def _become_idle(self) -> None:
-        self.state = WorkerState.IDLE
+        self.state = _IDLE
         self.idle_since = self._loop.time()
         self.host.worker_idle(self)
 
@@ -242,7 +248,7 @@ class Worker:
                 if job.trace is not None:
                     self._traced(job.trace, len(batch), result)
                 job.fail(error)
-        if self.state is WorkerState.BUSY:
+        if self.state is _BUSY:
             self._become_idle()
 
     def _traced(self, passage: Passage, size: int, result: BatchResult | None) -> None:
@@ -260,7 +266,7 @@ class Worker:
         come, are dropped), a load still running is cancelled. Safe to call more than once."""
         if self.state is WorkerState.STOPPING:
             return
-        if self.state is WorkerState.READY:
+        if self.state is _READY:
             self.host.readied -= 1
         self.state = WorkerState.STOPPING
         stopped = errors.ShuttingDown("the model's worker was stopped before this request ran")

@@ -81,9 +81,18 @@ def error_answer(
     return lean_answer(shown.status_code, headers, body), len(body)
 
 
+#: The last ``Date`` value aiohttp made (it makes one a second) and its bytes.
+_dated: tuple[str, bytes] = ("", b"")
+
+
 def _date() -> bytes:
-    """The ``Date`` header's value, as aiohttp writes it (made again once a second)."""
-    return rfc822_formatted_time().encode()
+    """The ``Date`` header's value, as aiohttp writes it: encoded once a second, not once an
+    answer."""
+    global _dated
+    text = rfc822_formatted_time()
+    if text is not _dated[0]:
+        _dated = (text, text.encode())
+    return _dated[1]
 
 
 class LeanExchange(Exchange):

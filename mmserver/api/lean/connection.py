@@ -295,18 +295,19 @@ class LeanConnection(asyncio.Protocol):
         if not self._complete:
             return _HAND
         fields = self._fields
-        route = self._route
-        assert route is not None
-        if route[0].operation == INVOKE_ASYNC:
-            self._serve_async(route[1]["endpoint"], data[body_start:body_end], fields)
+        assert self._route is not None
+        route, params = self._route
+        if route.operation == INVOKE_ASYNC:
+            self._serve_async(params["endpoint"], data[body_start:body_end], fields)
             return body_end
         self._serve(
-            *route,
+            route,
+            params,
             fields.get(b"x-amzn-sagemaker-target-model"),
             data[body_start:body_end],
             fields.get(b"content-type"),
             fields.get(b"accept"),
-            fields.get(route[0].protocol.lean_field),
+            fields.get(route.protocol.lean_field),
             fields.get(b"x-request-id"),
         )
         return body_end
