@@ -53,6 +53,9 @@ from mmserver.serving.workers import WorkerGroup
 log = logging.getLogger(__name__)
 
 
+_new_tuple = tuple.__new__
+
+
 class PoolEvents(Protocol):
     """What a pool tells its owner (the room of loaded models, :mod:`mmserver.lifecycle.room`) as it
     happens, so that the owner keeps its own server-wide counts without a pass over the pools.
@@ -400,7 +403,7 @@ class ModelPool:
         c = self.config
         queue = self.queue
         # Made by tuple's own __new__: the named tuple's is a Python call (twice a request).
-        return tuple.__new__(
+        return _new_tuple(
             PoolSnapshot,
             (
                 len(self.workers),

@@ -107,7 +107,12 @@ def assert_usable(config: ModelConfig) -> None:
         try:
             assert len(engine_families(config.engine)) == 1
         except ConfigError as exc:
-            assert f"engine={config.engine!r} must be one of" in exc.message
+            said = f"engine={config.engine!r} must be one of"
+            # A message past MAX_MESSAGE is cut (an engine of thousands of characters, say).
+            assert said in exc.message or (
+                exc.message.endswith("characters, shortened)")
+                and said.startswith(exc.message.partition("... (")[0])
+            )
 
 
 @FAST

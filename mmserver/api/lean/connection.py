@@ -206,7 +206,7 @@ class LeanConnection(asyncio.Protocol):
             return
         flow.resume_reading()
         if self._unread:
-            self._parse(b"", fresh=False)
+            self._parse(b"", False)
 
     # -- httptools' callbacks ---------------------------------------------------------------
 
@@ -232,9 +232,9 @@ class LeanConnection(asyncio.Protocol):
         if self._held is not None:
             self._held += data
         elif not self._closing:
-            self._parse(data, fresh=True)
+            self._parse(data, True)  # positional: a call with a keyword is not specialized
 
-    def _parse(self, data: bytes, *, fresh: bool) -> None:
+    def _parse(self, data: bytes, fresh: bool) -> None:
         """Take the whole requests in what is unread and ``data``. What is left is kept for the
         next read if requests were taken before it (a pipelined stream cut by the read), and
         handed to aiohttp if not: a read (``fresh``) that completed nothing is a request that
