@@ -318,7 +318,9 @@ class ProcessSlot:
         the slot is stopping."""
         self.admitted += 1
         self._enqueue(
-            Pending((wire.PREDICT, key, requests), callback=callback, cost=estimate), deadline
+            # Positional: a call with keywords is not specialized (every batch's).
+            Pending((wire.PREDICT, key, requests), None, callback, estimate),
+            deadline,
         )
         if self._light_reserve is not None:
             self._light_reserve.light_batch()

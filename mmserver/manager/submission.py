@@ -53,6 +53,10 @@ class Submitter:
 
     def __init__(self, room: Room, loader: Loader, versions: Versions) -> None:
         self._loaded = room.loaded
+        # Bound once: the pools' table is an OrderedDict, whose methods the interpreter does
+        # not specialize where they are looked up (two a request).
+        self._loaded_get = room.loaded.get
+        self._touch = room.loaded.move_to_end
         self._ranks = room.ranks
         self._loader = loader
         self._versions = versions
@@ -78,17 +82,16 @@ class Submitter:
         its tenant's (:data:`~mmserver.serving.jobs.PRIORITY`), who is shed first from a full
         queue, and whose models are evicted first (the room's ``ranks``). A sampled request's
         ``trace`` records its cold load, if it waits for one, and its job's way."""
-        loaded = self._loaded
-        pool = loaded.get(name)
+        pool = self._loaded_get(name)
         shadow = None
         if pool is None:
             routed = self._versions.route(name, routing)
             if routed is not None:
                 shadow = self._versions.shadow_of(name, routing)
                 model, name = name, routed
-                pool = loaded.get(name)
+                pool = self._loaded_get(name)
         if pool is not None:
-            loaded.move_to_end(name)
+            self._touch(name)
             if priority != NORMAL:
                 self._ranks[name] = priority
             elif self._ranks:
