@@ -111,19 +111,21 @@ class LeanExchange(Exchange):
         conn = self.conn
         try:
             try:
-                body = answer.result()  # one call on the way of every answer
+                error = answer.exception()
             except asyncio.CancelledError:
                 # The server is stopping: no answer and nothing to count, as in aiohttp's
                 # handler; the answers after this one could not be written in order.
                 conn.abandon()
                 return
-            except BaseException as error:  # the submission's error, whatever it is
-                self.fail(error)
-            else:
+            # The error is read, not raised: a raised one would keep this frame (and the
+            # exchange) in its traceback, a cycle for every refused request of a shed storm.
+            if error is None:
                 try:
-                    self._answered(body)
+                    self._answered(answer.result())
                 except Exception as exc:
                     self.fail(exc)  # an answer that could not be written: 500, as aiohttp's
+            else:
+                self.fail(error)
             conn.flush()
         except Exception:
             log.exception("unexpected error answering POST %s", self.path.decode())
