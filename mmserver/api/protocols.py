@@ -150,8 +150,7 @@ class Route:
         name = params.get("model") or target or query
         if not name:
             raise missing_target()
-        version = params.get("version")
-        return name if version is None else versioned(name, version)
+        return versioned(name, params.get("version"))
 
 
 def versioned(name: str, version: str | None) -> str:

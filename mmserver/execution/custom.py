@@ -136,13 +136,11 @@ def _raw_answer(answer: Any, csv: bool | None) -> bytes:
     return encode_json(answer)
 
 
-def entry_point(
-    model_dir: Path, config: ModelConfig, name: str, files: Listing | None = None
-) -> Path | None:
-    """The custom handler's file (``option.entryPoint``), if the folder has one (``files``:
-    its files, if listed already)."""
-    path = inside(model_dir, config.entry_point, "option.entryPoint", name)
-    if files.has(config.entry_point) if files is not None else path.is_file():
+def entry_point(files: Listing, config: ModelConfig, name: str) -> Path | None:
+    """The custom handler's file (``option.entryPoint``), if the model folder (listed in
+    ``files``) has one."""
+    path = inside(files.folder, config.entry_point, "option.entryPoint", name)
+    if files.has(config.entry_point):
         return path
     if "option.entryPoint" in config.properties:
         raise ModelLoadError(

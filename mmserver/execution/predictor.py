@@ -465,7 +465,7 @@ def load_predictor(model_dir: Path, config: ModelConfig, name: str | None = None
     files = Listing(model_dir)  # every file the load looks for, in one directory read
     if not files.exists:
         raise ModelLoadError(f"model folder {model_dir} does not exist")
-    entry = entry_point(model_dir, config, name, files)
+    entry = entry_point(files, config, name)
     if entry is not None:
         if not config.trust.full:
             raise UntrustedModel(
