@@ -92,7 +92,7 @@ class ModelRequests:
                 answered = self._by_tenant[tenant] = self._requests.labels(
                     self.model, "200", tenant
                 )
-        answered.inc()
+        answered.value += 1.0  # inc(), without its call: on every answer's way
         self._seconds.observe(seconds)
         self.answered_total += 1
         self.recent.add(seconds)

@@ -14,7 +14,7 @@ from time import monotonic as _monotonic
 
 #: The upper bounds of the buckets (seconds); the last bucket takes anything slower.
 BOUNDS = tuple(50e-6 * 1.5**k for k in range(37))
-_SLOT_S = 10
+_SLOT_S = 10.0
 _SLOTS = 6
 _WIDTH = len(BOUNDS) + 1
 #: An empty slot, copied to make one.
@@ -29,20 +29,21 @@ class Recent:
     def __init__(self) -> None:
         #: The slots, each made when a request first counts in it.
         self._slots: list[list[int] | None] = [None] * _SLOTS
-        #: The ten-second period each slot counts (-1: none yet).
-        self._stamps = [-1] * _SLOTS
-        self._period = -1
+        #: The ten-second period each slot counts (-1: none yet): a whole number, as a float
+        #: (a float's floor division is a third of an int()'s and a division's time).
+        self._stamps = [-1.0] * _SLOTS
+        self._period = -1.0
         self._current = _EMPTY  # never counted in: the first add() turns to a slot of its own
 
     def add(self, seconds: float) -> None:
-        period = int(_monotonic()) // _SLOT_S
+        period = _monotonic() // _SLOT_S
         if period != self._period:
             self._turn(period)
         self._current[_bisect(BOUNDS, seconds)] += 1
 
-    def _turn(self, period: int) -> None:
+    def _turn(self, period: float) -> None:
         """Count in the slot of ``period`` from now on, emptied if it counted an older one."""
-        slot = period % _SLOTS
+        slot = int(period) % _SLOTS
         self._period = period
         current = self._slots[slot]
         if current is None:
@@ -55,7 +56,7 @@ class Recent:
     def summary(self) -> tuple[int, float | None, float | None]:
         """The answers of the last minute, and their p50 and p99 in seconds (``None`` when
         there were none): the upper bound of the bucket each falls in."""
-        period = int(_monotonic()) // _SLOT_S
+        period = _monotonic() // _SLOT_S
         totals = [0] * _WIDTH
         for counts, stamp in zip(self._slots, self._stamps, strict=True):
             if counts is not None and period - stamp < _SLOTS:

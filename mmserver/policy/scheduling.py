@@ -93,6 +93,7 @@ class Cost:
         "_probe",
         "_requests",
         "_rows",
+        "_unit",
         "batches",
         "cpu_seconds",
         "estimate",
@@ -129,12 +130,15 @@ class Cost:
         self.waited = 0
         self.vfinish = 0.0
         # Moving averages of a batch's rows and requests (every batch).
-        self._rows = self._requests = 0.0
+        self._rows = self._requests = 1.0
         # Moving averages over the batches whose CPU time is known (and the probe row): rows,
         # CPU seconds, rows squared, rows times CPU seconds; how many points they have.
         self._n = self._c = self._nn = self._nc = 0.0
         self._known = 0
         self._probe = 0.0
+        #: Every batch so far had one request of one row (the averages of rows are exactly 1):
+        #: :meth:`observe` takes its short way, with :meth:`_average`'s results.
+        self._unit = True
 
     def observe(
         self,
@@ -149,13 +153,45 @@ class Cost:
         clock: see the module docstring). ``charged``: what its lane charged it when it
         started (:meth:`charge`), corrected here to what it took."""
         self.cpu_seconds += cpu_seconds
-        batches = self.batches = self.batches + 1
+        self.batches += 1
         held = cpu_seconds if cpu_seconds > wall_seconds else wall_seconds
         hold = self.hold
         self.hold = self.estimate = held if hold is None else hold + _ALPHA * (held - hold)
-        n = float(rows) if rows > 1 else 1.0
-        k = float(requests) if requests > 1 else 1.0
-        if batches == 1:
+        if rows > 1 or requests > 1 or not self._unit:
+            self._average(cpu_seconds, wall_seconds, float(rows), float(requests), charged)
+            return
+        # One request of one row, as every batch before it: the averages of rows and requests
+        # stay 1, ``_nn`` stays 1 and ``_nc`` equal to ``_c``, and the fit comes to no fixed
+        # part and the mean CPU time per row (and per request). _average's numbers by a third
+        # of its operations, on the way of most requests.
+        cpu = cpu_seconds
+        if cpu == wall_seconds and cpu > CPU_CLOCK_ABOVE_S and self.single < math.inf:
+            return  # not known (see _average): nothing the fit reads changed
+        if charged is not None:
+            self.vfinish += cpu - charged
+        per_batch = self.per_batch
+        self.per_batch = cpu if per_batch is None else per_batch + _ALPHA * (cpu - per_batch)
+        if self._known:
+            c = self._c
+            c = self._c = self._nc = c + _ALPHA * (cpu - c)
+        else:
+            self._n = self._nn = 1.0
+            c = self._c = self._nc = cpu
+        self._known += 1
+        self.fixed = 0.0
+        self.per_row = self.single = c
+
+    def _average(
+        self, cpu_seconds: float, wall_seconds: float, n: float, k: float, charged: float | None
+    ) -> None:
+        """The averages and the fit after a batch of ``n`` rows in ``k`` requests (each taken
+        as at least 1), in general."""
+        self._unit = False
+        if n < 1.0:
+            n = 1.0
+        if k < 1.0:
+            k = 1.0
+        if self.batches == 1:
             self._rows, self._requests = n, k
         else:
             self._rows += _ALPHA * (n - self._rows)

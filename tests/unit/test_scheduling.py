@@ -7,6 +7,8 @@ import itertools
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmserver.policy.scheduling import (
     CPU_CLOCK_ABOVE_S,
@@ -87,6 +89,43 @@ def test_cost_averages_per_batch_and_hold() -> None:
     assert cost.estimate == cost.hold
     # What a request costs is CPU time: the wait is in the hold only.
     assert cost.single < 0.010
+
+
+#: A batch: CPU seconds, how its wall time compares (equal: the CPU clock was not read), rows,
+#: requests, and what it was charged; or a probe row's seconds.
+_batches = st.one_of(
+    st.tuples(
+        st.floats(1e-6, 0.05),
+        st.sampled_from([1.0, 1.0, 1.3, 0.7]),
+        st.sampled_from([0, 1, 1, 1, 2, 7]),
+        st.sampled_from([1, 1, 1, 2, 3]),
+        st.one_of(st.none(), st.floats(0.0, 0.01)),
+    ),
+    st.floats(1e-6, 0.01),
+)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(known=st.one_of(st.none(), st.floats(1e-6, 0.05)), batches=st.lists(_batches, max_size=40))
+def test_the_short_way_of_one_row_batches_gives_the_general_numbers(
+    known: float | None, batches: list[tuple[float, float, int, int, float | None] | float]
+) -> None:
+    """A model whose batches are all one request of one row has its averages and fit updated
+    the short way; every number comes out as the general way makes it, bit for bit, and a
+    larger batch later carries on from the same state."""
+    short, general = Cost(known), Cost(known)
+    general._unit = False  # the general way from the start
+    for batch in batches:
+        for cost in (short, general):
+            if isinstance(batch, float):
+                cost.set_probe(batch)
+            else:
+                cpu, wall, rows, requests, charged = batch
+                cost.observe(cpu, cpu * wall, rows, requests, charged)
+        for name in Cost.__slots__:
+            if name != "_unit":
+                assert getattr(short, name) == getattr(general, name), name
+        assert short.charge(3) == general.charge(3)
 
 
 def test_a_remembered_cost_is_the_first_estimate() -> None:
