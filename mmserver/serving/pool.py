@@ -259,7 +259,7 @@ class ModelPool:
         config = self.config
         while idle:
             take, due = cut_batch(
-                len(queue),
+                len(queue.jobs),
                 queue.oldest_enqueued_at(),
                 self._loop.time(),
                 config.batch_size,
@@ -271,7 +271,7 @@ class ModelPool:
                 if due < self._delay.at:  # not armed for as early already
                     self._delay.arm(due)
                 return
-            uncovered = len(queue) > self.readied * config.batch_size
+            uncovered = len(queue.jobs) > self.readied * config.batch_size
             if uncovered and len(idle) == 1:
                 worker = idle.pop()  # the common case: no choice to make
             else:
@@ -290,7 +290,7 @@ class ModelPool:
         """The jobs of a worker's next batch (none when nothing is queued)."""
         queue = self.queue
         config = self.config
-        return queue.take(config.batch_size, config.max_batch_bytes) if len(queue) else []
+        return queue.take(config.batch_size, config.max_batch_bytes) if queue.jobs else []
 
     def waited(self, batches: int) -> None:
         self.cost.waited += batches
@@ -365,7 +365,7 @@ class ModelPool:
         """``worker`` has loaded its model or finished a batch: give it the next batch, retire
         it, or keep it idle."""
         queue = self.queue
-        if self.stopped or (queue.closed and not len(queue)):
+        if self.stopped or (queue.closed and not queue.jobs):
             worker.exit(None)
             self._group.drained()
             return
@@ -375,7 +375,7 @@ class ModelPool:
             worker.exit(None)
             return
         self._idle.append(worker)
-        if len(queue):
+        if queue.jobs:
             self._dispatch()
         elif len(self.workers) > self.config.min_workers:
             self._arm_reaper()
@@ -397,7 +397,7 @@ class ModelPool:
     @property
     def busy(self) -> bool:
         """Has queued or running jobs: never evicted."""
-        return bool(len(self.queue)) or self.running > 0
+        return bool(self.queue.jobs) or self.running > 0
 
     def snapshot(self) -> PoolSnapshot:
         c = self.config
@@ -407,7 +407,7 @@ class ModelPool:
             PoolSnapshot,
             (
                 len(self.workers),
-                len(queue) - queue.background,
+                len(queue.jobs) - queue.background,
                 c.min_workers,
                 c.max_workers,
                 c.batch_size,
@@ -419,7 +419,7 @@ class ModelPool:
         self._m_predict.observe(seconds)
         for job in batch:
             self._m_queue_wait.observe(started - job.enqueued_at)
-        if not self.running and not len(self.queue):
+        if not self.running and not self.queue.jobs:
             self.events.pool_idle(self)
 
     # Workers and copies -----------------------------------------------------------------------
@@ -482,7 +482,7 @@ class ModelPool:
         self.config = config
         self.queue.maxsize = config.job_queue_size
         started = self._group.rescale()
-        if self._idle and len(self.queue):
+        if self._idle and self.queue.jobs:
             self._dispatch()  # the new batch size or delay may let a batch go now
         if started:
             await asyncio.gather(*(w.ready for w in started))
@@ -503,7 +503,7 @@ class ModelPool:
         backend processes with it, some maybe still held by a prediction past the drain)."""
         self.unloading = True
         self.queue.close()
-        if self._idle and len(self.queue):
+        if self._idle and self.queue.jobs:
             self._dispatch()
         self._group.drained()
         if drain_timeout:

@@ -85,6 +85,7 @@ class Worker:
         "_loop",
         "_started",
         "charge",
+        "cost",
         "done",
         "host",
         "id",
@@ -97,6 +98,9 @@ class Worker:
 
     def __init__(self, host: WorkerHost, worker_id: int, slot: Slot) -> None:
         self.host = host
+        #: Its model's measured cost (the host's, which it keeps for its lifetime), which the
+        #: slot's run queue reads.
+        self.cost: Cost = host.cost
         self.id = worker_id
         self.slot = slot
         self.state = WorkerState.STARTING
@@ -116,10 +120,6 @@ class Worker:
         self._began = 0.0
         #: The estimated CPU seconds of the batch it began last, which its lane charges.
         self.charge = 0.0
-
-    @property
-    def cost(self) -> Cost:
-        return self.host.cost
 
     def start(self) -> None:
         """Load the model in the slot; the worker is idle (and told to its pool) once it is."""
@@ -186,7 +186,7 @@ class Worker:
         self._batch = live
         self._started = started
         self._began = time.perf_counter()
-        cost = host.cost
+        cost = self.cost
         self.charge = charge = cost.charge(len(live))
         estimate = cost.estimate
         try:

@@ -128,7 +128,7 @@ class WorkerGroup:
             slot.describe(),
             reason,
             len(self.workers),
-            len(host.queue),
+            len(host.queue.jobs),
         )
         worker.start()
         return worker
@@ -214,7 +214,7 @@ class WorkerGroup:
         """A closed queue is empty: the idle workers leave too (a stop waits for every worker,
         and an idle one would otherwise wait for a batch that cannot come until the drain's
         timeout)."""
-        if not len(self._host.queue):
+        if not self._host.queue.jobs:
             for worker in list(self.idle):
                 worker.exit(None)
 
@@ -278,5 +278,5 @@ class WorkerGroup:
                     if isinstance(error, errors.MMServerError)
                     else errors.MMServerError(f"the model's worker failed: {error}")
                 )
-        elif len(queue) and not host.stopped and should_add_worker(host.snapshot()):
+        elif queue.jobs and not host.stopped and should_add_worker(host.snapshot()):
             self.add("queue")
