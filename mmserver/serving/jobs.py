@@ -63,10 +63,6 @@ class Job:
         self.priority = priority
         self.trace = trace
 
-    def answer(self, result: Any) -> None:
-        if not self.future.done():
-            self.future.set_result(result)
-
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(error)
@@ -74,7 +70,9 @@ class Job:
     def settle(self, answer: Answer) -> None:
         """Answer with what :func:`answer_batch` made for this job."""
         if type(answer) is bytes:
-            self.answer(answer)
+            future = self.future
+            if not future.done():
+                future.set_result(answer)
         else:
             self.fail(errors.from_name(*answer))
 

@@ -88,7 +88,7 @@ async def test_partition_answers_expired_and_gone_jobs() -> None:
     expired = job([[2.0]], deadline=5.0)
     gone = job([[3.0]], gone=True)
     answered = job([[4.0]])
-    answered.answer("done")
+    answered.settle(b"done")
     assert partition_live([live, expired, gone, answered], now=10.0) == [live]
     with pytest.raises(errors.PredictTimeout):
         expired.future.result()
