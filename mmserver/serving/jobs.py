@@ -257,7 +257,11 @@ def cut_batch(
         due = (oldest_enqueued_at or 0.0) + max_delay_s
         if due > now:
             return Cut(0, due)
-    return Cut(min(queued, batch_size))
+    # Made by tuple's own __new__: the named tuple's is a Python call (once a batch).
+    return _new_tuple(Cut, (queued if queued < batch_size else batch_size, None))
+
+
+_new_tuple = tuple.__new__
 
 
 def batch_length(sizes: Iterable[int], batch_size: int, max_bytes: int) -> int:
