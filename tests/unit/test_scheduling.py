@@ -7,7 +7,7 @@ import itertools
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mmserver.policy.scheduling import (
@@ -95,10 +95,14 @@ def test_cost_averages_per_batch_and_hold() -> None:
 #: requests, and what it was charged; or a probe row's seconds.
 _batches = st.one_of(
     st.tuples(
-        st.floats(1e-6, 0.05),
+        st.one_of(
+            st.floats(1e-6, 0.05),
+            # At the bound of a batch whose CPU time is not known, and just past it.
+            st.sampled_from([CPU_CLOCK_ABOVE_S, math.nextafter(CPU_CLOCK_ABOVE_S, 1.0)]),
+        ),
         st.sampled_from([1.0, 1.0, 1.3, 0.7]),
         st.sampled_from([0, 1, 1, 1, 2, 7]),
-        st.sampled_from([1, 1, 1, 2, 3]),
+        st.sampled_from([0, 1, 1, 1, 2, 3]),
         st.one_of(st.none(), st.floats(0.0, 0.01)),
     ),
     st.floats(1e-6, 0.01),
@@ -106,6 +110,10 @@ _batches = st.one_of(
 
 
 @settings(max_examples=300, deadline=None, database=None)
+@example(  # one-row batches, one whose CPU time is not known, then a larger one
+    known=None,
+    batches=[(1e-4, 1.0, 1, 1, None), (9e-4, 1.0, 1, 1, 1e-4), (2e-4, 1.3, 7, 2, 2e-4)],
+)
 @given(known=st.one_of(st.none(), st.floats(1e-6, 0.05)), batches=st.lists(_batches, max_size=40))
 def test_the_short_way_of_one_row_batches_gives_the_general_numbers(
     known: float | None, batches: list[tuple[float, float, int, int, float | None] | float]
