@@ -137,7 +137,7 @@ class Cost:
         self._known = 0
         self._probe = 0.0
         #: Every batch so far had one request of one row (the averages of rows are exactly 1):
-        #: :meth:`observe` takes its short way, with :meth:`_average`'s results.
+        #: :meth:`observe` takes its short way, to the same numbers.
         self._unit = True
 
     def observe(
@@ -157,60 +157,37 @@ class Cost:
         held = cpu_seconds if cpu_seconds > wall_seconds else wall_seconds
         hold = self.hold
         self.hold = self.estimate = held if hold is None else hold + _ALPHA * (held - hold)
-        if rows > 1 or requests > 1 or not self._unit:
-            self._average(cpu_seconds, wall_seconds, float(rows), float(requests), charged)
-            return
-        # One request of one row, as every batch before it: the averages of rows and requests
-        # stay 1, ``_nn`` stays 1 and ``_nc`` equal to ``_c``, and the fit comes to no fixed
-        # part and the mean CPU time per row (and per request). _average's numbers by a third
-        # of its operations, on the way of most requests.
+        # One request of one row, as every batch before it (most requests' batch): the
+        # averages of rows and requests stay 1, ``_nn`` stays 1 and ``_nc`` equal to ``_c``,
+        # and the fit comes to no fixed part and the mean CPU time per row. Taken the short
+        # way below: the general way's numbers by a third of its operations.
+        unit = self._unit and rows <= 1 and requests <= 1
+        n = 1.0
+        if not unit:
+            self._unit = False
+            n = self._count_rows(rows, requests)
         cpu = cpu_seconds
         if cpu == wall_seconds and cpu > CPU_CLOCK_ABOVE_S and self.single < math.inf:
-            return  # not known (see _average): nothing the fit reads changed
+            # Its CPU time is not known (a batch expected short that was long: perhaps
+            # preempted); the next one's is. (One of one row changed nothing the fit reads.)
+            if not unit:
+                self._refit()
+            return
         if charged is not None:
             self.vfinish += cpu - charged
         per_batch = self.per_batch
         self.per_batch = cpu if per_batch is None else per_batch + _ALPHA * (cpu - per_batch)
-        if self._known:
-            c = self._c
-            c = self._c = self._nc = c + _ALPHA * (cpu - c)
-        else:
-            self._n = self._nn = 1.0
-            c = self._c = self._nc = cpu
-        self._known += 1
-        self.fixed = 0.0
-        self.per_row = self.single = c
-
-    def _average(
-        self, cpu_seconds: float, wall_seconds: float, n: float, k: float, charged: float | None
-    ) -> None:
-        """The averages and the fit after a batch of ``n`` rows in ``k`` requests (each taken
-        as at least 1), in general."""
-        self._unit = False
-        if n < 1.0:
-            n = 1.0
-        if k < 1.0:
-            k = 1.0
-        if self.batches == 1:
-            self._rows, self._requests = n, k
-        else:
-            self._rows += _ALPHA * (n - self._rows)
-            self._requests += _ALPHA * (k - self._requests)
-        self.rows_per_request = self._rows / self._requests
-        if (
-            cpu_seconds == wall_seconds
-            and cpu_seconds > CPU_CLOCK_ABOVE_S
-            and self.single < math.inf
-        ):
-            # Its CPU time is not known (a batch expected short that was long: perhaps
-            # preempted); the next one's is.
-            self._refit()
+        if unit:
+            if self._known:
+                c = self._c
+                c = self._c = self._nc = c + _ALPHA * (cpu - c)
+            else:
+                self._n = self._nn = 1.0
+                c = self._c = self._nc = cpu
+            self._known += 1
+            self.fixed = 0.0
+            self.per_row = self.single = c
             return
-        if charged is not None:
-            self.vfinish += cpu_seconds - charged
-        cpu = cpu_seconds
-        per_batch = self.per_batch
-        self.per_batch = cpu if per_batch is None else per_batch + _ALPHA * (cpu - per_batch)
         if not self._known:
             self._n, self._c, self._nn, self._nc = n, cpu, n * n, n * cpu
         else:
@@ -220,6 +197,19 @@ class Cost:
             self._nc += _ALPHA * (n * cpu - self._nc)
         self._known += 1
         self._refit()
+
+    def _count_rows(self, rows: int, requests: int) -> float:
+        """Count a batch's rows and requests (each taken as at least 1) in their averages:
+        its rows, so taken."""
+        n = float(rows) if rows > 1 else 1.0
+        k = float(requests) if requests > 1 else 1.0
+        if self.batches == 1:
+            self._rows, self._requests = n, k
+        else:
+            self._rows += _ALPHA * (n - self._rows)
+            self._requests += _ALPHA * (k - self._requests)
+        self.rows_per_request = self._rows / self._requests
+        return n
 
     def _refit(self) -> None:
         """The fixed part, the part per row and :attr:`single` from the moving averages. The

@@ -165,6 +165,17 @@ def test_a_batch_whose_cpu_clock_was_not_read_and_ran_long_is_not_counted() -> N
     assert unknown.single == 30 * MS
 
 
+def test_a_batch_whose_cpu_time_is_not_known_still_counts_its_rows() -> None:
+    """Its CPU time is left out, but its rows count: a request's share of the mean batch
+    follows the rows per request."""
+    cost = Cost()
+    cost.observe(cpu_seconds=0.4 * MS, wall_seconds=0.4 * MS, rows=4)  # short: known
+    assert cost.single == pytest.approx(0.4 * MS)  # one request of four rows
+    cost.observe(cpu_seconds=9 * MS, wall_seconds=9 * MS, rows=1)  # long, unread: not known
+    assert cost.rows_per_request == pytest.approx(3.4)
+    assert cost.single == pytest.approx(0.4 * MS * 3.4 / 4)
+
+
 def test_run_queue_orders_by_tag_then_arrival() -> None:
     queue: RunQueue[str] = RunQueue()
     for tag, item in ((2.0, "c"), (1.0, "a"), (1.0, "b"), (0.5, "first")):
